@@ -1,0 +1,48 @@
+# The two commands a new user runs on a fresh machine: `make run` and `make test`.
+# Both create .venv when missing and (re)install the package, which compiles the
+# cffi extension, whenever the sources of the build change.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+NATIVE_SOURCES := $(wildcard fulmar/_native/src/*.c fulmar/_native/src/*.h) fulmar/_native/build.py
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-all soak lint typecheck codecs bench bench-quick clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+
+$(STAMP): $(PY) pyproject.toml setup.py $(NATIVE_SOURCES)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m fulmar.demo
+
+# Everything except the runs marked slow (make soak runs those).
+test: $(STAMP)
+	$(PY) -m mypy
+	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+soak: $(STAMP)
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+codecs: $(STAMP)
+	$(PY) -m fulmar.codecs.generate
+
+bench: $(STAMP)
+	$(PY) -m bench $(BENCH_ARGS)
+
+bench-quick: $(STAMP)
+	$(PY) -m bench --quick $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info fulmar/_native/_fulmar_native.* .mypy_cache .pytest_cache

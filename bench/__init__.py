@@ -1,0 +1,1 @@
+"""`make bench`: measurements, not tests.  Run with ``python -m bench``."""

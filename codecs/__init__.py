@@ -1,0 +1,1 @@
+"""fulmar.codecs: SBE schemas, the generator, and the generated codecs."""

@@ -1,0 +1,41 @@
+"""cffi (API mode) build of fulmar's native hot path.
+
+Every public header in ``src/`` (a name not starting with ``_``) holds plain
+declarations that cffi's cdef parser understands: no include guards, no
+macros other than integer ``#define`` constants.  Each component adds one
+header and one ``.c`` file; this script picks them all up, so adding a
+component never means editing the build.
+"""
+
+import os
+from pathlib import Path
+
+from cffi import FFI
+
+SRC = Path(__file__).resolve().parent / "src"
+
+
+def _relative(path: Path) -> str:
+    # setuptools wants source paths relative to the project root (the cwd of
+    # the build); fall back to absolute when built from elsewhere.
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
+public_headers = sorted(p for p in SRC.glob("*.h") if not p.name.startswith("_"))
+c_sources = sorted(SRC.glob("*.c"))
+
+ffibuilder = FFI()
+ffibuilder.cdef("\n".join(h.read_text() for h in public_headers))
+ffibuilder.set_source(
+    "fulmar._native._fulmar_native",
+    '#include "_common.h"\n' + "".join(f'#include "{h.name}"\n' for h in public_headers),
+    sources=[_relative(c) for c in c_sources],
+    include_dirs=[_relative(SRC)],
+    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)
