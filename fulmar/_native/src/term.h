@@ -1,0 +1,94 @@
+/* Log buffer append and scan: Aeron's term appenders (concurrent and
+ * exclusive), rotation, and a scanner that returns fragments in batches. */
+
+#define FULMAR_HEADER_LENGTH 32
+#define FULMAR_FRAME_ALIGNMENT 32
+#define FULMAR_PARTITION_COUNT 3
+#define FULMAR_LOG_META_DATA_LENGTH 4096
+#define FULMAR_BATCH_CAPACITY 4096
+
+/* Publication results: the positive values are new stream positions. */
+#define FULMAR_NOT_CONNECTED -1
+#define FULMAR_BACK_PRESSURED -2
+#define FULMAR_ADMIN_ACTION -3
+#define FULMAR_CLOSED -4
+#define FULMAR_MAX_POSITION_EXCEEDED -5
+#define FULMAR_MESSAGE_TOO_LONG -6
+#define FULMAR_INVALID_LENGTH -7
+
+/* Scan results. */
+#define FULMAR_SCAN_CORRUPT_FRAME -1
+
+typedef struct
+{
+    char *log;                      /* first byte of the mapped log buffer file */
+    char *metadata;                 /* log + 3 * term_length */
+    char *position_limit;           /* int64 publisher limit, NULL for none */
+    int32_t term_length;
+    int32_t position_bits_to_shift;
+    int32_t initial_term_id;
+    int32_t max_payload_length;     /* mtu - header */
+    int32_t max_message_length;     /* min(term_length / 8, 16 MiB) */
+    int32_t session_id;
+    int32_t stream_id;
+    int64_t max_possible_position;
+    /* The exclusive writer's own copy of where it is; unused when concurrent. */
+    int32_t term_id;
+    int32_t term_offset;
+    int32_t active_partition_index;
+    int64_t term_begin_position;
+} fulmar_log_writer_t;
+
+typedef struct
+{
+    int64_t position;               /* where the claimed frame starts */
+    int32_t frame_offset;           /* offset of the frame header from the log's first byte */
+    int32_t frame_length;
+} fulmar_claim_t;
+
+typedef struct
+{
+    int32_t count;                  /* data fragments in the batch (padding excluded) */
+    int32_t reserved;
+    int64_t next_position;          /* position after the last frame consumed, padding included */
+    int32_t frame_offsets[4096];    /* header offset of each fragment from the log's first byte */
+    int32_t frame_lengths[4096];    /* frame length including the header */
+    uint8_t flags[4096];
+} fulmar_fragment_batch_t;
+
+void fulmar_log_writer_init(
+    fulmar_log_writer_t *writer, char *log, int32_t term_length, char *position_limit,
+    int32_t session_id, int32_t stream_id);
+
+/* Many writers, in any processes: claims space with get-and-add on the tail. */
+int64_t fulmar_concurrent_offer(
+    fulmar_log_writer_t *writer, const char *payload, int32_t length, int64_t reserved_value);
+int64_t fulmar_concurrent_claim(fulmar_log_writer_t *writer, int32_t length, fulmar_claim_t *claim);
+
+/* One writer: tracks its own tail and publishes it with release stores. */
+int64_t fulmar_exclusive_offer(
+    fulmar_log_writer_t *writer, const char *payload, int32_t length, int64_t reserved_value);
+int64_t fulmar_exclusive_claim(fulmar_log_writer_t *writer, int32_t length, fulmar_claim_t *claim);
+int64_t fulmar_exclusive_offer_batch(
+    fulmar_log_writer_t *writer, const char *data, const int32_t *lengths, int32_t count,
+    int64_t reserved_value, int32_t *appended);
+
+/* A claim is published by its commit, or turned into padding by its abort. */
+void fulmar_claim_commit(char *log, const fulmar_claim_t *claim);
+void fulmar_claim_abort(char *log, const fulmar_claim_t *claim);
+
+/* Reads frames from position up to limit_position or the end of the term,
+ * at most fragment_limit data fragments (capped at FULMAR_BATCH_CAPACITY). */
+int32_t fulmar_log_scan(
+    const char *log, int32_t term_length, int32_t initial_term_id, int64_t position,
+    int64_t limit_position, int32_t fragment_limit, fulmar_fragment_batch_t *batch);
+
+/* The physical reference for the benchmark: the same append + scan loop as
+ * the Python API performs, all in C. Returns messages scanned. */
+int64_t fulmar_bench_exclusive_append_scan(
+    fulmar_log_writer_t *writer, int32_t message_length, int64_t message_count,
+    fulmar_fragment_batch_t *batch);
+
+/* Zeroes the log between two positions (already consumed by every reader)
+ * so the space can be written again when the partitions come round. */
+void fulmar_log_clean(char *log, int32_t term_length, int64_t from_position, int64_t to_position);

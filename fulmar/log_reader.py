@@ -1,0 +1,219 @@
+"""Reading a log buffer: the read side of images.
+
+``LogReader`` follows one log from a position.  Each poll is one native scan
+that returns a batch of fragments (their offsets, lengths and flags); Python
+then calls the handler once per fragment with ``(buffer, offset, length,
+header)`` over the mapped log itself: no copy, no per-fragment allocation.
+``scan`` hands the whole batch to the caller instead, for code that
+processes fragments in bulk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fulmar._native import ffi, lib
+from fulmar.buffers import AtomicBuffer
+from fulmar.errors import CorruptFrameError
+from fulmar.frames import DATA_HEADER, FRAME_ALIGNMENT, HEADER_LENGTH, DataHeader
+from fulmar.logbuffer import (
+    LogBuffers,
+    compute_position,
+)
+
+_CORRUPT = int(lib.FULMAR_SCAN_CORRUPT_FRAME)
+_INT64_MAX = (1 << 63) - 1
+BATCH_CAPACITY = int(lib.FULMAR_BATCH_CAPACITY)
+
+
+class Header:
+    """The header of the fragment being handled, read from the log in place.
+
+    One instance is reused for every fragment of a poll: copy what you need
+    (or call :meth:`snapshot`) rather than keeping the object.
+    """
+
+    __slots__ = ("_view", "offset", "_initial_term_id", "_bits")
+
+    def __init__(self, log: LogBuffers) -> None:
+        self._view = log.view
+        self.offset = 0
+        self._initial_term_id = log.initial_term_id
+        self._bits = log.position_bits_to_shift
+
+    def snapshot(self) -> DataHeader:
+        return DataHeader(*DATA_HEADER.unpack_from(self._view, self.offset))
+
+    def _int32(self, field_offset: int) -> int:
+        return int.from_bytes(self._view[self.offset + field_offset : self.offset + field_offset + 4], "little", signed=True)
+
+    @property
+    def frame_length(self) -> int:
+        return self._int32(0)
+
+    @property
+    def flags(self) -> int:
+        return int(self._view[self.offset + 5])
+
+    @property
+    def type(self) -> int:
+        return int.from_bytes(self._view[self.offset + 6 : self.offset + 8], "little", signed=True)
+
+    @property
+    def term_offset(self) -> int:
+        return self._int32(8)
+
+    @property
+    def session_id(self) -> int:
+        return self._int32(12)
+
+    @property
+    def stream_id(self) -> int:
+        return self._int32(16)
+
+    @property
+    def term_id(self) -> int:
+        return self._int32(20)
+
+    @property
+    def reserved_value(self) -> int:
+        return int.from_bytes(self._view[self.offset + 24 : self.offset + 32], "little", signed=True)
+
+    @property
+    def position(self) -> int:
+        """The stream position just after this fragment (Aeron's meaning)."""
+        aligned = (self.frame_length + FRAME_ALIGNMENT - 1) & ~(FRAME_ALIGNMENT - 1)
+        return compute_position(self.term_id, self.term_offset + aligned, self._bits, self._initial_term_id)
+
+
+FragmentHandler = Callable[[memoryview, int, int, Header], None]
+
+
+class FragmentBatch:
+    """The fragments one scan found: parallel lists of frame offsets (from the
+    start of the log file), frame lengths (header included) and flags."""
+
+    __slots__ = ("count", "frame_offsets", "frame_lengths", "flags", "next_position")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.frame_offsets: list[int] = []
+        self.frame_lengths: list[int] = []
+        self.flags: list[int] = []
+        self.next_position = 0
+
+
+class LogReader:
+    """Reads one log buffer from a position, publishing its position.
+
+    ``position_counter`` (an ``AtomicBuffer`` and offset) receives the
+    reader's position after every poll with a release store, so the writer
+    side can compute its flow-control limit from it.
+    """
+
+    def __init__(
+        self,
+        log: LogBuffers,
+        position: int = 0,
+        position_counter: AtomicBuffer | None = None,
+        position_counter_offset: int = 0,
+    ) -> None:
+        self.log = log
+        self.view = log.view
+        self._address = log.address
+        self._term_length = log.term_length
+        self._initial_term_id = log.initial_term_id
+        self._batch = ffi.new("fulmar_fragment_batch_t *")
+        self._header = Header(log)
+        self._position = position
+        self._counter = position_counter
+        self._counter_offset = position_counter_offset
+        if position_counter is not None:
+            position_counter.put_int64_ordered(position_counter_offset, position)
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    @position.setter
+    def position(self, position: int) -> None:
+        if position & (FRAME_ALIGNMENT - 1):
+            raise ValueError(f"position {position} is not frame aligned")
+        self._set_position(position)
+
+    def _set_position(self, position: int) -> None:
+        self._position = position
+        if self._counter is not None:
+            self._counter.put_int64_ordered(self._counter_offset, position)
+
+    def _scan(self, fragment_limit: int, limit_position: int) -> int:
+        count = int(
+            lib.fulmar_log_scan(
+                self._address,
+                self._term_length,
+                self._initial_term_id,
+                self._position,
+                limit_position,
+                fragment_limit,
+                self._batch,
+            )
+        )
+        if count == _CORRUPT:
+            position = self._position
+            term_offset = position & (self._term_length - 1)
+            raise CorruptFrameError(
+                f"{self.log.path}: corrupt frame header at position {position} (term offset {term_offset})"
+            )
+        return count
+
+    def poll(self, handler: FragmentHandler, fragment_limit: int = 10) -> int:
+        """Deliver up to ``fragment_limit`` fragments to ``handler``."""
+        return self.bounded_poll(handler, _INT64_MAX, fragment_limit)
+
+    def bounded_poll(self, handler: FragmentHandler, limit_position: int, fragment_limit: int = 10) -> int:
+        """Like :meth:`poll`, never reading a frame that ends past ``limit_position``."""
+        count = self._scan(fragment_limit, limit_position)
+        batch = self._batch
+        next_position = int(batch.next_position)
+        if count:
+            header = self._header
+            view = self.view
+            offsets = ffi.unpack(batch.frame_offsets, count)
+            lengths = ffi.unpack(batch.frame_lengths, count)
+            for i in range(count):
+                offset = offsets[i]
+                header.offset = offset
+                try:
+                    handler(view, offset + HEADER_LENGTH, lengths[i] - HEADER_LENGTH, header)
+                except BaseException:
+                    # As in Aeron, the fragments handled so far and the one
+                    # whose handler failed are consumed; the rest are not.
+                    end = offset + ((lengths[i] + FRAME_ALIGNMENT - 1) & ~(FRAME_ALIGNMENT - 1))
+                    self._set_position(self._position_of(end))
+                    raise
+        if next_position != self._position:
+            self._set_position(next_position)
+        return count
+
+    def _position_of(self, end_offset: int) -> int:
+        """Position of an offset (from the log's start) within the term being read."""
+        term_start = self._position - (self._position & (self._term_length - 1))
+        return term_start + end_offset - (self._position_index() * self._term_length)
+
+    def _position_index(self) -> int:
+        return (self._position >> self.log.position_bits_to_shift) % 3
+
+    def scan(self, fragment_limit: int = BATCH_CAPACITY, limit_position: int = _INT64_MAX) -> FragmentBatch:
+        """Consume up to ``fragment_limit`` fragments and return them as one batch."""
+        count = self._scan(fragment_limit, limit_position)
+        batch = self._batch
+        result = FragmentBatch()
+        result.count = count
+        if count:
+            result.frame_offsets = ffi.unpack(batch.frame_offsets, count)
+            result.frame_lengths = ffi.unpack(batch.frame_lengths, count)
+            result.flags = list(ffi.unpack(ffi.cast("uint8_t *", batch.flags), count))
+        result.next_position = int(batch.next_position)
+        if result.next_position != self._position:
+            self._set_position(result.next_position)
+        return result
