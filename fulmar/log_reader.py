@@ -125,11 +125,10 @@ class LogReader:
         self._initial_term_id = log.initial_term_id
         self._batch = ffi.new("fulmar_fragment_batch_t *")
         self._header = Header(log)
-        self._position = position
         self._counter = position_counter
         self._counter_offset = position_counter_offset
-        if position_counter is not None:
-            position_counter.put_int64_ordered(position_counter_offset, position)
+        self._position = 0
+        self.position = position
 
     @property
     def position(self) -> int:
@@ -137,8 +136,8 @@ class LogReader:
 
     @position.setter
     def position(self, position: int) -> None:
-        if position & (FRAME_ALIGNMENT - 1):
-            raise ValueError(f"position {position} is not frame aligned")
+        if position < 0 or position & (FRAME_ALIGNMENT - 1):
+            raise ValueError(f"position {position} is not a frame-aligned stream position")
         self._set_position(position)
 
     def _set_position(self, position: int) -> None:

@@ -291,6 +291,8 @@ class LogBuffers:
     def clean(self, from_position: int, to_position: int) -> None:
         """Zero the log between two positions every reader has passed, so the
         partitions can be written again when they come round."""
+        if from_position < 0 or (from_position | to_position) & (FRAME_ALIGNMENT - 1):
+            raise ValueError(f"cannot clean [{from_position}, {to_position}): positions must be frame aligned")
         if to_position > from_position:
             lib.fulmar_log_clean(self.address, self.term_length, from_position, to_position)
 

@@ -487,14 +487,17 @@ int32_t fulmar_log_scan(
         {
             break; /* nothing here yet, or a frame still being written */
         }
-        int32_t aligned_length = FULMAR_ALIGN(frame_length, FULMAR_FRAME_ALIGNMENT);
         int16_t type = *(const int16_t *)(term + offset + 6);
-        if (frame_length < FULMAR_HEADER_LENGTH || aligned_length > term_length - offset ||
+        /* Bound the raw length before aligning it: aligning a garbage length
+         * near INT32_MAX would overflow.  The space left in the term is a
+         * multiple of the alignment, so the aligned length fits too. */
+        if (frame_length < FULMAR_HEADER_LENGTH || frame_length > term_length - offset ||
             (FRAME_TYPE_DATA != type && FRAME_TYPE_PAD != type))
         {
             result = FULMAR_SCAN_CORRUPT_FRAME;
             break;
         }
+        int32_t aligned_length = FULMAR_ALIGN(frame_length, FULMAR_FRAME_ALIGNMENT);
         if (offset + aligned_length > limit_offset)
         {
             break; /* the frame ends beyond what the caller may read */
