@@ -25,12 +25,17 @@ run: $(STAMP)
 	$(PY) -m fulmar.demo
 
 # Everything except the runs marked slow (make soak runs those).
+# Each run gets its own temporary base directory (removed afterwards), so
+# concurrent runs on one machine never clean up each other's files.
+PYTEST = tmp=$$(mktemp -d /tmp/fulmar-test-XXXXXX); $(PY) -m pytest --basetemp=$$tmp
+PYTEST_END = ; status=$$?; rm -rf $$tmp; exit $$status
+
 test: $(STAMP)
 	$(PY) -m mypy
-	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+	$(PYTEST) -m 'not slow' $(PYTEST_ARGS) $(PYTEST_END)
 
 soak: $(STAMP)
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+	$(PYTEST) -m slow $(PYTEST_ARGS) $(PYTEST_END)
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
