@@ -97,6 +97,7 @@ void fulmar_broadcast_receiver_init(fulmar_broadcast_receiver_t *receiver, char 
     const int64_t latest = fa_load_i64(bc_trailer(buffer, capacity) + FULMAR_BROADCAST_LATEST_COUNTER_OFFSET);
     receiver->cursor = latest;
     receiver->next_record = latest;
+    receiver->read_position = latest;
     receiver->lapped_count = 0;
     receiver->record_offset = (int32_t)(latest & (capacity - 1));
     receiver->reserved = 0;
@@ -131,13 +132,16 @@ bool fulmar_broadcast_receive_next(fulmar_broadcast_receiver_t *receiver, char *
         record_offset = (int32_t)(cursor & mask);
     }
 
+    receiver->read_position = cursor;
     receiver->cursor = cursor;
     receiver->next_record =
         cursor + (int64_t)FULMAR_ALIGN(bc_get_length(buffer, record_offset), FULMAR_BROADCAST_RECORD_ALIGNMENT);
 
     if (FULMAR_BROADCAST_PADDING_MSG_TYPE_ID == bc_get_type(buffer, record_offset))
     {
-        /* The transmitter always writes a real record at 0 right after padding. */
+        /* The transmitter always writes a real record at 0 right after padding.
+         * The new cursor comes from the padding's length, which may itself be
+         * torn, so validation stays anchored at read_position (the padding). */
         record_offset = 0;
         receiver->cursor = receiver->next_record;
         receiver->next_record +=
@@ -153,7 +157,7 @@ bool fulmar_broadcast_validate(fulmar_broadcast_receiver_t *receiver, char *buff
     /* Keep the reads of the record from drifting past the intent check
      * (the seqlock pattern; Agrona uses a load fence here). */
     fa_acquire_fence();
-    return bc_validate_at(buffer, capacity, receiver->cursor);
+    return bc_validate_at(buffer, capacity, receiver->read_position);
 }
 
 /* After a torn read: count it as a lap and resume at the newest record. */
@@ -163,6 +167,7 @@ static void bc_resync(fulmar_broadcast_receiver_t *receiver, char *buffer, int32
     receiver->lapped_count++;
     receiver->cursor = latest;
     receiver->next_record = latest;
+    receiver->read_position = latest;
     receiver->record_offset = (int32_t)(latest & (capacity - 1));
 }
 
@@ -174,6 +179,7 @@ int32_t fulmar_broadcast_copy_receive(
     int32_t scratch_capacity,
     int32_t limit,
     int32_t *records,
+    int64_t *next_positions,
     int32_t *count)
 {
     *count = 0;
@@ -183,7 +189,7 @@ int32_t fulmar_broadcast_copy_receive(
     }
 
     const int64_t lapped_before = receiver->lapped_count;
-    int64_t first_cursor = 0;
+    int64_t first_position = 0;
     int32_t used = 0;
     int32_t n = 0;
     int32_t result = FULMAR_BROADCAST_RECEIVE_OK;
@@ -198,8 +204,13 @@ int32_t fulmar_broadcast_copy_receive(
 
         if (receiver->lapped_count != lapped_before)
         {
-            /* As Aeron's copy receiver: report the loss; the record receive_next
-             * jumped to is skipped too. */
+            /* Report the loss.  receive_next jumped to the latest record and
+             * read its header unvalidated (it can be overwritten meanwhile, or
+             * the process descheduled in between), so trust nothing derived
+             * from it: resume at the latest record itself (read_position), to
+             * be read and validated by the next call.  (Aeron's copy receiver
+             * skips that record instead.) */
+            receiver->next_record = receiver->read_position;
             result = FULMAR_BROADCAST_RECEIVE_LAPPED;
             break;
         }
@@ -212,7 +223,7 @@ int32_t fulmar_broadcast_copy_receive(
         {
             /* A header no transmitter writes: either overwritten while we read
              * it (lapped) or a corrupt buffer.  Never copy by it. */
-            if (bc_validate_at(buffer, capacity, receiver->cursor))
+            if (bc_validate_at(buffer, capacity, receiver->read_position))
             {
                 result = FULMAR_BROADCAST_RECEIVE_CORRUPT;
             }
@@ -233,7 +244,7 @@ int32_t fulmar_broadcast_copy_receive(
                 *receiver = before;
                 break;
             }
-            if (bc_validate_at(buffer, capacity, receiver->cursor))
+            if (bc_validate_at(buffer, capacity, receiver->read_position))
             {
                 result = FULMAR_BROADCAST_RECEIVE_TOO_LONG;
             }
@@ -248,11 +259,12 @@ int32_t fulmar_broadcast_copy_receive(
         memcpy(scratch + used, buffer + offset + FULMAR_BROADCAST_RECORD_HEADER_LENGTH, (size_t)length);
         if (0 == n)
         {
-            first_cursor = receiver->cursor;
+            first_position = receiver->read_position;
         }
         records[3 * n] = msg_type_id;
         records[3 * n + 1] = used;
         records[3 * n + 2] = length;
+        next_positions[n] = receiver->next_record;
         n++;
 
         used += (int32_t)FULMAR_ALIGN(length, FULMAR_BROADCAST_RECORD_ALIGNMENT);
@@ -264,10 +276,10 @@ int32_t fulmar_broadcast_copy_receive(
 
     if (n > 0)
     {
-        /* One check covers the batch: cursors only grow, so if the first
-         * record was not overwritten by now, neither was any later one. */
+        /* One check covers the batch: positions only grow, so if nothing from
+         * the first position read on was overwritten by now, every copy is whole. */
         fa_acquire_fence();
-        if (!bc_validate_at(buffer, capacity, first_cursor))
+        if (!bc_validate_at(buffer, capacity, first_position))
         {
             n = 0;
             if (FULMAR_BROADCAST_RECEIVE_OK == result)
@@ -281,4 +293,38 @@ int32_t fulmar_broadcast_copy_receive(
 
     *count = n;
     return result;
+}
+
+#define BC_PATTERN_MAX_LENGTH 4096
+
+int32_t fulmar_broadcast_pattern_length(int64_t sequence, int32_t max_length)
+{
+    if (max_length <= 8)
+    {
+        return 8;
+    }
+    /* A multiplicative step spreads consecutive lengths over the whole range. */
+    return 8 + (int32_t)((uint64_t)sequence * 7919u % (uint64_t)(max_length - 7));
+}
+
+int64_t fulmar_broadcast_transmit_pattern(
+    char *buffer, int32_t capacity, int32_t msg_type_id, int64_t first_sequence, int64_t count, int32_t max_length)
+{
+    if (!bc_capacity_ok(capacity) || max_length < 8 || max_length > BC_PATTERN_MAX_LENGTH ||
+        max_length > fulmar_broadcast_max_message_length(capacity) || msg_type_id < 1 || count < 0)
+    {
+        return -1;
+    }
+
+    char message[BC_PATTERN_MAX_LENGTH];
+    const int64_t end = first_sequence + count;
+    for (int64_t sequence = first_sequence; sequence < end; sequence++)
+    {
+        const int32_t length = fulmar_broadcast_pattern_length(sequence, max_length);
+        memcpy(message, &sequence, sizeof(sequence));
+        memset(message + 8, (int)(sequence & 0xff), (size_t)(length - 8));
+        fulmar_broadcast_transmit(buffer, capacity, msg_type_id, message, length);
+    }
+
+    return end;
 }
