@@ -1,0 +1,120 @@
+/* Futex-backed doorbell; see doorbell.h for the protocol.
+ *
+ * The word lives in a MAP_SHARED file mapping used by several processes, so
+ * the futex calls use the shared (non-_PRIVATE) operations: the kernel keys a
+ * shared futex by the backing page, not by the process's address space. */
+#define _GNU_SOURCE
+#include "_common.h"
+#include "doorbell.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static inline int32_t *doorbell_sequence(char *base, int64_t offset)
+{
+    return (int32_t *)(base + offset + FULMAR_DOORBELL_SEQUENCE_OFFSET);
+}
+
+static inline int32_t *doorbell_waiters(char *base, int64_t offset)
+{
+    return (int32_t *)(base + offset + FULMAR_DOORBELL_WAITERS_OFFSET);
+}
+
+static int64_t monotonic_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int32_t fulmar_doorbell_prepare(char *base, int64_t offset)
+{
+    fa_get_and_add_i32(doorbell_waiters(base, offset), 1);
+    /* The caller re-checks for work after this returns: the fence orders the
+     * registration before those loads, pairing with the fence in ring(). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return fa_load_i32(doorbell_sequence(base, offset));
+}
+
+void fulmar_doorbell_cancel(char *base, int64_t offset)
+{
+    fa_get_and_add_i32(doorbell_waiters(base, offset), -1);
+}
+
+int32_t fulmar_doorbell_wait(char *base, int64_t offset, int32_t token, int64_t timeout_ns)
+{
+    int32_t *sequence = doorbell_sequence(base, offset);
+    int32_t result = FULMAR_DOORBELL_TIMED_OUT;
+    int64_t now_ns = monotonic_now_ns();
+    int64_t deadline_ns = timeout_ns > INT64_MAX - now_ns ? INT64_MAX : now_ns + timeout_ns;
+
+    for (;;)
+    {
+        /* Checked before the deadline so a ring that lands at the very end
+         * still counts as rung. */
+        if (fa_load_i32(sequence) != token)
+        {
+            result = FULMAR_DOORBELL_RUNG;
+            break;
+        }
+
+        int64_t remaining_ns = deadline_ns - now_ns;
+        if (remaining_ns <= 0)
+        {
+            break;
+        }
+
+        /* FUTEX_WAIT takes a relative CLOCK_MONOTONIC timeout and returns at
+         * once (EAGAIN) if the word no longer holds the token, which closes
+         * the gap between the load above and going to sleep. */
+        struct timespec timeout = {
+            .tv_sec = (time_t)(remaining_ns / 1000000000LL),
+            .tv_nsec = (long)(remaining_ns % 1000000000LL),
+        };
+        long rc = syscall(SYS_futex, sequence, FUTEX_WAIT, token, &timeout, NULL, 0);
+        if (rc != 0)
+        {
+            int error = errno;
+            if (EINTR == error)
+            {
+                /* Hand control back so the Python caller can run its signal
+                 * handlers (Ctrl-C) instead of sleeping through them. */
+                result = FULMAR_DOORBELL_INTERRUPTED;
+                break;
+            }
+            if (EAGAIN != error && ETIMEDOUT != error)
+            {
+                result = -error;
+                break;
+            }
+        }
+        /* Woken, timed out or raced with a ring: the loop head decides. */
+        now_ns = monotonic_now_ns();
+    }
+
+    fa_get_and_add_i32(doorbell_waiters(base, offset), -1);
+    return result;
+}
+
+int32_t fulmar_doorbell_ring(char *base, int64_t offset)
+{
+    /* Orders the caller's publication before the waiter check (pairs with
+     * the fence in prepare()). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(doorbell_waiters(base, offset), __ATOMIC_RELAXED) <= 0)
+    {
+        return 0;
+    }
+
+    int32_t *sequence = doorbell_sequence(base, offset);
+    fa_get_and_add_i32(sequence, 1);
+    if (syscall(SYS_futex, sequence, FUTEX_WAKE, INT_MAX, NULL, NULL, 0) < 0)
+    {
+        return -errno;
+    }
+    return 1;
+}
