@@ -202,8 +202,13 @@ class LogReader:
     def _position_index(self) -> int:
         return (self._position >> self.log.position_bits_to_shift) % 3
 
-    def scan(self, fragment_limit: int = BATCH_CAPACITY, limit_position: int = _INT64_MAX) -> FragmentBatch:
-        """Consume up to ``fragment_limit`` fragments and return them as one batch."""
+    @property
+    def header(self) -> Header:
+        """The flyweight handed to handlers (for callers that dispatch a batch themselves)."""
+        return self._header
+
+    def peek(self, fragment_limit: int = BATCH_CAPACITY, limit_position: int = _INT64_MAX) -> FragmentBatch:
+        """The next batch of fragments, without consuming them."""
         count = self._scan(fragment_limit, limit_position)
         batch = self._batch
         result = FragmentBatch()
@@ -213,6 +218,11 @@ class LogReader:
             result.frame_lengths = ffi.unpack(batch.frame_lengths, count)
             result.flags = list(ffi.unpack(ffi.cast("uint8_t *", batch.flags), count))
         result.next_position = int(batch.next_position)
+        return result
+
+    def scan(self, fragment_limit: int = BATCH_CAPACITY, limit_position: int = _INT64_MAX) -> FragmentBatch:
+        """Consume up to ``fragment_limit`` fragments and return them as one batch."""
+        result = self.peek(fragment_limit, limit_position)
         if result.next_position != self._position:
             self._set_position(result.next_position)
         return result

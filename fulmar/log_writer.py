@@ -17,6 +17,7 @@ from fulmar._native import ffi, lib
 from fulmar.buffers import AtomicBuffer
 from fulmar.errors import MessageTooLongError
 from fulmar.frames import HEADER_LENGTH
+from fulmar.idle import Doorbell
 from fulmar.logbuffer import LogBuffers
 
 NOT_CONNECTED = int(lib.FULMAR_NOT_CONNECTED)
@@ -43,11 +44,12 @@ class BufferClaim:
     it) or :meth:`abort` (turn it into padding that readers skip).
     """
 
-    __slots__ = ("_log", "_claim", "buffer", "position")
+    __slots__ = ("_log", "_claim", "_doorbell", "buffer", "position")
 
     def __init__(self, log: LogBuffers) -> None:
         self._log = log
         self._claim = ffi.new("fulmar_claim_t *")
+        self._doorbell = ffi.NULL  # set by the writer that made the claim
         self.buffer = memoryview(b"")
         self.position = 0
 
@@ -57,7 +59,7 @@ class BufferClaim:
         self.position = int(self._claim.position)
 
     def commit(self) -> None:
-        lib.fulmar_claim_commit(self._log.address, self._claim)
+        lib.fulmar_claim_commit(self._log.address, self._claim, self._doorbell)
         self.buffer = memoryview(b"")
 
     def abort(self) -> None:
@@ -67,7 +69,11 @@ class BufferClaim:
 
 class _LogWriter:
     def __init__(
-        self, log: LogBuffers, position_limit: AtomicBuffer | None = None, position_limit_offset: int = 0
+        self,
+        log: LogBuffers,
+        position_limit: AtomicBuffer | None = None,
+        position_limit_offset: int = 0,
+        doorbell: Doorbell | None = None,
     ) -> None:
         self.log = log
         self._writer = ffi.new("fulmar_log_writer_t *")
@@ -82,6 +88,10 @@ class _LogWriter:
         lib.fulmar_log_writer_init(
             self._writer, log.address, log.term_length, limit_address, header.session_id, header.stream_id
         )
+        # Readers idling on the doorbell are woken after each append.
+        self._doorbell = doorbell  # keeps its mapping alive
+        self._doorbell_address = doorbell.buffer.address + doorbell.offset if doorbell is not None else ffi.NULL
+        self._writer.doorbell = self._doorbell_address
         self.max_message_length = log.max_message_length
         self.max_payload_length = log.max_payload_length
 
@@ -123,6 +133,7 @@ class ConcurrentLogWriter(_LogWriter):
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         result = lib.fulmar_concurrent_claim(self._writer, length, claim._claim)
         if result > 0:
+            claim._doorbell = self._doorbell_address
             claim._wrap()
             return int(result)
         return self._claim_result(result, length)
@@ -168,6 +179,7 @@ class ExclusiveLogWriter(_LogWriter):
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         result = lib.fulmar_exclusive_claim(self._writer, length, claim._claim)
         if result > 0:
+            claim._doorbell = self._doorbell_address
             claim._wrap()
             return int(result)
         return self._claim_result(result, length)

@@ -1,5 +1,6 @@
 #include "_common.h"
 #include "term.h"
+#include "doorbell.h"
 
 /* Log buffer metadata offsets (Aeron's LogBufferDescriptor). */
 #define TERM_TAIL_COUNTERS_OFFSET 0
@@ -135,6 +136,16 @@ static inline void write_message(
         remaining -= chunk;
     }
     while (remaining > 0);
+}
+
+/* Wakes readers sleeping on the writer's doorbell; costs a fence and one
+ * load when nobody sleeps. */
+static inline void ring_doorbell(const fulmar_log_writer_t *w)
+{
+    if (NULL != w->doorbell)
+    {
+        fulmar_doorbell_ring(w->doorbell, 0);
+    }
 }
 
 static inline int64_t position_limit_of(const fulmar_log_writer_t *w)
@@ -298,6 +309,7 @@ int64_t fulmar_concurrent_offer(
         return offset;
     }
     write_message(term, (int32_t)offset, term_id, w, payload, length, reserved_value);
+    ring_doorbell(w);
     return term_begin + offset + required;
 }
 
@@ -383,6 +395,7 @@ int64_t fulmar_exclusive_offer(
     }
     char *term = w->log + (int64_t)w->active_partition_index * w->term_length;
     write_message(term, (int32_t)offset, w->term_id, w, payload, length, reserved_value);
+    ring_doorbell(w);
     return w->term_begin_position + w->term_offset;
 }
 
@@ -443,12 +456,20 @@ int64_t fulmar_exclusive_offer_batch(
         i++;
     }
     *appended = i;
+    if (i > 0)
+    {
+        ring_doorbell(w);
+    }
     return i > 0 ? w->term_begin_position + w->term_offset : result;
 }
 
-void fulmar_claim_commit(char *log, const fulmar_claim_t *claim)
+void fulmar_claim_commit(char *log, const fulmar_claim_t *claim, char *doorbell)
 {
     fa_store_i32(log + claim->frame_offset, claim->frame_length);
+    if (NULL != doorbell)
+    {
+        fulmar_doorbell_ring(doorbell, 0);
+    }
 }
 
 void fulmar_claim_abort(char *log, const fulmar_claim_t *claim)

@@ -24,6 +24,7 @@ typedef struct
     char *log;                      /* first byte of the mapped log buffer file */
     char *metadata;                 /* log + 3 * term_length */
     char *position_limit;           /* int64 publisher limit, NULL for none */
+    char *doorbell;                 /* rung after each append when it has waiters; NULL for none */
     int32_t term_length;
     int32_t position_bits_to_shift;
     int32_t initial_term_id;
@@ -74,7 +75,7 @@ int64_t fulmar_exclusive_offer_batch(
     int64_t reserved_value, int32_t *appended);
 
 /* A claim is published by its commit, or turned into padding by its abort. */
-void fulmar_claim_commit(char *log, const fulmar_claim_t *claim);
+void fulmar_claim_commit(char *log, const fulmar_claim_t *claim, char *doorbell);
 void fulmar_claim_abort(char *log, const fulmar_claim_t *claim);
 
 /* Reads frames from position up to limit_position or the end of the term,

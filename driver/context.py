@@ -1,0 +1,56 @@
+"""Everything a media driver can be configured with, and its defaults."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fulmar.cnc import DEFAULT_CLIENT_LIVENESS_TIMEOUT_NS, CncLayout
+
+
+def default_driver_dir() -> Path:
+    """``/dev/shm/fulmar-<user>`` (Aeron's ``/dev/shm/aeron-<user>`` convention)."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
+    return Path(base) / f"fulmar-{getpass.getuser()}"
+
+
+@dataclass
+class DriverContext:
+    directory: Path = field(default_factory=default_driver_dir)
+    cnc_layout: CncLayout = field(default_factory=CncLayout)
+    # A client that has not sent a keepalive for this long is closed.
+    client_liveness_timeout_ns: int = DEFAULT_CLIENT_LIVENESS_TIMEOUT_NS
+    # IPC log buffers (Aeron's defaults: 64 MiB terms, a window of half a term).
+    ipc_term_length: int = 64 * 1024 * 1024
+    ipc_mtu: int = 1408
+    ipc_publication_term_window_length: int = 0  # 0: half the term length
+    # How long a closed publication's log stays mapped for late readers.
+    publication_linger_timeout_ns: int = 5_000_000_000
+    # A freed counter id is not reused for this long, so readers notice.
+    counter_free_to_reuse_timeout_ms: int = 1_000
+    # Slow work (liveness checks, lingering resources) runs at this interval.
+    timer_interval_ns: int = 1_000_000
+    # A duty cycle longer than this counts as a stall.
+    conductor_cycle_threshold_ns: int = 1_000_000_000
+    # TERMINATE_DRIVER is honoured only with this token (None: never).
+    terminate_token: bytes | None = None
+    # Remove the directory on a clean shutdown.
+    delete_dir_on_shutdown: bool = True
+    # Sleep on the driver doorbell between duty cycles (woken by commands),
+    # at most a timer interval: no spinning on a 2-core machine.
+    idle_strategy: str = "doorbell"
+    file_mode: int = 0o600
+
+    @property
+    def publications_dir(self) -> Path:
+        return self.directory / "publications"
+
+    @property
+    def images_dir(self) -> Path:
+        return self.directory / "images"
+
+    def term_window_length(self, term_length: int) -> int:
+        window = self.ipc_publication_term_window_length
+        return min(window, term_length // 2) if window > 0 else term_length // 2

@@ -1,0 +1,190 @@
+"""Client publications over a driver-managed log buffer.
+
+``Publication`` may be shared by several threads, processes and clients
+adding the same channel and stream (Aeron's concurrent publication);
+``ExclusivePublication`` has one writer and adds batches.  ``offer`` returns
+the new stream position, or one of the named negative codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from fulmar.buffers import AtomicBuffer
+from fulmar.counters import counter_offset
+from fulmar.idle import Doorbell
+from fulmar.log_writer import (
+    ADMIN_ACTION,
+    BACK_PRESSURED,
+    CLOSED,
+    MAX_POSITION_EXCEEDED,
+    NOT_CONNECTED,
+    BufferClaim,
+    ConcurrentLogWriter,
+    ExclusiveLogWriter,
+)
+from fulmar.logbuffer import LogBuffers
+
+if TYPE_CHECKING:
+    from fulmar.aeron import ClientConductor
+
+__all__ = [
+    "ADMIN_ACTION",
+    "BACK_PRESSURED",
+    "CLOSED",
+    "MAX_POSITION_EXCEEDED",
+    "NOT_CONNECTED",
+    "BufferClaim",
+    "ExclusivePublication",
+    "Publication",
+]
+
+
+class Publication:
+    """A concurrent publication: safe to offer from several threads or processes."""
+
+    _writer: ConcurrentLogWriter | ExclusiveLogWriter
+
+    def __init__(
+        self,
+        conductor: "ClientConductor",
+        channel: str,
+        stream_id: int,
+        session_id: int,
+        registration_id: int,
+        original_registration_id: int,
+        log: LogBuffers,
+        counters_values: AtomicBuffer,
+        position_limit_id: int,
+        back_pressure_counter_id: int | None,
+        data_doorbell: Doorbell,
+    ) -> None:
+        self._conductor = conductor
+        self.channel = channel
+        self.stream_id = stream_id
+        self.session_id = session_id
+        self.registration_id = registration_id
+        self.original_registration_id = original_registration_id
+        self.log = log
+        self.position_limit_id = position_limit_id
+        self._values = counters_values
+        self._bpe_offset = counter_offset(back_pressure_counter_id) if back_pressure_counter_id is not None else -1
+        self._closed = False
+        self._writer = self._make_writer(log, counters_values, counter_offset(position_limit_id), data_doorbell)
+
+    def _make_writer(
+        self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell
+    ) -> ConcurrentLogWriter | ExclusiveLogWriter:
+        return ConcurrentLogWriter(log, values, limit_offset, doorbell)
+
+    # ------------------------------------------------------------------ sending
+
+    def offer(self, buffer: bytes | bytearray | memoryview, offset: int = 0, length: int | None = None,
+              reserved_value: int = 0) -> int:
+        """Append one message (``buffer[offset:offset+length]``).
+
+        Returns the new position, or NOT_CONNECTED, BACK_PRESSURED,
+        ADMIN_ACTION (retry now), CLOSED, MAX_POSITION_EXCEEDED.
+        """
+        if self._closed:
+            return CLOSED
+        if offset or length is not None:
+            buffer = memoryview(buffer)[offset : offset + (len(buffer) - offset if length is None else length)]
+        result = self._writer.offer(buffer, reserved_value)
+        if result == BACK_PRESSURED and self._bpe_offset >= 0:
+            self._values.get_and_add_int64(self._bpe_offset, 1)
+        return result
+
+    def offer_parts(self, parts: Sequence[bytes | bytearray | memoryview], reserved_value: int = 0) -> int:
+        """Append one message made of several parts (gathered into one frame)."""
+        return self.offer(b"".join(parts), reserved_value=reserved_value)
+
+    def try_claim(self, length: int, claim: BufferClaim) -> int:
+        """Claim space for a message of ``length`` bytes (at most one MTU's
+        payload) to write in place; then ``claim.commit()`` or ``claim.abort()``."""
+        if self._closed:
+            return CLOSED
+        result = self._writer.try_claim(length, claim)
+        if result == BACK_PRESSURED and self._bpe_offset >= 0:
+            self._values.get_and_add_int64(self._bpe_offset, 1)
+        return result
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def position(self) -> int:
+        return CLOSED if self._closed else self._writer.position
+
+    @property
+    def position_limit(self) -> int:
+        return CLOSED if self._closed else self._writer.position_limit
+
+    @property
+    def max_message_length(self) -> int:
+        return self.log.max_message_length
+
+    @property
+    def max_payload_length(self) -> int:
+        return self.log.max_payload_length
+
+    @property
+    def term_buffer_length(self) -> int:
+        return self.log.term_length
+
+    @property
+    def initial_term_id(self) -> int:
+        return self.log.initial_term_id
+
+    @property
+    def is_connected(self) -> bool:
+        return not self._closed and self.log.is_connected
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Tell the driver this publisher is done (the stream ends once every
+        publisher of it has closed)."""
+        if not self._closed:
+            self._conductor.release_publication(self)
+
+    def _mark_closed(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> "Publication":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "
+            f"session_id={self.session_id}, registration_id={self.registration_id})"
+        )
+
+
+class ExclusivePublication(Publication):
+    """A publication with a single writer: cheaper appends and batches."""
+
+    _writer: ExclusiveLogWriter
+
+    def _make_writer(
+        self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell
+    ) -> ExclusiveLogWriter:
+        return ExclusiveLogWriter(log, values, limit_offset, doorbell)
+
+    def offer_batch(self, payloads: Sequence[bytes], reserved_value: int = 0) -> tuple[int, int]:
+        """Append messages in order, each its own frame, in one native call.
+
+        Returns ``(appended, result)``: how many were appended (a prefix) and
+        the new position, or the code that stopped the batch when none were.
+        """
+        if self._closed:
+            return 0, CLOSED
+        appended, result = self._writer.offer_batch(payloads, reserved_value)
+        if appended < len(payloads) and self._bpe_offset >= 0:
+            self._values.get_and_add_int64(self._bpe_offset, 1)
+        return appended, result
