@@ -153,6 +153,14 @@ class DriverConductor:
                 self._on_client_timeout(client)
                 work += 1
         for publication in list(self.publications):
+            if publication.state in (PublicationState.ACTIVE, PublicationState.DRAINING) and (
+                publication.check_for_blocked_publisher(now_ns, self.context.publication_unblock_timeout_ns)
+            ):
+                self.system[SystemCounter.UNBLOCKED_PUBLICATIONS].increment()
+                self.record_error(
+                    f"unblocked publication {publication.registration_id} (session {publication.session_id}): "
+                    "a publisher stopped in the middle of an append"
+                )
             work += self._advance_publication(publication, now_ns)
         return work
 

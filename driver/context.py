@@ -26,6 +26,9 @@ class DriverContext:
     ipc_term_length: int = 64 * 1024 * 1024
     ipc_mtu: int = 1408
     ipc_publication_term_window_length: int = 0  # 0: half the term length
+    # A log whose slowest reader is stuck this long on a frame that was
+    # claimed but never committed (its publisher died) is padded over.
+    publication_unblock_timeout_ns: int = 15_000_000_000
     # How long a closed publication's log stays mapped for late readers.
     publication_linger_timeout_ns: int = 5_000_000_000
     # A freed counter id is not reused for this long, so readers notice.

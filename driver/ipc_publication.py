@@ -3,12 +3,18 @@ positions, and the flow-control limit it gives its publishers."""
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from fulmar.counters import AtomicCounter
-from fulmar.logbuffer import LogBuffers
+from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH, UNFRAGMENTED, FrameType
+from fulmar.logbuffer import (
+    LogBuffers,
+    compute_term_id_from_position,
+    index_by_position,
+)
 
 
 class PublicationState(Enum):
@@ -61,6 +67,10 @@ class IpcPublication:
         self.client_refs: list[int] = [client_id]
         self.state = PublicationState.ACTIVE
         self.linger_deadline_ns = 0
+        # For spotting a publisher that died mid-append: the slowest
+        # subscriber's position and when it last moved.
+        self._last_consumer_position = -1
+        self._time_of_last_consumer_change_ns = 0
 
     @property
     def log_file_name(self) -> str:
@@ -113,6 +123,57 @@ class IpcPublication:
         """The last publisher left: mark the end of the stream where it is."""
         self.log.end_of_stream_position = self.producer_position()
         self.state = PublicationState.DRAINING
+
+    def check_for_blocked_publisher(self, now_ns: int, unblock_timeout_ns: int) -> bool:
+        """Pad over a frame a dead publisher claimed but never committed.
+
+        A publisher killed between claiming space and committing it leaves a
+        frame whose length is zero or negative; readers stop there for ever.
+        When the slowest subscriber has not moved for the timeout while the
+        tail is beyond it, turn the stuck region into padding so readers
+        pass.  Returns True if it did.
+        """
+        if not self.subscribers:
+            return False
+        position = min(link.position.get() for link in self.subscribers)
+        if position != self._last_consumer_position or position >= self.producer_position():
+            self._last_consumer_position = position
+            self._time_of_last_consumer_change_ns = now_ns
+            return False
+        if now_ns - self._time_of_last_consumer_change_ns < unblock_timeout_ns:
+            return False
+        self._time_of_last_consumer_change_ns = now_ns
+        return self._unblock(position)
+
+    def _unblock(self, position: int) -> bool:
+        log = self.log
+        term_length = log.term_length
+        bits = log.position_bits_to_shift
+        term_offset = position & (term_length - 1)
+        frame_at = index_by_position(position, bits) * term_length + term_offset
+        buffer = log.log
+        frame_length = buffer.get_int32_volatile(frame_at)
+        if frame_length > 0:
+            return False  # readers can move: not blocked here
+        if frame_length < 0:
+            pad_length = -frame_length  # the header was written: its length is known
+        else:
+            # Nothing written at all: pad up to the next frame that was, or to
+            # the tail, or to the end of the term.
+            end = min(self.producer_position(), position - term_offset + term_length)
+            scan = position + FRAME_ALIGNMENT
+            while scan < end and buffer.get_int32_volatile(frame_at + (scan - position)) == 0:
+                scan += FRAME_ALIGNMENT
+            pad_length = scan - position
+        pad_length = (pad_length + FRAME_ALIGNMENT - 1) & ~(FRAME_ALIGNMENT - 1)
+        if pad_length < HEADER_LENGTH or term_offset + pad_length > term_length:
+            return False
+        term_id = compute_term_id_from_position(position, bits, log.initial_term_id)
+        buffer.put_int32_ordered(frame_at, -pad_length)
+        header = struct.pack("<BBhiiii", 0, UNFRAGMENTED, FrameType.PAD, term_offset, self.session_id, self.stream_id, term_id)
+        buffer.put_bytes(frame_at + 4, header)
+        buffer.put_int32_ordered(frame_at, pad_length)
+        return True
 
     def is_drained(self) -> bool:
         end = self.producer_position()

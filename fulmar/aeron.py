@@ -122,6 +122,8 @@ class ClientConductor:
         self._log_buffers: dict[str, tuple[LogBuffers, int]] = {}  # path -> (mapping, users)
         self._lingering: list[tuple[int, str]] = []  # (unmap deadline, path)
         self._next_keepalive_ns = 0
+        # Keep alive well within the driver's liveness timeout, whatever it is.
+        self._keepalive_interval_ns = min(context.keepalive_interval_ns, cnc.client_liveness_timeout_ns // 4)
         self._closed = False
         self._terminal_error: BaseException | None = None
         self._check_driver_alive()
@@ -130,11 +132,11 @@ class ClientConductor:
 
     def do_work(self, now_ns: int) -> int:
         with self.lock:
-            if self._closed:
+            if self._closed or self._terminal_error is not None:
                 return 0
             work = self._receive()
             if now_ns >= self._next_keepalive_ns:
-                self._next_keepalive_ns = now_ns + self.context.keepalive_interval_ns
+                self._next_keepalive_ns = now_ns + self._keepalive_interval_ns
                 self._on_keepalive_tick(now_ns)
                 work += 1
             return work
@@ -166,7 +168,10 @@ class ClientConductor:
             )
 
     def _fail(self, error: BaseException) -> None:
-        """The driver is gone or dropped us: everything this client held is closed."""
+        """The driver is gone or dropped us: everything this client held is
+        closed, and this client stays failed (no more keepalives)."""
+        if self._terminal_error is not None:
+            return
         self._terminal_error = error
         self._close_resources()
         self.context.error_handler(error)

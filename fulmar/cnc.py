@@ -213,3 +213,9 @@ class CncFile:
 
     def close(self) -> None:
         self.mapped.close()
+
+    def __enter__(self) -> "CncFile":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.process
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from driver_support import DriverProcess
 
 # Child processes are forked: they inherit the mapped files' paths and the
 # imported native extension, and start in milliseconds.
@@ -25,3 +30,30 @@ def child_processes() -> Iterator[list[multiprocessing.process.BaseProcess]]:
         process.join(timeout=10)
         if process.is_alive():  # pragma: no cover - a process that ignores SIGKILL
             raise RuntimeError(f"could not reap child process {process.pid}")
+
+
+@pytest.fixture
+def driver_dir() -> Iterator["Path"]:
+    """A fresh directory for a media driver under /dev/shm, removed afterwards."""
+    from driver_support import new_driver_dir, remove_driver_dir
+
+    directory = new_driver_dir()
+    yield directory
+    remove_driver_dir(directory)
+
+
+@pytest.fixture
+def start_driver(driver_dir: "Path") -> Iterator[Callable[..., "DriverProcess"]]:
+    """Start media driver processes (in driver_dir by default); all are stopped afterwards."""
+    from driver_support import DriverProcess
+
+    drivers: list[DriverProcess] = []
+
+    def start(directory: "Path | None" = None, **options: object) -> DriverProcess:
+        driver = DriverProcess(directory or driver_dir, **options)
+        drivers.append(driver)
+        return driver
+
+    yield start
+    for driver in drivers:
+        driver.stop()
