@@ -202,6 +202,14 @@ class LogReader:
     def _position_index(self) -> int:
         return (self._position >> self.log.position_bits_to_shift) % 3
 
+    def is_data_available(self) -> bool:
+        """Whether a frame is complete at the read position: one atomic load,
+        cheap enough for an idle strategy's last check before sleeping."""
+        position = self._position
+        term_length = self._term_length
+        offset = (position >> self.log.position_bits_to_shift) % 3 * term_length + (position & (term_length - 1))
+        return bool(self.log.log.get_int32_volatile(offset) > 0)
+
     @property
     def header(self) -> Header:
         """The flyweight handed to handlers (for callers that dispatch a batch themselves)."""

@@ -86,7 +86,14 @@ class _LogWriter:
         self._limit_owner = position_limit  # keeps the limit's mapping alive
         header = log.default_frame_header()
         lib.fulmar_log_writer_init(
-            self._writer, log.address, log.term_length, limit_address, header.session_id, header.stream_id
+            self._writer,
+            log.address,
+            log.term_length,
+            log.mtu,
+            log.initial_term_id,
+            limit_address,
+            header.session_id,
+            header.stream_id,
         )
         # Readers idling on the doorbell are woken after each append.
         self._doorbell = doorbell  # keeps its mapping alive
@@ -112,6 +119,11 @@ class _LogWriter:
         return self._result(result, length)
 
     @property
+    def native_state(self) -> object:
+        """The native writer state, for callers that append with ``native_offer`` directly."""
+        return self._writer
+
+    @property
     def position_limit(self) -> int:
         if self._writer.position_limit == ffi.NULL:
             return (1 << 63) - 1
@@ -120,6 +132,8 @@ class _LogWriter:
 
 class ConcurrentLogWriter(_LogWriter):
     """A writer that may share the log with other writers in any process."""
+
+    native_offer = lib.fulmar_concurrent_offer
 
     def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
         """Append one message; returns the new position, or a negative code
@@ -145,6 +159,8 @@ class ConcurrentLogWriter(_LogWriter):
 
 class ExclusiveLogWriter(_LogWriter):
     """The log's only writer: cheaper appends and batches in one call."""
+
+    native_offer = lib.fulmar_exclusive_offer
 
     def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
         if type(payload) is not bytes:

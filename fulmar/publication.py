@@ -29,6 +29,9 @@ from fulmar.logbuffer import LogBuffers
 if TYPE_CHECKING:
     from fulmar.aeron import ClientConductor
 
+# Codes at or below this (message too long, invalid length) raise instead.
+_FIRST_ERROR_CODE = -6
+
 __all__ = [
     "ADMIN_ACTION",
     "BACK_PRESSURED",
@@ -72,6 +75,9 @@ class Publication:
         self._bpe_offset = counter_offset(back_pressure_counter_id) if back_pressure_counter_id is not None else -1
         self._closed = False
         self._writer = self._make_writer(log, counters_values, counter_offset(position_limit_id), data_doorbell)
+        self._offer = self._writer.offer
+        self._native_offer = self._writer.native_offer
+        self._native_state = self._writer.native_state
 
     def _make_writer(
         self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell
@@ -89,9 +95,16 @@ class Publication:
         """
         if self._closed:
             return CLOSED
+        if type(buffer) is bytes and not offset and length is None:
+            # The hot path: one native call, no intermediate Python layers.
+            result = self._native_offer(self._native_state, buffer, len(buffer), reserved_value)
+            if result > _FIRST_ERROR_CODE:
+                if result == BACK_PRESSURED and self._bpe_offset >= 0:
+                    self._values.get_and_add_int64(self._bpe_offset, 1)
+                return int(result)
         if offset or length is not None:
             buffer = memoryview(buffer)[offset : offset + (len(buffer) - offset if length is None else length)]
-        result = self._writer.offer(buffer, reserved_value)
+        result = self._offer(buffer, reserved_value)  # raises for a bad length
         if result == BACK_PRESSURED and self._bpe_offset >= 0:
             self._values.get_and_add_int64(self._bpe_offset, 1)
         return result

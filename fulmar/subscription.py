@@ -97,6 +97,10 @@ class Image:
             return 0
         return self._reader.poll(handler, fragment_limit)
 
+    def is_data_available(self) -> bool:
+        """Whether a poll now would find a fragment (or padding) to read."""
+        return not self._closed and self._reader.is_data_available()
+
     def bounded_poll(self, handler: FragmentHandler, limit_position: int, fragment_limit: int) -> int:
         """Poll, never reading a fragment that ends past ``limit_position``
         (the clustered service reads the log bounded by the commit position)."""
@@ -196,6 +200,11 @@ class Subscription:
     @property
     def is_closed(self) -> bool:
         return self._closed
+
+    def is_data_available(self) -> bool:
+        """Whether any image has something to read: pass this as the
+        ``has_work`` of a doorbell idle strategy so no wake-up is missed."""
+        return any(image.is_data_available() for image in self._images)
 
     def image_by_session_id(self, session_id: int) -> Image | None:
         return next((image for image in self._images if image.session_id == session_id), None)

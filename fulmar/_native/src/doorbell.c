@@ -3,7 +3,10 @@
  * The word lives in a MAP_SHARED file mapping used by several processes, so
  * the futex calls use the shared (non-_PRIVATE) operations: the kernel keys a
  * shared futex by the backing page, not by the process's address space. */
-#define _GNU_SOURCE
+/* Python.h first: it sets the feature macros (_GNU_SOURCE among them).  The
+ * wait releases the GIL itself, because the module's calls do not (see
+ * build.py): it is the one native call that blocks. */
+#include <Python.h>
 #include "_common.h"
 #include "doorbell.h"
 
@@ -45,7 +48,18 @@ void fulmar_doorbell_cancel(char *base, int64_t offset)
     fa_get_and_add_i32(doorbell_waiters(base, offset), -1);
 }
 
+static int32_t doorbell_wait(char *base, int64_t offset, int32_t token, int64_t timeout_ns);
+
 int32_t fulmar_doorbell_wait(char *base, int64_t offset, int32_t token, int64_t timeout_ns)
+{
+    int32_t result;
+    Py_BEGIN_ALLOW_THREADS
+    result = doorbell_wait(base, offset, token, timeout_ns);
+    Py_END_ALLOW_THREADS
+    return result;
+}
+
+static int32_t doorbell_wait(char *base, int64_t offset, int32_t token, int64_t timeout_ns)
 {
     int32_t *sequence = doorbell_sequence(base, offset);
     int32_t result = FULMAR_DOORBELL_TIMED_OUT;

@@ -22,6 +22,13 @@ static inline int32_t term_count_of(int32_t term_id, int32_t initial_term_id)
     return (int32_t)((uint32_t)term_id - (uint32_t)initial_term_id);
 }
 
+/* Term counts come from shared memory: taken as unsigned, a corrupt value
+ * still names one of the three partitions. */
+static inline int32_t partition_index(int32_t term_count)
+{
+    return (int32_t)((uint32_t)term_count % FULMAR_PARTITION_COUNT);
+}
+
 static inline int32_t next_term_id_of(int32_t term_id)
 {
     return (int32_t)((uint32_t)term_id + 1u);
@@ -181,7 +188,7 @@ static void rotate_log(char *metadata, int32_t term_count, int32_t term_id)
 {
     int32_t next_term_id = next_term_id_of(term_id);
     int32_t next_term_count = term_count + 1;
-    int32_t next_index = next_term_count % FULMAR_PARTITION_COUNT;
+    int32_t next_index = partition_index(next_term_count);
     int32_t expected_term_id = (int32_t)((uint32_t)next_term_id - FULMAR_PARTITION_COUNT);
     char *tail_address = metadata + TERM_TAIL_COUNTERS_OFFSET + next_index * 8;
     int64_t raw_tail;
@@ -198,8 +205,8 @@ static void rotate_log(char *metadata, int32_t term_count, int32_t term_id)
 }
 
 void fulmar_log_writer_init(
-    fulmar_log_writer_t *w, char *log, int32_t term_length, char *position_limit,
-    int32_t session_id, int32_t stream_id)
+    fulmar_log_writer_t *w, char *log, int32_t term_length, int32_t mtu, int32_t initial_term_id,
+    char *position_limit, int32_t session_id, int32_t stream_id)
 {
     memset(w, 0, sizeof(*w));
     w->log = log;
@@ -207,8 +214,8 @@ void fulmar_log_writer_init(
     w->position_limit = position_limit;
     w->term_length = term_length;
     w->position_bits_to_shift = __builtin_ctz((unsigned)term_length);
-    w->initial_term_id = *(int32_t *)(w->metadata + 264);
-    int32_t mtu = *(int32_t *)(w->metadata + 272);
+    /* Validated by the caller: not re-read from memory other processes can write. */
+    w->initial_term_id = initial_term_id;
     w->max_payload_length = mtu - FULMAR_HEADER_LENGTH;
     w->max_message_length = term_length / 8 < MAX_MESSAGE_LENGTH_CAP ? term_length / 8 : MAX_MESSAGE_LENGTH_CAP;
     w->session_id = session_id;
@@ -217,7 +224,7 @@ void fulmar_log_writer_init(
 
     /* The exclusive writer resumes wherever the log's active tail stands. */
     int32_t term_count = fa_load_i32(w->metadata + ACTIVE_TERM_COUNT_OFFSET);
-    int32_t index = term_count % FULMAR_PARTITION_COUNT;
+    int32_t index = partition_index(term_count);
     int64_t raw_tail = fa_load_i64(w->metadata + TERM_TAIL_COUNTERS_OFFSET + index * 8);
     int64_t offset = tail_term_offset(raw_tail);
     w->term_id = tail_term_id(raw_tail);
@@ -235,7 +242,7 @@ static inline int64_t concurrent_claim_space(
 {
     int64_t limit = position_limit_of(w);
     int32_t term_count = fa_load_i32(w->metadata + ACTIVE_TERM_COUNT_OFFSET);
-    int32_t index = term_count % FULMAR_PARTITION_COUNT;
+    int32_t index = partition_index(term_count);
     char *tail_address = w->metadata + TERM_TAIL_COUNTERS_OFFSET + index * 8;
     int64_t raw_tail = fa_load_i64(tail_address);
     int32_t term_id = tail_term_id(raw_tail);

@@ -58,8 +58,8 @@ typedef struct
 } fulmar_fragment_batch_t;
 
 void fulmar_log_writer_init(
-    fulmar_log_writer_t *writer, char *log, int32_t term_length, char *position_limit,
-    int32_t session_id, int32_t stream_id);
+    fulmar_log_writer_t *writer, char *log, int32_t term_length, int32_t mtu, int32_t initial_term_id,
+    char *position_limit, int32_t session_id, int32_t stream_id);
 
 /* Many writers, in any processes: claims space with get-and-add on the tail. */
 int64_t fulmar_concurrent_offer(
