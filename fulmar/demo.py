@@ -1,21 +1,23 @@
-"""``make run`` (until the cluster exists): two processes exchange messages
-through one shared, memory-mapped log buffer and say what happened.
+"""``make run`` (until the cluster exists): a media driver and two client
+processes exchange messages over ``aeron:ipc``, and say what happened.
 
-The parent creates the log buffer and a flow-control word in /dev/shm,
-starts a publisher process, and reads.  The publisher appends messages of
-mixed sizes (some longer than an MTU, so they travel as several fragments)
-and stops when the reader's window is full; the reader reassembles them,
-checks every byte and its order, zeroes what it consumed and moves the
-publisher's limit on, as the media driver will do for a real publication.
+Three processes: the media driver (cnc.dat, the conductor that owns the log
+buffer and moves the publisher's flow-control limit), a subscriber and a
+publisher, each a client of the driver.  The publisher sends messages of
+mixed sizes (some longer than an MTU, sent as fragments); the subscriber
+reassembles them and checks every byte and their order.  At the end the
+publisher closes its publication, the subscriber sees the end of the
+stream, and the driver's counters tell how often the publisher was held
+back.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,16 +25,16 @@ import time
 import zlib
 from pathlib import Path
 
-from fulmar.buffers import MappedFile
+from fulmar.aeron import Aeron
 from fulmar.fragment_assembler import FragmentAssembler
-from fulmar.log_reader import Header, LogReader
-from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, ConcurrentLogWriter
-from fulmar.logbuffer import LogBuffers
+from fulmar.log_reader import Header
+from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 
-TERM_LENGTH = 1024 * 1024
-WINDOW = TERM_LENGTH // 2
+CHANNEL = "aeron:ipc?term-length=1m"
+STREAM_ID = 1001
 POOL = random.Random(7).randbytes(1 << 20)
 MAX_SIZE = 5000
+DEADLINE_S = 120
 
 
 def payload_of(seq: int, rnd: random.Random) -> bytes:
@@ -41,117 +43,146 @@ def payload_of(seq: int, rnd: random.Random) -> bytes:
     return POOL[start : start + size]
 
 
-def publish(directory: Path, messages: int) -> None:
-    log = LogBuffers.open(directory / "demo.logbuffer")
-    limit = MappedFile.open(directory / "limit").buffer()
-    publication = ConcurrentLogWriter(log, limit, 0)
-    rnd = random.Random(1)
-    back_pressured = 0
-    crc = 0
-    deadline = time.monotonic() + 120
-    for seq in range(messages):
-        payload = payload_of(seq, rnd)
-        while True:
-            result = publication.offer(payload, reserved_value=seq)
-            if result > 0:
-                break
-            if result == BACK_PRESSURED:
-                back_pressured += 1
+def run_publisher(directory: Path, messages: int) -> None:
+    with Aeron.connect(directory) as aeron:
+        publication = aeron.add_publication(CHANNEL, STREAM_ID)
+        deadline = time.monotonic() + DEADLINE_S
+        rnd = random.Random(1)
+        crc = 0
+        for seq in range(messages):
+            payload = payload_of(seq, rnd)
+            while True:
+                result = publication.offer(payload, reserved_value=seq)
+                if result > 0:
+                    break
+                if result not in (BACK_PRESSURED, NOT_CONNECTED, ADMIN_ACTION):
+                    raise SystemExit(f"publisher: offer failed with {result}")
                 if time.monotonic() > deadline:
-                    raise SystemExit("publisher: reader made no progress for too long")
+                    raise SystemExit("publisher: the subscriber made no progress")
+                if result != ADMIN_ACTION:
+                    os.sched_yield()
+            crc = zlib.crc32(payload, crc)
+        print(f"publisher pid {os.getpid()}: {messages:,} messages sent on session {publication.session_id}, "
+              f"checksum {crc:08x}", flush=True)
+
+
+def run_subscriber(directory: Path, messages: int) -> None:
+    with Aeron.connect(directory) as aeron:
+        subscription = aeron.add_subscription(CHANNEL, STREAM_ID)
+        rnd = random.Random(1)
+        stats = {"messages": 0, "bytes": 0, "fragmented": 0, "crc": 0}
+
+        def on_message(buffer: memoryview, offset: int, length: int, header: Header) -> None:
+            seq = stats["messages"]
+            expected = payload_of(seq, rnd)
+            if header.reserved_value != seq or buffer[offset : offset + length] != expected:
+                raise SystemExit(f"subscriber: message {seq} arrived wrong or out of order")
+            stats["messages"] += 1
+            stats["bytes"] += length
+            stats["fragmented"] += length > 1376
+            stats["crc"] = zlib.crc32(expected, stats["crc"])
+
+        assembler = FragmentAssembler(on_message)
+        deadline = time.monotonic() + DEADLINE_S
+        start = 0.0
+        while stats["messages"] < messages:
+            if subscription.poll(assembler, 512) == 0:
+                if time.monotonic() > deadline:
+                    raise SystemExit("subscriber: timed out")
                 os.sched_yield()
-            elif result != ADMIN_ACTION:
-                raise SystemExit(f"publisher: offer failed with {result}")
-        crc = zlib.crc32(payload, crc)
-    print(json.dumps({"pid": os.getpid(), "back_pressured": back_pressured, "crc": crc}), flush=True)
+            elif not start:
+                start = time.perf_counter()
+        elapsed = time.perf_counter() - start
+        image = subscription.images[0]
+        # The publisher closes its publication when done: wait for the end of stream.
+        while not image.is_end_of_stream and time.monotonic() < deadline:
+            subscription.poll(assembler, 512)
+            time.sleep(0.001)
+        print(
+            f"subscriber pid {os.getpid()}: {stats['messages']:,} messages ({stats['fragmented']:,} longer than "
+            f"one MTU, reassembled from fragments), {stats['bytes'] / 1e6:.1f} MB in {elapsed:.2f} s: "
+            f"{stats['messages'] / elapsed:,.0f} msgs/s, {stats['bytes'] / 1e6 / elapsed:.0f} MB/s; "
+            f"checksum {stats['crc']:08x}; end of stream at position {image.position:,}",
+            flush=True,
+        )
 
 
-def subscribe(directory: Path, messages: int, publisher: subprocess.Popen[str]) -> dict[str, int]:
-    log = LogBuffers.open(directory / "demo.logbuffer")
-    limit = MappedFile.open(directory / "limit").buffer()
-    reader = LogReader(log)
-    rnd = random.Random(1)
-    stats = {"messages": 0, "bytes": 0, "fragmented": 0, "crc": 0}
+def run_driver(directory: Path) -> None:
+    from fulmar.driver.context import DriverContext
+    from fulmar.driver.media_driver import run_driver as serve
 
-    def on_message(buffer: memoryview, offset: int, length: int, header: Header) -> None:
-        seq = stats["messages"]
-        expected = payload_of(seq, rnd)
-        if header.reserved_value != seq or buffer[offset : offset + length] != expected:
-            raise SystemExit(f"subscriber: message {seq} arrived wrong or out of order")
-        stats["messages"] += 1
-        stats["bytes"] += length
-        stats["fragmented"] += length > log.max_payload_length
-        stats["crc"] = zlib.crc32(expected, stats["crc"])
+    serve(DriverContext(directory=directory))
 
-    assembler = FragmentAssembler(on_message)
-    clean_position = 0
-    deadline = time.monotonic() + 120
-    while stats["messages"] < messages:
-        if reader.poll(assembler, 512) == 0:
-            if publisher.poll() not in (None, 0):
-                raise SystemExit(f"publisher exited with {publisher.returncode}")
-            if time.monotonic() > deadline:
-                raise SystemExit("subscriber: timed out")
-            os.sched_yield()
-        if reader.position > clean_position:
-            log.clean(clean_position, reader.position)
-            clean_position = reader.position
-            limit.put_int64_ordered(0, clean_position + WINDOW)
-    stats["position"] = reader.position
-    stats["terms"] = reader.position // TERM_LENGTH
-    log.close()
-    return stats
+
+def counters_summary(directory: Path) -> list[str]:
+    from fulmar.cnc import CncFile
+    from fulmar.counters import CountersReader
+
+    wanted = ("Errors", "Client liveness timeouts", "Active clients", "Commands received", "snd-bpe", "pub-pos")
+    lines = []
+    with CncFile.open(directory) as cnc:
+        reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
+        for counter in reader:
+            if counter.label.startswith(wanted):
+                lines.append(f"  {counter.counter_id:>3}  {counter.label:<60} {reader.counter_value(counter.counter_id):>14,}")
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m fulmar.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=300_000)
-    parser.add_argument("--publish", metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["driver", "publisher", "subscriber"], help=argparse.SUPPRESS)
+    parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.publish:
-        publish(Path(args.publish), args.messages)
+    if args.role == "driver":
+        run_driver(args.dir)
+        return
+    if args.role == "publisher":
+        run_publisher(args.dir, args.messages)
+        return
+    if args.role == "subscriber":
+        run_subscriber(args.dir, args.messages)
         return
 
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    directory = Path(tempfile.mkdtemp(prefix=f"fulmar-demo-{os.getpid()}-", dir=shm))
-    publisher: subprocess.Popen[str] | None = None
-    try:
-        log = LogBuffers.create(directory / "demo.logbuffer", TERM_LENGTH, session_id=42, stream_id=1001)
-        log.is_connected = True
-        log.close()
-        with MappedFile.create(directory / "limit", 4096) as limit_file:
-            limit_file.buffer().put_int64_ordered(0, WINDOW)
-        print(f"log buffer {directory / 'demo.logbuffer'}: 3 terms of {TERM_LENGTH // 1024} KiB, MTU 1408")
-        start = time.perf_counter()
-        publisher = subprocess.Popen(
-            [sys.executable, "-m", "fulmar.demo", "--publish", str(directory), "--messages", str(args.messages)],
-            stdout=subprocess.PIPE,
+    base = Path(tempfile.mkdtemp(prefix=f"fulmar-demo-{os.getpid()}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    directory = base / "driver"
+    processes: list[subprocess.Popen[str]] = []
+
+    def start(role: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fulmar.demo", "--role", role, "--dir", str(directory), "--messages", str(args.messages)],
             text=True,
         )
-        stats = subscribe(directory, args.messages, publisher)
-        out, _ = publisher.communicate(timeout=60)
-        elapsed = time.perf_counter() - start
-        report = json.loads(out.strip().splitlines()[-1])
-        print(f"publisher pid {report['pid']} -> subscriber pid {os.getpid()}")
-        print(
-            f"{stats['messages']:,} messages ({stats['fragmented']:,} longer than one MTU, sent as fragments), "
-            f"{stats['bytes'] / 1e6:.1f} MB in {elapsed:.2f} s: {stats['messages'] / elapsed:,.0f} msgs/s, "
-            f"{stats['bytes'] / 1e6 / elapsed:.0f} MB/s"
-        )
-        print(
-            f"stream position {stats['position']:,}: {stats['terms']:,} term rotations; "
-            f"the publisher was back-pressured {report['back_pressured']:,} times"
-        )
-        same = report["crc"] == stats["crc"]
-        print(f"checksum publisher {report['crc']:08x} subscriber {stats['crc']:08x}: {'match' if same else 'DIFFER'}")
-        if not same:
+        processes.append(process)
+        return process
+
+    try:
+        driver = start("driver")
+        deadline = time.monotonic() + 30
+        while not (directory / "cnc.dat").exists():
+            if driver.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the media driver did not start")
+            time.sleep(0.01)
+        subscriber = start("subscriber")
+        publisher = start("publisher")
+        for process in (publisher, subscriber):
+            if process.wait(DEADLINE_S) != 0:
+                raise SystemExit(f"a client process failed with exit code {process.returncode}")
+        print("driver counters:")
+        print("\n".join(counters_summary(directory)))
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(30)
+        removed = not directory.exists()
+        print(f"driver stopped with exit code {driver.returncode}; its directory {'was removed' if removed else 'remains'}")
+        if driver.returncode != 0 or not removed:
             raise SystemExit(1)
         print("every message arrived once, in order, intact")
     finally:
-        if publisher is not None and publisher.poll() is None:
-            publisher.kill()
-            publisher.wait(10)
-        shutil.rmtree(directory, ignore_errors=True)
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

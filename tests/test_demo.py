@@ -1,13 +1,14 @@
-"""`make run`'s demo runs two real processes and reports success."""
+"""`make run`'s demo: a media driver and two client processes, end to end."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 
-def test_demo_exchanges_messages_between_two_processes() -> None:
+def test_demo_exchanges_messages_through_a_media_driver() -> None:
     before = {name for name in os.listdir("/dev/shm") if name.startswith("fulmar-demo-")}
     completed = subprocess.run(
         [sys.executable, "-m", "fulmar.demo", "--messages", "20000"],
@@ -16,7 +17,11 @@ def test_demo_exchanges_messages_between_two_processes() -> None:
         timeout=120,
     )
     assert completed.returncode == 0, completed.stderr
-    assert "20,000 messages" in completed.stdout
-    assert "match" in completed.stdout and "every message arrived once, in order, intact" in completed.stdout
+    out = completed.stdout
+    assert "20,000 messages sent" in out and "20,000 messages (" in out
+    checksums = re.findall(r"checksum ([0-9a-f]{8})", out)
+    assert len(checksums) == 2 and checksums[0] == checksums[1]
+    assert "driver stopped with exit code 0; its directory was removed" in out
+    assert "every message arrived once, in order, intact" in out
     after = {name for name in os.listdir("/dev/shm") if name.startswith("fulmar-demo-")}
     assert after == before, "the demo left its directory behind"
