@@ -31,6 +31,7 @@ from fulmar.driver.context import DriverContext
 from fulmar.driver.counters import (
     CLIENT_HEARTBEAT_TYPE_ID,
     PUBLISHER_LIMIT_TYPE_ID,
+    PUBLISHER_MESSAGES_TYPE_ID,
     PUBLISHER_POSITION_TYPE_ID,
     SENDER_BPE_TYPE_ID,
     SUBSCRIBER_POSITION_TYPE_ID,
@@ -327,6 +328,7 @@ class DriverConductor:
             self.counters.new_counter(f"pub-lmt: {suffix}", PUBLISHER_LIMIT_TYPE_ID, key, registration_id),
             self.counters.new_counter(f"pub-pos: {suffix}", PUBLISHER_POSITION_TYPE_ID, key, registration_id),
             self.counters.new_counter(f"snd-bpe: {suffix}", SENDER_BPE_TYPE_ID, key, registration_id),
+            self.counters.new_counter(f"pub-msgs: {suffix}", PUBLISHER_MESSAGES_TYPE_ID, key, registration_id),
             context.term_window_length(term_length),
         )
         self.publications.append(publication)
@@ -543,7 +545,12 @@ class DriverConductor:
         for link in publication.subscribers:
             link.position.close()
         publication.subscribers.clear()
-        for counter in (publication.publisher_limit, publication.publisher_position, publication.back_pressure_events):
+        for counter in (
+            publication.publisher_limit,
+            publication.publisher_position,
+            publication.back_pressure_events,
+            publication.messages,
+        ):
             counter.close()
         path = publication.path
         publication.log.close()

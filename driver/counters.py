@@ -17,6 +17,8 @@ RECEIVER_POSITION_TYPE_ID = 5
 CLIENT_HEARTBEAT_TYPE_ID = 11
 PUBLISHER_POSITION_TYPE_ID = 12
 SENDER_BPE_TYPE_ID = 13
+# fulmar's own: messages appended to a publication (Aeron counts only bytes).
+PUBLISHER_MESSAGES_TYPE_ID = 90
 
 _REGISTRATION_KEY = struct.Struct("<qiiq")  # registration id, session id, stream id, (spare)
 

@@ -44,6 +44,7 @@ class IpcPublication:
         publisher_limit: AtomicCounter,
         publisher_position: AtomicCounter,
         back_pressure_events: AtomicCounter,
+        messages: AtomicCounter,
         term_window_length: int,
     ) -> None:
         self.registration_id = registration_id
@@ -55,6 +56,7 @@ class IpcPublication:
         self.publisher_limit = publisher_limit
         self.publisher_position = publisher_position
         self.back_pressure_events = back_pressure_events
+        self.messages = messages
         self.term_window_length = term_window_length
         # Recompute the limit only once the window has moved this far: the
         # publishers need not see every small advance.

@@ -30,7 +30,8 @@ from fulmar.publication import ExclusivePublication, Publication
 from fulmar.ring_buffer import ManyToOneRingBuffer
 from fulmar.subscription import Image, ImageHandler, Subscription
 
-SENDER_BPE_TYPE_ID = 13
+SENDER_BPE_TYPE_ID = 13  # fulmar.driver.counters: the transport client does not import the driver
+PUBLISHER_MESSAGES_TYPE_ID = 90
 
 
 class DriverTimeoutError(FulmarError):
@@ -316,6 +317,9 @@ class ClientConductor:
         exclusive = message.TEMPLATE_ID == protocol.TemplateId.ON_EXCLUSIVE_PUBLICATION_READY
         log = self._map_log(message.log_file_name)
         bpe_id = self.counters_reader.find_by_type_and_registration(SENDER_BPE_TYPE_ID, message.registration_id)
+        messages_id = self.counters_reader.find_by_type_and_registration(
+            PUBLISHER_MESSAGES_TYPE_ID, message.registration_id
+        )
         cls = ExclusivePublication if exclusive else Publication
         publication = cls(
             self,
@@ -329,6 +333,7 @@ class ClientConductor:
             message.publication_limit_counter_id,
             bpe_id if bpe_id >= 0 else None,
             self.data_doorbell,
+            messages_id if messages_id >= 0 else None,
         )
         self._publications[message.correlation_id] = publication
         pending.result, pending.done = publication, True

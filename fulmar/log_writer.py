@@ -74,6 +74,8 @@ class _LogWriter:
         position_limit: AtomicBuffer | None = None,
         position_limit_offset: int = 0,
         doorbell: Doorbell | None = None,
+        messages_counter: AtomicBuffer | None = None,
+        messages_counter_offset: int = 0,
     ) -> None:
         self.log = log
         self._writer = ffi.new("fulmar_log_writer_t *")
@@ -99,6 +101,12 @@ class _LogWriter:
         self._doorbell = doorbell  # keeps its mapping alive
         self._doorbell_address = doorbell.buffer.address + doorbell.offset if doorbell is not None else ffi.NULL
         self._writer.doorbell = self._doorbell_address
+        # Messages appended are counted in shared memory when a counter is given.
+        self._messages_owner = messages_counter
+        if messages_counter is not None:
+            if messages_counter_offset % 8 or messages_counter_offset + 8 > messages_counter.capacity:
+                raise ValueError(f"messages counter offset {messages_counter_offset} is not an aligned int64")
+            self._writer.messages_counter = messages_counter.address + messages_counter_offset
         self.max_message_length = log.max_message_length
         self.max_payload_length = log.max_payload_length
 

@@ -62,6 +62,7 @@ class Publication:
         position_limit_id: int,
         back_pressure_counter_id: int | None,
         data_doorbell: Doorbell,
+        messages_counter_id: int | None = None,
     ) -> None:
         self._conductor = conductor
         self.channel = channel
@@ -74,6 +75,7 @@ class Publication:
         self._values = counters_values
         self._bpe_offset = counter_offset(back_pressure_counter_id) if back_pressure_counter_id is not None else -1
         self._closed = False
+        self._messages_offset = counter_offset(messages_counter_id) if messages_counter_id is not None else None
         self._writer = self._make_writer(log, counters_values, counter_offset(position_limit_id), data_doorbell)
         self._offer = self._writer.offer
         self._native_offer = self._writer.native_offer
@@ -82,7 +84,10 @@ class Publication:
     def _make_writer(
         self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell
     ) -> ConcurrentLogWriter | ExclusiveLogWriter:
-        return ConcurrentLogWriter(log, values, limit_offset, doorbell)
+        return ConcurrentLogWriter(log, values, limit_offset, doorbell, *self._messages_counter(values))
+
+    def _messages_counter(self, values: AtomicBuffer) -> tuple[AtomicBuffer | None, int]:
+        return (values, self._messages_offset) if self._messages_offset is not None else (None, 0)
 
     # ------------------------------------------------------------------ sending
 
@@ -187,7 +192,7 @@ class ExclusivePublication(Publication):
     def _make_writer(
         self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell
     ) -> ExclusiveLogWriter:
-        return ExclusiveLogWriter(log, values, limit_offset, doorbell)
+        return ExclusiveLogWriter(log, values, limit_offset, doorbell, *self._messages_counter(values))
 
     def offer_batch(self, payloads: Sequence[bytes], reserved_value: int = 0) -> tuple[int, int]:
         """Append messages in order, each its own frame, in one native call.

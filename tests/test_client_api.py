@@ -96,6 +96,10 @@ def test_try_claim_offer_parts_and_views(aeron: Aeron) -> None:
     appended, _ = publication.offer_batch([b"b1", b"b2", b"b3"])
     assert appended == 3
     assert collect(subscription, 7) == [b"claim", b"", b"abcdef", b"middle", b"b1", b"b2", b"b3"]
+    # Every append is counted, the aborted claim too (it was claimed).
+    reader = aeron.counters_reader
+    counters = [c for c in reader if c.label.startswith(f"pub-msgs: {publication.registration_id} ")]
+    assert [reader.counter_value(c.counter_id) for c in counters] == [8]
 
 
 def test_controlled_poll_abort_break_commit(aeron: Aeron) -> None:

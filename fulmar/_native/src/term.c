@@ -155,6 +155,14 @@ static inline void ring_doorbell(const fulmar_log_writer_t *w)
     }
 }
 
+static inline void count_messages(const fulmar_log_writer_t *w, int64_t count)
+{
+    if (NULL != w->messages_counter)
+    {
+        fa_get_and_add_i64(w->messages_counter, count);
+    }
+}
+
 static inline int64_t position_limit_of(const fulmar_log_writer_t *w)
 {
     return NULL == w->position_limit ? INT64_MAX : fa_load_i64(w->position_limit);
@@ -316,6 +324,7 @@ int64_t fulmar_concurrent_offer(
         return offset;
     }
     write_message(term, (int32_t)offset, term_id, w, payload, length, reserved_value);
+    count_messages(w, 1);
     ring_doorbell(w);
     return term_begin + offset + required;
 }
@@ -342,6 +351,7 @@ int64_t fulmar_concurrent_claim(fulmar_log_writer_t *w, int32_t length, fulmar_c
     claim->position = term_begin + offset;
     claim->frame_offset = (int32_t)((term - w->log) + offset);
     claim->frame_length = frame_length;
+    count_messages(w, 1);
     return term_begin + offset + required;
 }
 
@@ -402,6 +412,7 @@ int64_t fulmar_exclusive_offer(
     }
     char *term = w->log + (int64_t)w->active_partition_index * w->term_length;
     write_message(term, (int32_t)offset, w->term_id, w, payload, length, reserved_value);
+    count_messages(w, 1);
     ring_doorbell(w);
     return w->term_begin_position + w->term_offset;
 }
@@ -426,6 +437,7 @@ int64_t fulmar_exclusive_claim(fulmar_log_writer_t *w, int32_t length, fulmar_cl
     claim->position = w->term_begin_position + offset;
     claim->frame_offset = (int32_t)((term - w->log) + offset);
     claim->frame_length = frame_length;
+    count_messages(w, 1);
     return w->term_begin_position + w->term_offset;
 }
 
@@ -465,6 +477,7 @@ int64_t fulmar_exclusive_offer_batch(
     *appended = i;
     if (i > 0)
     {
+        count_messages(w, i);
         ring_doorbell(w);
     }
     return i > 0 ? w->term_begin_position + w->term_offset : result;

@@ -25,6 +25,7 @@ typedef struct
     char *metadata;                 /* log + 3 * term_length */
     char *position_limit;           /* int64 publisher limit, NULL for none */
     char *doorbell;                 /* rung after each append when it has waiters; NULL for none */
+    char *messages_counter;         /* int64 count of messages appended; NULL for none */
     int32_t term_length;
     int32_t position_bits_to_shift;
     int32_t initial_term_id;
