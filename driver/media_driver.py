@@ -9,11 +9,11 @@ keep it.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -34,8 +34,35 @@ class DriverAlreadyActiveError(FulmarError):
     """Another media driver is alive in the directory."""
 
 
+class DriverDirectoryError(FulmarError):
+    """The directory cannot be a driver's: not a directory, or it holds other files."""
+
+
+# What a driver directory holds; a directory with anything else is not reclaimed.
+DRIVER_DIR_ENTRIES = frozenset({"cnc.dat", "publications", "images"})
+
+
 def epoch_ms() -> int:
-    return int(time.time() * 1000)
+    # Integer nanoseconds: float rounding in time.time() can run a ms ahead.
+    return time.time_ns() // 1_000_000
+
+
+def check_reclaimable(directory: Path) -> None:
+    """Refuse to delete a directory that is not a media driver's.
+
+    Launching removes a dead driver's leftovers, so a mistyped ``--dir``
+    pointing at someone's files must fail instead of deleting them.
+    """
+    if directory.exists() and not directory.is_dir():
+        raise DriverDirectoryError(f"{directory} exists and is not a directory")
+    if directory.is_dir():
+        foreign = sorted(entry.name for entry in directory.iterdir() if entry.name not in DRIVER_DIR_ENTRIES)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise DriverDirectoryError(
+                f"{directory} holds files that are not a media driver's ({shown}); "
+                "choose an empty or new directory"
+            )
 
 
 def active_driver_pid(directory: Path, timeout_ms: int) -> int | None:
@@ -80,6 +107,7 @@ class MediaDriver:
         pid = active_driver_pid(directory, timeout_ms)
         if pid is not None:
             raise DriverAlreadyActiveError(f"a media driver (pid {pid}) is already active in {directory}")
+        check_reclaimable(directory)
         if directory.exists():
             shutil.rmtree(directory)  # a dead driver's leftovers
         directory.mkdir(parents=True, mode=0o700)
@@ -99,17 +127,13 @@ class MediaDriver:
         return Path(self.context.directory)
 
     def request_stop(self) -> None:
+        """Ask ``run`` to return (safe from a signal handler, and after close)."""
         self._stop.set()
-        self.doorbell.ring()
+        if not self._closed:
+            self.doorbell.ring()  # the doorbell lives in cnc.dat: not after close
 
-    def run(self, install_signal_handlers: bool = False) -> None:
+    def run(self) -> None:
         """Drive the conductor until stopped; the caller's thread does the work."""
-        if install_signal_handlers:
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                self.request_stop()
-
-            signal.signal(signal.SIGINT, on_signal)
-            signal.signal(signal.SIGTERM, on_signal)
         to_driver = self.conductor.to_driver
         idle = idle_strategy_from_name(
             self.context.idle_strategy,
@@ -143,11 +167,36 @@ class MediaDriver:
         self.close()
 
 
-def run_driver(context: DriverContext) -> None:
-    """Launch, serve until SIGINT/SIGTERM or an authorised terminate, close."""
-    driver = MediaDriver.launch(context)
+def run_driver(context: DriverContext, on_ready: Callable[[MediaDriver], None] | None = None) -> None:
+    """Launch, serve until SIGINT/SIGTERM or an authorised terminate, close.
+
+    The signal handlers go in before the launch: a supervisor may send
+    SIGTERM as soon as it sees cnc.dat, and a signal that arrived before
+    them would kill the process and leave the directory behind.  A signal
+    during the launch is remembered; the previous handlers are restored at
+    the end.  Raises DriverAlreadyActiveError / DriverDirectoryError.
+    """
+    stop_requested = threading.Event()
+    running: list[MediaDriver] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop_requested.set()
+        for driver in running:
+            driver.request_stop()
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        print(f"media driver pid {os.getpid()} serving {context.directory}", flush=True)
-        driver.run(install_signal_handlers=True)
+        driver = MediaDriver.launch(context)
+        try:
+            running.append(driver)
+            if stop_requested.is_set():
+                driver.request_stop()
+            if on_ready is not None:
+                on_ready(driver)
+            driver.run()
+        finally:
+            running.clear()
+            driver.close()
     finally:
-        driver.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -111,7 +111,10 @@ def run_driver(directory: Path) -> None:
     from fulmar.driver.context import DriverContext
     from fulmar.driver.media_driver import run_driver as serve
 
-    serve(DriverContext(directory=directory))
+    serve(
+        DriverContext(directory=directory),
+        on_ready=lambda driver: print(f"media driver pid {os.getpid()} serving {directory}", flush=True),
+    )
 
 
 def counters_summary(directory: Path) -> list[str]:

@@ -384,3 +384,22 @@ def test_publisher_dying_between_claim_and_commit_is_unblocked(start_driver) -> 
         if publisher.is_alive():
             publisher.kill()
         publisher.join(10)
+
+
+def test_launch_refuses_a_directory_with_foreign_files_and_stop_after_close_is_safe(driver_dir: Path) -> None:
+    from fulmar.cnc import CncLayout
+    from fulmar.driver.context import DriverContext
+    from fulmar.driver.media_driver import DriverDirectoryError, MediaDriver
+
+    driver_dir.mkdir(parents=True)
+    precious = driver_dir / "precious.txt"
+    precious.write_text("not the driver's")
+    context = DriverContext(directory=driver_dir, cnc_layout=CncLayout.sized(64 * 1024, 64 * 1024, 64 * 1024, 64 * 1024))
+    with pytest.raises(DriverDirectoryError, match="precious.txt"):
+        MediaDriver.launch(context)
+    assert precious.read_text() == "not the driver's"
+    precious.unlink()
+    driver = MediaDriver.launch(context)
+    driver.close()
+    driver.request_stop()  # after close: must not touch the unmapped cnc.dat
+    assert not driver_dir.exists()

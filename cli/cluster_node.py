@@ -1,0 +1,211 @@
+"""``cluster-node``: run the processes of a cluster node.
+
+``cluster-node driver`` runs a media driver in the foreground until SIGINT
+or SIGTERM (or an authorised TERMINATE_DRIVER), then removes its directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from fulmar.cnc import (
+    BROADCAST_TRAILER_LENGTH,
+    CNC_FILE,
+    DEFAULT_TO_CLIENTS_CAPACITY,
+    DEFAULT_TO_DRIVER_CAPACITY,
+    RING_BUFFER_TRAILER_LENGTH,
+    CncLayout,
+)
+from fulmar.counters import COUNTER_LENGTH
+from fulmar.driver.context import DriverContext
+from fulmar.driver.counters import SystemCounter
+from fulmar.driver.media_driver import (
+    DriverAlreadyActiveError,
+    DriverDirectoryError,
+    MediaDriver,
+    check_reclaimable,
+    run_driver,
+)
+from fulmar.errors import FulmarError
+from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH
+from fulmar.logbuffer import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, TERM_MIN_LENGTH
+from fulmar.ring_buffer import MAX_CAPACITY
+
+from fulmar.cli.options import (
+    Duration,
+    IdleStrategyName,
+    Size,
+    driver_dir_option,
+    format_duration,
+    format_size,
+    resolve_driver_dir,
+)
+
+EXIT_FAILURE = 1
+EXIT_DRIVER_ACTIVE = 2
+
+# The defaults shown are the driver's own (class attributes of the dataclass;
+# an instance would resolve the default directory, hence the user, at import).
+_DEFAULTS = DriverContext
+_DEFAULT_LAYOUT = CncLayout()
+
+# Command and response buffers hold messages of up to an eighth of their
+# capacity; 16k leaves room for a channel URI or a 1024-character error.
+_MIN_CNC_RING = 16 * 1024
+# The system counters alone take one counter each; leave room for clients.
+_MIN_COUNTERS_BUFFER = 2 * len(SystemCounter) * COUNTER_LENGTH
+# The header stores each section's length as an int32 (metadata is 4x values).
+_MAX_COUNTERS_BUFFER = 256 * 1024 * 1024
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+def main() -> None:
+    """Run the processes of a fulmar cluster node."""
+
+
+@main.command()
+@driver_dir_option
+@click.option(
+    "--client-liveness-timeout",
+    type=Duration(min_ns=1_000_000),
+    default=format_duration(_DEFAULTS.client_liveness_timeout_ns),
+    help="A client without a keepalive for this long is closed; also how stale the "
+    "driver's own heartbeat may get before clients and tools consider it dead.",
+)
+@click.option(
+    "--ipc-term-length",
+    type=Size(TERM_MIN_LENGTH, TERM_MAX_LENGTH, power_of_two=True),
+    default=format_size(_DEFAULTS.ipc_term_length),
+    help="Term length of IPC publications (a channel's term-length overrides it).",
+)
+@click.option(
+    "--ipc-mtu",
+    # The largest MTU is below the smallest term length, so any pair is valid.
+    type=Size(HEADER_LENGTH + FRAME_ALIGNMENT, MAX_UDP_PAYLOAD_LENGTH, multiple_of=FRAME_ALIGNMENT),
+    default=format_size(_DEFAULTS.ipc_mtu),
+    help="Maximum frame length of IPC publications (a channel's mtu overrides it).",
+)
+@click.option(
+    "--publication-linger",
+    type=Duration(),
+    default=format_duration(_DEFAULTS.publication_linger_timeout_ns),
+    help="How long a closed publication's log stays for subscribers still reading it.",
+)
+@click.option(
+    "--timer-interval",
+    type=Duration(min_ns=1_000),
+    default=format_duration(_DEFAULTS.timer_interval_ns),
+    help="Interval of the driver's slow work (liveness checks, lingering resources); "
+    "also the longest an idle driver sleeps.",
+)
+@click.option(
+    "--idle-strategy",
+    type=IdleStrategyName(),
+    default=_DEFAULTS.idle_strategy,
+    help="How the driver waits when idle: doorbell sleeps until a client rings it "
+    "(no CPU while idle); the others poll.",
+)
+@click.option(
+    "--terminate-token",
+    default=None,
+    help="Accept TERMINATE_DRIVER requests carrying this token (refused by default).",
+)
+@click.option("--keep-files", is_flag=True, help="Keep the directory when the driver stops.")
+@click.option(
+    "--to-driver-buffer",
+    type=Size(_MIN_CNC_RING, MAX_CAPACITY, power_of_two=True),
+    default=format_size(DEFAULT_TO_DRIVER_CAPACITY),
+    help="Capacity of the clients-to-driver command buffer in cnc.dat.",
+)
+@click.option(
+    "--to-clients-buffer",
+    type=Size(_MIN_CNC_RING, MAX_CAPACITY, power_of_two=True),
+    default=format_size(DEFAULT_TO_CLIENTS_CAPACITY),
+    help="Capacity of the driver-to-clients broadcast buffer in cnc.dat.",
+)
+@click.option(
+    "--counters-buffer",
+    type=Size(_MIN_COUNTERS_BUFFER, _MAX_COUNTERS_BUFFER, multiple_of=COUNTER_LENGTH),
+    default=format_size(_DEFAULT_LAYOUT.counters_values_length),
+    help=f"Length of the counters values buffer ({COUNTER_LENGTH} bytes per counter; "
+    "the metadata buffer is four times as long).",
+)
+@click.option(
+    "--error-buffer",
+    type=Size(1024, MAX_CAPACITY),
+    default=format_size(_DEFAULT_LAYOUT.error_log_length),
+    help="Length of the distinct error log in cnc.dat.",
+)
+def driver(
+    directory: str | None,
+    client_liveness_timeout: int,
+    ipc_term_length: int,
+    ipc_mtu: int,
+    publication_linger: int,
+    timer_interval: int,
+    idle_strategy: str,
+    terminate_token: str | None,
+    keep_files: bool,
+    to_driver_buffer: int,
+    to_clients_buffer: int,
+    counters_buffer: int,
+    error_buffer: int,
+) -> None:
+    """Run a media driver in the foreground.
+
+    Prints one line with the driver's pid and directory once it serves, and
+    exits 0 after SIGINT or SIGTERM, having removed the directory (unless
+    --keep-files).  Exits 2 if a live driver already uses the directory.
+    """
+    path = resolve_driver_dir(directory)
+    try:
+        check_reclaimable(path)
+    except DriverDirectoryError as error:
+        raise click.BadParameter(str(error), param_hint="'--dir'") from None
+    if terminate_token == "":
+        raise click.BadParameter("must not be empty: any client could stop the driver", param_hint="'--terminate-token'")
+
+    context = DriverContext(
+        directory=path,
+        cnc_layout=CncLayout(
+            to_driver_buffer + RING_BUFFER_TRAILER_LENGTH,
+            to_clients_buffer + BROADCAST_TRAILER_LENGTH,
+            counters_buffer,
+            error_buffer,
+        ),
+        client_liveness_timeout_ns=client_liveness_timeout,
+        ipc_term_length=ipc_term_length,
+        ipc_mtu=ipc_mtu,
+        publication_linger_timeout_ns=publication_linger,
+        timer_interval_ns=timer_interval,
+        idle_strategy=idle_strategy,
+        terminate_token=None if terminate_token is None else terminate_token.encode("utf-8"),
+        delete_dir_on_shutdown=not keep_files,
+    )
+    sys.exit(run_driver_until_signalled(context))
+
+
+def run_driver_until_signalled(context: DriverContext) -> int:
+    """Serve until SIGINT/SIGTERM or TERMINATE_DRIVER; the process exit code."""
+
+    def announce(driver: MediaDriver) -> None:
+        click.echo(f"media driver pid {os.getpid()} serving {context.directory}")
+        sys.stdout.flush()
+
+    try:
+        run_driver(context, on_ready=announce)
+    except DriverAlreadyActiveError as error:
+        click.echo(f"cluster-node driver: {error}", err=True)
+        return EXIT_DRIVER_ACTIVE
+    except (FulmarError, OSError) as error:
+        click.echo(f"cluster-node driver: cannot start a media driver in {context.directory}: {error}", err=True)
+        return EXIT_FAILURE
+    return 0
+
+
+if __name__ == "__main__":
+    main()

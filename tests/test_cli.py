@@ -1,0 +1,441 @@
+"""cluster-node driver and cluster-tool against real driver processes.
+
+Every driver runs as a subprocess in its own directory under /dev/shm; every
+process is reaped and every directory removed even when a test fails, and
+every wait polls a condition against a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from fulmar.aeron import Aeron, RegistrationError
+from fulmar.cli import cluster_tool
+from fulmar.cli.cnc_reader import iso_utc
+from fulmar.cli.options import Duration, Size, format_duration, format_size
+from fulmar.cnc import BROADCAST_TRAILER_LENGTH, RING_BUFFER_TRAILER_LENGTH, CncError, CncFile
+from fulmar.codecs.generated import driver as protocol
+from fulmar.driver.counters import CLIENT_HEARTBEAT_TYPE_ID, SYSTEM_COUNTER_TYPE_ID, SystemCounter
+from fulmar.ring_buffer import ManyToOneRingBuffer
+
+DEADLINE_S = 15.0
+SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+# Small cnc.dat sections: a few hundred KiB instead of 8 MiB per driver.
+SMALL_CNC = ["--to-driver-buffer", "64k", "--to-clients-buffer", "64k", "--counters-buffer", "64k",
+             "--error-buffer", "64k"]  # fmt: skip
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def workspace() -> Iterator[Path]:
+    """A private directory under /dev/shm; drivers use subdirectories of it."""
+    path = Path(tempfile.mkdtemp(prefix="fulmar-test-cli-", dir=SHM))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def reap(process: subprocess.Popen[str]) -> None:
+    """Stop a process if it still runs: SIGTERM, a bounded wait, then SIGKILL."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def start_driver(directory: Path, *options: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fulmar.cli.cluster_node", "driver", "--dir", str(directory), *SMALL_CNC, *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def cnc_ready_for(directory: Path, process: subprocess.Popen[str]) -> bool:
+    """True once ``process`` has published cnc.dat in ``directory``."""
+    if process.poll() is not None:
+        raise AssertionError(f"driver exited with {process.returncode}: {process.stderr.read() if process.stderr else ''}")
+    try:
+        cnc = CncFile.open(directory)
+    except CncError:
+        return False
+    try:
+        return cnc.pid == process.pid
+    finally:
+        cnc.close()
+
+
+@contextmanager
+def running_driver(directory: Path, *options: str) -> Iterator[subprocess.Popen[str]]:
+    process = start_driver(directory, *options)
+    try:
+        wait_for(lambda: cnc_ready_for(directory, process), f"the driver's cnc.dat in {directory}")
+        yield process
+    finally:
+        reap(process)
+
+
+def stop(process: subprocess.Popen[str], signum: int = signal.SIGTERM) -> tuple[int, str, str]:
+    """Signal the driver and collect its exit code and output."""
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=DEADLINE_S)
+    return process.returncode, stdout, stderr
+
+
+def tool(*args: str) -> click.testing.Result:
+    """Run cluster-tool in this process (the read commands need no process of their own)."""
+    return CliRunner().invoke(cluster_tool.main, list(args))
+
+
+def tool_json(*args: str) -> Any:
+    result = tool(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def provoke_registration_error(aeron: Aeron) -> None:
+    with pytest.raises(RegistrationError):
+        aeron.add_publication("aeron:bogus", 1)
+
+
+def by_label(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {counter["label"]: counter for counter in document["counters"]}
+
+
+def send_terminate(directory: Path, token: bytes) -> None:
+    """Write a TERMINATE_DRIVER command to the driver, as a client would."""
+    cnc = CncFile.open(directory)
+    try:
+        to_driver = ManyToOneRingBuffer(cnc.to_driver)
+        message = bytearray(256)
+        length = protocol.TerminateDriverEncoder.encode(
+            message, 0, client_id=to_driver.next_correlation_id(), correlation_id=to_driver.next_correlation_id(),
+            token=token,
+        )  # fmt: skip
+        assert to_driver.write(protocol.TerminateDriverEncoder.TEMPLATE_ID, bytes(message[:length]))
+        cnc.driver_doorbell().ring()
+    finally:
+        cnc.close()
+
+
+@contextmanager
+def children_interruptible() -> Iterator[None]:
+    """Let children started in the block see SIGINT as Ctrl-C.
+
+    A shell without job control starts background jobs with SIGINT ignored,
+    children inherit that, and Python then installs no KeyboardInterrupt
+    handler.  A handler set here is reset to the default by exec instead.
+    """
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def read_lines(process: subprocess.Popen[str], count: int, matching: Callable[[str], bool]) -> list[str]:
+    """Read stdout lines until ``count`` of them match, with a deadline (no blocking readline)."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    pending = b""
+    found: list[str] = []
+    deadline = time.monotonic() + DEADLINE_S
+    while len(found) < count:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"timed out: {len(found)} of {count} matching lines, last bytes {pending[-200:]!r}"
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        assert chunk, f"stdout closed after {len(found)} matching lines (exit code {process.poll()})"
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        found.extend(text for text in (line.decode() for line in lines) if matching(text))
+    return found
+
+
+# ---------------------------------------------------------------------- a live driver
+
+
+def test_counters_errors_and_status_of_a_live_driver(workspace: Path) -> None:
+    directory = workspace / "node0"
+    with running_driver(directory) as driver, Aeron.connect(directory) as aeron:
+        provoke_registration_error(aeron)
+
+        document = tool_json("counters", "--dir", str(directory))
+        assert document["driver_pid"] == driver.pid
+        counters = by_label(document)
+        errors_counter = counters["Errors"]
+        assert errors_counter["id"] == SystemCounter.ERRORS
+        assert (errors_counter["type_id"], errors_counter["type"]) == (SYSTEM_COUNTER_TYPE_ID, "system")
+        assert errors_counter["value"] == 1
+        assert counters["Active clients"]["value"] == 1
+        heartbeat = counters[f"client-heartbeat: {aeron.client_id}"]
+        assert (heartbeat["type_id"], heartbeat["type"]) == (CLIENT_HEARTBEAT_TYPE_ID, "client-heartbeat")
+        assert heartbeat["registration_id"] == aeron.client_id
+        assert abs(heartbeat["value"] - time.time() * 1000) < 60_000  # a recent keepalive, epoch ms
+
+        text = tool("counters", "--dir", str(directory))
+        assert text.exit_code == 0
+        assert f"driver pid {driver.pid}" in text.stdout
+        assert any(line.split()[0] == "15" and line.endswith("Errors") for line in text.stdout.splitlines()[2:])
+
+        errors = tool_json("errors", "--dir", str(directory))["errors"]
+        assert len(errors) == 1
+        assert errors[0]["observation_count"] == 1
+        assert "aeron:bogus" in errors[0]["text"]
+        assert errors[0]["first_observation"] == iso_utc(errors[0]["first_observation_timestamp_ms"])
+        text = tool("errors", "--dir", str(directory))
+        assert text.exit_code == 0
+        assert text.stdout.startswith(f"1 distinct error in {directory}")
+        assert "1 observation from 20" in text.stdout and "aeron:bogus" in text.stdout
+
+        status = tool_json("driver", "--dir", str(directory))
+        assert status["pid"] == driver.pid and status["pid_exists"] and status["alive"]
+        assert 0 <= status["heartbeat_age_ms"] < status["client_liveness_timeout_ms"] == 10_000
+        assert status["buffers"]["to_driver"] == 64 * 1024 + RING_BUFFER_TRAILER_LENGTH
+        assert status["buffers"]["to_clients"] == 64 * 1024 + BROADCAST_TRAILER_LENGTH
+        assert status["buffers"]["counters_values"] == 64 * 1024
+        assert status["buffers"]["error_log"] == 64 * 1024
+        text = tool("driver", "--dir", str(directory))
+        assert text.exit_code == 0 and ": alive" in text.stdout.splitlines()[0]
+
+
+def test_no_errors_is_reported_as_such(workspace: Path) -> None:
+    directory = workspace / "node0"
+    with running_driver(directory):
+        result = tool("errors", "--dir", str(directory))
+        assert result.exit_code == 0
+        assert result.stdout.strip() == f"no errors in {directory}"
+        assert tool_json("errors", "--dir", str(directory))["errors"] == []
+
+
+def test_dir_comes_from_the_environment(workspace: Path) -> None:
+    directory = workspace / "node0"
+    with running_driver(directory) as driver:
+        result = CliRunner(env={"FULMAR_DRIVER_DIR": str(directory)}).invoke(cluster_tool.main, ["driver", "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["pid"] == driver.pid
+
+
+def test_second_driver_on_the_same_dir_exits_2_naming_the_first(workspace: Path) -> None:
+    directory = workspace / "node0"
+    with running_driver(directory) as first:
+        second = subprocess.run(
+            [sys.executable, "-m", "fulmar.cli.cluster_node", "driver", "--dir", str(directory), *SMALL_CNC],
+            capture_output=True, text=True, timeout=DEADLINE_S,
+        )  # fmt: skip
+        assert second.returncode == 2
+        assert f"pid {first.pid}" in second.stderr
+        assert "Traceback" not in second.stderr
+        # The first driver keeps its directory and keeps serving.
+        assert first.poll() is None
+        assert tool_json("driver", "--dir", str(directory))["pid"] == first.pid
+
+
+# ---------------------------------------------------------------------- stopping
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_the_driver_and_removes_its_dir(workspace: Path, signum: int) -> None:
+    directory = workspace / "node0"
+    with running_driver(directory) as driver:
+        # Signalled as soon as cnc.dat is ready, possibly before the driver
+        # prints its line: a supervisor does not wait for output either.
+        code, stdout, stderr = stop(driver, signum)
+        assert code == 0, stderr
+        assert stdout.strip() == f"media driver pid {driver.pid} serving {directory}"
+        assert "Traceback" not in stderr
+        assert not directory.exists()
+
+
+def test_keep_files_leaves_a_stopped_driver_readable(workspace: Path) -> None:
+    directory = workspace / "node0"
+    with running_driver(directory, "--keep-files") as driver:
+        with Aeron.connect(directory) as aeron:
+            provoke_registration_error(aeron)
+        code, _, stderr = stop(driver)
+        assert code == 0, stderr
+    assert (directory / "cnc.dat").exists()
+
+    document = tool_json("counters", "--dir", str(directory))
+    assert document["driver_pid"] == driver.pid
+    assert by_label(document)["Errors"]["value"] == 1
+    errors = tool_json("errors", "--dir", str(directory))["errors"]
+    assert [error["observation_count"] for error in errors] == [1]
+
+    result = tool("driver", "--dir", str(directory), "--json")
+    assert result.exit_code == 3  # files present, driver not alive
+    status = json.loads(result.stdout)
+    assert (status["pid"], status["pid_exists"], status["alive"]) == (driver.pid, False, False)
+
+    # A new driver reclaims the dead one's directory.
+    with running_driver(directory) as successor:
+        assert tool_json("counters", "--dir", str(directory))["driver_pid"] == successor.pid
+
+
+def test_terminate_token_enables_terminate_driver(workspace: Path) -> None:
+    directory = workspace / "node0"
+    with running_driver(directory, "--terminate-token", "let-me-stop-you") as driver:
+        send_terminate(directory, b"wrong token")
+        wait_for(
+            lambda: any("refused: invalid token" in error["text"] for error in tool_json("errors", "--dir", str(directory))["errors"]),
+            "the refused termination in the error log",
+        )  # fmt: skip
+        assert driver.poll() is None
+
+        send_terminate(directory, b"let-me-stop-you")
+        assert driver.wait(timeout=DEADLINE_S) == 0
+        assert not directory.exists()
+
+
+# ---------------------------------------------------------------------- no driver, bad input
+
+
+def test_tool_without_driver_files_exits_1_with_a_message(workspace: Path) -> None:
+    empty = workspace / "empty"
+    empty.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "fulmar.cli.cluster_tool", "counters", "--dir", str(empty)],
+        capture_output=True, text=True, timeout=DEADLINE_S,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert f"no media driver in {empty}" in result.stderr
+    assert "Traceback" not in result.stderr
+    for command in ("errors", "driver"):
+        for extra in ([], ["--json"]):
+            outcome = tool(command, "--dir", str(workspace / "missing"), *extra)
+            assert outcome.exit_code == 1
+            assert "no media driver in" in outcome.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "option_name"),
+    [
+        (["--client-liveness-timeout", "10"], "--client-liveness-timeout"),  # no unit
+        (["--publication-linger", "soon"], "--publication-linger"),
+        (["--timer-interval", "0s"], "--timer-interval"),
+        (["--ipc-term-length", "100k"], "--ipc-term-length"),
+        (["--ipc-mtu", "100"], "--ipc-mtu"),
+        (["--idle-strategy", "nap"], "--idle-strategy"),
+        (["--idle-strategy", "yield:1ms"], "--idle-strategy"),
+        (["--to-driver-buffer", "1000"], "--to-driver-buffer"),
+        (["--counters-buffer", "100"], "--counters-buffer"),
+        (["--terminate-token", ""], "--terminate-token"),
+    ],
+)
+def test_bad_option_values_are_usage_errors(workspace: Path, options: list[str], option_name: str) -> None:
+    directory = workspace / "node0"
+    result = subprocess.run(
+        [sys.executable, "-m", "fulmar.cli.cluster_node", "driver", "--dir", str(directory), *options],
+        capture_output=True, text=True, timeout=DEADLINE_S,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "Usage:" in result.stderr and f"'{option_name}'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not directory.exists()
+
+
+def test_driver_refuses_a_directory_with_foreign_files(workspace: Path) -> None:
+    precious = workspace / "notes.txt"
+    precious.write_text("keep me")
+    result = subprocess.run(
+        [sys.executable, "-m", "fulmar.cli.cluster_node", "driver", "--dir", str(workspace)],
+        capture_output=True, text=True, timeout=DEADLINE_S,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "'--dir'" in result.stderr and "notes.txt" in result.stderr
+    assert precious.read_text() == "keep me"
+
+
+# ---------------------------------------------------------------------- --watch
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_watch_refreshes_until_interrupted(workspace: Path, as_json: bool) -> None:
+    directory = workspace / "node0"
+    with running_driver(directory) as driver:
+        command = [sys.executable, "-m", "fulmar.cli.cluster_tool", "counters", "--dir", str(directory), "--watch", "0.1"]
+        with children_interruptible():
+            watcher = subprocess.Popen(command + (["--json"] if as_json else []), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            if as_json:
+                refreshes = [json.loads(line) for line in read_lines(watcher, 2, lambda line: line.startswith("{"))]
+                assert all(refresh["driver_pid"] == driver.pid for refresh in refreshes)
+                assert all(any(c["label"] == "Errors" for c in refresh["counters"]) for refresh in refreshes)
+                # The driver goes away: the watch says so and keeps going.
+                code, _, _ = stop(driver)
+                assert code == 0
+                gone = json.loads(read_lines(watcher, 1, lambda line: '"error"' in line)[0])
+                assert "no media driver" in gone["error"]
+            else:
+                read_lines(watcher, 2, lambda line: line.startswith(f"driver pid {driver.pid} in {directory}"))
+            watcher.send_signal(signal.SIGINT)
+            _, stderr = watcher.communicate(timeout=DEADLINE_S)
+            assert watcher.returncode == 0
+            assert "Traceback" not in stderr
+        finally:
+            reap(watcher)
+
+
+# ---------------------------------------------------------------------- option types and formatting
+
+
+def test_duration_and_size_round_trip_through_their_text() -> None:
+    assert [format_duration(ns) for ns in (10_000_000_000, 1_500_000_000, 1_000, 7)] == ["10s", "1500ms", "1us", "7ns"]
+    assert [format_size(n) for n in (64 << 20, 1 << 30, 1408, 0)] == ["64m", "1g", "1408", "0"]
+    duration, size = Duration(), Size(1, 1 << 40)
+    for text in ("10s", "500ms", "100us", "7ns"):
+        assert format_duration(duration.convert(text, None, None)) == text
+    for text in ("64k", "16m", "1g", "1408"):
+        assert format_size(size.convert(text, None, None)) == text
+    with pytest.raises(click.BadParameter):
+        duration.convert("10", None, None)
+    with pytest.raises(click.BadParameter):
+        Size(1024, 4096, power_of_two=True).convert("3k", None, None)
+
+
+def test_iso_utc() -> None:
+    assert iso_utc(0) == "1970-01-01T00:00:00.000Z"
+    assert iso_utc(1_700_000_000_123) == "2023-11-14T22:13:20.123Z"
+    assert "invalid" in iso_utc(2**62)
