@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fulmar.buffers import AtomicBuffer
 from fulmar.counters import counter_offset
@@ -211,19 +211,13 @@ class Subscription:
 
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
         """Poll the images in turn until ``fragment_limit`` fragments are read."""
-        images = self._images
-        count = len(images)
-        if not count:
-            return 0
-        start = self._round_robin = (self._round_robin + 1) % count
-        fragments = 0
-        for i in range(count):
-            fragments += images[(start + i) % count].poll(handler, fragment_limit - fragments)
-            if fragments >= fragment_limit:
-                break
-        return fragments
+        return self._poll_images(Image.poll, handler, fragment_limit)
 
     def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int:
+        return self._poll_images(Image.controlled_poll, handler, fragment_limit)
+
+    def _poll_images(self, poll: Callable[[Image, Any, int], int], handler: Any, fragment_limit: int) -> int:
+        # Start one image further each time, so no image is always served last.
         images = self._images
         count = len(images)
         if not count:
@@ -231,7 +225,7 @@ class Subscription:
         start = self._round_robin = (self._round_robin + 1) % count
         fragments = 0
         for i in range(count):
-            fragments += images[(start + i) % count].controlled_poll(handler, fragment_limit - fragments)
+            fragments += poll(images[(start + i) % count], handler, fragment_limit - fragments)
             if fragments >= fragment_limit:
                 break
         return fragments
