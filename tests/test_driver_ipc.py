@@ -403,3 +403,15 @@ def test_launch_refuses_a_directory_with_foreign_files_and_stop_after_close_is_s
     driver.close()
     driver.request_stop()  # after close: must not touch the unmapped cnc.dat
     assert not driver_dir.exists()
+
+
+def test_connect_reports_a_missing_or_dead_driver_clearly(start_driver, tmp_path: Path) -> None:
+    with pytest.raises(DriverTimeoutError, match="does not exist"):
+        Aeron.connect(tmp_path / "nothing-here")
+    driver = start_driver()
+    driver.kill()  # its files stay, its heartbeat stops
+    with CncFile.open(driver.directory) as cnc:
+        ring = ManyToOneRingBuffer(cnc.to_driver)
+        wait_for(lambda: time.time_ns() // 1_000_000 - ring.consumer_heartbeat_time > 250, 5, "a stale heartbeat")
+    with pytest.raises(DriverTimeoutError, match="not alive: no heartbeat"):
+        Aeron.connect(driver.directory, driver_timeout_ms=200)
