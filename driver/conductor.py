@@ -32,6 +32,9 @@ from fulmar.driver.counters import (
     CLIENT_HEARTBEAT_TYPE_ID,
     PUBLISHER_LIMIT_TYPE_ID,
     PUBLISHER_MESSAGES_TYPE_ID,
+    RECEIVER_HWM_TYPE_ID,
+    RECEIVER_POSITION_TYPE_ID,
+    SENDER_POSITION_TYPE_ID,
     PUBLISHER_POSITION_TYPE_ID,
     SENDER_BPE_TYPE_ID,
     SUBSCRIBER_POSITION_TYPE_ID,
@@ -39,7 +42,17 @@ from fulmar.driver.counters import (
     SystemCounters,
     registration_key,
 )
+from fulmar.driver.flow_control import has_group_semantics, new_flow_control
+from fulmar.driver.image_state import ImageReceiveState
 from fulmar.driver.ipc_publication import IpcPublication, PublicationState, SubscriberLink
+from fulmar.driver.loss_injection import LossInjector
+from fulmar.driver.network_publication import NetworkPublication
+from fulmar.driver.publication_image import PublicationImage
+from fulmar.driver.receive_channel_endpoint import ReceiveChannelEndpoint
+from fulmar.driver.retransmit_handler import RetransmitHandler
+from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
+from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress
+from fulmar.frames import SetupFrame
 
 ErrorCode = protocol.ErrorCode
 NULL_VALUE = -1
@@ -69,6 +82,7 @@ class SubscriptionLink:
     stream_id: int
     channel: str
     session_id: int | None
+    endpoint: "ReceiveChannelEndpoint | None" = None  # UDP subscriptions: where their stream arrives
 
 
 class DriverConductor:
@@ -92,7 +106,20 @@ class DriverConductor:
         self.epoch_clock_ms = epoch_clock_ms
         self._ring_doorbell = ring_doorbell
         self.clients: dict[int, AeronClient] = {}
-        self.publications: list[IpcPublication] = []
+        self.publications: list[IpcPublication | NetworkPublication] = []
+        self.images: list[PublicationImage] = []
+        self.send_endpoints: dict[str, SendChannelEndpoint] = {}
+        self.receive_endpoints: dict[str, ReceiveChannelEndpoint] = {}
+        self.loss_injector = LossInjector(
+            self.system[SystemCounter.LOSS_RECEIVE_RATE_PPM],
+            self.system[SystemCounter.LOSS_SEND_RATE_PPM],
+            self.system[SystemCounter.LOSS_FRAME_TYPE_MASK],
+            context.loss_seed,
+        )
+        # The media driver watches these sockets so a datagram wakes it.
+        self.on_socket_opened: Callable[[int], None] = lambda fd: None
+        self.on_socket_closed: Callable[[int], None] = lambda fd: None
+        self._now_ns = 0
         self.subscriptions: list[SubscriptionLink] = []
         self.static_counters: dict[tuple[int, int], int] = {}
         self.termination_requested = False
@@ -125,19 +152,54 @@ class DriverConductor:
 
     def do_work(self, now_ns: int) -> int:
         start = time.perf_counter_ns()
+        self._now_ns = now_ns
         work = self.to_driver.read(self._on_command, COMMANDS_PER_CYCLE)
         for publication in self.publications:
             if publication.state is PublicationState.ACTIVE:
                 work += publication.update_publisher_limit()
+        work += self._sender_work(now_ns) + self._receiver_work(now_ns)
         if now_ns >= self._next_timer_ns:
             self._next_timer_ns = now_ns + self.context.timer_interval_ns
             work += self._on_timer(now_ns)
         self._track_cycle_time(time.perf_counter_ns() - start)
         return work
 
+    def _sender_work(self, now_ns: int) -> int:
+        work = 0
+        for endpoint in self.send_endpoints.values():
+            work += endpoint.poll(now_ns)
+        for publication in self.publications:
+            if isinstance(publication, NetworkPublication) and publication.state is not PublicationState.DONE:
+                work += publication.send(now_ns)
+        return work
+
+    def _receiver_work(self, now_ns: int) -> int:
+        work = 0
+        for endpoint in self.receive_endpoints.values():
+            work += endpoint.poll(now_ns)
+        for image in self.images:
+            if image.status is PublicationState.ACTIVE:
+                work += image.do_work(now_ns)
+        return work
+
+    def sockets(self) -> list[int]:
+        """The UDP sockets the driver reads, for the media driver's watcher."""
+        return [e.fileno() for e in self.send_endpoints.values()] + [
+            e.fileno() for e in self.receive_endpoints.values()
+        ]
+
+    def _invalid_packet(self, message: str) -> None:
+        self.system[SystemCounter.INVALID_PACKETS].increment()
+
     def on_close(self) -> None:
         for publication in list(self.publications):
             self._free_publication(publication)
+        for image in list(self.images):
+            self._free_image(image)
+        for endpoint in list(self.send_endpoints.values()) + list(self.receive_endpoints.values()):
+            endpoint.close()
+        self.send_endpoints.clear()
+        self.receive_endpoints.clear()
 
     def _track_cycle_time(self, cycle_ns: int) -> None:
         self.system[SystemCounter.CONDUCTOR_MAX_CYCLE_TIME].propose_max(cycle_ns)
@@ -163,6 +225,8 @@ class DriverConductor:
                     "a publisher stopped in the middle of an append"
                 )
             work += self._advance_publication(publication, now_ns)
+        for image in list(self.images):
+            work += self._advance_image(image, now_ns)
         return work
 
     # ------------------------------------------------------------------ commands
@@ -224,10 +288,13 @@ class DriverConductor:
             uri = ChannelUri.parse(channel)
         except InvalidChannelError as error:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
-        if not uri.is_ipc:
+        if uri.is_spy or (uri.is_udp and (uri.control() is not None or uri.control_mode() is not None)):
             raise ControlProtocolError(
-                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': only aeron:ipc is supported by this driver so far"
+                ErrorCode.INVALID_CHANNEL,
+                f"channel '{channel}': spy subscriptions and multi-destination channels are not supported yet",
             )
+        if uri.is_udp and uri.endpoint() is None:
+            raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"channel '{channel}': UDP needs an endpoint")
         return uri
 
     def _session_id_filter(self, uri: ChannelUri) -> int | None:
@@ -246,15 +313,18 @@ class DriverConductor:
         uri = self._parse_channel(channel)
         session_id = self._session_id_filter(uri)
         publication = None
+        kind = NetworkPublication if uri.is_udp else IpcPublication
         if not exclusive:
             publication = next(
                 (
                     p
                     for p in self.publications
-                    if p.state is PublicationState.ACTIVE
+                    if isinstance(p, kind)
+                    and p.state is PublicationState.ACTIVE
                     and not p.is_exclusive
                     and p.stream_id == stream_id
                     and (session_id is None or p.session_id == session_id)
+                    and (kind is IpcPublication or self._endpoint_key(uri) == self._endpoint_key(p.uri))  # type: ignore[union-attr]
                 ),
                 None,
             )
@@ -281,6 +351,12 @@ class DriverConductor:
             log_file_name=publication.log_file_name,
         )
 
+    @staticmethod
+    def _endpoint_key(uri: ChannelUri) -> str:
+        endpoint = uri.endpoint()
+        interface = uri.interface()
+        return f"{endpoint}|{interface}"
+
     def _new_publication(
         self,
         registration_id: int,
@@ -290,7 +366,7 @@ class DriverConductor:
         stream_id: int,
         session_id: int | None,
         exclusive: bool,
-    ) -> IpcPublication:
+    ) -> IpcPublication | NetworkPublication:
         context = self.context
         try:
             term_length = uri.term_length() or context.ipc_term_length
@@ -317,6 +393,10 @@ class DriverConductor:
             raise ControlProtocolError(ErrorCode.STORAGE_SPACE, f"cannot create a log buffer: {error}") from None
         key = registration_key(registration_id, session_id, stream_id)
         suffix = f"{registration_id} {session_id} {stream_id} {channel}"
+        if uri.is_udp:
+            return self._new_network_publication(
+                registration_id, client_id, uri, channel, stream_id, session_id, exclusive, log, key, suffix
+            )
         publication = IpcPublication(
             registration_id,
             client_id,
@@ -338,6 +418,61 @@ class DriverConductor:
                 self._link(subscription, publication)
         return publication
 
+    def _new_network_publication(
+        self,
+        registration_id: int,
+        client_id: int,
+        uri: ChannelUri,
+        channel: str,
+        stream_id: int,
+        session_id: int,
+        exclusive: bool,
+        log: LogBuffers,
+        key: bytes,
+        suffix: str,
+    ) -> NetworkPublication:
+        endpoint_key = self._endpoint_key(uri)
+        endpoint = self.send_endpoints.get(endpoint_key)
+        if endpoint is None:
+            try:
+                endpoint = SendChannelEndpoint(uri, self.loss_injector, self._invalid_packet)
+            except ChannelEndpointError as error:
+                path = log.path
+                log.close()
+                path.unlink(missing_ok=True)
+                raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
+            self.send_endpoints[endpoint_key] = endpoint
+            self.on_socket_opened(endpoint.fileno())
+        try:
+            flow_control = new_flow_control(uri)
+        except InvalidChannelError as error:
+            raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
+        counters = self.counters
+        publication = NetworkPublication(
+            registration_id,
+            client_id,
+            session_id,
+            stream_id,
+            channel,
+            uri,
+            exclusive,
+            log,
+            endpoint,
+            flow_control,
+            RetransmitHandler(has_group_semantics=has_group_semantics(uri)),
+            counters.new_counter(f"pub-lmt: {suffix}", PUBLISHER_LIMIT_TYPE_ID, key, registration_id),
+            counters.new_counter(f"pub-pos: {suffix}", PUBLISHER_POSITION_TYPE_ID, key, registration_id),
+            counters.new_counter(f"snd-pos: {suffix}", SENDER_POSITION_TYPE_ID, key, registration_id),
+            counters.new_counter(f"snd-bpe: {suffix}", SENDER_BPE_TYPE_ID, key, registration_id),
+            counters.new_counter(f"pub-msgs: {suffix}", PUBLISHER_MESSAGES_TYPE_ID, key, registration_id),
+            self.system,
+            self.context.term_window_length(log.term_length),
+            self._now_ns,
+        )
+        self.publications.append(publication)
+        self.system[SystemCounter.ACTIVE_PUBLICATIONS].set(len(self.publications))
+        return publication
+
     def _allocate_session_id(self, stream_id: int) -> int:
         while True:
             session_id = self._next_session_id
@@ -356,7 +491,7 @@ class DriverConductor:
                 return
         raise ControlProtocolError(ErrorCode.UNKNOWN_PUBLICATION, f"unknown publication registration id {registration_id}")
 
-    def _release_publication_ref(self, publication: IpcPublication, client_id: int) -> None:
+    def _release_publication_ref(self, publication: IpcPublication | NetworkPublication, client_id: int) -> None:
         publication.client_refs.remove(client_id)
         if not publication.client_refs and publication.state is PublicationState.ACTIVE:
             publication.close_for_draining()
@@ -367,12 +502,88 @@ class DriverConductor:
         self._client(client_id)
         uri = self._parse_channel(channel)
         subscription = SubscriptionLink(correlation_id, client_id, stream_id, channel, self._session_id_filter(uri))
+        if uri.is_udp:
+            subscription.endpoint = self._receive_endpoint(uri, channel)
+            subscription.endpoint.add_stream(stream_id)
         self.subscriptions.append(subscription)
         self.system[SystemCounter.ACTIVE_SUBSCRIPTIONS].set(len(self.subscriptions))
         self._send(protocol.OnSubscriptionReadyEncoder, correlation_id=correlation_id, channel_status_indicator_id=NULL_VALUE)
+        if uri.is_udp:
+            for image in self.images:
+                if image.status is PublicationState.ACTIVE and self._matches_image(subscription, image):
+                    self._link(subscription, image)
+            return
         for publication in self.publications:
-            if publication.state is PublicationState.ACTIVE and self._matches(subscription, publication):
+            if (
+                isinstance(publication, IpcPublication)
+                and publication.state is PublicationState.ACTIVE
+                and self._matches(subscription, publication)
+            ):
                 self._link(subscription, publication)
+
+    def _receive_endpoint(self, uri: ChannelUri, channel: str) -> ReceiveChannelEndpoint:
+        key = self._endpoint_key(uri)
+        endpoint = self.receive_endpoints.get(key)
+        if endpoint is None:
+            try:
+                endpoint = ReceiveChannelEndpoint(uri, self.loss_injector, self._invalid_packet, self._on_setup)
+            except ChannelEndpointError as error:
+                raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
+            self.receive_endpoints[key] = endpoint
+            self.on_socket_opened(endpoint.fileno())
+        return endpoint
+
+    @staticmethod
+    def _matches_image(subscription: SubscriptionLink, image: PublicationImage) -> bool:
+        return (
+            subscription.endpoint is image.endpoint
+            and subscription.stream_id == image.stream_id
+            and (subscription.session_id is None or subscription.session_id == image.session_id)
+        )
+
+    def _on_setup(self, endpoint: ReceiveChannelEndpoint, setup: SetupFrame, source: UdpAddress, now_ns: int) -> None:
+        """A new sender on a subscribed stream: create its image and tell the subscribers."""
+        correlation_id = self.to_driver.next_correlation_id()
+        context = self.context
+        context.images_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            log = LogBuffers.create(
+                context.images_dir / f"{correlation_id}.logbuffer",
+                setup.term_length,
+                mtu=setup.mtu_length,
+                initial_term_id=setup.initial_term_id,
+                session_id=setup.session_id,
+                stream_id=setup.stream_id,
+                correlation_id=correlation_id,
+            )
+        except (InvalidLogBufferError, OSError) as error:
+            self._invalid_packet(f"SETUP from {source}: {error}")
+            return
+        key = registration_key(correlation_id, setup.session_id, setup.stream_id)
+        suffix = f"{correlation_id} {setup.session_id} {setup.stream_id} {endpoint.channel}"
+        image = PublicationImage(
+            correlation_id,
+            setup.session_id,
+            setup.stream_id,
+            log,
+            ImageReceiveState(
+                log,
+                setup.active_term_id,
+                setup.term_offset,
+                now_ns,
+                image_liveness_timeout_ns=context.image_liveness_timeout_ns,
+            ),
+            endpoint,
+            source,
+            self.counters.new_counter(f"rcv-hwm: {suffix}", RECEIVER_HWM_TYPE_ID, key, correlation_id),
+            self.counters.new_counter(f"rcv-pos: {suffix}", RECEIVER_POSITION_TYPE_ID, key, correlation_id),
+            self.system,
+        )
+        endpoint.images[(setup.session_id, setup.stream_id)] = image
+        self.images.append(image)
+        for subscription in self.subscriptions:
+            if self._matches_image(subscription, image):
+                self._link(subscription, image)
 
     @staticmethod
     def _matches(subscription: SubscriptionLink, publication: IpcPublication) -> bool:
@@ -380,7 +591,7 @@ class DriverConductor:
             subscription.session_id is None or subscription.session_id == publication.session_id
         )
 
-    def _link(self, subscription: SubscriptionLink, publication: IpcPublication) -> None:
+    def _link(self, subscription: SubscriptionLink, publication: IpcPublication | PublicationImage) -> None:
         join_position = publication.join_position()
         position = self.counters.new_counter(
             f"sub-pos: {subscription.registration_id} {publication.session_id} {publication.stream_id} "
@@ -391,16 +602,20 @@ class DriverConductor:
         )
         position.set(join_position)
         publication.subscribers.append(SubscriberLink(subscription.registration_id, subscription.client_id, position))
-        publication.set_connected()
+        if isinstance(publication, IpcPublication):
+            publication.set_connected()
+            correlation_id, source_identity = publication.registration_id, IPC_SOURCE_IDENTITY
+        else:
+            correlation_id, source_identity = publication.correlation_id, publication.source_identity
         self._send(
             protocol.OnAvailableImageEncoder,
-            correlation_id=publication.registration_id,
+            correlation_id=correlation_id,
             session_id=publication.session_id,
             stream_id=publication.stream_id,
             subscription_registration_id=subscription.registration_id,
             subscriber_position_id=position.id,
             log_file_name=publication.log_file_name,
-            source_identity=IPC_SOURCE_IDENTITY,
+            source_identity=source_identity,
         )
 
     def _on_remove_subscription(self, command: object) -> None:
@@ -420,11 +635,19 @@ class DriverConductor:
     def _remove_subscription(self, subscription: SubscriptionLink) -> None:
         self.subscriptions.remove(subscription)
         self.system[SystemCounter.ACTIVE_SUBSCRIPTIONS].set(len(self.subscriptions))
-        for publication in self.publications:
-            for link in [l for l in publication.subscribers if l.subscription_registration_id == subscription.registration_id]:
-                publication.subscribers.remove(link)
+        for publication in [*self.publications, *self.images]:
+            subscribers: list[SubscriberLink] = publication.subscribers
+            for link in [l for l in subscribers if l.subscription_registration_id == subscription.registration_id]:
+                subscribers.remove(link)
                 link.position.close()
-            publication.set_connected()
+            if isinstance(publication, IpcPublication):
+                publication.set_connected()
+        endpoint = subscription.endpoint
+        if endpoint is not None and endpoint.remove_stream(subscription.stream_id):
+            for image in [i for i in self.images if i.endpoint is endpoint and i.stream_id == subscription.stream_id]:
+                self._free_image(image)
+            if not endpoint.stream_refs:
+                self._close_receive_endpoint(endpoint)
 
     def _on_client_keepalive(self, command: object) -> None:
         self._client(command.client_id)  # type: ignore[attr-defined]
@@ -519,7 +742,55 @@ class DriverConductor:
 
     # ------------------------------------------------------------------ lifecycle of publications
 
-    def _advance_publication(self, publication: IpcPublication, now_ns: int) -> int:
+    def _close_receive_endpoint(self, endpoint: ReceiveChannelEndpoint) -> None:
+        for key, candidate in list(self.receive_endpoints.items()):
+            if candidate is endpoint:
+                del self.receive_endpoints[key]
+        self.on_socket_closed(endpoint.fileno())
+        endpoint.close()
+
+    def _advance_image(self, image: PublicationImage, now_ns: int) -> int:
+        """An image whose sender went quiet, or whose stream ended and was read,
+        becomes unavailable to its subscribers, lingers, then is freed."""
+        if image.status is PublicationState.ACTIVE:
+            if image.state.is_timed_out(now_ns) or image.is_drained():
+                for link in image.subscribers:
+                    subscription = next(
+                        (s for s in self.subscriptions if s.registration_id == link.subscription_registration_id), None
+                    )
+                    self._send(
+                        protocol.OnUnavailableImageEncoder,
+                        correlation_id=image.correlation_id,
+                        subscription_registration_id=link.subscription_registration_id,
+                        stream_id=image.stream_id,
+                        channel=subscription.channel if subscription is not None else str(image.endpoint.channel),
+                    )
+                    link.position.close()
+                image.subscribers.clear()
+                image.endpoint.images.pop((image.session_id, image.stream_id), None)
+                image.status = PublicationState.LINGER
+                image.linger_deadline_ns = now_ns + self.context.publication_linger_timeout_ns
+                return 1
+        elif image.status is PublicationState.LINGER and now_ns >= image.linger_deadline_ns:
+            self._free_image(image)
+            return 1
+        return 0
+
+    def _free_image(self, image: PublicationImage) -> None:
+        for link in image.subscribers:
+            link.position.close()
+        image.subscribers.clear()
+        image.endpoint.images.pop((image.session_id, image.stream_id), None)
+        image.receiver_hwm.close()
+        image.receiver_position.close()
+        path = image.path
+        image.log.close()
+        path.unlink(missing_ok=True)
+        image.status = PublicationState.DONE
+        if image in self.images:
+            self.images.remove(image)
+
+    def _advance_publication(self, publication: IpcPublication | NetworkPublication, now_ns: int) -> int:
         if publication.state is PublicationState.DRAINING:
             if publication.is_drained():
                 for link in publication.subscribers:
@@ -541,16 +812,25 @@ class DriverConductor:
             return 1
         return 0
 
-    def _free_publication(self, publication: IpcPublication) -> None:
+    def _free_publication(self, publication: IpcPublication | NetworkPublication) -> None:
         for link in publication.subscribers:
             link.position.close()
         publication.subscribers.clear()
-        for counter in (
+        counters = [
             publication.publisher_limit,
             publication.publisher_position,
             publication.back_pressure_events,
             publication.messages,
-        ):
+        ]
+        if isinstance(publication, NetworkPublication):
+            counters.append(publication.sender_position_counter)
+            publication.close()
+            endpoint = publication.endpoint
+            if not endpoint.publications:
+                self.send_endpoints.pop(self._endpoint_key(publication.uri), None)
+                self.on_socket_closed(endpoint.fileno())
+                endpoint.close()
+        for counter in counters:
             counter.close()
         path = publication.path
         publication.log.close()

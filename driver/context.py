@@ -26,6 +26,8 @@ class DriverContext:
     ipc_term_length: int = 64 * 1024 * 1024
     ipc_mtu: int = 1408
     ipc_publication_term_window_length: int = 0  # 0: half the term length
+    # A network image whose sender has been silent this long goes unavailable.
+    image_liveness_timeout_ns: int = 10_000_000_000
     # A log whose slowest reader is stuck this long on a frame that was
     # claimed but never committed (its publisher died) is padded over.
     publication_unblock_timeout_ns: int = 15_000_000_000
@@ -44,6 +46,8 @@ class DriverContext:
     # Sleep on the driver doorbell between duty cycles (woken by commands),
     # at most a timer interval: no spinning on a 2-core machine.
     idle_strategy: str = "doorbell"
+    # Seed of the loss injector (rates are counters, zero unless set).
+    loss_seed: int = 0
     file_mode: int = 0o600
 
     @property

@@ -60,6 +60,11 @@ class SystemCounter(IntEnum):
     ACTIVE_PUBLICATIONS = 29
     ACTIVE_SUBSCRIPTIONS = 30
     COMMANDS_RECEIVED = 31
+    # Loss injection, set by tests and tools while the driver runs.
+    LOSS_RECEIVE_RATE_PPM = 32
+    LOSS_SEND_RATE_PPM = 33
+    LOSS_FRAME_TYPE_MASK = 34
+    DATAGRAMS_DROPPED_BY_LOSS_INJECTION = 35
 
 
 _LABELS = {
@@ -95,6 +100,10 @@ _LABELS = {
     SystemCounter.ACTIVE_PUBLICATIONS: "Active publications",
     SystemCounter.ACTIVE_SUBSCRIPTIONS: "Active subscriptions",
     SystemCounter.COMMANDS_RECEIVED: "Commands received from clients",
+    SystemCounter.LOSS_RECEIVE_RATE_PPM: "Loss injection: incoming datagrams dropped per million",
+    SystemCounter.LOSS_SEND_RATE_PPM: "Loss injection: outgoing datagrams dropped per million",
+    SystemCounter.LOSS_FRAME_TYPE_MASK: "Loss injection: frame types affected (bit per type, 0 = all)",
+    SystemCounter.DATAGRAMS_DROPPED_BY_LOSS_INJECTION: "Loss injection: datagrams dropped",
 }
 
 

@@ -28,6 +28,7 @@ from fulmar.ring_buffer import ManyToOneRingBuffer
 
 from fulmar.driver.conductor import DriverConductor
 from fulmar.driver.context import DriverContext
+from fulmar.driver.socket_watcher import SocketWatcher
 
 
 class DriverAlreadyActiveError(FulmarError):
@@ -97,6 +98,10 @@ class MediaDriver:
         self.cnc = cnc
         self.conductor = conductor
         self.doorbell = doorbell
+        # Datagrams on the driver's sockets ring the same doorbell as commands.
+        self.socket_watcher = SocketWatcher(doorbell)
+        conductor.on_socket_opened = self.socket_watcher.add
+        conductor.on_socket_closed = self.socket_watcher.remove
         self._stop = threading.Event()
         self._closed = False
 
@@ -135,11 +140,19 @@ class MediaDriver:
     def run(self) -> None:
         """Drive the conductor until stopped; the caller's thread does the work."""
         to_driver = self.conductor.to_driver
+        watcher = self.socket_watcher
+
+        def has_work() -> bool:
+            # Registered as a waiter now: re-arm the sockets so a datagram
+            # that is already there (or comes next) rings at once.
+            watcher.rearm()
+            return to_driver.producer_position > to_driver.consumer_position
+
         idle = idle_strategy_from_name(
             self.context.idle_strategy,
             doorbell=self.doorbell,
             max_wait_ns=self.context.timer_interval_ns,
-            has_work=lambda: to_driver.producer_position > to_driver.consumer_position,
+            has_work=has_work,
         )
         conductor = self.conductor
         clock = time.monotonic_ns
@@ -155,6 +168,7 @@ class MediaDriver:
         if self._closed:
             return
         self._closed = True
+        self.socket_watcher.close()  # its thread rings a doorbell inside cnc.dat
         self.conductor.on_close()
         self.cnc.close()
         if self.context.delete_dir_on_shutdown:

@@ -641,3 +641,42 @@ void fulmar_log_clean(char *log, int32_t term_length, int64_t from_position, int
         position += length;
     }
 }
+
+int32_t fulmar_term_scan_for_availability(
+    const char *term, int32_t term_length, int32_t term_offset, int32_t max_length, int32_t *padding)
+{
+    int32_t available = 0;
+    *padding = 0;
+    int32_t limit = term_length - term_offset < max_length ? term_length - term_offset : max_length;
+    while (available < limit)
+    {
+        int32_t offset = term_offset + available;
+        int32_t frame_length = fa_load_i32(term + offset);
+        if (frame_length <= 0 || frame_length > term_length - offset)
+        {
+            break;
+        }
+        int32_t aligned_length = FULMAR_ALIGN(frame_length, FULMAR_FRAME_ALIGNMENT);
+        if (FRAME_TYPE_PAD == *(const int16_t *)(term + offset + 6))
+        {
+            /* Send the padding's header so the receiver learns of it; skip its body. */
+            *padding = aligned_length - FULMAR_HEADER_LENGTH;
+            aligned_length = FULMAR_HEADER_LENGTH;
+            if (available + aligned_length <= limit)
+            {
+                available += aligned_length;
+            }
+            else
+            {
+                *padding = 0;
+            }
+            break;
+        }
+        if (available + aligned_length > limit)
+        {
+            break;
+        }
+        available += aligned_length;
+    }
+    return available;
+}

@@ -94,3 +94,10 @@ int64_t fulmar_bench_exclusive_append_scan(
 /* Zeroes the log between two positions (already consumed by every reader)
  * so the space can be written again when the partitions come round. */
 void fulmar_log_clean(char *log, int32_t term_length, int64_t from_position, int64_t to_position);
+
+/* Aeron's TermScanner: how many bytes of whole committed frames from
+ * term_offset fit in max_length (at most an MTU).  Returns the length
+ * available; *padding receives the length of a padding frame that ends the
+ * run (sent as its header only, then skipped).  0 when nothing is ready. */
+int32_t fulmar_term_scan_for_availability(
+    const char *term, int32_t term_length, int32_t term_offset, int32_t max_length, int32_t *padding);

@@ -1,0 +1,84 @@
+"""A stream received over UDP, as the driver keeps it: the image's log
+buffer (which local subscribers map), its receive state, the subscribers'
+positions, and where status messages and NAKs go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fulmar.counters import AtomicCounter
+from fulmar.logbuffer import LogBuffers
+
+from fulmar.driver.counters import SystemCounter, SystemCounters
+from fulmar.driver.image_state import ImageReceiveState
+from fulmar.driver.ipc_publication import PublicationState, SubscriberLink
+from fulmar.driver.receive_channel_endpoint import ReceiveChannelEndpoint
+from fulmar.driver.udp_transport import UdpAddress
+
+
+class PublicationImage:
+    def __init__(
+        self,
+        correlation_id: int,
+        session_id: int,
+        stream_id: int,
+        log: LogBuffers,
+        state: ImageReceiveState,
+        endpoint: ReceiveChannelEndpoint,
+        control_address: UdpAddress,
+        receiver_hwm: AtomicCounter,
+        receiver_position: AtomicCounter,
+        system: SystemCounters,
+    ) -> None:
+        self.correlation_id = correlation_id
+        self.session_id = session_id
+        self.stream_id = stream_id
+        self.log = log
+        self.state = state
+        self.endpoint = endpoint
+        self.control_address = control_address
+        # Aeron's form: "host:port" of the sender's control address.
+        host, port = control_address.socket_address[:2]
+        self.source_identity = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        self.receiver_hwm = receiver_hwm
+        self.receiver_position = receiver_position
+        self.system = system
+        self.subscribers: list[SubscriberLink] = []
+        self.status = PublicationState.ACTIVE
+        self.linger_deadline_ns = 0
+
+    @property
+    def path(self) -> Path:
+        return self.log.path
+
+    @property
+    def log_file_name(self) -> str:
+        return str(self.log.path)
+
+    def join_position(self) -> int:
+        return self.state.rebuild_position
+
+    def do_work(self, now_ns: int) -> int:
+        """The receiver's duty cycle for this image: rebuild, NAK, status messages."""
+        positions = [link.position.get() for link in self.subscribers]
+        work = self.state.rebuild(now_ns, positions)
+        message = self.state.poll_status_message(now_ns)
+        if message is not None:
+            self.endpoint.send_status_message(message, self.control_address)
+            self.system[SystemCounter.STATUS_MESSAGES_SENT].increment()
+            work += 1
+        nak = self.state.poll_nak()
+        if nak is not None:
+            self.endpoint.send_nak(nak, self.control_address)
+            self.system[SystemCounter.NAK_MESSAGES_SENT].increment()
+            work += 1
+        self.receiver_hwm.set(self.state.hwm_position)
+        self.receiver_position.set(self.state.rebuild_position)
+        return work
+
+    def is_drained(self) -> bool:
+        """End of stream reached and every subscriber has read to it."""
+        if not self.state.is_end_of_stream:
+            return False
+        end = self.state.rebuild_position
+        return all(link.position.get() >= end for link in self.subscribers)

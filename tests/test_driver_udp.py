@@ -1,0 +1,207 @@
+"""Two media drivers exchanging streams over UDP on loopback."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import struct
+import time
+import zlib
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+
+from fulmar.aeron import Aeron
+from fulmar.cnc import CncFile
+from fulmar.counters import CountersReader
+from fulmar.driver.counters import SystemCounter
+from fulmar.fragment_assembler import FragmentAssembler
+from fulmar.log_reader import Header
+from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
+
+SPAWN = multiprocessing.get_context("spawn")
+MTU = 1408
+POOL = random.Random(11).randbytes(1 << 20)
+STREAM = 2001
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def set_loss(directory: Path, receive_ppm: int, send_ppm: int) -> None:
+    """Set a running driver's loss injection through its counters."""
+    with CncFile.open(directory) as cnc:
+        values = cnc.counters_values
+        values.put_int64_ordered(SystemCounter.LOSS_RECEIVE_RATE_PPM * 128, receive_ppm)
+        values.put_int64_ordered(SystemCounter.LOSS_SEND_RATE_PPM * 128, send_ppm)
+
+
+def system_counter(directory: Path, counter: SystemCounter) -> int:
+    with CncFile.open(directory) as cnc:
+        return CountersReader(cnc.counters_metadata, cnc.counters_values).counter_value(int(counter))
+
+
+@pytest.fixture
+def two_drivers(start_driver):
+    other_dir = new_driver_dir()
+    try:
+        sender = start_driver()
+        receiver = start_driver(other_dir, image_liveness_timeout_ns=1_000_000_000)
+        yield sender, receiver
+    finally:
+        remove_driver_dir(other_dir)
+
+
+def payload(seq: int, rnd: random.Random) -> bytes:
+    size = rnd.randint(1, MTU - 32) if rnd.random() < 0.8 else rnd.randint(1, 4 * MTU)
+    start = (seq * 7919) % (len(POOL) - 4 * MTU)
+    return POOL[start : start + size]
+
+
+def udp_publisher_main(directory: str, channel: str, count: int, result: Connection) -> None:
+    with Aeron.connect(directory) as aeron:
+        publication = aeron.add_publication(channel, STREAM)
+        rnd = random.Random(2)
+        crc = 0
+        deadline = time.monotonic() + max(240, count / 1000)
+        for seq in range(count):
+            data = payload(seq, rnd)
+            while True:
+                outcome = publication.offer(data, reserved_value=seq)
+                if outcome > 0:
+                    break
+                assert outcome in (BACK_PRESSURED, NOT_CONNECTED, ADMIN_ACTION), outcome
+                assert time.monotonic() < deadline, "publisher stuck"
+                time.sleep(0) if outcome == ADMIN_ACTION else os.sched_yield()
+            crc = zlib.crc32(data, crc)
+        result.send(crc)
+        result.poll(240)  # keep the stream open until the subscriber is done
+
+
+def test_a_stream_over_udp_with_loss_in_both_directions_arrives_exactly_once_in_order(two_drivers) -> None:
+    lossy_stream(two_drivers, 100_000)
+
+
+@pytest.mark.slow
+def test_one_million_messages_over_udp_with_loss_in_both_directions(two_drivers) -> None:
+    lossy_stream(two_drivers, 1_000_000)
+
+
+def lossy_stream(two_drivers: tuple[DriverProcess, DriverProcess], count: int) -> None:
+    sender, receiver = two_drivers
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=1m"
+    set_loss(sender.directory, 50_000, 50_000)  # 5% of datagrams dropped each way, on each driver
+    set_loss(receiver.directory, 50_000, 50_000)
+    end, result = SPAWN.Pipe()
+    publisher = SPAWN.Process(target=udp_publisher_main, args=(str(sender.directory), channel, count, result))
+    aeron = receiver.connect()
+    try:
+        subscription = aeron.add_subscription(channel, STREAM)
+        publisher.start()
+        rnd = random.Random(2)
+        state = {"seq": 0, "crc": 0, "error": None}
+
+        def on_message(buffer: memoryview, offset: int, length: int, header: Header) -> None:
+            seq = state["seq"]
+            expected = payload(seq, rnd)
+            if header.reserved_value != seq or buffer[offset : offset + length] != expected:
+                state["error"] = state["error"] or f"message {seq}: got reserved {header.reserved_value}"
+            state["crc"] = zlib.crc32(expected, state["crc"])
+            state["seq"] = seq + 1
+
+        assembler = FragmentAssembler(on_message)
+        deadline = time.monotonic() + max(240, count / 1000)
+        while state["seq"] < count and state["error"] is None:
+            assert time.monotonic() < deadline, f"only {state['seq']} of {count} messages arrived"
+            if subscription.poll(assembler, 256) == 0:
+                os.sched_yield()
+        assert state["error"] is None
+        assert end.poll(30)
+        assert end.recv() == state["crc"]
+        # The loss really happened and was repaired.
+        assert system_counter(receiver.directory, SystemCounter.NAK_MESSAGES_SENT) > 0
+        assert system_counter(sender.directory, SystemCounter.RETRANSMITS_SENT) > 0
+        end.send("done")
+    finally:
+        aeron.close()
+        publisher.join(30)
+        if publisher.is_alive():
+            publisher.kill()
+            publisher.join(10)
+
+
+def test_garbage_datagrams_are_counted_and_dropped(two_drivers) -> None:
+    sender, receiver = two_drivers
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k"
+    with receiver.connect() as sub_client, sender.connect() as pub_client:
+        subscription = sub_client.add_subscription(channel, STREAM)
+        before = system_counter(receiver.directory, SystemCounter.INVALID_PACKETS)
+        rnd = random.Random(7)
+        hostile = [
+            b"",
+            b"\x00",
+            rnd.randbytes(7),
+            rnd.randbytes(1000),
+            struct.pack("<iBBh", 40, 0, 0, 5) + bytes(4),  # a SETUP cut short
+            struct.pack("<iBBhiiiiq", 64, 0, 0xC0, 1, 2**30, 1, STREAM, 7, 0),  # DATA for an unknown session
+            struct.pack("<iBBhiiiiq", -5, 0, 0xC0, 1, 0, 1, STREAM, 7, 0),  # negative frame length
+            struct.pack("<iBBh", 8, 0, 0, 0x7FFF),  # unknown frame type
+        ]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as attacker:
+            for datagram in hostile * 20:
+                attacker.sendto(datagram, ("127.0.0.1", port))
+        wait_for(
+            lambda: system_counter(receiver.directory, SystemCounter.INVALID_PACKETS) > before, 10, "invalid packets counted"
+        )
+        # The driver still serves the stream.
+        publication = pub_client.add_publication(channel, STREAM)
+        wait_for(lambda: publication.is_connected and subscription.image_count, 10, "the UDP connection")
+        wait_for(lambda: publication.offer(b"still here") > 0, 10, "an offer")
+        got: list[bytes] = []
+        wait_for(
+            lambda: subscription.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 10) >= 0 and got,
+            10,
+            "the message",
+        )
+        assert got == [b"still here"]
+
+
+def endless_udp_publisher_main(directory: str, channel: str, ready: Connection) -> None:
+    aeron = Aeron.connect(directory)
+    publication = aeron.add_publication(channel, STREAM)
+    ready.send("up")
+    while True:
+        if publication.offer(b"tick" * 8) < 0:
+            time.sleep(0.001)
+
+
+def test_a_killed_publishers_driver_makes_the_image_unavailable(two_drivers) -> None:
+    sender, receiver = two_drivers
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k"
+    unavailable: list[object] = []
+    with receiver.connect() as aeron:
+        subscription = aeron.add_subscription(channel, STREAM, on_unavailable_image=unavailable.append)
+        end, ready = SPAWN.Pipe()
+        publisher = SPAWN.Process(target=endless_udp_publisher_main, args=(str(sender.directory), channel, ready))
+        publisher.start()
+        try:
+            assert end.poll(30)
+            wait_for(lambda: subscription.poll(lambda *a: None, 100) > 0, 10, "data over UDP")
+            sender.kill()  # the whole sending side goes silent
+            killed_at = time.monotonic()
+            wait_for(lambda: subscription.poll(lambda *a: None, 100) >= 0 and unavailable, 10, "the image to go")
+            assert time.monotonic() - killed_at < 1.0 + 2.0  # liveness timeout plus the driver's timer slack
+        finally:
+            publisher.kill()
+            publisher.join(10)
