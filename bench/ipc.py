@@ -53,9 +53,9 @@ def _wait_connected(publication: Any) -> None:
         time.sleep(0.001)
 
 
-def _publisher_main(directory: str, count: int, batch: bool, done: Connection) -> None:
+def _publisher_main(directory: str, channel: str, count: int, batch: bool, done: Connection) -> None:
     with Aeron.connect(directory) as aeron:
-        publication = aeron.add_exclusive_publication(CHANNEL, 10) if batch else aeron.add_publication(CHANNEL, 10)
+        publication = aeron.add_exclusive_publication(channel, 10) if batch else aeron.add_publication(channel, 10)
         _wait_connected(publication)
         done.recv()  # the subscriber is ready: go
         sent = 0
@@ -81,9 +81,9 @@ def _publisher_main(directory: str, count: int, batch: bool, done: Connection) -
         done.recv()
 
 
-def _subscriber_main(directory: str, count: int, batch: bool, result: Connection) -> None:
+def _subscriber_main(directory: str, channel: str, count: int, batch: bool, result: Connection) -> None:
     with Aeron.connect(directory) as aeron:
-        subscription = aeron.add_subscription(CHANNEL, 10)
+        subscription = aeron.add_subscription(channel, 10)
         deadline = time.monotonic() + 30
         while not subscription.images:
             if time.monotonic() > deadline:
@@ -112,11 +112,12 @@ def _subscriber_main(directory: str, count: int, batch: bool, result: Connection
         result.send((received, time.perf_counter() - start))
 
 
-def _throughput(directory: str, count: int, batch: bool) -> float:
+def throughput(pub_dir: str, sub_dir: str, channel: str, count: int, batch: bool) -> float:
+    """Messages per second from a publisher on one driver to a subscriber on another (or the same)."""
     sub_end, sub_result = SPAWN.Pipe()
     pub_end, pub_control = SPAWN.Pipe()
-    subscriber = SPAWN.Process(target=_subscriber_main, args=(directory, count, batch, sub_result))
-    publisher = SPAWN.Process(target=_publisher_main, args=(directory, count, batch, pub_control))
+    subscriber = SPAWN.Process(target=_subscriber_main, args=(sub_dir, channel, count, batch, sub_result))
+    publisher = SPAWN.Process(target=_publisher_main, args=(pub_dir, channel, count, batch, pub_control))
     try:
         subscriber.start()
         publisher.start()
@@ -136,10 +137,10 @@ def _throughput(directory: str, count: int, batch: bool) -> float:
                 process.join(5)
 
 
-def _pong_main(directory: str, spin: bool, ready: Connection) -> None:
+def _pong_main(directory: str, ping_channel: str, pong_channel: str, spin: bool, ready: Connection) -> None:
     with Aeron.connect(directory) as aeron:
-        ping = aeron.add_subscription(CHANNEL, 20)
-        pong = aeron.add_exclusive_publication(CHANNEL, 21)
+        ping = aeron.add_subscription(ping_channel, 20)
+        pong = aeron.add_exclusive_publication(pong_channel, 21)
         _wait_connected(pong)
         idle = (
             BusySpinIdleStrategy()
@@ -157,15 +158,18 @@ def _pong_main(directory: str, spin: bool, ready: Connection) -> None:
             idle.idle(ping.poll(echo, 10))
 
 
-def _ping_pong(directory: str, samples: int, spin: bool) -> HdrHistogram:
+def ping_pong(
+    ping_dir: str, pong_dir: str, ping_channel: str, pong_channel: str, samples: int, spin: bool
+) -> HdrHistogram:
+    """Round trips: this process pings through one driver, a pong process echoes through another."""
     end, pong_control = SPAWN.Pipe()
-    ponger = SPAWN.Process(target=_pong_main, args=(directory, spin, pong_control))
+    ponger = SPAWN.Process(target=_pong_main, args=(pong_dir, ping_channel, pong_channel, spin, pong_control))
     histogram = HdrHistogram(1, 10_000_000_000, 3)
     try:
         ponger.start()
-        with Aeron.connect(directory) as aeron:
-            ping = aeron.add_exclusive_publication(CHANNEL, 20)
-            pong = aeron.add_subscription(CHANNEL, 21)
+        with Aeron.connect(ping_dir) as aeron:
+            ping = aeron.add_exclusive_publication(ping_channel, 20)
+            pong = aeron.add_subscription(pong_channel, 21)
             _wait_connected(ping)
             if not end.poll(60):
                 raise TimeoutError("pong process not ready")
@@ -198,26 +202,44 @@ def _ping_pong(directory: str, samples: int, spin: bool) -> HdrHistogram:
     return histogram
 
 
+class Driver:
+    """A media driver process for a benchmark, stopped and removed on close."""
+
+    def __init__(self) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="fulmar-bench-", dir="/dev/shm")) / "driver"
+        ready_end, ready = SPAWN.Pipe()
+        self._stop_end, stop = SPAWN.Pipe()
+        self.process = SPAWN.Process(target=_driver_main, args=(str(self.directory), ready, stop))
+        self.process.start()
+        if not ready_end.poll(30):
+            self.close()
+            raise TimeoutError("driver did not start")
+        ready_end.recv()
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self._stop_end.send("stop")
+            self.process.join(15)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        shutil.rmtree(self.directory.parent, ignore_errors=True)
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     count = 1_000_000 if quick else 5_000_000
     samples = 2_000 if quick else 20_000
-    directory = Path(tempfile.mkdtemp(prefix="fulmar-bench-ipc-", dir="/dev/shm")) / "driver"
-    ready_end, ready = SPAWN.Pipe()
-    stop_end, stop = SPAWN.Pipe()
-    driver = SPAWN.Process(target=_driver_main, args=(str(directory), ready, stop))
-    driver.start()
+    driver = Driver()
+    directory = driver.directory
     results: list[dict[str, Any]] = []
     try:
-        if not ready_end.poll(30):
-            raise TimeoutError("driver did not start")
-        ready_end.recv()
         for batch in (False, True):
-            rate = _throughput(str(directory), count * (5 if batch else 1), batch)
+            rate = throughput(str(directory), str(directory), CHANNEL, count * (5 if batch else 1), batch)
             api = "batch API" if batch else "message API"
             results.append({"name": f"ipc 2 processes 32 B, {api}", "value": rate, "unit": "msgs/s", "reference": None})
             results.append({"name": f"ipc 2 processes 32 B, {api}", "value": rate * 32 / 1e6, "unit": "MB/s", "reference": None, "key": f"ipc MB/s {api}"})
         for spin in (False, True):
-            histogram = _ping_pong(str(directory), samples, spin)
+            histogram = ping_pong(str(directory), str(directory), CHANNEL, CHANNEL, samples, spin)
             mode = "busy-spin" if spin else "doorbell (default)"
             for percentile in (50, 90, 99, 99.9):
                 results.append({
@@ -228,12 +250,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
                 })
             results.append({"name": f"ipc ping-pong RTT {mode} max", "value": histogram.get_max_value() / 1000, "unit": "us", "reference": None})
     finally:
-        stop_end.send("stop")
-        driver.join(15)
-        if driver.is_alive():
-            driver.kill()
-            driver.join(5)
-        shutil.rmtree(directory.parent, ignore_errors=True)
+        driver.close()
     # MB/s rows share a name with msgs/s rows; keep them distinct for the table.
     for row in results:
         if "key" in row:

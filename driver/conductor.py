@@ -96,6 +96,7 @@ class DriverConductor:
         error_log: DistinctErrorLog,
         epoch_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         ring_doorbell: Callable[[], object] = lambda: None,
+        ring_data_doorbell: Callable[[], object] = lambda: None,
     ) -> None:
         self.context = context
         self.to_driver = ManyToOneRingBuffer(cnc.to_driver)
@@ -105,6 +106,7 @@ class DriverConductor:
         self.error_log = error_log
         self.epoch_clock_ms = epoch_clock_ms
         self._ring_doorbell = ring_doorbell
+        self._ring_data_doorbell = ring_data_doorbell
         self.clients: dict[int, AeronClient] = {}
         self.publications: list[IpcPublication | NetworkPublication] = []
         self.images: list[PublicationImage] = []
@@ -177,6 +179,8 @@ class DriverConductor:
         work = 0
         for endpoint in self.receive_endpoints.values():
             work += endpoint.poll(now_ns)
+        if work:
+            self._ring_data_doorbell()  # subscribers of the images may be asleep
         for image in self.images:
             if image.status is PublicationState.ACTIVE:
                 work += image.do_work(now_ns)

@@ -122,7 +122,9 @@ class MediaDriver:
             cnc.counters_metadata, cnc.counters_values, context.counter_free_to_reuse_timeout_ms, epoch_ms
         )
         error_log = DistinctErrorLog(cnc.error_log, epoch_ms)
-        conductor = DriverConductor(context, cnc, counters, error_log, epoch_ms, cnc.clients_doorbell().ring)
+        conductor = DriverConductor(
+            context, cnc, counters, error_log, epoch_ms, cnc.clients_doorbell().ring, cnc.data_doorbell().ring
+        )
         conductor.on_start()
         cnc.signal_ready()
         return cls(context, cnc, conductor, doorbell)

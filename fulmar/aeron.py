@@ -332,7 +332,8 @@ class ClientConductor:
             self.cnc.counters_values,
             message.publication_limit_counter_id,
             bpe_id if bpe_id >= 0 else None,
-            self.data_doorbell,
+            # IPC data wakes subscribers; UDP data wakes the driver, whose sender sends it.
+            self.driver_doorbell if pending.args["channel"].startswith("aeron:udp") else self.data_doorbell,
             messages_id if messages_id >= 0 else None,
         )
         self._publications[message.correlation_id] = publication
