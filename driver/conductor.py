@@ -292,13 +292,14 @@ class DriverConductor:
             uri = ChannelUri.parse(channel)
         except InvalidChannelError as error:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
-        if uri.is_spy or (uri.is_udp and (uri.control() is not None or uri.control_mode() is not None)):
+        if uri.is_spy:
             raise ControlProtocolError(
-                ErrorCode.INVALID_CHANNEL,
-                f"channel '{channel}': spy subscriptions and multi-destination channels are not supported yet",
+                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': spy subscriptions are not supported yet"
             )
-        if uri.is_udp and uri.endpoint() is None:
-            raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"channel '{channel}': UDP needs an endpoint")
+        if uri.is_udp and uri.endpoint() is None and uri.control() is None and uri.control_mode() != "manual":
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': UDP needs an endpoint, a control address or control-mode=manual"
+            )
         return uri
 
     def _session_id_filter(self, uri: ChannelUri) -> int | None:
@@ -357,9 +358,8 @@ class DriverConductor:
 
     @staticmethod
     def _endpoint_key(uri: ChannelUri) -> str:
-        endpoint = uri.endpoint()
-        interface = uri.interface()
-        return f"{endpoint}|{interface}"
+        """Channels that share a socket: the same addresses and control mode."""
+        return f"{uri.endpoint()}|{uri.control()}|{uri.control_mode()}|{uri.interface()}"
 
     def _new_publication(
         self,
@@ -439,7 +439,7 @@ class DriverConductor:
         endpoint = self.send_endpoints.get(endpoint_key)
         if endpoint is None:
             try:
-                endpoint = SendChannelEndpoint(uri, self.loss_injector, self._invalid_packet)
+                endpoint = SendChannelEndpoint(uri, self.loss_injector, self._invalid_packet, self.record_error)
             except ChannelEndpointError as error:
                 path = log.path
                 log.close()
@@ -506,6 +506,11 @@ class DriverConductor:
         self._client(client_id)
         uri = self._parse_channel(channel)
         subscription = SubscriptionLink(correlation_id, client_id, stream_id, channel, self._session_id_filter(uri))
+        if uri.is_udp and uri.endpoint() is None:
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL,
+                f"channel '{channel}': a UDP subscription needs an endpoint (multi-destination subscriptions are not supported yet)",
+            )
         if uri.is_udp:
             subscription.endpoint = self._receive_endpoint(uri, channel)
             subscription.endpoint.add_stream(stream_id)
@@ -730,10 +735,38 @@ class DriverConductor:
         self._send(protocol.OnUnavailableCounterEncoder, correlation_id=registration_id, counter_id=counter_id)
 
     def _on_destination(self, command: object) -> None:
-        self._client(command.client_id)  # type: ignore[attr-defined]
-        raise ControlProtocolError(
-            ErrorCode.INVALID_CHANNEL, "destinations apply to UDP multi-destination channels, which this driver lacks so far"
+        """Add or remove a destination of a manual multi-destination-cast publication."""
+        client_id = command.client_id  # type: ignore[attr-defined]
+        self._client(client_id)
+        if not isinstance(command, (protocol.AddDestinationDecoder, protocol.RemoveDestinationDecoder)):
+            raise ControlProtocolError(
+                ErrorCode.NOT_SUPPORTED, "receive destinations (multi-destination subscriptions) are not supported yet"
+            )
+        registration_id = command.registration_correlation_id
+        publication = next(
+            (
+                p
+                for p in self.publications
+                if isinstance(p, NetworkPublication) and p.registration_id == registration_id and client_id in p.client_refs
+            ),
+            None,
         )
+        if publication is None:
+            raise ControlProtocolError(ErrorCode.UNKNOWN_PUBLICATION, f"unknown publication registration id {registration_id}")
+        try:
+            destination = ChannelUri.parse(command.channel)
+            endpoint = destination.endpoint()
+            if endpoint is None:
+                raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"destination '{command.channel}' has no endpoint")
+            address = UdpAddress.resolve(endpoint.host, endpoint.port)
+            if isinstance(command, protocol.AddDestinationDecoder):
+                publication.endpoint.add_destination(address)
+            else:
+                publication.endpoint.remove_destination(address)
+        except (InvalidChannelError, ChannelEndpointError) as error:
+            raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
+        publication.timing.on_trigger_send_setup(self._now_ns)  # greet the new destination
+        self._send(protocol.OnOperationSuccessEncoder, correlation_id=command.correlation_id)
 
     def _on_terminate_driver(self, command: object) -> None:
         token = bytes(command.token)  # type: ignore[attr-defined]

@@ -35,6 +35,7 @@ from fulmar.driver.ipc_publication import PublicationState, SubscriberLink
 from fulmar.driver.retransmit_handler import RetransmitHandler
 from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
 from fulmar.driver.sender_timing import SenderTiming, SetupDue
+from fulmar.driver.udp_transport import UdpAddress
 
 MAX_DATAGRAMS_PER_SEND = 64
 
@@ -173,7 +174,7 @@ class NetworkPublication:
         regions, advance = self._regions(position, limit - position)
         if not regions:
             return 0
-        self.endpoint.transport.send(self.log.log, regions, self.endpoint.destination)
+        self.endpoint.send(self.log.log, regions)
         self.sender_position = position + advance
         self.sender_position_counter.set(self.sender_position)
         self.system[SystemCounter.BYTES_SENT].get_and_add(sum(length for _, length in regions))
@@ -186,7 +187,7 @@ class NetworkPublication:
             return
         regions, _ = self._regions(position, length)
         if regions:
-            self.endpoint.transport.send(self.log.log, regions, self.endpoint.destination)
+            self.endpoint.send(self.log.log, regions)
             self.system[SystemCounter.RETRANSMITS_SENT].increment()
 
     def _position_fields(self) -> tuple[int, int]:
@@ -208,7 +209,7 @@ class NetworkPublication:
             mtu_length=self._mtu,
             ttl=self.ttl,
         )
-        self.endpoint.transport.send_datagrams([memoryview(self._scratch)[:length]], self.endpoint.destination)
+        self.endpoint.send_datagram(memoryview(self._scratch)[:length])
 
     def _send_heartbeat(self) -> None:
         term_id, term_offset = self._position_fields()
@@ -221,7 +222,7 @@ class NetworkPublication:
             term_offset=term_offset,
             end_of_stream=self.is_end_of_stream_sent(),
         )
-        self.endpoint.transport.send_datagrams([memoryview(self._scratch)[:length]], self.endpoint.destination)
+        self.endpoint.send_datagram(memoryview(self._scratch)[:length])
         self.system[SystemCounter.HEARTBEATS_SENT].increment()
 
     def is_end_of_stream_sent(self) -> bool:
@@ -258,7 +259,7 @@ class NetworkPublication:
             nak.term_id, nak.term_offset, nak.length, self._term_length, self._mtu, now_ns, self._resend
         )
 
-    def on_rttm(self, rttm: RttmFrame, now_ns: int) -> None:
+    def on_rttm(self, rttm: RttmFrame, source: UdpAddress, now_ns: int) -> None:
         if rttm.flags & RTTM_REPLY_FLAG:
             return
         length = encode_rttm(
@@ -271,7 +272,7 @@ class NetworkPublication:
             receiver_id=rttm.receiver_id,
             flags=RTTM_REPLY_FLAG,
         )
-        self.endpoint.transport.send_datagrams([memoryview(self._scratch)[:length]], self.endpoint.destination)
+        self.endpoint.reply(memoryview(self._scratch)[:length], source)
 
     def on_error_frame(self, error: ErrorFrame, now_ns: int) -> None:
         self.timing.on_error(error.receiver_id)

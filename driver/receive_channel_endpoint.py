@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 _DATA_IDS = struct.Struct("<iiii")  # term offset, session id, stream id, term id at offset 8
 
+# How often a subscriber of a dynamic MDC channel announces itself while it
+# has no image (setup-eliciting status messages to the control address).
+ANNOUNCE_INTERVAL_NS = 200_000_000
+
 SetupHandler = Callable[["ReceiveChannelEndpoint", SetupFrame, UdpAddress, int], None]
 
 
@@ -46,6 +50,11 @@ class ReceiveChannelEndpoint:
         if endpoint is None:
             raise ChannelEndpointError(f"channel '{channel}': a UDP subscription needs an endpoint to bind")
         self.transport = UdpTransport.open((endpoint.host, endpoint.port), loss_injector=loss_injector)
+        # Subscribers of a dynamic multi-destination-cast publication name its
+        # control address: they announce themselves there until data flows.
+        control = channel.control()
+        self.control_address = UdpAddress.resolve(control.host, control.port) if control is not None else None
+        self._next_announce_ns = 0
         self.stream_refs: dict[int, int] = {}
         self.images: dict[tuple[int, int], PublicationImage] = {}
         self.receiver_id = random.getrandbits(63)
@@ -73,6 +82,9 @@ class ReceiveChannelEndpoint:
         return True
 
     def poll(self, now_ns: int) -> int:
+        if self.control_address is not None and not self.images and now_ns >= self._next_announce_ns:
+            self._next_announce_ns = now_ns + ANNOUNCE_INTERVAL_NS
+            self._send_setup_request(0, 0, 0, 0, self.control_address)
         batch = self.transport.receive()
         count = len(batch)
         for index in range(count):
@@ -125,7 +137,10 @@ class ReceiveChannelEndpoint:
             receiver_id=self.receiver_id,
             flags=SM_SEND_SETUP_FLAG,
         )
-        self.transport.send_datagrams([memoryview(self._scratch)[:length]], source)
+        try:
+            self.transport.send_datagrams([memoryview(self._scratch)[:length]], source)
+        except ChannelEndpointError:
+            pass  # unreachable for now: the next announcement or data retries
 
     def send_status_message(self, message: StatusMessageToSend, destination: UdpAddress) -> None:
         length = encode_status_message(

@@ -263,6 +263,23 @@ class ClientConductor:
         counter: Counter = self._request("counter", protocol.AddCounterEncoder, type_id=type_id, key=key, label=label)
         return counter
 
+    def add_destination(self, publication: Publication, channel: str) -> None:
+        """Send a manual multi-destination-cast publication to one more endpoint."""
+        self._request(
+            "add destination",
+            protocol.AddDestinationEncoder,
+            registration_correlation_id=publication.original_registration_id,
+            channel=channel,
+        )
+
+    def remove_destination(self, publication: Publication, channel: str) -> None:
+        self._request(
+            "remove destination",
+            protocol.RemoveDestinationEncoder,
+            registration_correlation_id=publication.original_registration_id,
+            channel=channel,
+        )
+
     def release_publication(self, publication: Publication) -> None:
         with self.lock:
             if publication.is_closed:

@@ -128,6 +128,14 @@ class Publication:
             self._values.get_and_add_int64(self._bpe_offset, 1)
         return result
 
+    def add_destination(self, channel: str) -> None:
+        """Add an endpoint to a ``control-mode=manual`` UDP publication
+        (multi-destination-cast), e.g. ``aeron:udp?endpoint=host:port``."""
+        self._conductor.add_destination(self, channel)
+
+    def remove_destination(self, channel: str) -> None:
+        self._conductor.remove_destination(self, channel)
+
     # ------------------------------------------------------------------ state
 
     @property
