@@ -58,6 +58,7 @@ ErrorCode = protocol.ErrorCode
 NULL_VALUE = -1
 COMMANDS_PER_CYCLE = 10
 IPC_SOURCE_IDENTITY = "aeron:ipc"
+SPY_SOURCE_IDENTITY = "aeron-spy"
 
 
 class ControlProtocolError(Exception):
@@ -83,6 +84,7 @@ class SubscriptionLink:
     channel: str
     session_id: int | None
     endpoint: "ReceiveChannelEndpoint | None" = None  # UDP subscriptions: where their stream arrives
+    spy_key: str | None = None  # spies: the endpoint key of the publications they watch
 
 
 class DriverConductor:
@@ -292,10 +294,8 @@ class DriverConductor:
             uri = ChannelUri.parse(channel)
         except InvalidChannelError as error:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
-        if uri.is_spy:
-            raise ControlProtocolError(
-                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': spy subscriptions are not supported yet"
-            )
+        if uri.is_spy and not uri.is_udp:
+            raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"channel '{channel}': spies watch UDP publications")
         if uri.is_udp and uri.endpoint() is None and uri.control() is None and uri.control_mode() != "manual":
             raise ControlProtocolError(
                 ErrorCode.INVALID_CHANNEL, f"channel '{channel}': UDP needs an endpoint, a control address or control-mode=manual"
@@ -316,6 +316,8 @@ class DriverConductor:
         stream_id, channel = command.stream_id, command.channel  # type: ignore[attr-defined]
         client = self._client(client_id)
         uri = self._parse_channel(channel)
+        if uri.is_spy:
+            raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"channel '{channel}': a publication cannot be a spy")
         session_id = self._session_id_filter(uri)
         publication = None
         kind = NetworkPublication if uri.is_udp else IpcPublication
@@ -475,6 +477,9 @@ class DriverConductor:
         )
         self.publications.append(publication)
         self.system[SystemCounter.ACTIVE_PUBLICATIONS].set(len(self.publications))
+        for subscription in self.subscriptions:
+            if subscription.spy_key is not None and self._spies_on(subscription, publication):
+                self._link(subscription, publication)
         return publication
 
     def _allocate_session_id(self, stream_id: int) -> int:
@@ -506,6 +511,21 @@ class DriverConductor:
         self._client(client_id)
         uri = self._parse_channel(channel)
         subscription = SubscriptionLink(correlation_id, client_id, stream_id, channel, self._session_id_filter(uri))
+        if uri.is_spy:
+            subscription.spy_key = self._endpoint_key(uri)
+            self.subscriptions.append(subscription)
+            self.system[SystemCounter.ACTIVE_SUBSCRIPTIONS].set(len(self.subscriptions))
+            self._send(
+                protocol.OnSubscriptionReadyEncoder, correlation_id=correlation_id, channel_status_indicator_id=NULL_VALUE
+            )
+            for publication in self.publications:
+                if (
+                    isinstance(publication, NetworkPublication)
+                    and publication.state is PublicationState.ACTIVE
+                    and self._spies_on(subscription, publication)
+                ):
+                    self._link(subscription, publication)
+            return
         if uri.is_udp and uri.endpoint() is None:
             raise ControlProtocolError(
                 ErrorCode.INVALID_CHANNEL,
@@ -541,6 +561,13 @@ class DriverConductor:
             self.receive_endpoints[key] = endpoint
             self.on_socket_opened(endpoint.fileno())
         return endpoint
+
+    def _spies_on(self, subscription: SubscriptionLink, publication: NetworkPublication) -> bool:
+        return (
+            subscription.spy_key == self._endpoint_key(publication.uri)
+            and subscription.stream_id == publication.stream_id
+            and (subscription.session_id is None or subscription.session_id == publication.session_id)
+        )
 
     @staticmethod
     def _matches_image(subscription: SubscriptionLink, image: PublicationImage) -> bool:
@@ -600,7 +627,9 @@ class DriverConductor:
             subscription.session_id is None or subscription.session_id == publication.session_id
         )
 
-    def _link(self, subscription: SubscriptionLink, publication: IpcPublication | PublicationImage) -> None:
+    def _link(
+        self, subscription: SubscriptionLink, publication: IpcPublication | NetworkPublication | PublicationImage
+    ) -> None:
         join_position = publication.join_position()
         position = self.counters.new_counter(
             f"sub-pos: {subscription.registration_id} {publication.session_id} {publication.stream_id} "
@@ -614,6 +643,9 @@ class DriverConductor:
         if isinstance(publication, IpcPublication):
             publication.set_connected()
             correlation_id, source_identity = publication.registration_id, IPC_SOURCE_IDENTITY
+        elif isinstance(publication, NetworkPublication):
+            publication.on_spies_changed()
+            correlation_id, source_identity = publication.registration_id, SPY_SOURCE_IDENTITY
         else:
             correlation_id, source_identity = publication.correlation_id, publication.source_identity
         self._send(
@@ -651,6 +683,8 @@ class DriverConductor:
                 link.position.close()
             if isinstance(publication, IpcPublication):
                 publication.set_connected()
+            elif isinstance(publication, NetworkPublication):
+                publication.on_spies_changed()
         endpoint = subscription.endpoint
         if endpoint is not None and endpoint.remove_stream(subscription.stream_id):
             for image in [i for i in self.images if i.endpoint is endpoint and i.stream_id == subscription.stream_id]:
@@ -840,7 +874,10 @@ class DriverConductor:
                     )
                     link.position.close()
                 publication.subscribers.clear()
-                publication.set_connected()
+                if isinstance(publication, IpcPublication):
+                    publication.set_connected()
+                else:
+                    publication.on_spies_changed()
                 publication.state = PublicationState.LINGER
                 publication.linger_deadline_ns = now_ns + self.context.publication_linger_timeout_ns
                 return 1

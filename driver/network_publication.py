@@ -84,7 +84,9 @@ class NetworkPublication:
         self.trip_limit = 0
         self.clean_position = 0
         self.client_refs: list[int] = [client_id]
-        self.subscribers: list[SubscriberLink] = []  # spies, later
+        self.subscribers: list[SubscriberLink] = []  # spies: local subscribers reading this log directly
+        # With ssc=true, spies alone make the publication connected.
+        self.spies_simulate_connection = bool(uri.spies_simulate_connection())
         self.state = PublicationState.ACTIVE
         self.linger_deadline_ns = 0
         self.timing = SenderTiming(now_ns)
@@ -136,7 +138,9 @@ class NetworkPublication:
         return work
 
     def _update_connected(self) -> None:
-        connected = self.timing.is_connected(self.flow_control.has_required_receivers())
+        connected = self.timing.is_connected(self.flow_control.has_required_receivers()) or (
+            self.spies_simulate_connection and bool(self.subscribers)
+        )
         if connected != self._connected:
             self._connected = connected
             self.log.is_connected = connected
@@ -285,9 +289,13 @@ class NetworkPublication:
         """Publishers may run a term window ahead of what has been sent, while connected."""
         self.publisher_position.set(self.log.producer_position())
         if self._connected:
-            proposed = self.sender_position + self.term_window_length
+            # Spies read this log directly: publishers must not lap them either.
+            consumer_position = self.sender_position
+            for spy in self.subscribers:
+                consumer_position = min(consumer_position, spy.position.get())
+            proposed = consumer_position + self.term_window_length
             if proposed > self.trip_limit:
-                clean_to = (self.sender_position - self._term_length) & ~31
+                clean_to = (consumer_position - self._term_length) & ~31
                 if clean_to > self.clean_position:
                     self.log.clean(self.clean_position, clean_to)
                     self.clean_position = clean_to
@@ -305,13 +313,18 @@ class NetworkPublication:
         self.state = PublicationState.DRAINING
 
     def is_drained(self) -> bool:
-        return self.sender_position >= self.log.producer_position()
+        end = self.log.producer_position()
+        return self.sender_position >= end and all(spy.position.get() >= end for spy in self.subscribers)
+
+    def join_position(self) -> int:
+        """Spies start at the current end of the stream."""
+        return self.log.producer_position()
+
+    def on_spies_changed(self) -> None:
+        self._update_connected()
 
     def check_for_blocked_publisher(self, now_ns: int, unblock_timeout_ns: int) -> bool:
         return False  # the sender never waits on an uncommitted frame: it only sends committed ones
-
-    def set_connected(self) -> None:
-        """Connection follows the receivers' status messages, not local subscribers."""
 
     def close(self) -> None:
         self.endpoint.remove(self)

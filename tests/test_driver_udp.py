@@ -205,3 +205,44 @@ def test_a_killed_publishers_driver_makes_the_image_unavailable(two_drivers) -> 
         finally:
             publisher.kill()
             publisher.join(10)
+
+
+def test_a_spy_reads_a_udp_publication_in_its_own_driver(two_drivers) -> None:
+    sender, receiver = two_drivers
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k"
+    with sender.connect() as aeron, receiver.connect() as remote:
+        spy = aeron.add_subscription("aeron-spy:" + channel, STREAM)
+        publication = aeron.add_publication(channel, STREAM)
+        wait_for(lambda: spy.image_count == 1, 10, "the spy's image")
+        assert spy.images[0].source_identity == "aeron-spy"
+        # No receiver yet: a spy alone does not connect the publication (no ssc).
+        assert not publication.is_connected
+        subscription = remote.add_subscription(channel, STREAM)
+        wait_for(lambda: publication.is_connected and subscription.image_count, 10, "the remote receiver")
+        spied: list[int] = []
+        received: list[int] = []
+
+        def read_both() -> bool:
+            spy.poll(lambda b, o, n, h: spied.append(struct.unpack_from("<q", b, o)[0]), 500)
+            subscription.poll(lambda b, o, n, h: received.append(struct.unpack_from("<q", b, o)[0]), 500)
+            return True
+
+        # The spy holds the publisher back like a receiver does, so read while offering.
+        for seq in range(2_000):
+            wait_for(lambda: read_both() and publication.offer(struct.pack("<q", seq)) > 0, 10, "an offer")
+        wait_for(lambda: read_both() and len(spied) == len(received) == 2_000, 20, "both to see everything")
+        assert spied == received == list(range(2_000))
+
+
+def test_spies_simulate_connection(start_driver) -> None:
+    driver = start_driver()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|term-length=64k|ssc=true"
+    with driver.connect() as aeron:
+        spy = aeron.add_subscription("aeron-spy:" + channel, STREAM)
+        publication = aeron.add_publication(channel, STREAM)
+        wait_for(lambda: publication.is_connected and spy.image_count, 10, "a connection made by the spy alone")
+        wait_for(lambda: publication.offer(b"spied") > 0, 10, "an offer")
+        got: list[bytes] = []
+        wait_for(lambda: spy.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 10) >= 0 and got, 10, "the message")
+        assert got == [b"spied"]
