@@ -27,7 +27,7 @@ from fulmar.counters import AtomicCounter, CountersReader
 from fulmar.errors import FulmarError
 from fulmar.logbuffer import LogBuffers
 from fulmar.publication import ExclusivePublication, Publication
-from fulmar.ring_buffer import ManyToOneRingBuffer
+from fulmar.ring_buffer import CorruptBufferError, ManyToOneRingBuffer
 from fulmar.subscription import Image, ImageHandler, Subscription
 
 SENDER_BPE_TYPE_ID = 13  # fulmar.driver.counters: the transport client does not import the driver
@@ -145,7 +145,8 @@ class ClientConductor:
     def _receive(self) -> int:
         try:
             return self.receiver.receive(self._on_response, 64)
-        except UnableToKeepUpError as error:
+        except (UnableToKeepUpError, CorruptBufferError) as error:
+            # Responses were lost: report it; the receiver has moved on to the newest.
             self.context.error_handler(error)
             return 1
 
