@@ -191,7 +191,7 @@ class DriverConductor:
     def sockets(self) -> list[int]:
         """The UDP sockets the driver reads, for the media driver's watcher."""
         return [e.fileno() for e in self.send_endpoints.values()] + [
-            e.fileno() for e in self.receive_endpoints.values()
+            fd for e in self.receive_endpoints.values() for fd in e.filenos()
         ]
 
     def _invalid_packet(self, message: str) -> None:
@@ -377,8 +377,13 @@ class DriverConductor:
         try:
             term_length = uri.term_length() or context.ipc_term_length
             mtu = uri.mtu() or context.ipc_mtu
+            initial_position = uri.initial_position(term_length)
         except InvalidChannelError as error:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
+        if initial_position is not None and not exclusive:
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': a start position is for exclusive publications only"
+            )
         if session_id is None:
             session_id = self._allocate_session_id(stream_id)
         context.publications_dir.mkdir(parents=True, exist_ok=True)
@@ -387,12 +392,18 @@ class DriverConductor:
                 context.publications_dir / f"{registration_id}.logbuffer",
                 term_length,
                 mtu=mtu,
-                initial_term_id=random.randint(-(2**31), 2**31 - 1),
+                initial_term_id=(
+                    initial_position.initial_term_id
+                    if initial_position is not None
+                    else random.randint(-(2**31), 2**31 - 1)
+                ),
                 session_id=session_id,
                 stream_id=stream_id,
                 correlation_id=registration_id,
                 term_window_length=context.term_window_length(term_length),
             )
+            if initial_position is not None:
+                log.initialise_at(initial_position.term_id, initial_position.term_offset)
         except InvalidLogBufferError as error:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"channel '{channel}': {error}") from None
         except OSError as error:
@@ -526,13 +537,14 @@ class DriverConductor:
                 ):
                     self._link(subscription, publication)
             return
-        if uri.is_udp and uri.endpoint() is None:
+        if uri.is_udp and uri.endpoint() is None and uri.control_mode() != "manual":
             raise ControlProtocolError(
-                ErrorCode.INVALID_CHANNEL,
-                f"channel '{channel}': a UDP subscription needs an endpoint (multi-destination subscriptions are not supported yet)",
+                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': a UDP subscription needs an endpoint or control-mode=manual"
             )
         if uri.is_udp:
-            subscription.endpoint = self._receive_endpoint(uri, channel)
+            # A multi-destination subscription owns its endpoint: its destinations are its own.
+            key = f"mds:{correlation_id}" if uri.control_mode() == "manual" else self._endpoint_key(uri)
+            subscription.endpoint = self._receive_endpoint(uri, channel, key)
             subscription.endpoint.add_stream(stream_id)
         self.subscriptions.append(subscription)
         self.system[SystemCounter.ACTIVE_SUBSCRIPTIONS].set(len(self.subscriptions))
@@ -550,8 +562,7 @@ class DriverConductor:
             ):
                 self._link(subscription, publication)
 
-    def _receive_endpoint(self, uri: ChannelUri, channel: str) -> ReceiveChannelEndpoint:
-        key = self._endpoint_key(uri)
+    def _receive_endpoint(self, uri: ChannelUri, channel: str, key: str) -> ReceiveChannelEndpoint:
         endpoint = self.receive_endpoints.get(key)
         if endpoint is None:
             try:
@@ -559,7 +570,8 @@ class DriverConductor:
             except ChannelEndpointError as error:
                 raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
             self.receive_endpoints[key] = endpoint
-            self.on_socket_opened(endpoint.fileno())
+            for fd in endpoint.filenos():
+                self.on_socket_opened(fd)
         return endpoint
 
     def _spies_on(self, subscription: SubscriptionLink, publication: NetworkPublication) -> bool:
@@ -577,7 +589,9 @@ class DriverConductor:
             and (subscription.session_id is None or subscription.session_id == image.session_id)
         )
 
-    def _on_setup(self, endpoint: ReceiveChannelEndpoint, setup: SetupFrame, source: UdpAddress, now_ns: int) -> None:
+    def _on_setup(
+        self, endpoint: ReceiveChannelEndpoint, setup: SetupFrame, source: UdpAddress, transport_index: int, now_ns: int
+    ) -> None:
         """A new sender on a subscribed stream: create its image and tell the subscribers."""
         correlation_id = self.to_driver.next_correlation_id()
         context = self.context
@@ -611,6 +625,7 @@ class DriverConductor:
             ),
             endpoint,
             source,
+            transport_index,
             self.counters.new_counter(f"rcv-hwm: {suffix}", RECEIVER_HWM_TYPE_ID, key, correlation_id),
             self.counters.new_counter(f"rcv-pos: {suffix}", RECEIVER_POSITION_TYPE_ID, key, correlation_id),
             self.system,
@@ -772,10 +787,11 @@ class DriverConductor:
         """Add or remove a destination of a manual multi-destination-cast publication."""
         client_id = command.client_id  # type: ignore[attr-defined]
         self._client(client_id)
+        if isinstance(command, (protocol.AddRcvDestinationDecoder, protocol.RemoveRcvDestinationDecoder)):
+            self._on_receive_destination(command)
+            return
         if not isinstance(command, (protocol.AddDestinationDecoder, protocol.RemoveDestinationDecoder)):
-            raise ControlProtocolError(
-                ErrorCode.NOT_SUPPORTED, "receive destinations (multi-destination subscriptions) are not supported yet"
-            )
+            raise ControlProtocolError(ErrorCode.NOT_SUPPORTED, "removing a destination by id is not supported")
         registration_id = command.registration_correlation_id
         publication = next(
             (
@@ -802,6 +818,45 @@ class DriverConductor:
         publication.timing.on_trigger_send_setup(self._now_ns)  # greet the new destination
         self._send(protocol.OnOperationSuccessEncoder, correlation_id=command.correlation_id)
 
+    def _on_receive_destination(
+        self, command: "protocol.AddRcvDestinationDecoder | protocol.RemoveRcvDestinationDecoder"
+    ) -> None:
+        """Add or remove a transport of a multi-destination subscription."""
+        registration_id = command.registration_correlation_id
+        subscription = next(
+            (
+                s
+                for s in self.subscriptions
+                if s.registration_id == registration_id and s.client_id == command.client_id
+            ),
+            None,
+        )
+        if subscription is None:
+            raise ControlProtocolError(ErrorCode.UNKNOWN_SUBSCRIPTION, f"unknown subscription registration id {registration_id}")
+        endpoint = subscription.endpoint
+        if endpoint is None or not endpoint.is_manual:
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL, f"subscription {registration_id} is not a control-mode=manual UDP subscription"
+            )
+        try:
+            destination = ChannelUri.parse(command.channel).endpoint()
+            if destination is None:
+                raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"destination '{command.channel}' has no endpoint")
+            if isinstance(command, protocol.AddRcvDestinationDecoder):
+                transport = endpoint.add_transport(destination.host, destination.port)
+                self.on_socket_opened(transport.fileno())
+            else:
+                removed = endpoint.remove_transport(destination.host, destination.port)
+                if removed is None:
+                    raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"no receive destination '{command.channel}'")
+                self.on_socket_closed(removed.fileno())
+                removed.close()
+        except InvalidChannelError as error:
+            raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
+        except ChannelEndpointError as error:
+            raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, str(error)) from None
+        self._send(protocol.OnOperationSuccessEncoder, correlation_id=command.correlation_id)
+
     def _on_terminate_driver(self, command: object) -> None:
         token = bytes(command.token)  # type: ignore[attr-defined]
         expected = self.context.terminate_token
@@ -817,7 +872,8 @@ class DriverConductor:
         for key, candidate in list(self.receive_endpoints.items()):
             if candidate is endpoint:
                 del self.receive_endpoints[key]
-        self.on_socket_closed(endpoint.fileno())
+        for fd in endpoint.filenos():
+            self.on_socket_closed(fd)
         endpoint.close()
 
     def _advance_image(self, image: PublicationImage, now_ns: int) -> int:

@@ -62,8 +62,9 @@ class IpcPublication:
         # publishers need not see every small advance.
         self.trip_gain = term_window_length // 8
         self.trip_limit = 0
-        self.clean_position = 0
-        self.consumer_position = 0
+        # A publication may start mid-stream (an initial position): nothing before it is ours.
+        self.clean_position = log.producer_position()
+        self.consumer_position = self.clean_position
         self.subscribers: list[SubscriberLink] = []
         # Each add of a shared (non-exclusive) publication counts once.
         self.client_refs: list[int] = [client_id]

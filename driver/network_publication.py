@@ -82,7 +82,8 @@ class NetworkPublication:
         self.term_window_length = term_window_length
         self.trip_gain = term_window_length // 8
         self.trip_limit = 0
-        self.clean_position = 0
+        # A publication may start mid-stream (an initial position): send from there.
+        self.clean_position = log.producer_position()
         self.client_refs: list[int] = [client_id]
         self.subscribers: list[SubscriberLink] = []  # spies: local subscribers reading this log directly
         # With ssc=true, spies alone make the publication connected.
@@ -90,8 +91,8 @@ class NetworkPublication:
         self.state = PublicationState.ACTIVE
         self.linger_deadline_ns = 0
         self.timing = SenderTiming(now_ns)
-        self.sender_position = 0
-        self.sender_limit = 0
+        self.sender_position = self.clean_position
+        self.sender_limit = self.clean_position
         self._connected = False
         self._bits = log.position_bits_to_shift
         self._term_length = log.term_length

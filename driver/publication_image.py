@@ -26,6 +26,7 @@ class PublicationImage:
         state: ImageReceiveState,
         endpoint: ReceiveChannelEndpoint,
         control_address: UdpAddress,
+        transport_index: int,
         receiver_hwm: AtomicCounter,
         receiver_position: AtomicCounter,
         system: SystemCounters,
@@ -37,6 +38,9 @@ class PublicationImage:
         self.state = state
         self.endpoint = endpoint
         self.control_address = control_address
+        # Where status messages and NAKs go: each source feeding the image,
+        # by the transport it arrives on (several for a multi-destination subscription).
+        self.sources: dict[int, UdpAddress] = {transport_index: control_address}
         # Aeron's form: "host:port" of the sender's control address.
         host, port = control_address.socket_address[:2]
         self.source_identity = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
@@ -64,12 +68,14 @@ class PublicationImage:
         work = self.state.rebuild(now_ns, positions)
         message = self.state.poll_status_message(now_ns)
         if message is not None:
-            self.endpoint.send_status_message(message, self.control_address)
+            for transport_index, source in self.sources.items():
+                self.endpoint.send_status_message(message, source, transport_index)
             self.system[SystemCounter.STATUS_MESSAGES_SENT].increment()
             work += 1
         nak = self.state.poll_nak()
         if nak is not None:
-            self.endpoint.send_nak(nak, self.control_address)
+            for transport_index, source in self.sources.items():
+                self.endpoint.send_nak(nak, source, transport_index)
             self.system[SystemCounter.NAK_MESSAGES_SENT].increment()
             work += 1
         self.receiver_hwm.set(self.state.hwm_position)

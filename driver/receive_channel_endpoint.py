@@ -34,7 +34,7 @@ _DATA_IDS = struct.Struct("<iiii")  # term offset, session id, stream id, term i
 # has no image (setup-eliciting status messages to the control address).
 ANNOUNCE_INTERVAL_NS = 200_000_000
 
-SetupHandler = Callable[["ReceiveChannelEndpoint", SetupFrame, UdpAddress, int], None]
+SetupHandler = Callable[["ReceiveChannelEndpoint", SetupFrame, UdpAddress, int, int], None]
 
 
 class ReceiveChannelEndpoint:
@@ -46,10 +46,16 @@ class ReceiveChannelEndpoint:
         on_setup: SetupHandler,
     ) -> None:
         self.channel = channel
+        self._loss_injector = loss_injector
+        # A multi-destination subscription (control-mode=manual) receives on
+        # every transport its client adds; any other on its one endpoint.
+        self.is_manual = channel.control_mode() == "manual"
+        self.transports: list[UdpTransport | None] = []
         endpoint = channel.endpoint()
-        if endpoint is None:
+        if endpoint is not None:
+            self.add_transport(endpoint.host, endpoint.port)
+        elif not self.is_manual:
             raise ChannelEndpointError(f"channel '{channel}': a UDP subscription needs an endpoint to bind")
-        self.transport = UdpTransport.open((endpoint.host, endpoint.port), loss_injector=loss_injector)
         # Subscribers of a dynamic multi-destination-cast publication name its
         # control address: they announce themselves there until data flows.
         control = channel.control()
@@ -62,12 +68,35 @@ class ReceiveChannelEndpoint:
         self._on_setup = on_setup
         self._scratch = bytearray(64)
 
+    def add_transport(self, host: str, port: int) -> UdpTransport:
+        transport = UdpTransport.open((host, port), loss_injector=self._loss_injector)
+        self.transports.append(transport)
+        return transport
+
+    def remove_transport(self, host: str, port: int) -> UdpTransport | None:
+        """Take out the transport bound to ``host:port`` (the caller closes it);
+        its slot stays empty so the other transports keep their indices."""
+        wanted = UdpAddress.resolve(host, port)
+        for index, transport in enumerate(self.transports):
+            if transport is not None and UdpAddress.resolve(*transport.local_address[:2]) == wanted:
+                self.transports[index] = None
+                for image in self.images.values():
+                    image.sources.pop(index, None)
+                return transport
+        return None
+
     @property
     def local_address(self) -> tuple[str, int]:
-        return self.transport.local_address
+        return self._first_transport().local_address
 
-    def fileno(self) -> int:
-        return self.transport.fileno()
+    def _first_transport(self) -> UdpTransport:
+        transport = next((t for t in self.transports if t is not None), None)
+        if transport is None:
+            raise ChannelEndpointError(f"channel '{self.channel}' has no receive destination")
+        return transport
+
+    def filenos(self) -> list[int]:
+        return [t.fileno() for t in self.transports if t is not None]
 
     def add_stream(self, stream_id: int) -> None:
         self.stream_refs[stream_id] = self.stream_refs.get(stream_id, 0) + 1
@@ -84,18 +113,23 @@ class ReceiveChannelEndpoint:
     def poll(self, now_ns: int) -> int:
         if self.control_address is not None and not self.images and now_ns >= self._next_announce_ns:
             self._next_announce_ns = now_ns + ANNOUNCE_INTERVAL_NS
-            self._send_setup_request(0, 0, 0, 0, self.control_address)
-        batch = self.transport.receive()
-        count = len(batch)
-        for index in range(count):
-            datagram = batch.datagram(index)
-            try:
-                self._dispatch(datagram, batch, index, now_ns)
-            except CodecError as error:
-                self._invalid_packet(f"receive channel {self.channel}: {error}")
+            self._send_setup_request(0, 0, 0, 0, self.control_address, 0)
+        count = 0
+        for transport_index, transport in enumerate(self.transports):
+            if transport is None:
+                continue
+            batch = transport.receive()
+            received = len(batch)
+            count += received
+            for index in range(received):
+                datagram = batch.datagram(index)
+                try:
+                    self._dispatch(datagram, batch.source_address(index), transport_index, now_ns)
+                except CodecError as error:
+                    self._invalid_packet(f"receive channel {self.channel}: {error}")
         return count
 
-    def _dispatch(self, datagram: memoryview, batch: object, index: int, now_ns: int) -> None:
+    def _dispatch(self, datagram: memoryview, source: UdpAddress, transport_index: int, now_ns: int) -> None:
         frame_type = frame_type_of(datagram)
         if frame_type in (FrameType.DATA, FrameType.PAD):
             if len(datagram) < 32:
@@ -105,9 +139,10 @@ class ReceiveChannelEndpoint:
             if image is None:
                 if stream_id in self.stream_refs:
                     # Data from a sender we have no image for: ask it for a SETUP.
-                    source = batch.source_address(index)  # type: ignore[attr-defined]
-                    self._send_setup_request(session_id, stream_id, term_id, term_offset, source)
+                    self._send_setup_request(session_id, stream_id, term_id, term_offset, source, transport_index)
                 return
+            if transport_index not in image.sources:
+                image.sources[transport_index] = source  # one more source feeding this image
             verdict = image.state.insert_packet(term_id, term_offset, datagram, now_ns)
             if verdict is PacketVerdict.INVALID:
                 raise CodecError(f"malformed DATA for session {session_id} stream {stream_id}")
@@ -117,15 +152,18 @@ class ReceiveChannelEndpoint:
                 return
             image = self.images.get((setup.session_id, setup.stream_id))
             if image is None:
-                self._on_setup(self, setup, batch.source_address(index), now_ns)  # type: ignore[attr-defined]
+                self._on_setup(self, setup, source, transport_index, now_ns)
             else:
-                image.state.request_status_message()  # the sender has not heard us yet
+                image.sources[transport_index] = source
+                image.state.request_status_message()  # this sender has not heard us yet
         elif frame_type == FrameType.RTTM:
             return  # RTT measurement is not used by the receiver yet
         else:
             raise CodecError(f"unexpected frame type {frame_type} on a receive channel")
 
-    def _send_setup_request(self, session_id: int, stream_id: int, term_id: int, term_offset: int, source: UdpAddress) -> None:
+    def _send_setup_request(
+        self, session_id: int, stream_id: int, term_id: int, term_offset: int, source: UdpAddress, transport_index: int
+    ) -> None:
         length = encode_status_message(
             self._scratch,
             0,
@@ -137,12 +175,18 @@ class ReceiveChannelEndpoint:
             receiver_id=self.receiver_id,
             flags=SM_SEND_SETUP_FLAG,
         )
-        try:
-            self.transport.send_datagrams([memoryview(self._scratch)[:length]], source)
-        except ChannelEndpointError:
-            pass  # unreachable for now: the next announcement or data retries
+        self._send(memoryview(self._scratch)[:length], source, transport_index)
 
-    def send_status_message(self, message: StatusMessageToSend, destination: UdpAddress) -> None:
+    def _send(self, datagram: memoryview, destination: UdpAddress, transport_index: int) -> None:
+        transport = self.transports[transport_index] if transport_index < len(self.transports) else None
+        if transport is None:
+            return
+        try:
+            transport.send_datagrams([datagram], destination)
+        except ChannelEndpointError:
+            pass  # unreachable for now: the next status message or NAK retries
+
+    def send_status_message(self, message: StatusMessageToSend, destination: UdpAddress, transport_index: int) -> None:
         length = encode_status_message(
             self._scratch,
             0,
@@ -154,9 +198,9 @@ class ReceiveChannelEndpoint:
             receiver_id=self.receiver_id,
             flags=message.flags,
         )
-        self.transport.send_datagrams([memoryview(self._scratch)[:length]], destination)
+        self._send(memoryview(self._scratch)[:length], destination, transport_index)
 
-    def send_nak(self, nak: NakToSend, destination: UdpAddress) -> None:
+    def send_nak(self, nak: NakToSend, destination: UdpAddress, transport_index: int) -> None:
         length = encode_nak(
             self._scratch,
             0,
@@ -166,7 +210,9 @@ class ReceiveChannelEndpoint:
             term_offset=nak.term_offset,
             length=nak.length,
         )
-        self.transport.send_datagrams([memoryview(self._scratch)[:length]], destination)
+        self._send(memoryview(self._scratch)[:length], destination, transport_index)
 
     def close(self) -> None:
-        self.transport.close()
+        for transport in self.transports:
+            if transport is not None:
+                transport.close()

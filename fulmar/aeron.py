@@ -281,6 +281,23 @@ class ClientConductor:
             channel=channel,
         )
 
+    def add_receive_destination(self, subscription: Subscription, channel: str) -> None:
+        """Receive a ``control-mode=manual`` UDP subscription's stream on one more endpoint."""
+        self._request(
+            "add receive destination",
+            protocol.AddRcvDestinationEncoder,
+            registration_correlation_id=subscription.registration_id,
+            channel=channel,
+        )
+
+    def remove_receive_destination(self, subscription: Subscription, channel: str) -> None:
+        self._request(
+            "remove receive destination",
+            protocol.RemoveRcvDestinationEncoder,
+            registration_correlation_id=subscription.registration_id,
+            channel=channel,
+        )
+
     def release_publication(self, publication: Publication) -> None:
         with self.lock:
             if publication.is_closed:

@@ -229,6 +229,24 @@ class LogBuffers:
         meta.release()
         return cls(mapped)
 
+    def initialise_at(self, term_id: int, term_offset: int) -> None:
+        """Start the stream at ``term_id``/``term_offset`` instead of its initial
+        term's start (an ``init-term-id``/``term-id``/``term-offset`` channel):
+        the tails are set as if the stream had got there by appending."""
+        if term_offset < 0 or term_offset > self.term_length or term_offset % FRAME_ALIGNMENT:
+            raise InvalidLogBufferError(f"term offset {term_offset} is not a frame-aligned offset within the term")
+        term_count = compute_term_count(term_id, self.initial_term_id)
+        if term_count < 0:
+            raise InvalidLogBufferError(f"term id {term_id} is before the initial term id {self.initial_term_id}")
+        index = term_count % PARTITION_COUNT
+        meta = self.metadata
+        meta.put_int64(TERM_TAIL_COUNTERS_OFFSET + 8 * index, pack_tail(term_id, term_offset))
+        for step in (1, 2):
+            # The next partitions hold the ids rotation expects to replace.
+            other = (index + step) % PARTITION_COUNT
+            meta.put_int64(TERM_TAIL_COUNTERS_OFFSET + 8 * other, pack_tail(term_id + step - PARTITION_COUNT, 0))
+        meta.put_int32_ordered(ACTIVE_TERM_COUNT_OFFSET, term_count)
+
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> "LogBuffers":
         return cls(MappedFile.open(path))

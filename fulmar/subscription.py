@@ -206,6 +206,14 @@ class Subscription:
         ``has_work`` of a doorbell idle strategy so no wake-up is missed."""
         return any(image.is_data_available() for image in self._images)
 
+    def add_destination(self, channel: str) -> None:
+        """Receive on one more endpoint (``aeron:udp?endpoint=host:port``); for a
+        ``control-mode=manual`` subscription (multi-destination subscription)."""
+        self._conductor.add_receive_destination(self, channel)
+
+    def remove_destination(self, channel: str) -> None:
+        self._conductor.remove_receive_destination(self, channel)
+
     def image_by_session_id(self, session_id: int) -> Image | None:
         return next((image for image in self._images if image.session_id == session_id), None)
 

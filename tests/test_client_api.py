@@ -184,3 +184,19 @@ def test_invoker_mode_runs_the_conductor_from_the_callers_loop(start_driver) -> 
         import threading
 
         assert not any(t.name.startswith("aeron-client-conductor") for t in threading.enumerate())
+
+
+def test_an_exclusive_publication_can_start_mid_stream(aeron: Aeron) -> None:
+    from fulmar.logbuffer import compute_position
+
+    channel = CHANNEL + "|init-term-id=100|term-id=103|term-offset=4096"
+    publication = aeron.add_exclusive_publication(channel, 14)
+    start = compute_position(103, 4096, 16, 100)
+    assert publication.initial_term_id == 100 and publication.position == start
+    subscription = aeron.add_subscription(CHANNEL, 14)
+    connected(publication, subscription)
+    assert subscription.images[0].join_position == start
+    assert offer(publication, b"later") == start + 64
+    assert collect(subscription, 1) == [b"later"]
+    with pytest.raises(RegistrationError, match="exclusive publications only"):
+        aeron.add_publication(channel, 15)

@@ -246,3 +246,63 @@ def test_spies_simulate_connection(start_driver) -> None:
         got: list[bytes] = []
         wait_for(lambda: spy.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 10) >= 0 and got, 10, "the message")
         assert got == [b"spied"]
+
+
+def test_a_multi_destination_subscription_merges_two_sources_of_one_stream(two_drivers) -> None:
+    """The replay-merge pattern: one image fed by an offset copy (as a replay
+    would be) and by the live stream; same session, same positions."""
+    live_driver, receiving_driver = two_drivers
+    copy_port, live_port = free_udp_port(), free_udp_port()
+    start = "|session-id=777|init-term-id=5|term-id=5|term-offset=0|term-length=64k"
+    with receiving_driver.connect() as local, live_driver.connect() as remote:
+        subscription = local.add_subscription("aeron:udp?control-mode=manual", STREAM)
+        subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{copy_port}")
+        subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{live_port}")
+        copy = local.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{copy_port}{start}", STREAM)
+        live = remote.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{live_port}{start}", STREAM)
+        wait_for(lambda: copy.is_connected and live.is_connected and subscription.image_count == 1, 10, "one image")
+        received: list[int] = []
+
+        def read() -> bool:
+            subscription.poll(lambda b, o, n, h: received.append(struct.unpack_from("<q", b, o)[0]), 500)
+            return True
+
+        # The copy is first with the older half; the live stream then carries everything.
+        for seq in range(1_000):
+            wait_for(lambda: read() and copy.offer(struct.pack("<q", seq) * 4) > 0, 10, "a copy offer")
+        for seq in range(2_000):
+            wait_for(lambda: read() and live.offer(struct.pack("<q", seq) * 4) > 0, 10, "a live offer")
+        wait_for(lambda: read() and len(received) >= 2_000, 20, "the merged stream")
+        assert received == list(range(2_000)), "gaps or duplicates in the merged stream"
+        assert subscription.image_count == 1 and subscription.images[0].session_id == 777
+        subscription.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{copy_port}")  # the replay is done
+        wait_for(lambda: read() and live.offer(struct.pack("<q", 2_000) * 4) > 0, 10, "a live offer")
+        wait_for(lambda: read() and len(received) == 2_001, 10, "the live stream alone")
+        assert received[-1] == 2_000
+
+
+def test_a_restarted_receiver_gets_a_new_image(two_drivers) -> None:
+    sender, receiver = two_drivers
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k"
+    end, ready = SPAWN.Pipe()
+    publisher = SPAWN.Process(target=endless_udp_publisher_main, args=(str(sender.directory), channel, ready))
+    publisher.start()
+    try:
+        assert end.poll(30)
+        with receiver.connect() as first:
+            subscription = first.add_subscription(channel, STREAM)
+            wait_for(lambda: subscription.poll(lambda *a: None, 100) > 0, 10, "data over UDP")
+            receiver.kill()  # the receiving node dies, its client with it
+        restarted = DriverProcess(receiver.directory)
+        try:
+            with restarted.connect() as second:
+                subscription = second.add_subscription(channel, STREAM)
+                wait_for(lambda: subscription.poll(lambda *a: None, 100) > 0, 10, "data on the restarted receiver")
+                # A new image, joined where the running stream had got to.
+                assert subscription.images[0].join_position > 0
+        finally:
+            restarted.stop()
+    finally:
+        publisher.kill()
+        publisher.join(10)
