@@ -30,8 +30,11 @@ from fulmar.ring_buffer import ManyToOneRingBuffer
 from fulmar.driver.context import DriverContext
 from fulmar.driver.counters import (
     CLIENT_HEARTBEAT_TYPE_ID,
+    CHANNEL_ENDPOINT_ACTIVE,
+    LOCAL_SOCKADDR_TYPE_ID,
     PUBLISHER_LIMIT_TYPE_ID,
     PUBLISHER_MESSAGES_TYPE_ID,
+    RECEIVE_CHANNEL_STATUS_TYPE_ID,
     RECEIVER_HWM_TYPE_ID,
     RECEIVER_POSITION_TYPE_ID,
     SENDER_POSITION_TYPE_ID,
@@ -51,7 +54,7 @@ from fulmar.driver.publication_image import PublicationImage
 from fulmar.driver.receive_channel_endpoint import ReceiveChannelEndpoint
 from fulmar.driver.retransmit_handler import RetransmitHandler
 from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
-from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress
+from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress, UdpTransport
 from fulmar.frames import SetupFrame
 
 ErrorCode = protocol.ErrorCode
@@ -121,6 +124,9 @@ class DriverConductor:
             context.loss_seed,
         )
         # The media driver watches these sockets so a datagram wakes it.
+        # Per receive endpoint: its channel status counter and a local socket
+        # address counter per bound transport (how a client learns port 0's port).
+        self.channel_status: dict[int, tuple[AtomicCounter, dict[int, AtomicCounter]]] = {}
         self.on_socket_opened: Callable[[int], None] = lambda fd: None
         self.on_socket_closed: Callable[[int], None] = lambda fd: None
         self._now_ns = 0
@@ -202,8 +208,10 @@ class DriverConductor:
             self._free_publication(publication)
         for image in list(self.images):
             self._free_image(image)
-        for endpoint in list(self.send_endpoints.values()) + list(self.receive_endpoints.values()):
-            endpoint.close()
+        for send_endpoint in self.send_endpoints.values():
+            send_endpoint.close()
+        for receive_endpoint in list(self.receive_endpoints.values()):
+            self._close_receive_endpoint(receive_endpoint)
         self.send_endpoints.clear()
         self.receive_endpoints.clear()
 
@@ -548,7 +556,8 @@ class DriverConductor:
             subscription.endpoint.add_stream(stream_id)
         self.subscriptions.append(subscription)
         self.system[SystemCounter.ACTIVE_SUBSCRIPTIONS].set(len(self.subscriptions))
-        self._send(protocol.OnSubscriptionReadyEncoder, correlation_id=correlation_id, channel_status_indicator_id=NULL_VALUE)
+        status_id = self.channel_status[id(subscription.endpoint)][0].id if subscription.endpoint is not None else NULL_VALUE
+        self._send(protocol.OnSubscriptionReadyEncoder, correlation_id=correlation_id, channel_status_indicator_id=status_id)
         if uri.is_udp:
             for image in self.images:
                 if image.status is PublicationState.ACTIVE and self._matches_image(subscription, image):
@@ -570,9 +579,29 @@ class DriverConductor:
             except ChannelEndpointError as error:
                 raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
             self.receive_endpoints[key] = endpoint
-            for fd in endpoint.filenos():
-                self.on_socket_opened(fd)
+            status = self.counters.new_counter(f"rcv-channel: {channel}", RECEIVE_CHANNEL_STATUS_TYPE_ID)
+            status.set(CHANNEL_ENDPOINT_ACTIVE)
+            self.channel_status[id(endpoint)] = (status, {})
+            for transport in endpoint.transports:
+                if transport is not None:
+                    self._on_transport_bound(endpoint, transport)
         return endpoint
+
+    def _on_transport_bound(self, endpoint: ReceiveChannelEndpoint, transport: UdpTransport) -> None:
+        self.on_socket_opened(transport.fileno())
+        status, addresses = self.channel_status[id(endpoint)]
+        host, port = transport.local_address[:2]
+        text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        addresses[transport.fileno()] = self.counters.new_counter(
+            f"rcv-local-sockaddr: {status.id} {text}", LOCAL_SOCKADDR_TYPE_ID, status.id.to_bytes(4, "little")
+        )
+
+    def _on_transport_closed(self, endpoint: ReceiveChannelEndpoint, transport: UdpTransport) -> None:
+        self.on_socket_closed(transport.fileno())
+        _, addresses = self.channel_status[id(endpoint)]
+        counter = addresses.pop(transport.fileno(), None)
+        if counter is not None:
+            counter.close()
 
     def _spies_on(self, subscription: SubscriptionLink, publication: NetworkPublication) -> bool:
         return (
@@ -844,12 +873,12 @@ class DriverConductor:
                 raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"destination '{command.channel}' has no endpoint")
             if isinstance(command, protocol.AddRcvDestinationDecoder):
                 transport = endpoint.add_transport(destination.host, destination.port)
-                self.on_socket_opened(transport.fileno())
+                self._on_transport_bound(endpoint, transport)
             else:
                 removed = endpoint.remove_transport(destination.host, destination.port)
                 if removed is None:
                     raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"no receive destination '{command.channel}'")
-                self.on_socket_closed(removed.fileno())
+                self._on_transport_closed(endpoint, removed)
                 removed.close()
         except InvalidChannelError as error:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
@@ -872,8 +901,11 @@ class DriverConductor:
         for key, candidate in list(self.receive_endpoints.items()):
             if candidate is endpoint:
                 del self.receive_endpoints[key]
-        for fd in endpoint.filenos():
-            self.on_socket_closed(fd)
+        for transport in endpoint.transports:
+            if transport is not None:
+                self._on_transport_closed(endpoint, transport)
+        status, _ = self.channel_status.pop(id(endpoint))
+        status.close()
         endpoint.close()
 
     def _advance_image(self, image: PublicationImage, now_ns: int) -> int:

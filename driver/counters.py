@@ -17,6 +17,10 @@ RECEIVER_POSITION_TYPE_ID = 5
 CLIENT_HEARTBEAT_TYPE_ID = 11
 PUBLISHER_POSITION_TYPE_ID = 12
 SENDER_BPE_TYPE_ID = 13
+SEND_CHANNEL_STATUS_TYPE_ID = 6
+RECEIVE_CHANNEL_STATUS_TYPE_ID = 7
+LOCAL_SOCKADDR_TYPE_ID = 14
+CHANNEL_ENDPOINT_ACTIVE = 1  # a channel status counter's value while the endpoint is open
 # fulmar's own: messages appended to a publication (Aeron counts only bytes).
 PUBLISHER_MESSAGES_TYPE_ID = 90
 

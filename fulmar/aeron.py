@@ -32,6 +32,7 @@ from fulmar.subscription import Image, ImageHandler, Subscription
 
 SENDER_BPE_TYPE_ID = 13  # fulmar.driver.counters: the transport client does not import the driver
 PUBLISHER_MESSAGES_TYPE_ID = 90
+LOCAL_SOCKADDR_TYPE_ID = 14
 
 
 class DriverTimeoutError(FulmarError):
@@ -298,6 +299,16 @@ class ClientConductor:
             channel=channel,
         )
 
+    def local_socket_addresses(self, channel_status_id: int) -> list[str]:
+        """Addresses of the local-socket-address counters (type 14) of a channel status counter."""
+        if channel_status_id < 0:
+            return []
+        addresses = []
+        for counter in self.counters_reader:
+            if counter.type_id == LOCAL_SOCKADDR_TYPE_ID and int.from_bytes(counter.key[:4], "little", signed=True) == channel_status_id:
+                addresses.append(counter.label.rsplit(" ", 1)[-1])
+        return addresses
+
     def release_publication(self, publication: Publication) -> None:
         with self.lock:
             if publication.is_closed:
@@ -382,6 +393,7 @@ class ClientConductor:
         subscription = Subscription(
             self, pending.args["channel"], pending.args["stream_id"], message.correlation_id, available, unavailable
         )
+        subscription.channel_status_id = message.channel_status_indicator_id
         self._subscriptions[message.correlation_id] = subscription
         pending.result, pending.done = subscription, True
 

@@ -184,6 +184,7 @@ class Subscription:
         self._images: tuple[Image, ...] = ()
         self._round_robin = 0
         self._closed = False
+        self.channel_status_id = -1  # the driver's channel status counter, for UDP
 
     @property
     def images(self) -> tuple[Image, ...]:
@@ -205,6 +206,17 @@ class Subscription:
         """Whether any image has something to read: pass this as the
         ``has_work`` of a doorbell idle strategy so no wake-up is missed."""
         return any(image.is_data_available() for image in self._images)
+
+    @property
+    def resolved_endpoints(self) -> list[str]:
+        """The ``host:port`` addresses the driver bound for this subscription
+        (an endpoint with port 0 gets its real port here)."""
+        return self._conductor.local_socket_addresses(self.channel_status_id)
+
+    @property
+    def resolved_endpoint(self) -> str | None:
+        addresses = self.resolved_endpoints
+        return addresses[0] if addresses else None
 
     def add_destination(self, channel: str) -> None:
         """Receive on one more endpoint (``aeron:udp?endpoint=host:port``); for a

@@ -306,3 +306,41 @@ def test_a_restarted_receiver_gets_a_new_image(two_drivers) -> None:
     finally:
         publisher.kill()
         publisher.join(10)
+
+
+def test_closing_a_udp_publication_ends_the_stream_at_the_receiver(two_drivers) -> None:
+    sender, receiver = two_drivers
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|term-length=64k"
+    unavailable: list[object] = []
+    with receiver.connect() as local, sender.connect() as remote:
+        subscription = local.add_subscription(channel, STREAM, on_unavailable_image=unavailable.append)
+        publication = remote.add_publication(channel, STREAM)
+        wait_for(lambda: publication.is_connected and subscription.image_count, 10, "the connection")
+        got: list[bytes] = []
+        for i in range(10):
+            wait_for(lambda: publication.offer(bytes([i]) * 8) > 0, 10, "an offer")
+        image = subscription.images[0]
+        publication.close()
+        wait_for(
+            lambda: subscription.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 100) >= 0
+            and image.is_end_of_stream,
+            10,
+            "the end of the stream",
+        )
+        assert got == [bytes([i]) * 8 for i in range(10)]
+        wait_for(lambda: subscription.poll(lambda *a: None, 1) >= 0 and unavailable, 10, "the image to go")
+
+
+def test_an_ephemeral_endpoint_is_resolvable_after_bind(two_drivers) -> None:
+    sender, receiver = two_drivers
+    with receiver.connect() as local, sender.connect() as remote:
+        subscription = local.add_subscription("aeron:udp?endpoint=127.0.0.1:0", STREAM)
+        resolved = subscription.resolved_endpoint
+        assert resolved is not None and resolved.startswith("127.0.0.1:") and not resolved.endswith(":0")
+        publication = remote.add_publication(f"aeron:udp?endpoint={resolved}", STREAM)
+        wait_for(lambda: publication.is_connected and subscription.image_count, 10, "a connection to the resolved port")
+        multi = local.add_subscription("aeron:udp?control-mode=manual", STREAM)
+        assert multi.resolved_endpoints == []
+        multi.add_destination("aeron:udp?endpoint=127.0.0.1:0")
+        multi.add_destination("aeron:udp?endpoint=127.0.0.1:0")
+        assert len(set(multi.resolved_endpoints)) == 2
