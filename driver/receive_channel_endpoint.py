@@ -60,6 +60,8 @@ class ReceiveChannelEndpoint:
         # control address: they announce themselves there until data flows.
         control = channel.control()
         self.control_address = UdpAddress.resolve(control.host, control.port) if control is not None else None
+        # A receiver in a flow-control group says so in every status message (gtag).
+        self.group_tag = channel.group_tag()
         self._next_announce_ns = 0
         self.stream_refs: dict[int, int] = {}
         self.images: dict[tuple[int, int], PublicationImage] = {}
@@ -173,6 +175,7 @@ class ReceiveChannelEndpoint:
             consumption_term_offset=term_offset,
             receiver_window=0,
             receiver_id=self.receiver_id,
+            group_tag=self.group_tag,
             flags=SM_SEND_SETUP_FLAG,
         )
         self._send(memoryview(self._scratch)[:length], source, transport_index)
@@ -196,6 +199,7 @@ class ReceiveChannelEndpoint:
             consumption_term_offset=message.consumption_term_offset,
             receiver_window=message.receiver_window,
             receiver_id=self.receiver_id,
+            group_tag=self.group_tag,
             flags=message.flags,
         )
         self._send(memoryview(self._scratch)[:length], destination, transport_index)

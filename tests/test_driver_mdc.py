@@ -135,15 +135,22 @@ def test_three_receivers_get_the_stream_and_survive_one_dying(start_driver, mode
         receivers.close()
 
 
-@pytest.mark.parametrize("strategy", ["min", "max"])
+@pytest.mark.parametrize("strategy", ["min", "max", "tagged-member-paused", "tagged-outsider-paused"])
 def test_flow_control_follows_the_slowest_or_the_fastest_receiver(start_driver, strategy: str) -> None:
+    """Receiver 1 pauses.  min and tagged (receiver 1 in the group) hold the
+    sender within its window; max and tagged (receiver 1 outside the group)
+    let receiver 0 run ahead."""
     sender = start_driver()
     control = free_udp_port()
     receivers = Receivers(2)
     try:
-        fc = "min,t:10s" if strategy == "min" else "max"
+        fc = {"min": "min,t:10s", "max": "max"}.get(strategy, "tagged,g:7,t:10s")
         pub_channel = f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic|term-length=64k|fc={fc}"
-        receivers.start(lambda port: f"aeron:udp?endpoint=127.0.0.1:{port}|control=127.0.0.1:{control}")
+        tags = {"tagged-member-paused": ["", "|gtag=7"], "tagged-outsider-paused": ["|gtag=7", ""]}.get(strategy, ["", ""])
+        ports = iter(range(2))
+        receivers.start(
+            lambda port: f"aeron:udp?endpoint=127.0.0.1:{port}|control=127.0.0.1:{control}{tags[next(ports)]}"
+        )
         with sender.connect() as aeron:
             publication = aeron.add_publication(pub_channel, STREAM)
             wait_for(lambda: all(receivers.report(i)[2] == 1 for i in range(2)), 20, "an image on each receiver")
@@ -161,7 +168,7 @@ def test_flow_control_follows_the_slowest_or_the_fastest_receiver(start_driver, 
             fast = receivers.report(0)[0]
             frame = 160  # 100 bytes + 32 header, aligned to 32
             window = 32 * 1024 + 32 * 1024  # receiver window + publication term window
-            if strategy == "min":
+            if strategy in ("min", "tagged-member-paused"):
                 # The sender stays within the paused receiver's window.
                 assert (sent - paused_at) * frame <= window + 4 * frame
                 assert fast - paused_at <= window // frame + 4
