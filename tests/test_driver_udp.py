@@ -344,3 +344,20 @@ def test_an_ephemeral_endpoint_is_resolvable_after_bind(two_drivers) -> None:
         multi.add_destination("aeron:udp?endpoint=127.0.0.1:0")
         multi.add_destination("aeron:udp?endpoint=127.0.0.1:0")
         assert len(set(multi.resolved_endpoints)) == 2
+
+
+def test_an_unusable_endpoint_is_a_clear_error(two_drivers) -> None:
+    from fulmar.aeron import RegistrationError
+    from fulmar.codecs.generated import driver as protocol
+
+    first, second = two_drivers
+    port = free_udp_port()
+    with first.connect() as one, second.connect() as two:
+        one.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        with pytest.raises(RegistrationError, match=f"127.0.0.1:{port}") as caught:
+            two.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)  # the port is taken
+        assert caught.value.code == protocol.ErrorCode.CHANNEL_ENDPOINT_ERROR
+        with pytest.raises(RegistrationError, match="endpoint"):
+            two.add_publication("aeron:udp?term-length=64k", STREAM)
+        # The driver still serves.
+        assert two.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", STREAM).registration_id > 0
