@@ -62,9 +62,8 @@ def _publisher_main(directory: str, channel: str, count: int, batch: bool, done:
         if batch:
             data = MESSAGE * BATCH
             lengths = array("i", [len(MESSAGE)] * BATCH)
-            writer = publication._writer  # the batch API of an exclusive publication
             while sent < count:
-                appended, _ = writer.offer_block(data, lengths)
+                appended, _ = publication.offer_block(data, lengths)
                 if appended:
                     sent += appended
                 else:

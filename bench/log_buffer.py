@@ -32,14 +32,12 @@ class _Setup:
         self.limit.put_int64_ordered(0, WINDOW)
         self.writer = ExclusiveLogWriter(self.log, self.limit, 0)
         self.reader = LogReader(self.log)
-        self.clean_position = 0
 
     def release_space(self) -> None:
         """What the driver does for a publication: clean what the reader
         passed and move the writer's limit a window beyond it."""
         position = self.reader.position
-        self.log.clean(self.clean_position, position)
-        self.clean_position = position
+        self.log.clean_to(position)
         self.limit.put_int64_ordered(0, position + WINDOW)
 
     def close(self) -> None:
@@ -104,7 +102,7 @@ def batch_api(setup: _Setup, messages: int) -> float:
 def c_reference(setup: _Setup, messages: int) -> float:
     batch = ffi.new("fulmar_fragment_batch_t *")
     start = time.perf_counter()
-    received = lib.fulmar_bench_exclusive_append_scan(setup.writer._writer, MESSAGE_LENGTH, messages, batch)
+    received = lib.fulmar_bench_exclusive_append_scan(setup.writer.native_state, MESSAGE_LENGTH, messages, batch)
     elapsed = time.perf_counter() - start
     assert received == messages, (received, messages)
     return messages / elapsed

@@ -21,7 +21,7 @@ from fulmar.cnc import CncFile
 from fulmar.codecs import CodecError
 from fulmar.codecs.generated import driver as protocol
 from fulmar.codecs.runtime import MessageEncoder
-from fulmar.counters import AtomicCounter, CountersManager
+from fulmar.counters import AtomicCounter, CountersError, CountersManager
 from fulmar.error_log import DistinctErrorLog
 from fulmar.errors import InvalidLogBufferError
 from fulmar.logbuffer import LogBuffers
@@ -530,46 +530,36 @@ class DriverConductor:
         self._client(client_id)
         uri = self._parse_channel(channel)
         subscription = SubscriptionLink(correlation_id, client_id, stream_id, channel, self._session_id_filter(uri))
+        status_id = NULL_VALUE
         if uri.is_spy:
             subscription.spy_key = self._endpoint_key(uri)
-            self.subscriptions.append(subscription)
-            self.system[SystemCounter.ACTIVE_SUBSCRIPTIONS].set(len(self.subscriptions))
-            self._send(
-                protocol.OnSubscriptionReadyEncoder, correlation_id=correlation_id, channel_status_indicator_id=NULL_VALUE
-            )
-            for publication in self.publications:
-                if (
-                    isinstance(publication, NetworkPublication)
-                    and publication.state is PublicationState.ACTIVE
-                    and self._spies_on(subscription, publication)
-                ):
-                    self._link(subscription, publication)
-            return
-        if uri.is_udp and uri.endpoint() is None and uri.control_mode() != "manual":
-            raise ControlProtocolError(
-                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': a UDP subscription needs an endpoint or control-mode=manual"
-            )
-        if uri.is_udp:
+        elif uri.is_udp:
+            if uri.endpoint() is None and uri.control_mode() != "manual":
+                raise ControlProtocolError(
+                    ErrorCode.INVALID_CHANNEL,
+                    f"channel '{channel}': a UDP subscription needs an endpoint or control-mode=manual",
+                )
             # A multi-destination subscription owns its endpoint: its destinations are its own.
             key = f"mds:{correlation_id}" if uri.control_mode() == "manual" else self._endpoint_key(uri)
             subscription.endpoint = self._receive_endpoint(uri, channel, key)
             subscription.endpoint.add_stream(stream_id)
+            status_id = self.channel_status[id(subscription.endpoint)][0].id
         self.subscriptions.append(subscription)
         self.system[SystemCounter.ACTIVE_SUBSCRIPTIONS].set(len(self.subscriptions))
-        status_id = self.channel_status[id(subscription.endpoint)][0].id if subscription.endpoint is not None else NULL_VALUE
         self._send(protocol.OnSubscriptionReadyEncoder, correlation_id=correlation_id, channel_status_indicator_id=status_id)
-        if uri.is_udp:
-            for image in self.images:
-                if image.status is PublicationState.ACTIVE and self._matches_image(subscription, image):
-                    self._link(subscription, image)
-            return
-        for publication in self.publications:
-            if (
-                isinstance(publication, IpcPublication)
-                and publication.state is PublicationState.ACTIVE
-                and self._matches(subscription, publication)
-            ):
-                self._link(subscription, publication)
+        # Offer what it can see already: a UDP publication's log (spy), the
+        # images of its endpoint (UDP) or the IPC publications of its stream.
+        sources: list[IpcPublication | NetworkPublication | PublicationImage]
+        if uri.is_spy:
+            sources = [p for p in self.publications if isinstance(p, NetworkPublication) and self._spies_on(subscription, p)]
+        elif uri.is_udp:
+            sources = [i for i in self.images if i.status is PublicationState.ACTIVE and self._matches_image(subscription, i)]
+        else:
+            sources = [p for p in self.publications if isinstance(p, IpcPublication) and self._matches(subscription, p)]
+        for source in sources:
+            if not isinstance(source, PublicationImage) and source.state is not PublicationState.ACTIVE:
+                continue
+            self._link(subscription, source)
 
     def _receive_endpoint(self, uri: ChannelUri, channel: str, key: str) -> ReceiveChannelEndpoint:
         endpoint = self.receive_endpoints.get(key)
@@ -784,8 +774,6 @@ class DriverConductor:
         )
 
     def _allocate_counter(self, command: object, registration_id: int, owner_id: int) -> AtomicCounter:
-        from fulmar.counters import CountersError
-
         try:
             return self.counters.new_counter(
                 command.label,  # type: ignore[attr-defined]

@@ -163,7 +163,7 @@ class ImageReceiveState:
         self._time_of_last_packet_ns = now_ns
         self._is_rebuilding = True
         self._sending_eos_sm = False
-        self._clean_position = join_position
+        log.clean_position = join_position
 
         # The SM last scheduled, and the one last sent: the window the sender
         # may use runs from the last sent position, so packets are checked
@@ -284,7 +284,7 @@ class ImageReceiveState:
                 # Subscribers have consumed a quarter window: tell the sender,
                 # and zero the log a term behind them so that the partition
                 # is clean when the stream comes round to it again.
-                self._clean_to(min_position - self._term_length)
+                self.log.clean_to(min_position - self._term_length)
                 self._next_sm_position = min_position
                 self._sm_pending = True
                 work_count += 1
@@ -297,12 +297,6 @@ class ImageReceiveState:
             self._sm_pending = True
             work_count += 1
         return work_count
-
-    def _clean_to(self, position: int) -> None:
-        position &= ~(FRAME_ALIGNMENT - 1)
-        if position > self._clean_position:
-            self.log.clean(self._clean_position, position)
-            self._clean_position = position
 
     def poll_status_message(self, now_ns: int) -> StatusMessageToSend | None:
         if not self._sm_pending and now_ns - self._sm_deadline_ns <= 0:

@@ -63,8 +63,7 @@ class IpcPublication:
         self.trip_gain = term_window_length // 8
         self.trip_limit = 0
         # A publication may start mid-stream (an initial position): nothing before it is ours.
-        self.clean_position = log.producer_position()
-        self.consumer_position = self.clean_position
+        self.consumer_position = log.clean_position
         self.subscribers: list[SubscriberLink] = []
         # Each add of a shared (non-exclusive) publication counts once.
         self.client_refs: list[int] = [client_id]
@@ -103,7 +102,7 @@ class IpcPublication:
             proposed = min_position + self.term_window_length
             if proposed > self.trip_limit:
                 # Keep the term behind the slowest reader intact; clean older bytes.
-                self._clean_to(min_position - self.log.term_length)
+                self.log.clean_to(min_position - self.log.term_length)
                 self.publisher_limit.set(proposed)
                 self.trip_limit = proposed + self.trip_gain
                 work = 1
@@ -112,12 +111,6 @@ class IpcPublication:
             self.trip_limit = 0
             work = 1
         return work
-
-    def _clean_to(self, position: int) -> None:
-        position &= ~31
-        if position > self.clean_position:
-            self.log.clean(self.clean_position, position)
-            self.clean_position = position
 
     def set_connected(self) -> None:
         self.log.is_connected = bool(self.subscribers)

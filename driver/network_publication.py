@@ -83,7 +83,7 @@ class NetworkPublication:
         self.trip_gain = term_window_length // 8
         self.trip_limit = 0
         # A publication may start mid-stream (an initial position): send from there.
-        self.clean_position = log.producer_position()
+        start = log.clean_position
         self.client_refs: list[int] = [client_id]
         self.subscribers: list[SubscriberLink] = []  # spies: local subscribers reading this log directly
         # With ssc=true, spies alone make the publication connected.
@@ -91,8 +91,8 @@ class NetworkPublication:
         self.state = PublicationState.ACTIVE
         self.linger_deadline_ns = 0
         self.timing = SenderTiming(now_ns)
-        self.sender_position = self.clean_position
-        self.sender_limit = self.clean_position
+        self.sender_position = start
+        self.sender_limit = start
         self._connected = False
         self._bits = log.position_bits_to_shift
         self._term_length = log.term_length
@@ -296,10 +296,7 @@ class NetworkPublication:
                 consumer_position = min(consumer_position, spy.position.get())
             proposed = consumer_position + self.term_window_length
             if proposed > self.trip_limit:
-                clean_to = (consumer_position - self._term_length) & ~31
-                if clean_to > self.clean_position:
-                    self.log.clean(self.clean_position, clean_to)
-                    self.clean_position = clean_to
+                self.log.clean_to(consumer_position - self._term_length)
                 self.publisher_limit.set(proposed)
                 self.trip_limit = proposed + self.trip_gain
                 return 1

@@ -267,37 +267,20 @@ class ClientConductor:
 
     def add_destination(self, publication: Publication, channel: str) -> None:
         """Send a manual multi-destination-cast publication to one more endpoint."""
-        self._request(
-            "add destination",
-            protocol.AddDestinationEncoder,
-            registration_correlation_id=publication.original_registration_id,
-            channel=channel,
-        )
+        self._destination_request(protocol.AddDestinationEncoder, publication.original_registration_id, channel)
 
     def remove_destination(self, publication: Publication, channel: str) -> None:
-        self._request(
-            "remove destination",
-            protocol.RemoveDestinationEncoder,
-            registration_correlation_id=publication.original_registration_id,
-            channel=channel,
-        )
+        self._destination_request(protocol.RemoveDestinationEncoder, publication.original_registration_id, channel)
 
     def add_receive_destination(self, subscription: Subscription, channel: str) -> None:
         """Receive a ``control-mode=manual`` UDP subscription's stream on one more endpoint."""
-        self._request(
-            "add receive destination",
-            protocol.AddRcvDestinationEncoder,
-            registration_correlation_id=subscription.registration_id,
-            channel=channel,
-        )
+        self._destination_request(protocol.AddRcvDestinationEncoder, subscription.registration_id, channel)
 
     def remove_receive_destination(self, subscription: Subscription, channel: str) -> None:
-        self._request(
-            "remove receive destination",
-            protocol.RemoveRcvDestinationEncoder,
-            registration_correlation_id=subscription.registration_id,
-            channel=channel,
-        )
+        self._destination_request(protocol.RemoveRcvDestinationEncoder, subscription.registration_id, channel)
+
+    def _destination_request(self, encoder: type[MessageEncoder], registration_id: int, channel: str) -> None:
+        self._request(encoder.NAME, encoder, registration_correlation_id=registration_id, channel=channel)
 
     def local_socket_addresses(self, channel_status_id: int) -> list[str]:
         """Addresses of the local-socket-address counters (type 14) of a channel status counter."""

@@ -176,6 +176,8 @@ class LogBuffers:
         self.position_bits_to_shift = term_length.bit_length() - 1
         self.max_payload_length = self.mtu - HEADER_LENGTH
         self.max_message_length = compute_max_message_length(term_length)
+        # How far the owner (the driver) has zeroed consumed bytes; see clean_to.
+        self.clean_position = 0
 
     @staticmethod
     def _find_term_length(whole: AtomicBuffer, length: int, path: Path) -> int:
@@ -246,6 +248,7 @@ class LogBuffers:
             other = (index + step) % PARTITION_COUNT
             meta.put_int64(TERM_TAIL_COUNTERS_OFFSET + 8 * other, pack_tail(term_id + step - PARTITION_COUNT, 0))
         meta.put_int32_ordered(ACTIVE_TERM_COUNT_OFFSET, term_count)
+        self.clean_position = compute_position(term_id, term_offset, self.position_bits_to_shift, self.initial_term_id)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> "LogBuffers":
@@ -305,6 +308,15 @@ class LogBuffers:
     @end_of_stream_position.setter
     def end_of_stream_position(self, position: int) -> None:
         self.metadata.put_int64_ordered(END_OF_STREAM_POSITION_OFFSET, position)
+
+    def clean_to(self, position: int) -> None:
+        """Zero everything from ``clean_position`` up to ``position`` (rounded
+        down to a frame) and remember it: the driver calls this with a term
+        behind its slowest reader, so partitions are clean when reused."""
+        position &= ~(FRAME_ALIGNMENT - 1)
+        if position > self.clean_position:
+            self.clean(self.clean_position, position)
+            self.clean_position = position
 
     def clean(self, from_position: int, to_position: int) -> None:
         """Zero the log between two positions every reader has passed, so the

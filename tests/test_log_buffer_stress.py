@@ -98,7 +98,6 @@ def reader_main(log_path: str, control_path: str, result: Connection) -> None:
         received += 1
 
     assembler = FragmentAssembler(on_message)
-    clean_position = 0
     control.put_int64_ordered(LIMIT_OFFSET, WINDOW)
     deadline = time.monotonic() + DEADLINE_S
     rotations_seen = 0
@@ -109,11 +108,10 @@ def reader_main(log_path: str, control_path: str, result: Connection) -> None:
                 break
             os.sched_yield()
         position = reader.position
-        if position > clean_position:
+        if position > log.clean_position:
             # The only reader has passed these bytes: zero them for reuse and
             # let the writers advance a window beyond.
-            log.clean(clean_position, position)
-            clean_position = position
+            log.clean_to(position)
             control.put_int64_ordered(LIMIT_OFFSET, position + WINDOW)
     rotations_seen = reader.position // TERM_LENGTH
     result.send((received, errors[:10], crcs, expected_seq, rotations_seen))
