@@ -12,6 +12,9 @@ from pathlib import Path
 
 import click
 
+from fulmar.archive.archive import Archive, run_archive
+from fulmar.archive.context import ArchiveContext
+from fulmar.archive.errors import ArchiveAlreadyActiveError
 from fulmar.cnc import (
     BROADCAST_TRAILER_LENGTH,
     CNC_FILE,
@@ -36,6 +39,7 @@ from fulmar.logbuffer import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, TERM_MIN_L
 from fulmar.ring_buffer import MAX_CAPACITY
 
 from fulmar.cli.options import (
+    DRIVER_DIR_ENV,
     Duration,
     IdleStrategyName,
     Size,
@@ -46,7 +50,7 @@ from fulmar.cli.options import (
 )
 
 EXIT_FAILURE = 1
-EXIT_DRIVER_ACTIVE = 2
+EXIT_DRIVER_ACTIVE = 2  # also: an archive is already active in the directory
 
 # The defaults shown are the driver's own (class attributes of the dataclass;
 # an instance would resolve the default directory, hence the user, at import).
@@ -205,6 +209,90 @@ def run_driver_until_signalled(context: DriverContext) -> int:
         click.echo(f"cluster-node driver: cannot start a media driver in {context.directory}: {error}", err=True)
         return EXIT_FAILURE
     return 0
+
+
+_ARCHIVE_DEFAULTS = ArchiveContext
+
+
+@main.command()
+@click.option("--dir", "archive_dir", required=True, type=click.Path(file_okay=False, dir_okay=True),
+              help="The archive directory: archive.catalog, segment files, archive-mark.dat.")
+@click.option("--driver-dir", type=click.Path(file_okay=False, dir_okay=True), envvar=DRIVER_DIR_ENV, default=None,
+              help="The directory of the media driver the archive is a client of.  [default: the driver's default]")
+@click.option("--control-channel", default=_ARCHIVE_DEFAULTS.control_channel,
+              help="Channel of control requests from remote clients (UDP); 'none' for local control only.")
+@click.option("--control-stream-id", type=int, default=_ARCHIVE_DEFAULTS.control_stream_id)
+@click.option("--local-control-channel", default=_ARCHIVE_DEFAULTS.local_control_channel,
+              help="Channel of control requests from clients of the same driver (IPC).")
+@click.option("--local-control-stream-id", type=int, default=_ARCHIVE_DEFAULTS.local_control_stream_id)
+@click.option("--replication-channel", default=_ARCHIVE_DEFAULTS.replication_channel,
+              help="Where this archive receives replicated recordings (port 0: any free port).")
+@click.option("--recording-events-channel", default=None,
+              help="Publish RecordingStarted/Progress/Stopped events here (off by default).")
+@click.option("--segment-length", type=Size(64 * 1024, 1 << 30, power_of_two=True),
+              default=format_size(_ARCHIVE_DEFAULTS.segment_file_length),
+              help="Length of each segment file (at least the term length of what is recorded).")
+@click.option("--file-sync-level", type=click.IntRange(0, 2), default=0,
+              help="0: leave writes to the OS; 1: fdatasync each segment write; 2: fsync (data and metadata).")
+@click.option("--catalog-file-sync-level", type=click.IntRange(0, 2), default=None,
+              help="Sync level of catalog updates (at least --file-sync-level).  [default: --file-sync-level]")
+@click.option("--record-checksum/--no-record-checksum", default=False,
+              help="Store a CRC32 of each recorded fragment in its reserved value; verified on recovery.")
+@click.option("--archive-id", type=int, default=-1, help="This archive's id (default: its driver client id).")
+def archive(
+    archive_dir: str,
+    driver_dir: str | None,
+    control_channel: str,
+    control_stream_id: int,
+    local_control_channel: str,
+    local_control_stream_id: int,
+    replication_channel: str,
+    recording_events_channel: str | None,
+    segment_length: int,
+    file_sync_level: int,
+    catalog_file_sync_level: int | None,
+    record_checksum: bool,
+    archive_id: int,
+) -> None:
+    """Run an archive in the foreground until SIGINT or SIGTERM.
+
+    It records streams to ARCHIVE_DIR, replays and replicates them, serving
+    the archive control protocol on the control channels.
+    """
+    context = ArchiveContext(
+        archive_dir=Path(archive_dir),
+        driver_dir=resolve_driver_dir(driver_dir),
+        control_channel=None if control_channel.lower() == "none" else control_channel,
+        control_stream_id=control_stream_id,
+        local_control_channel=local_control_channel,
+        local_control_stream_id=local_control_stream_id,
+        replication_channel=replication_channel,
+        recording_events_channel=recording_events_channel,
+        segment_file_length=segment_length,
+        file_sync_level=file_sync_level,
+        catalog_file_sync_level=file_sync_level if catalog_file_sync_level is None else catalog_file_sync_level,
+        record_checksum=record_checksum,
+        archive_id=archive_id,
+    )
+    try:
+        context.validate()
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+
+    def announce(running: Archive) -> None:
+        recovered = f"; recovered recordings {running.recovered}" if running.recovered else ""
+        click.echo(f"archive pid {os.getpid()} serving {context.archive_dir} (driver {context.driver_dir}, "
+                   f"archive id {running.conductor.archive_id}){recovered}")
+        sys.stdout.flush()
+
+    try:
+        run_archive(context, on_ready=announce)
+    except ArchiveAlreadyActiveError as error:
+        click.echo(f"cluster-node archive: {error}", err=True)
+        sys.exit(EXIT_DRIVER_ACTIVE)
+    except (FulmarError, OSError) as error:
+        click.echo(f"cluster-node archive: cannot start an archive in {context.archive_dir}: {error}", err=True)
+        sys.exit(EXIT_FAILURE)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ SCHEMAS: tuple[tuple[str, str], ...] = (
     ("cluster", "cluster-codecs.xml"),
     ("archive", "archive-codecs.xml"),
     ("driver", "driver-codecs.xml"),
+    ("archive_mark", "archive-mark-codecs.xml"),
 )
 
 # Enum encoding types sbe 0.4.3 resolves by itself.

@@ -346,8 +346,15 @@ class DriverConductor:
         if publication is not None:
             publication.client_refs.append(client.client_id)
         else:
+            # As in Aeron, a session id clashes only with the same stream on
+            # the same medium and send endpoint: an archive replays under a
+            # live stream's session id to another endpoint (replay merge).
             if session_id is not None and any(
-                p.session_id == session_id and p.stream_id == stream_id and p.state is PublicationState.ACTIVE
+                p.session_id == session_id
+                and p.stream_id == stream_id
+                and p.state is PublicationState.ACTIVE
+                and isinstance(p, kind)
+                and (kind is IpcPublication or self._endpoint_key(uri) == self._endpoint_key(p.uri))  # type: ignore[union-attr]
                 for p in self.publications
             ):
                 raise ControlProtocolError(
@@ -657,6 +664,9 @@ class DriverConductor:
 
     @staticmethod
     def _matches(subscription: SubscriptionLink, publication: IpcPublication) -> bool:
+        """An IPC subscription (neither UDP nor a spy) of the publication's stream."""
+        if subscription.endpoint is not None or subscription.spy_key is not None:
+            return False
         return subscription.stream_id == publication.stream_id and (
             subscription.session_id is None or subscription.session_id == publication.session_id
         )

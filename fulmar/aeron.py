@@ -588,6 +588,11 @@ class Aeron:
     def counters_reader(self) -> CountersReader:
         return self.conductor.counters_reader
 
+    def next_correlation_id(self) -> int:
+        """A correlation id unique among all clients of this driver (Aeron's
+        ``nextCorrelationId``: it comes from the to-driver buffer's counter)."""
+        return int(self.conductor.to_driver.next_correlation_id())
+
     @property
     def directory(self) -> Path:
         return Path(self.conductor.cnc.path).parent

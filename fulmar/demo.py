@@ -1,5 +1,6 @@
 """``make run`` (until the cluster exists): a media driver and two client
-processes exchange messages over ``aeron:ipc``, and say what happened.
+processes exchange messages over ``aeron:ipc`` while an archive process
+records the stream; the recording is then replayed and checked.
 
 Three processes: the media driver (cnc.dat, the conductor that owns the log
 buffer and moves the publisher's flow-control limit), a subscriber and a
@@ -8,7 +9,9 @@ mixed sizes (some longer than an MTU, sent as fragments); the subscriber
 reassembles them and checks every byte and their order.  At the end the
 publisher closes its publication, the subscriber sees the end of the
 stream, and the driver's counters tell how often the publisher was held
-back.
+back.  The archive (``cluster-node archive``) records the same stream to
+segment files from the first message; once the stream has ended the demo
+replays the recording and checks that it holds every message again.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import zlib
 from pathlib import Path
 
 from fulmar.aeron import Aeron
+from fulmar.archive.client import AeronArchive, RecordingSignal
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
@@ -117,6 +121,39 @@ def run_driver(directory: Path) -> None:
     )
 
 
+def check_recording(recorder: AeronArchive, messages: int) -> None:
+    """The publisher closed its publication: the recording stops at the end
+    of the stream.  Replay it and check every message against what was sent."""
+    stop = recorder.wait_for_signal(lambda s: s.signal == RecordingSignal.STOP, DEADLINE_S * 1_000_000_000)
+    descriptor = recorder.list_recording(stop.recording_id)
+    assert descriptor is not None
+    print(f"archive: recording {stop.recording_id} of stream {descriptor.stream_id} ({descriptor.stripped_channel}) "
+          f"stopped at position {stop.position:,}", flush=True)
+    replay = recorder.replay(stop.recording_id, "aeron:ipc?term-length=1m", STREAM_ID + 1, 0, stop.position)
+    rnd = random.Random(1)
+    state = {"messages": 0, "crc": 0}
+
+    def on_message(buffer: memoryview, offset: int, length: int, header: Header) -> None:
+        expected = payload_of(state["messages"], rnd)
+        if buffer[offset : offset + length] != expected:
+            raise SystemExit(f"replay: message {state['messages']} differs from what was sent")
+        state["messages"] += 1
+        state["crc"] = zlib.crc32(expected, state["crc"])
+
+    assembler = FragmentAssembler(on_message)
+    deadline = time.monotonic() + DEADLINE_S
+    started = time.perf_counter()
+    while state["messages"] < messages:
+        if replay.poll(assembler, 512) == 0:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"replay: only {state['messages']:,} of {messages:,} messages came back")
+            time.sleep(0.0005)
+    elapsed = time.perf_counter() - started
+    replay.close()
+    print(f"archive: replayed {state['messages']:,} messages ({stop.position / 1e6:.1f} MB) in {elapsed:.2f} s, "
+          f"all as sent; checksum {state['crc']:08x}", flush=True)
+
+
 def counters_summary(directory: Path) -> list[str]:
     from fulmar.cnc import CncFile
     from fulmar.counters import CountersReader
@@ -166,11 +203,24 @@ def main() -> None:
             if driver.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("the media driver did not start")
             time.sleep(0.01)
-        subscriber = start("subscriber")
-        publisher = start("publisher")
-        for process in (publisher, subscriber):
-            if process.wait(DEADLINE_S) != 0:
-                raise SystemExit(f"a client process failed with exit code {process.returncode}")
+        archive = subprocess.Popen(
+            [sys.executable, "-m", "fulmar.cli.cluster_node", "archive", "--dir", str(base / "archive"),
+             "--driver-dir", str(directory), "--control-channel", "none", "--segment-length", "16m"],
+            text=True,
+        )
+        processes.append(archive)
+        with Aeron.connect(directory) as aeron:
+            with AeronArchive.connect(aeron) as recorder:
+                recorder.start_recording(CHANNEL, STREAM_ID)
+                subscriber = start("subscriber")
+                publisher = start("publisher")
+                for process in (publisher, subscriber):
+                    if process.wait(DEADLINE_S) != 0:
+                        raise SystemExit(f"a client process failed with exit code {process.returncode}")
+                check_recording(recorder, args.messages)
+        archive.send_signal(signal.SIGTERM)
+        if archive.wait(30) != 0:
+            raise SystemExit(f"the archive stopped with exit code {archive.returncode}")
         print("driver counters:")
         print("\n".join(counters_summary(directory)))
         driver.send_signal(signal.SIGTERM)

@@ -24,3 +24,8 @@ class InvalidLogBufferError(FulmarError, ValueError):
 
 class MessageTooLongError(FulmarError, ValueError):
     """A message is longer than the publication's maximum message length."""
+
+
+class InvalidFrameBlockError(FulmarError, ValueError):
+    """A block offered as whole frames is not: a frame's length, term offset
+    or term id does not fit where the block would land in the term."""

@@ -15,7 +15,7 @@ from array import array
 
 from fulmar._native import ffi, lib
 from fulmar.buffers import AtomicBuffer
-from fulmar.errors import MessageTooLongError
+from fulmar.errors import InvalidFrameBlockError, MessageTooLongError
 from fulmar.frames import HEADER_LENGTH
 from fulmar.idle import Doorbell
 from fulmar.logbuffer import LogBuffers
@@ -27,6 +27,7 @@ CLOSED = int(lib.FULMAR_CLOSED)
 MAX_POSITION_EXCEEDED = int(lib.FULMAR_MAX_POSITION_EXCEEDED)
 _MESSAGE_TOO_LONG = int(lib.FULMAR_MESSAGE_TOO_LONG)
 _INVALID_LENGTH = int(lib.FULMAR_INVALID_LENGTH)
+_INVALID_BLOCK = int(lib.FULMAR_INVALID_BLOCK)
 
 RESULT_NAMES = {
     NOT_CONNECTED: "NOT_CONNECTED",
@@ -199,6 +200,19 @@ class ExclusiveLogWriter(_LogWriter):
         if done < count and result in (_MESSAGE_TOO_LONG, _INVALID_LENGTH):
             self._result(result, lengths[done])
         return done, int(result)
+
+    def offer_frames(self, block: bytes | bytearray | memoryview) -> int:
+        """Append whole frames laid out as in a term (an archive replays a
+        recording this way): see ``ExclusivePublication.offer_frames``."""
+        data = block if type(block) is bytes else ffi.from_buffer(block)
+        length = len(block)
+        result = int(lib.fulmar_exclusive_append_block(self._writer, data, length))
+        if result == _INVALID_BLOCK:
+            raise InvalidFrameBlockError(
+                f"a block of {length} bytes at position {self.position} is not whole frames for this term "
+                "(each frame's term offset and term id must match where it lands, within one term)"
+            )
+        return result
 
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         result = lib.fulmar_exclusive_claim(self._writer, length, claim._claim)

@@ -213,6 +213,25 @@ class ExclusivePublication(Publication):
             self._values.get_and_add_int64(self._bpe_offset, 1)
         return appended, result
 
+    def offer_frames(self, block: bytes | bytearray | memoryview) -> int:
+        """Append frames that are already laid out as in a term (Aeron's
+        ``offerBlock``; the archive replays recordings this way).
+
+        The block must start at this publication's position and hold whole
+        frames (data or padding) whose term offsets and term ids are those of
+        the positions they land at, all within one term; their session and
+        stream ids are replaced by this publication's.  Returns the new
+        position, or BACK_PRESSURED / NOT_CONNECTED / ADMIN_ACTION (moved to
+        the next term: offer again) / CLOSED.  Raises InvalidFrameBlockError
+        for a block that is not such frames.
+        """
+        if self._closed:
+            return CLOSED
+        result = self._writer.offer_frames(block)
+        if result == BACK_PRESSURED and self._bpe_offset >= 0:
+            self._values.get_and_add_int64(self._bpe_offset, 1)
+        return result
+
     def offer_batch(self, payloads: Sequence[bytes], reserved_value: int = 0) -> tuple[int, int]:
         """Append messages in order, each its own frame, in one native call.
 

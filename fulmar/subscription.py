@@ -12,6 +12,7 @@ from collections.abc import Callable
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from fulmar._native import lib
 from fulmar.buffers import AtomicBuffer
 from fulmar.counters import counter_offset
 from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH
@@ -35,6 +36,8 @@ class ControlledAction(IntEnum):
 
 ControlledFragmentHandler = Callable[[memoryview, int, int, Header], ControlledAction]
 ImageHandler = Callable[["Image"], None]
+# (log view, offset of the block in it, length, stream position of its start)
+BlockHandler = Callable[[memoryview, int, int, int], None]
 
 
 class Image:
@@ -84,6 +87,10 @@ class Image:
         return self.log.initial_term_id
 
     @property
+    def mtu_length(self) -> int:
+        return self.log.mtu
+
+    @property
     def is_closed(self) -> bool:
         return self._closed
 
@@ -113,6 +120,27 @@ class Image:
         if self._closed:
             return FragmentBatch()
         return self._reader.scan(fragment_limit, limit_position)
+
+    def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int:
+        """Hand the next run of whole committed frames (data and padding, as
+        laid in the term, never past its end) to ``handler(view, offset,
+        length, position)`` in one call, then consume it: Aeron's
+        ``blockPoll``, which the archive records with.  If the handler raises,
+        nothing is consumed.  Returns the bytes consumed."""
+        if self._closed:
+            return 0
+        reader = self._reader
+        position = reader.position
+        term_length = self._term_length
+        term_offset = position & (term_length - 1)
+        partition_offset = (position >> self.log.position_bits_to_shift) % 3 * term_length
+        limit_offset = min(term_length, term_offset + block_length_limit)
+        end = int(lib.fulmar_term_block_scan(self.log.address + partition_offset, term_offset, limit_offset))
+        length = end - term_offset
+        if length > 0:
+            handler(reader.view, partition_offset + term_offset, length, position)
+            reader.position = position + length
+        return length
 
     def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int:
         """Poll with a handler that decides, fragment by fragment, whether to

@@ -35,6 +35,7 @@ def test_every_message_is_generated_and_tested() -> None:
     assert {s.module: (s.id, s.version, len(s.messages)) for s in SCHEMAS} == {
         "cluster": (111, 12, 54),
         "archive": (101, 10, 48),
+        "archive_mark": (100, 2, 1),
         "driver": (900, 1, 29),
     }
 

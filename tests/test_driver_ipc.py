@@ -415,3 +415,44 @@ def test_connect_reports_a_missing_or_dead_driver_clearly(start_driver, tmp_path
         wait_for(lambda: time.time_ns() // 1_000_000 - ring.consumer_heartbeat_time > 250, 5, "a stale heartbeat")
     with pytest.raises(DriverTimeoutError, match="not alive: no heartbeat"):
         Aeron.connect(driver.directory, driver_timeout_ms=200)
+
+
+def test_an_ipc_publication_reaches_ipc_subscriptions_only(start_driver) -> None:
+    """A UDP subscription or a spy on the same stream id is not an IPC subscriber
+    (an archive listens for control requests on IPC and UDP with one stream id:
+    each request must arrive once)."""
+    driver = start_driver()
+    with driver.connect() as aeron:
+        udp = aeron.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 1234)
+        spy = aeron.add_subscription("aeron-spy:aeron:udp?endpoint=127.0.0.1:40123", 1234)
+        ipc_before = aeron.add_subscription("aeron:ipc", 1234)
+        publication = aeron.add_publication("aeron:ipc?term-length=64k", 1234)
+        ipc_after = aeron.add_subscription("aeron:ipc", 1234)
+        wait_for(lambda: ipc_before.is_connected and ipc_after.is_connected, 10, "the IPC subscriptions to connect")
+        wait_for(lambda: publication.offer(b"once") > 0, 10, "the offer")
+        received: list[bytes] = []
+
+        def collect(buffer: memoryview, offset: int, length: int, header: Header) -> None:
+            received.append(bytes(buffer[offset : offset + length]))
+
+        wait_for(lambda: (ipc_before.poll(collect, 10), ipc_after.poll(collect, 10), len(received) == 2)[2], 10,
+                 "both IPC subscriptions to receive")
+        assert udp.image_count == 0 and spy.image_count == 0
+        assert udp.poll(collect, 10) == 0 and spy.poll(collect, 10) == 0
+        assert received == [b"once", b"once"]
+
+
+def test_a_session_id_clashes_only_on_the_same_send_endpoint(start_driver) -> None:
+    """As in Aeron: an archive replays under a live stream's session id to
+    another endpoint (replay merge)."""
+    driver = start_driver()
+    with driver.connect() as aeron:
+        live = aeron.add_exclusive_publication("aeron:udp?endpoint=127.0.0.1:40201|session-id=77", 5)
+        replay = aeron.add_exclusive_publication("aeron:udp?endpoint=127.0.0.1:40202|session-id=77", 5)
+        assert live.session_id == replay.session_id == 77
+        with pytest.raises(RegistrationError, match="session-id 77 is already in use"):
+            aeron.add_exclusive_publication("aeron:udp?endpoint=127.0.0.1:40201|session-id=77", 5)
+        ipc = aeron.add_exclusive_publication("aeron:ipc?session-id=77|term-length=64k", 5)
+        assert ipc.session_id == 77
+        with pytest.raises(RegistrationError, match="session-id 77 is already in use"):
+            aeron.add_exclusive_publication("aeron:ipc?session-id=77|term-length=64k", 5)

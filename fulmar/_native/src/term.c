@@ -12,6 +12,11 @@
 #define FLAG_BEGIN 0x80
 #define FLAG_END 0x40
 #define FLAG_UNFRAGMENTED 0xC0
+#define TYPE_OFFSET 6
+#define TERM_OFFSET_OFFSET 8
+#define SESSION_ID_OFFSET 12
+#define STREAM_ID_OFFSET 16
+#define TERM_ID_OFFSET 20
 #define RESERVED_VALUE_OFFSET 24
 #define MAX_MESSAGE_LENGTH_CAP (16 * 1024 * 1024)
 
@@ -483,6 +488,57 @@ int64_t fulmar_exclusive_offer_batch(
     return i > 0 ? w->term_begin_position + w->term_offset : result;
 }
 
+int64_t fulmar_exclusive_append_block(fulmar_log_writer_t *w, const char *block, int32_t length)
+{
+    if (w->term_offset >= w->term_length)
+    {
+        /* The previous block filled the term exactly: move on first. */
+        return exclusive_rotate(w);
+    }
+    int32_t offset = w->term_offset;
+    if (length <= 0 || (length & (FULMAR_FRAME_ALIGNMENT - 1)) || length > w->term_length - offset)
+    {
+        return FULMAR_INVALID_BLOCK;
+    }
+    int64_t position = w->term_begin_position + offset;
+    if (position + length > position_limit_of(w))
+    {
+        return back_pressure_status(w, position, length);
+    }
+    /* Check the frames before touching the log: a corrupt block must not
+     * leave a half-published term behind. */
+    int64_t data_frames = 0;
+    for (int32_t at = 0; at < length;)
+    {
+        int32_t frame_length = *(const int32_t *)(block + at);
+        int32_t aligned = FULMAR_ALIGN(frame_length, FULMAR_FRAME_ALIGNMENT);
+        if (frame_length < FULMAR_HEADER_LENGTH || aligned > length - at ||
+            *(const int32_t *)(block + at + TERM_OFFSET_OFFSET) != offset + at ||
+            *(const int32_t *)(block + at + TERM_ID_OFFSET) != w->term_id)
+        {
+            return FULMAR_INVALID_BLOCK;
+        }
+        data_frames += FRAME_TYPE_DATA == *(const uint16_t *)(block + at + TYPE_OFFSET);
+        at += aligned;
+    }
+    char *term = w->log + (int64_t)w->active_partition_index * w->term_length;
+    char *dst = term + offset;
+    fa_store_i64(w->metadata + TERM_TAIL_COUNTERS_OFFSET + w->active_partition_index * 8,
+        pack_tail(w->term_id, offset + length));
+    memcpy(dst + 4, block + 4, (size_t)length - 4);
+    for (int32_t at = 0; at < length;)
+    {
+        *(int32_t *)(dst + at + SESSION_ID_OFFSET) = w->session_id;
+        *(int32_t *)(dst + at + STREAM_ID_OFFSET) = w->stream_id;
+        at += FULMAR_ALIGN(*(const int32_t *)(block + at), FULMAR_FRAME_ALIGNMENT);
+    }
+    fa_store_i32(dst, *(const int32_t *)block);
+    w->term_offset = offset + length;
+    count_messages(w, data_frames);
+    ring_doorbell(w);
+    return w->term_begin_position + w->term_offset;
+}
+
 void fulmar_claim_commit(char *log, const fulmar_claim_t *claim, char *doorbell)
 {
     fa_store_i32(log + claim->frame_offset, claim->frame_length);
@@ -679,4 +735,24 @@ int32_t fulmar_term_scan_for_availability(
         available += aligned_length;
     }
     return available;
+}
+
+int32_t fulmar_term_block_scan(const char *term, int32_t term_offset, int32_t limit_offset)
+{
+    int32_t offset = term_offset;
+    while (offset < limit_offset)
+    {
+        int32_t frame_length = fa_load_i32(term + offset);
+        if (frame_length <= 0)
+        {
+            break;
+        }
+        int32_t aligned_length = FULMAR_ALIGN(frame_length, FULMAR_FRAME_ALIGNMENT);
+        if (aligned_length > limit_offset - offset)
+        {
+            break; /* a block is whole frames: this one waits for the next */
+        }
+        offset += aligned_length;
+    }
+    return offset;
 }

@@ -15,6 +15,7 @@
 #define FULMAR_MAX_POSITION_EXCEEDED -5
 #define FULMAR_MESSAGE_TOO_LONG -6
 #define FULMAR_INVALID_LENGTH -7
+#define FULMAR_INVALID_BLOCK -8
 
 /* Scan results. */
 #define FULMAR_SCAN_CORRUPT_FRAME -1
@@ -75,6 +76,15 @@ int64_t fulmar_exclusive_offer_batch(
     fulmar_log_writer_t *writer, const char *data, const int32_t *lengths, int32_t count,
     int64_t reserved_value, int32_t *appended);
 
+/* Appends frames already laid out as in a term (an archive replay): the
+ * block must start at the writer's tail, hold whole frames whose term offset
+ * and term id match where they land, and end within the term.  Session and
+ * stream ids are rewritten to the writer's; the first frame's length is
+ * stored last, so readers see the block all at once.  Returns the new
+ * position, a back-pressure code, ADMIN_ACTION after moving to the next
+ * term, or FULMAR_INVALID_BLOCK. */
+int64_t fulmar_exclusive_append_block(fulmar_log_writer_t *writer, const char *block, int32_t length);
+
 /* A claim is published by its commit, or turned into padding by its abort. */
 void fulmar_claim_commit(char *log, const fulmar_claim_t *claim, char *doorbell);
 void fulmar_claim_abort(char *log, const fulmar_claim_t *claim);
@@ -101,3 +111,9 @@ void fulmar_log_clean(char *log, int32_t term_length, int64_t from_position, int
  * run (sent as its header only, then skipped).  0 when nothing is ready. */
 int32_t fulmar_term_scan_for_availability(
     const char *term, int32_t term_length, int32_t term_offset, int32_t max_length, int32_t *padding);
+
+/* Aeron's TermBlockScanner: the offset after the last whole committed frame
+ * (data or padding) from term_offset before limit_offset, so a recorder can
+ * take [term_offset, result) as one block.  limit_offset is at most the
+ * term length and should leave room for an MTU, or a long frame never fits. */
+int32_t fulmar_term_block_scan(const char *term, int32_t term_offset, int32_t limit_offset);

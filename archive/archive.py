@@ -1,0 +1,163 @@
+"""The archive process: a client of its node's media driver that owns an
+archive directory (catalog, segment files, mark file) and serves the control
+protocol.
+
+``Archive.launch`` takes the directory (refusing one a live archive owns),
+repairs recordings a crash left open, connects to the driver and starts the
+conductor; ``run`` drives the conductor until stopped; ``run_archive`` does
+both with SIGINT/SIGTERM handling, for ``cluster-node archive``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from fulmar.aeron import Aeron
+from fulmar.archive.catalog import Catalog, recover
+from fulmar.archive.conductor import ArchiveConductor
+from fulmar.archive.context import ArchiveContext
+from fulmar.archive.mark_file import ArchiveMarkFile
+from fulmar.idle import DoorbellIdleStrategy
+
+
+def epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Archive:
+    def __init__(
+        self,
+        context: ArchiveContext,
+        aeron: Aeron,
+        catalog: Catalog,
+        mark_file: ArchiveMarkFile,
+        conductor: ArchiveConductor,
+        recovered: list[int],
+    ) -> None:
+        self.context = context
+        self.aeron = aeron
+        self.catalog = catalog
+        self.mark_file = mark_file
+        self.conductor = conductor
+        self.recovered = recovered
+        self._stop = threading.Event()
+        self._closed = False
+
+    @classmethod
+    def launch(cls, context: ArchiveContext) -> "Archive":
+        context.validate()
+        archive_dir = Path(context.archive_dir)
+        archive_dir.mkdir(parents=True, exist_ok=True)
+        aeron = Aeron.connect(context.driver_dir)
+        mark_file = catalog = None
+        try:
+            archive_id = context.archive_id if context.archive_id != -1 else aeron.client_id
+            mark_file = ArchiveMarkFile.create(
+                archive_dir,
+                pid=os.getpid(),
+                archive_id=archive_id,
+                control_channel=context.control_channel or "",
+                control_stream_id=context.control_stream_id,
+                local_control_channel=context.local_control_channel,
+                local_control_stream_id=context.local_control_stream_id,
+                events_channel=context.recording_events_channel or "",
+                events_stream_id=context.recording_events_stream_id,
+                aeron_directory=str(aeron.directory),
+                liveness_timeout_ms=context.mark_file_liveness_timeout_ms,
+                now_ms=epoch_ms(),
+            )
+            catalog = Catalog.open(archive_dir, file_sync_level=context.catalog_file_sync_level)
+            recovered = recover(catalog, archive_dir, epoch_ms(), verify_crc=context.record_checksum)
+            error_log = mark_file.error_log(epoch_ms)
+            data_doorbell = aeron.conductor.data_doorbell
+            context.archive_id = archive_id
+            conductor = ArchiveConductor(context, aeron, catalog, epoch_ms, error_log.record, data_doorbell.ring)
+            mark_file.signal_ready()
+        except BaseException:
+            if catalog is not None:
+                catalog.close()
+            if mark_file is not None:
+                mark_file.close()
+            aeron.close()
+            raise
+        return cls(context, aeron, catalog, mark_file, conductor, recovered)
+
+    def request_stop(self) -> None:
+        """Ask ``run`` to return (safe from a signal handler)."""
+        self._stop.set()
+        if not self._closed:
+            self.aeron.conductor.data_doorbell.ring()
+
+    def run(self) -> None:
+        context = self.context
+        conductor = self.conductor
+        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, context.idle_max_wait_ns)
+        next_mark_ms = 0
+        clock = time.monotonic_ns
+        while not self._stop.is_set():
+            now_ns = clock()
+            try:
+                work = conductor.do_work(now_ns)
+            except Exception as error:  # a bug: record it and keep serving the other sessions
+                conductor.record_error(f"archive conductor: {type(error).__name__}: {error}")
+                work = 0
+            now_ms = epoch_ms()
+            if now_ms >= next_mark_ms:
+                self.mark_file.update_activity_timestamp(now_ms)
+                next_mark_ms = now_ms + context.mark_file_update_interval_ms
+            if self.aeron.is_closed:
+                break  # the driver went away: nothing more can be recorded or replayed
+            idle.max_wait_ns = context.busy_idle_max_wait_ns if conductor.is_busy else context.idle_max_wait_ns
+            idle.idle(work)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.conductor.close()
+        finally:
+            self.catalog.close()
+            self.mark_file.close()
+            self.aeron.close()
+
+    def __enter__(self) -> "Archive":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_archive(context: ArchiveContext, on_ready: Callable[[Archive], None] | None = None) -> None:
+    """Launch, serve until SIGINT/SIGTERM, close (see ``run_driver``: the
+    handlers go in first so an early signal is not lost)."""
+    stop_requested = threading.Event()
+    running: list[Archive] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop_requested.set()
+        for archive in running:
+            archive.request_stop()
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        archive = Archive.launch(context)
+        try:
+            running.append(archive)
+            if stop_requested.is_set():
+                archive.request_stop()
+            if on_ready is not None:
+                on_ready(archive)
+            archive.run()
+        finally:
+            running.clear()
+            archive.close()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

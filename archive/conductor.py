@@ -1,0 +1,958 @@
+"""The archive's agent: control sessions, recordings, replays, replications.
+
+One duty cycle reads the clock once, runs the tasks the client conductor
+queued (new images to record), polls the control request subscriptions and
+hands each request to its handler, then gives every session (control,
+recording, replay, replication) its turn.  The archive runs this agent on
+one thread (Aeron's SHARED threading mode): none of it blocks, except for
+the short synchronous driver commands of adding a publication or
+subscription.
+
+Handlers are named after the request they answer (``on_replay_request``)
+and answer on the requesting control session: OK with a relevant id, ERROR
+with an ``ArchiveErrorCode`` and a message, or descriptors for listings.
+Recording signals (START, STOP, EXTEND, ...) go to the control session that
+asked for the recording.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fulmar.archive import protocol
+from fulmar.archive.catalog import Catalog, RecordingDescriptor
+from fulmar.archive.context import ArchiveContext
+from fulmar.archive.control_session import ControlSession
+from fulmar.archive.errors import ArchiveError
+from fulmar.archive.protocol import (
+    NULL_POSITION,
+    NULL_VALUE,
+    ArchiveErrorCode,
+    RecordingSignal,
+    SourceLocation,
+)
+from fulmar.archive.recorder import RecordingSession
+from fulmar.archive.replayer import ReplaySession
+from fulmar.archive.replication import ReplicationSession
+from fulmar.archive.segment import (
+    SegmentReader,
+    SegmentWriter,
+    delete_segments,
+    truncate_segments,
+)
+from fulmar.channel_uri import ChannelUri
+from fulmar.codecs.errors import CodecError
+from fulmar.errors import FulmarError
+from fulmar.codecs.generated import archive as codecs
+from fulmar.frames import FRAME_ALIGNMENT
+from fulmar.fragment_assembler import FragmentAssembler
+from fulmar.log_reader import Header
+from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
+
+if TYPE_CHECKING:
+    from fulmar.aeron import Aeron, Counter
+    from fulmar.subscription import Image, Subscription
+
+# Parameters of a channel that identify what is recorded (Aeron's stripped
+# channel); the rest (term length, mtu, linger, ...) are the publisher's business.
+_STRIPPED_PARAMS = (
+    "endpoint",
+    "interface",
+    "control",
+    "control-mode",
+    "tags",
+    "rejoin",
+    "group",
+    "cc",
+    "fc",
+    "gtag",
+    "alias",
+    "session-id",
+)
+# Parameters that make two recording subscriptions the same one (Aeron's makeKey).
+_KEY_PARAMS = ("endpoint", "interface", "control", "session-id", "tags")
+CONTROL_TERM_LENGTH = 64 * 1024
+_LISTING_BATCH = 32  # descriptors a listing sends per duty cycle
+
+
+def stripped_channel(uri: ChannelUri) -> str:
+    params = {key: value for key, value in uri.params.items() if key in _STRIPPED_PARAMS}
+    return str(ChannelUri(uri.media, params))
+
+
+def subscription_key(stream_id: int, uri: ChannelUri) -> str:
+    parts = [f"{key}={uri.get(key)}" for key in _KEY_PARAMS if uri.get(key) is not None]
+    return f"{stream_id}:{uri.media}?{'|'.join(parts)}"
+
+
+class ArchiveConductor:
+    def __init__(
+        self,
+        context: ArchiveContext,
+        aeron: "Aeron",
+        catalog: Catalog,
+        epoch_ms: Callable[[], int],
+        record_error: Callable[[str], object],
+        wake: Callable[[], object],
+    ) -> None:
+        self.context = context
+        self.aeron = aeron
+        self.catalog = catalog
+        self.epoch_ms = epoch_ms
+        self.record_error = record_error
+        self.wake = wake
+        self.archive_dir = Path(context.archive_dir)
+        self.archive_id = context.archive_id if context.archive_id != NULL_VALUE else aeron.client_id
+        self.tasks: deque[Callable[[], None]] = deque()
+        self.control_sessions: dict[int, ControlSession] = {}
+        self.recordings: dict[int, RecordingSession] = {}  # by recording id
+        self.replays: dict[int, ReplaySession] = {}  # by replay session id
+        self.replications: dict[int, ReplicationSession] = {}  # by replication id
+        self.recording_subscriptions: dict[str, "Subscription"] = {}  # by subscription key
+        self._next_session_id = int.from_bytes(os.urandom(4), "little") & 0x3FFF_FFFF
+        self._replay_id = 1
+        self._now_ns = time.monotonic_ns()
+        self._assembler = FragmentAssembler(self._on_control_message)
+        self._control_subscriptions: list["Subscription"] = []
+        channels = [(context.local_control_channel, context.local_control_stream_id)]
+        if context.control_channel is not None:
+            channels.append((context.control_channel, context.control_stream_id))
+        for channel, stream_id in channels:
+            uri = ChannelUri.parse(channel)
+            if uri.is_ipc and uri.term_length() is None:
+                uri = uri.with_param("term-length", CONTROL_TERM_LENGTH)
+            self._control_subscriptions.append(aeron.add_subscription(str(uri), stream_id))
+        self._events = None
+        if context.recording_events_channel is not None:
+            self._events = aeron.add_publication(context.recording_events_channel, context.recording_events_stream_id)
+        self._scratch = bytearray(4096)
+
+    # ------------------------------------------------------------ duty cycle
+
+    def do_work(self, now_ns: int) -> int:
+        self._now_ns = now_ns
+        work = 0
+        while self.tasks:
+            self.tasks.popleft()()
+            work += 1
+        for subscription in self._control_subscriptions:
+            work += subscription.poll(self._assembler.on_fragment, 16)
+        for session in list(self.control_sessions.values()):
+            work += session.do_work(now_ns)
+            if session.active_listing is not None and session.queued_responses == 0:
+                work += session.active_listing()
+            if session.is_done:
+                self._close_control_session(session)
+        for recording in list(self.recordings.values()):
+            work += recording.do_work(now_ns)
+            if recording.is_done:
+                self._close_recording(recording)
+        for replay in list(self.replays.values()):
+            work += replay.do_work(now_ns)
+            if replay.is_done:
+                self._close_replay(replay)
+        for replication in list(self.replications.values()):
+            work += replication.do_work(now_ns)
+            if replication.is_done:
+                self.replications.pop(replication.replication_id, None)
+                replication.close()
+        return work
+
+    @property
+    def is_busy(self) -> bool:
+        """Sessions that make progress without a doorbell ringing (back
+        pressure lifting, files to read): the idle strategy sleeps less."""
+        return bool(self.replays) or bool(self.replications)
+
+    def close(self) -> None:
+        for recording in list(self.recordings.values()):
+            recording.abort()
+            self._close_recording(recording)
+        for replay in list(self.replays.values()):
+            replay.abort()
+            self._close_replay(replay)
+        for replication in list(self.replications.values()):
+            replication.close()
+        self.replications.clear()
+        for subscription in self.recording_subscriptions.values():
+            subscription.close()
+        self.recording_subscriptions.clear()
+        for session in self.control_sessions.values():
+            session.close("the archive is closing")
+        self.control_sessions.clear()
+
+    # ------------------------------------------------------- control requests
+
+    def _on_control_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
+        try:
+            message = codecs.decode(buffer, offset, length)
+        except CodecError as error:
+            self.record_error(f"archive: malformed control request ignored: {error}")
+            return
+        name = type(message).__name__.removesuffix("Decoder")
+        if name == "ConnectRequest":
+            self.on_connect_request(message)
+            return
+        session = self.control_sessions.get(getattr(message, "control_session_id", NULL_VALUE))
+        if session is None:
+            self.record_error(f"archive: {name} for unknown control session {getattr(message, 'control_session_id', '?')}")
+            return
+        handler = getattr(self, "on_" + _snake(name), None)
+        correlation_id = getattr(message, "correlation_id", NULL_VALUE)
+        if handler is None:
+            session.send_error(correlation_id, f"{name} is not supported by this archive")
+            return
+        try:
+            handler(session, message)
+        except (FulmarError, OSError, ValueError) as error:
+            self.record_error(f"archive: {name}: {error}")
+            session.send_error(correlation_id, f"{name} failed: {error}")
+
+    def on_connect_request(self, message: Any) -> None:
+        invalid = None
+        if (message.version >> 16) & 0xFF != protocol.PROTOCOL_MAJOR_VERSION:
+            invalid = (
+                f"invalid client version {protocol.version_text(message.version)}, "
+                f"archive is {protocol.version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}"
+            )
+        uri = ChannelUri.parse(message.response_channel)
+        if uri.term_length() is None:
+            uri = uri.with_param("term-length", CONTROL_TERM_LENGTH)
+        publication = self.aeron.add_exclusive_publication(str(uri), message.response_stream_id)
+        session_id = self._next_session_id
+        self._next_session_id += 1
+        self.control_sessions[session_id] = ControlSession(
+            session_id,
+            message.correlation_id,
+            publication,
+            self._now_ns,
+            self.context.connect_timeout_ns,
+            invalid,
+        )
+
+    def _close_control_session(self, session: ControlSession) -> None:
+        self.control_sessions.pop(session.session_id, None)
+        session.close(session.close_reason or "closed")
+
+    def on_close_session_request(self, session: ControlSession, message: Any) -> None:
+        session.close("the client closed the session")
+
+    def on_keep_alive_request(self, session: ControlSession, message: Any) -> None:
+        pass  # the request itself shows the client is alive; no answer is expected
+
+    def on_archive_id_request(self, session: ControlSession, message: Any) -> None:
+        session.send_ok(message.correlation_id, self.archive_id)
+
+    # -------------------------------------------------------------- recording
+
+    def on_start_recording_request(self, session: ControlSession, message: Any, auto_stop: bool = False) -> None:
+        self._start_recording(session, message.correlation_id, message.stream_id, message.source_location_raw,
+                              message.channel, auto_stop, None)
+
+    def on_start_recording_request2(self, session: ControlSession, message: Any) -> None:
+        self._start_recording(session, message.correlation_id, message.stream_id, message.source_location_raw,
+                              message.channel, message.auto_stop_raw == 1, None)
+
+    def on_extend_recording_request(self, session: ControlSession, message: Any) -> None:
+        self._start_recording(session, message.correlation_id, message.stream_id, message.source_location_raw,
+                              message.channel, False, message.recording_id)
+
+    def on_extend_recording_request2(self, session: ControlSession, message: Any) -> None:
+        self._start_recording(session, message.correlation_id, message.stream_id, message.source_location_raw,
+                              message.channel, message.auto_stop_raw == 1, message.recording_id)
+
+    def _start_recording(
+        self,
+        session: ControlSession,
+        correlation_id: int,
+        stream_id: int,
+        source_location: int,
+        channel: str,
+        auto_stop: bool,
+        extend_recording_id: int | None,
+    ) -> "Subscription | None":
+        if len(self.recordings) >= self.context.max_concurrent_recordings:
+            session.send_error(
+                correlation_id,
+                f"max concurrent recordings reached {self.context.max_concurrent_recordings}",
+                ArchiveErrorCode.MAX_RECORDINGS,
+            )
+            return None
+        if extend_recording_id is not None:
+            descriptor = self.catalog.descriptor(extend_recording_id)
+            if descriptor is None:
+                session.send_error(
+                    correlation_id, f"unknown recording {extend_recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING
+                )
+                return None
+            if descriptor.stream_id != stream_id:
+                session.send_error(
+                    correlation_id,
+                    f"cannot extend recording {extend_recording_id} with streamId={stream_id} "
+                    f"for existing streamId={descriptor.stream_id}",
+                    ArchiveErrorCode.UNKNOWN_RECORDING,
+                )
+                return None
+            if extend_recording_id in self.recordings:
+                session.send_error(
+                    correlation_id,
+                    f"cannot extend active recording {extend_recording_id}",
+                    ArchiveErrorCode.ACTIVE_RECORDING,
+                )
+                return None
+        uri = ChannelUri.parse(channel)
+        key = subscription_key(stream_id, uri)
+        if key in self.recording_subscriptions:
+            session.send_error(
+                correlation_id,
+                f"recording exists for streamId={stream_id} channel={channel}",
+                ArchiveErrorCode.ACTIVE_SUBSCRIPTION,
+            )
+            return None
+        stripped = stripped_channel(uri)
+        subscribe_to = ChannelUri.parse(stripped)
+        if source_location == SourceLocation.LOCAL and uri.is_udp:
+            subscribe_to = subscribe_to.with_prefix("aeron-spy")
+
+        def on_image(image: "Image") -> None:
+            # Runs on the client conductor's thread: hand over to the agent.
+            self.tasks.append(
+                lambda: self._start_recording_session(
+                    session, correlation_id, stripped, channel, image, auto_stop, extend_recording_id
+                )
+            )
+            self.wake()
+
+        subscription = self.aeron.add_subscription(str(subscribe_to), stream_id, on_available_image=on_image)
+        self.recording_subscriptions[key] = subscription
+        session.send_ok(correlation_id, subscription.registration_id)
+        return subscription
+
+    def _start_recording_session(
+        self,
+        session: ControlSession,
+        correlation_id: int,
+        stripped: str,
+        original_channel: str,
+        image: "Image",
+        auto_stop: bool,
+        extend_recording_id: int | None,
+    ) -> None:
+        if image.is_closed:
+            return
+        subscription = image.subscription
+        context = self.context
+        if extend_recording_id is None:
+            segment_length = max(context.segment_file_length, image.term_buffer_length)
+            recording_id = self.catalog.add_recording(
+                start_position=image.join_position,
+                start_timestamp=self.epoch_ms(),
+                initial_term_id=image.initial_term_id,
+                segment_file_length=segment_length,
+                term_buffer_length=image.term_buffer_length,
+                mtu_length=image.mtu_length,
+                session_id=image.session_id,
+                stream_id=image.stream_id,
+                stripped_channel=stripped,
+                original_channel=original_channel,
+                source_identity=image.source_identity,
+                control_session_id=session.session_id,
+                correlation_id=correlation_id,
+            )
+            signal = RecordingSignal.START
+        else:
+            recording_id = extend_recording_id
+            problem = self._extension_problem(recording_id, image)
+            if problem is not None:
+                session.send_error(correlation_id, problem, ArchiveErrorCode.INVALID_EXTENSION)
+                self.record_error(f"archive: {problem}")
+                if auto_stop:
+                    self._remove_recording_subscription(subscription.registration_id)
+                return
+            self.catalog.extend(recording_id, session.session_id, correlation_id, image.session_id)
+            signal = RecordingSignal.EXTEND
+        descriptor = self.catalog.descriptor(recording_id)
+        assert descriptor is not None
+        writer = self._segment_writer(descriptor, image.join_position)
+        counter = self.aeron.add_counter(
+            protocol.RECORDING_POSITION_TYPE_ID,
+            protocol.recording_position_label(recording_id, image.session_id, image.stream_id, stripped, self.archive_id),
+            protocol.recording_position_key(recording_id, image.session_id, image.source_identity, self.archive_id),
+        )
+        recording = RecordingSession(
+            recording_id, correlation_id, session, image, writer, counter, context.block_length, auto_stop,
+        )
+        self.recordings[recording_id] = recording
+        session.send_signal(correlation_id, recording_id, subscription.registration_id, image.join_position, signal)
+        self._event(
+            codecs.RecordingStartedEncoder,
+            recording_id=recording_id,
+            start_position=image.join_position,
+            session_id=image.session_id,
+            stream_id=image.stream_id,
+            channel=original_channel,
+            source_identity=image.source_identity,
+        )
+
+    def _segment_writer(self, descriptor: RecordingDescriptor, position: int) -> SegmentWriter:
+        return SegmentWriter(
+            self.archive_dir,
+            descriptor.recording_id,
+            descriptor.start_position,
+            descriptor.term_buffer_length,
+            descriptor.segment_file_length,
+            position=position,
+            file_sync_level=self.context.file_sync_level,
+            checksum=self.context.record_checksum,
+            catalog=self.catalog,
+        )
+
+    def _extension_problem(self, recording_id: int, image: "Image") -> str | None:
+        descriptor = self.catalog.descriptor(recording_id)
+        if descriptor is None:
+            return f"cannot extend recording {recording_id}: it no longer exists"
+        if recording_id in self.recordings:
+            return f"cannot extend active recording {recording_id}"
+        for name, actual, expected in (
+            ("joinPosition", image.join_position, descriptor.stop_position),
+            ("initialTermId", image.initial_term_id, descriptor.initial_term_id),
+            ("termBufferLength", image.term_buffer_length, descriptor.term_buffer_length),
+            ("mtuLength", image.mtu_length, descriptor.mtu_length),
+        ):
+            if actual != expected:
+                label = "stopPosition" if name == "joinPosition" else f"recording {name}"
+                return (
+                    f"cannot extend recording {recording_id} image {name}={actual} not equal to {label}={expected}"
+                )
+        return None
+
+    def _close_recording(self, recording: RecordingSession) -> None:
+        recording_id = recording.recording_id
+        self.recordings.pop(recording_id, None)
+        position = recording.recorded_position
+        self.catalog.update_stop(recording_id, position, self.epoch_ms())
+        recording.close()
+        session = recording.control_session
+        if recording.error is not None:
+            self.record_error(f"archive: {recording.error}")
+            if session is not None:
+                session.send_error(recording.correlation_id, recording.error)
+        if session is not None:
+            session.send_signal(
+                recording.correlation_id,
+                recording_id,
+                recording.subscription.registration_id,
+                position,
+                RecordingSignal.STOP,
+            )
+        self._event(
+            codecs.RecordingStoppedEncoder,
+            recording_id=recording_id,
+            start_position=self._descriptor_field(recording_id, "start_position", NULL_POSITION),
+            stop_position=position,
+        )
+        if recording.auto_stop or recording.error is not None:
+            self._remove_recording_subscription(recording.subscription.registration_id)
+        for replication in self.replications.values():
+            replication.on_recording_stopped(recording_id, position)
+
+    def _descriptor_field(self, recording_id: int, name: str, default: int) -> int:
+        descriptor = self.catalog.descriptor(recording_id)
+        return default if descriptor is None else int(getattr(descriptor, name))
+
+    def _remove_recording_subscription(self, registration_id: int) -> bool:
+        for key, subscription in list(self.recording_subscriptions.items()):
+            if subscription.registration_id == registration_id:
+                del self.recording_subscriptions[key]
+                for recording in self.recordings.values():
+                    if recording.subscription is subscription:
+                        recording.abort()
+                subscription.close()
+                return True
+        return False
+
+    def on_stop_recording_request(self, session: ControlSession, message: Any) -> None:
+        key = subscription_key(message.stream_id, ChannelUri.parse(message.channel))
+        subscription = self.recording_subscriptions.get(key)
+        if subscription is None:
+            session.send_error(
+                message.correlation_id,
+                f"no recording found for streamId={message.stream_id} channel={message.channel}",
+                ArchiveErrorCode.UNKNOWN_SUBSCRIPTION,
+            )
+            return
+        self._remove_recording_subscription(subscription.registration_id)
+        session.send_ok(message.correlation_id)
+
+    def on_stop_recording_subscription_request(self, session: ControlSession, message: Any) -> None:
+        if self._remove_recording_subscription(message.subscription_id):
+            session.send_ok(message.correlation_id)
+        else:
+            session.send_error(
+                message.correlation_id,
+                f"no recording subscription found for subscriptionId={message.subscription_id}",
+                ArchiveErrorCode.UNKNOWN_SUBSCRIPTION,
+            )
+
+    def on_stop_recording_by_identity_request(self, session: ControlSession, message: Any) -> None:
+        if not self._has_recording(session, message.correlation_id, message.recording_id):
+            return
+        recording = self.recordings.get(message.recording_id)
+        found = 0
+        if recording is not None and self._remove_recording_subscription(recording.subscription.registration_id):
+            found = 1
+        session.send_ok(message.correlation_id, found)
+
+    # --------------------------------------------------------------- queries
+
+    def _has_recording(self, session: ControlSession, correlation_id: int, recording_id: int) -> bool:
+        if self.catalog.descriptor(recording_id) is None:
+            session.send_error(correlation_id, f"unknown recording {recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING)
+            return False
+        return True
+
+    def on_recording_position_request(self, session: ControlSession, message: Any) -> None:
+        if self._has_recording(session, message.correlation_id, message.recording_id):
+            recording = self.recordings.get(message.recording_id)
+            session.send_ok(message.correlation_id, NULL_POSITION if recording is None else recording.recorded_position)
+
+    def on_stop_position_request(self, session: ControlSession, message: Any) -> None:
+        if self._has_recording(session, message.correlation_id, message.recording_id):
+            session.send_ok(message.correlation_id, self._stop_position(message.recording_id))
+
+    def on_start_position_request(self, session: ControlSession, message: Any) -> None:
+        if self._has_recording(session, message.correlation_id, message.recording_id):
+            session.send_ok(
+                message.correlation_id, self._descriptor_field(message.recording_id, "start_position", NULL_POSITION)
+            )
+
+    def on_max_recorded_position_request(self, session: ControlSession, message: Any) -> None:
+        if self._has_recording(session, message.correlation_id, message.recording_id):
+            session.send_ok(message.correlation_id, self._recorded_limit(message.recording_id))
+
+    def _stop_position(self, recording_id: int) -> int:
+        if recording_id in self.recordings:
+            return NULL_POSITION
+        return self._descriptor_field(recording_id, "stop_position", NULL_POSITION)
+
+    def _recorded_limit(self, recording_id: int) -> int:
+        """How far the recording is on disk: its live position or its stop position."""
+        recording = self.recordings.get(recording_id)
+        if recording is not None:
+            return recording.recorded_position
+        return self._descriptor_field(recording_id, "stop_position", NULL_POSITION)
+
+    def on_find_last_matching_recording_request(self, session: ControlSession, message: Any) -> None:
+        next_id = self.catalog.next_recording_id
+        if message.min_recording_id < 0 or message.min_recording_id >= next_id:
+            session.send_error(
+                message.correlation_id,
+                f"min recording id outside valid range [0, {max(0, next_id - 1)}]: {message.min_recording_id}",
+                ArchiveErrorCode.UNKNOWN_RECORDING,
+            )
+            return
+        found = self.catalog.find_last_matching(
+            message.min_recording_id, message.channel, message.stream_id, message.session_id
+        )
+        if found is None or found == NULL_VALUE:
+            session.send_error(
+                message.correlation_id,
+                f"recording was not found: minRecordingId={message.min_recording_id}, "
+                f"sessionId={message.session_id}, streamId={message.stream_id}",
+                ArchiveErrorCode.UNKNOWN_RECORDING,
+            )
+            return
+        session.send_ok(message.correlation_id, found)
+
+    def on_list_recording_request(self, session: ControlSession, message: Any) -> None:
+        if session.active_listing is not None:
+            session.send_error(
+                message.correlation_id, "active listing already in progress", ArchiveErrorCode.ACTIVE_LISTING
+            )
+            return
+        descriptor = self.catalog.descriptor(message.recording_id)
+        if descriptor is None:
+            session.send_recording_unknown(message.correlation_id, message.recording_id)
+        else:
+            session.send_descriptor(message.correlation_id, self._live_view(descriptor))
+
+    def on_list_recordings_request(self, session: ControlSession, message: Any) -> None:
+        self._start_listing(
+            session, message.correlation_id, message.from_recording_id, message.record_count, lambda d: True
+        )
+
+    def on_list_recordings_for_uri_request(self, session: ControlSession, message: Any) -> None:
+        fragment, stream_id = message.channel, message.stream_id
+        self._start_listing(
+            session,
+            message.correlation_id,
+            message.from_recording_id,
+            message.record_count,
+            lambda d: d.stream_id == stream_id and fragment in d.stripped_channel,
+        )
+
+    def _start_listing(
+        self,
+        session: ControlSession,
+        correlation_id: int,
+        from_recording_id: int,
+        count: int,
+        matches: Callable[[RecordingDescriptor], bool],
+    ) -> None:
+        """Send matching descriptors a few per duty cycle (a big catalog must
+        not stall the archive), then RECORDING_UNKNOWN if fewer than ``count``
+        matched: the end of the listing."""
+        if session.active_listing is not None:
+            session.send_error(correlation_id, "active listing already in progress", ArchiveErrorCode.ACTIVE_LISTING)
+            return
+        state = {"next": max(0, from_recording_id), "sent": 0}
+
+        def step() -> int:
+            work = 0
+            end = self.catalog.next_recording_id
+            while work < _LISTING_BATCH and state["sent"] < count and state["next"] < end:
+                descriptor = self.catalog.descriptor(state["next"])
+                state["next"] += 1
+                work += 1
+                if descriptor is not None and matches(descriptor):
+                    session.send_descriptor(correlation_id, self._live_view(descriptor))
+                    state["sent"] += 1
+            if state["sent"] >= count:
+                session.active_listing = None
+            elif state["next"] >= end:
+                session.send_recording_unknown(correlation_id, state["next"])
+                session.active_listing = None
+            return work
+
+        session.active_listing = step
+
+    def _live_view(self, descriptor: RecordingDescriptor) -> RecordingDescriptor:
+        """An active recording is listed with a NULL stop position (it is only
+        written to the catalog when the recording stops)."""
+        if descriptor.recording_id in self.recordings and descriptor.stop_position != NULL_POSITION:
+            return dataclasses.replace(descriptor, stop_position=NULL_POSITION)
+        return descriptor
+
+    # ------------------------------------------------------------------ replay
+
+    def on_replay_request(self, session: ControlSession, message: Any) -> None:
+        self._start_replay(session, message, None)
+
+    def on_bounded_replay_request(self, session: ControlSession, message: Any) -> None:
+        self._start_replay(session, message, message.limit_counter_id)
+
+    def _start_replay(self, session: ControlSession, message: Any, limit_counter_id: int | None) -> None:
+        correlation_id, recording_id = message.correlation_id, message.recording_id
+        if len(self.replays) >= self.context.max_concurrent_replays:
+            session.send_error(
+                correlation_id,
+                f"max concurrent replays reached {self.context.max_concurrent_replays}",
+                ArchiveErrorCode.MAX_REPLAYS,
+            )
+            return
+        descriptor = self.catalog.descriptor(recording_id)
+        if descriptor is None:
+            session.send_error(correlation_id, f"unknown recording id {recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING)
+            return
+        position = descriptor.start_position if message.position == NULL_POSITION else message.position
+        problem = self._replay_position_problem(recording_id, descriptor, position, message.length)
+        if problem is not None:
+            session.send_error(correlation_id, problem)
+            return
+        limit_counter = None
+        if limit_counter_id is not None:
+            reader = self.aeron.counters_reader
+            try:
+                reader.counter_value(limit_counter_id)
+            except (IndexError, ValueError) as error:
+                session.send_error(correlation_id, f"invalid limit counter id {limit_counter_id}: {error}")
+                return
+            limit_counter = lambda: reader.counter_value(limit_counter_id)  # noqa: E731
+        replay_channel = self._replay_channel(message.replay_channel, descriptor, position)
+        publication = self.aeron.add_exclusive_publication(replay_channel, message.replay_stream_id)
+        replay_session_id = protocol.replay_session_id(self._replay_id, publication.session_id)
+        self._replay_id += 1
+        try:
+            reader_ = SegmentReader(self.archive_dir, descriptor, position)
+        except ArchiveError as error:
+            publication.close()
+            session.send_error(correlation_id, f"cannot replay recording {recording_id}: {error}")
+            return
+        replay = ReplaySession(
+            replay_session_id,
+            recording_id,
+            correlation_id,
+            session,
+            publication,
+            reader_,
+            position,
+            message.length,
+            lambda: self._recorded_limit(recording_id),
+            lambda: self._stop_position(recording_id),
+            self._now_ns,
+            self.context.connect_timeout_ns,
+            self.context.block_length,
+            limit_counter,
+        )
+        self.replays[replay_session_id] = replay
+        session.send_ok(correlation_id, replay_session_id)
+
+    def _replay_position_problem(
+        self, recording_id: int, descriptor: RecordingDescriptor, position: int, length: int
+    ) -> str | None:
+        if position & (FRAME_ALIGNMENT - 1):
+            return (
+                f"requested replay start position={position} is not a multiple of FRAME_ALIGNMENT "
+                f"({FRAME_ALIGNMENT}) for recording {recording_id}"
+            )
+        if position < descriptor.start_position:
+            return (
+                f"requested replay start position={position} is less than recording start "
+                f"position={descriptor.start_position} for recording {recording_id}"
+            )
+        stop = self._stop_position(recording_id)
+        if stop != NULL_POSITION and position >= stop and not (position == stop and length == 0):
+            return (
+                f"requested replay start position={position} must be less than highest recorded "
+                f"position={stop} for recording {recording_id}"
+            )
+        if length != protocol.NULL_LENGTH and length < 0:
+            return f"invalid replay length {length} for recording {recording_id}"
+        if stop != NULL_POSITION and length != protocol.NULL_LENGTH and position + length > stop:
+            return (
+                f"requested replay end position={position + length} is past the recording's stop "
+                f"position={stop} for recording {recording_id}"
+            )
+        return None
+
+    def _replay_channel(self, channel: str, descriptor: RecordingDescriptor, position: int) -> str:
+        """The replay publication starts where the replay starts, with the
+        recording's initial term id, term length and MTU."""
+        uri = ChannelUri.parse(channel)
+        term_length = descriptor.term_buffer_length
+        bits = position_bits_to_shift(term_length)
+        term_id = compute_term_id_from_position(position, bits, descriptor.initial_term_id)
+        uri = uri.with_param("term-length", term_length).with_param("mtu", descriptor.mtu_length)
+        uri = uri.with_initial_position(descriptor.initial_term_id, term_id, position & (term_length - 1))
+        if uri.get("linger") is None:
+            uri = uri.with_param("linger", f"{self.context.replay_linger_timeout_ns}ns")
+        return str(uri)
+
+    def _close_replay(self, replay: ReplaySession) -> None:
+        self.replays.pop(replay.replay_session_id, None)
+        if replay.error is not None:
+            self.record_error(f"archive: {replay.error}")
+            replay.control_session.send_error(replay.correlation_id, replay.error)
+        replay.close()
+
+    def on_stop_replay_request(self, session: ControlSession, message: Any) -> None:
+        replay = self.replays.get(message.replay_session_id)
+        if replay is None:
+            session.send_error(
+                message.correlation_id,
+                f"replay session not known for {message.replay_session_id}",
+                ArchiveErrorCode.UNKNOWN_REPLAY,
+            )
+            return
+        replay.abort()
+        session.send_ok(message.correlation_id)
+
+    def on_stop_all_replays_request(self, session: ControlSession, message: Any) -> None:
+        for replay in self.replays.values():
+            if message.recording_id == NULL_VALUE or replay.recording_id == message.recording_id:
+                replay.abort()
+        session.send_ok(message.correlation_id)
+
+    # --------------------------------------------------- truncate and purge
+
+    def _stopped_recording(self, session: ControlSession, correlation_id: int, recording_id: int, verb: str) -> RecordingDescriptor | None:
+        descriptor = self.catalog.descriptor(recording_id)
+        if descriptor is None:
+            session.send_error(correlation_id, f"unknown recording {recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING)
+            return None
+        if any(replay.recording_id == recording_id for replay in self.replays.values()):
+            session.send_error(
+                correlation_id, f"cannot {verb} recording with active replay {recording_id}",
+                ArchiveErrorCode.ACTIVE_RECORDING,
+            )
+            return None
+        if recording_id in self.recordings or descriptor.stop_position == NULL_POSITION:
+            session.send_error(
+                correlation_id, f"cannot {verb} active recording {recording_id}", ArchiveErrorCode.ACTIVE_RECORDING
+            )
+            return None
+        return descriptor
+
+    def on_truncate_recording_request(self, session: ControlSession, message: Any) -> None:
+        correlation_id, recording_id, position = message.correlation_id, message.recording_id, message.position
+        descriptor = self._stopped_recording(session, correlation_id, recording_id, "truncate")
+        if descriptor is None:
+            return
+        start, stop = descriptor.start_position, descriptor.stop_position
+        if position < start or position > stop or position & (FRAME_ALIGNMENT - 1):
+            session.send_error(
+                correlation_id,
+                f"invalid position {position}: start={start} stop={stop} alignment={FRAME_ALIGNMENT}",
+            )
+            return
+        truncate_segments(self.archive_dir, descriptor, position)
+        self.catalog.update_stop(recording_id, position, self.epoch_ms())
+        session.send_ok(correlation_id)
+        session.send_signal(correlation_id, recording_id, NULL_VALUE, position, RecordingSignal.DELETE)
+
+    def on_purge_recording_request(self, session: ControlSession, message: Any) -> None:
+        correlation_id, recording_id = message.correlation_id, message.recording_id
+        descriptor = self._stopped_recording(session, correlation_id, recording_id, "purge")
+        if descriptor is None:
+            return
+        self.catalog.invalidate(recording_id)
+        delete_segments(self.archive_dir, recording_id)
+        session.send_ok(correlation_id)
+        session.send_signal(correlation_id, recording_id, NULL_VALUE, NULL_POSITION, RecordingSignal.DELETE)
+
+    # ------------------------------------------------------------ replication
+
+    def on_replicate_request(self, session: ControlSession, message: Any) -> None:
+        self._replicate(session, message, NULL_POSITION, NULL_VALUE, NULL_VALUE, "", None)
+
+    def on_tagged_replicate_request(self, session: ControlSession, message: Any) -> None:
+        self._replicate(session, message, NULL_POSITION, message.channel_tag_id, message.subscription_tag_id, "", None)
+
+    def on_replicate_request2(self, session: ControlSession, message: Any) -> None:
+        self._replicate(
+            session,
+            message,
+            message.stop_position,
+            message.channel_tag_id,
+            message.subscription_tag_id,
+            message.replication_channel,
+            message.replication_session_id,
+        )
+
+    def _replicate(
+        self,
+        session: ControlSession,
+        message: Any,
+        stop_position: int,
+        channel_tag_id: int,
+        subscription_tag_id: int,
+        replication_channel: str,
+        replication_session_id: int | None,
+    ) -> None:
+        correlation_id = message.correlation_id
+        dst_recording_id = message.dst_recording_id
+        if dst_recording_id != NULL_VALUE and self.catalog.descriptor(dst_recording_id) is None:
+            session.send_error(
+                correlation_id,
+                f"unknown destination recording id {dst_recording_id}",
+                ArchiveErrorCode.UNKNOWN_RECORDING,
+            )
+            return
+        if dst_recording_id in self.recordings:
+            session.send_error(
+                correlation_id,
+                f"cannot replicate into active recording {dst_recording_id}",
+                ArchiveErrorCode.ACTIVE_RECORDING,
+            )
+            return
+        replication_id = self.aeron.next_correlation_id()
+        replication = ReplicationSession(
+            self,
+            replication_id=replication_id,
+            correlation_id=correlation_id,
+            control_session=session,
+            src_recording_id=message.src_recording_id,
+            dst_recording_id=dst_recording_id,
+            stop_position=stop_position,
+            src_control_channel=message.src_control_channel,
+            src_control_stream_id=message.src_control_stream_id,
+            live_destination=message.live_destination,
+            replication_channel=replication_channel or self.context.replication_channel,
+            replication_session_id=replication_session_id,
+            now_ns=self._now_ns,
+        )
+        self.replications[replication_id] = replication
+        session.send_ok(correlation_id, replication_id)
+
+    def on_stop_replication_request(self, session: ControlSession, message: Any) -> None:
+        replication = self.replications.pop(message.replication_id, None)
+        if replication is None:
+            session.send_error(
+                message.correlation_id,
+                f"unknown replication id {message.replication_id}",
+                ArchiveErrorCode.UNKNOWN_REPLICATION,
+            )
+            return
+        replication.abort("stopped by request", notify=False)
+        replication.close()
+        session.send_ok(message.correlation_id)
+
+    # ---------------------------------------------- used by replication sessions
+
+    def extend_from_image(
+        self,
+        session: ControlSession,
+        correlation_id: int,
+        recording_id: int,
+        image: "Image",
+        signal: RecordingSignal,
+        original_channel: str,
+    ) -> RecordingSession:
+        """Record a replicated image into ``recording_id`` (which must stop
+        where the image starts)."""
+        problem = self._extension_problem(recording_id, image)
+        if problem is not None:
+            raise ArchiveError(problem)
+        descriptor = self.catalog.descriptor(recording_id)
+        assert descriptor is not None
+        self.catalog.extend(recording_id, session.session_id, correlation_id, image.session_id)
+        writer = self._segment_writer(descriptor, image.join_position)
+        counter = self.aeron.add_counter(
+            protocol.RECORDING_POSITION_TYPE_ID,
+            protocol.recording_position_label(
+                recording_id, image.session_id, image.stream_id, descriptor.stripped_channel, self.archive_id
+            ),
+            protocol.recording_position_key(recording_id, image.session_id, image.source_identity, self.archive_id),
+        )
+        recording = RecordingSession(
+            recording_id, correlation_id, session, image, writer, counter, self.context.block_length, False
+        )
+        self.recordings[recording_id] = recording
+        session.send_signal(correlation_id, recording_id, image.subscription.registration_id, image.join_position, signal)
+        return recording
+
+    def adopt_recording_subscription(self, subscription: "Subscription", descriptor: Any) -> None:
+        """A replication merged into the live stream: its subscription now
+        records like one from StartRecording (stop_recording finds it)."""
+        key = f"replication:{subscription.registration_id}:{descriptor.stream_id}"
+        self.recording_subscriptions[key] = subscription
+
+    def stop_recording_session(self, recording_id: int) -> None:
+        recording = self.recordings.get(recording_id)
+        if recording is not None:
+            recording.abort()
+            self._close_recording(recording)
+
+    # ------------------------------------------------------------------ events
+
+    def _event(self, encoder: Any, **fields: Any) -> None:
+        if self._events is None:
+            return
+        length = encoder.encode(self._scratch, 0, **fields)
+        self._events.offer(bytes(self._scratch[:length]))  # observers may miss events under back pressure, as in Aeron
+
+
+def _snake(name: str) -> str:
+    out = []
+    for i, ch in enumerate(name):
+        if ch.isupper() and i:
+            out.append("_")
+        out.append(ch.lower())
+    return "".join(out)
+

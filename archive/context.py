@@ -1,0 +1,62 @@
+"""Configuration of an archive process (Aeron's ``Archive.Context``, trimmed to
+what fulmar's archive uses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fulmar.archive import protocol
+
+DEFAULT_SEGMENT_FILE_LENGTH = 128 * 1024 * 1024
+
+
+@dataclass
+class ArchiveContext:
+    archive_dir: Path = Path("archive")
+    driver_dir: Path | None = None  # default: fulmar.driver.context.default_driver_dir()
+    # Control requests: a UDP channel for remote clients and an IPC one for
+    # local clients (both on the same stream id, as in Aeron).
+    control_channel: str | None = protocol.CONTROL_CHANNEL  # None: local control only
+    control_stream_id: int = protocol.CONTROL_STREAM_ID
+    local_control_channel: str = protocol.LOCAL_CONTROL_CHANNEL
+    local_control_stream_id: int = protocol.CONTROL_STREAM_ID
+    # Recording events (RecordingStarted/Progress/Stopped) for observers; None disables them.
+    recording_events_channel: str | None = None
+    recording_events_stream_id: int = protocol.RECORDING_EVENTS_STREAM_ID
+    # Where this archive receives replicated streams (the port is chosen by the OS).
+    replication_channel: str = protocol.REPLICATION_CHANNEL
+    archive_id: int = -1  # -1: derived from the Aeron client id at start
+    segment_file_length: int = DEFAULT_SEGMENT_FILE_LENGTH
+    # 0: leave it to the OS; 1: fdatasync segments after each write; 2: fsync
+    # (data and metadata).  The catalog follows catalog_file_sync_level.
+    file_sync_level: int = 0
+    catalog_file_sync_level: int = 0
+    # Write a CRC32 of each fragment's payload in its reserved value as it is
+    # recorded, verify it on recovery (and, with replay_checksum, on replay).
+    record_checksum: bool = False
+    replay_checksum: bool = False
+    max_concurrent_recordings: int = 20
+    max_concurrent_replays: int = 20
+    connect_timeout_ns: int = 5_000_000_000
+    replay_linger_timeout_ns: int = 5_000_000_000
+    mark_file_update_interval_ms: int = 1_000
+    mark_file_liveness_timeout_ms: int = 10_000
+    # The most bytes one recording or replay moves per duty cycle.
+    block_length: int = 1024 * 1024
+    # Longest sleep between duty cycles (woken sooner by data and commands);
+    # shorter while replays wait on back pressure, which rings no doorbell.
+    idle_max_wait_ns: int = 10_000_000
+    busy_idle_max_wait_ns: int = 200_000
+    delete_archive_dir: bool = False
+
+    def validate(self) -> None:
+        if self.file_sync_level not in (0, 1, 2) or self.catalog_file_sync_level not in (0, 1, 2):
+            raise ValueError("file sync levels are 0 (none), 1 (data) or 2 (data and metadata)")
+        if self.catalog_file_sync_level < self.file_sync_level:
+            raise ValueError("the catalog's file sync level must be at least the segments' level")
+        length = self.segment_file_length
+        if length <= 0 or length & (length - 1):
+            raise ValueError(f"segment file length {length} must be a power of two")
+        if self.block_length < 64 * 1024:
+            raise ValueError(f"block length {self.block_length} must be at least 64 KiB (an MTU and then some)")

@@ -1,0 +1,554 @@
+"""Segment files: the raw term bytes of a recording, ``<recordingId>-<segmentBasePosition>.rec``.
+
+A recording's stream is cut into segments of ``segment_length`` bytes (a power of
+two, at least one term). Segment boundaries are counted from the base of the term
+that holds the recording's start position, as Aeron does
+(``AeronArchive.segmentFileBasePosition``), so a segment always holds whole terms and
+the file offset of a position is ``position - segment_base``. The first segment of a
+recording that starts mid-term therefore begins with ``start & (term_length - 1)``
+bytes that are never written (zeros).
+
+Files are preallocated with ``posix_fallocate`` when opened, so running out of disk
+is an error at the moment a segment is created, never a short write (or a SIGBUS in
+a reader that maps the file) later. Writes go through ``os.pwrite`` on a raw fd.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from fulmar.frames import (
+    FRAME_ALIGNMENT,
+    HEADER_LENGTH,
+    RESERVED_VALUE_OFFSET,
+    FrameType,
+    align,
+)
+from fulmar.logbuffer import TERM_MAX_LENGTH, TERM_MIN_LENGTH, check_term_length, to_int32
+
+from .errors import SegmentError, describe_os_error
+
+if TYPE_CHECKING:
+    from .catalog import RecordingDescriptor
+
+SEGMENT_SUFFIX = ".rec"
+# Aeron's limits for the segment file length: a power of two in the term length's range.
+SEGMENT_LENGTH_MIN = TERM_MIN_LENGTH
+SEGMENT_LENGTH_MAX = TERM_MAX_LENGTH
+SEGMENT_LENGTH_DEFAULT = 128 * 1024 * 1024  # Archive.Configuration.SEGMENT_FILE_LENGTH_DEFAULT
+
+# frame_length i32 @0, version u8 @4, flags u8 @5, type u16 @6, term_offset @8,
+# session_id @12, stream_id @16, term_id @20 (reserved_value @24 read separately).
+_FRAME_HEADER = struct.Struct("<iBBHiiii")
+_I32 = struct.Struct("<i")
+_ZERO_CHUNK = bytes(1024 * 1024)
+
+_PAD = int(FrameType.PAD)
+_DATA = int(FrameType.DATA)
+
+
+class RecordedPositionSink(Protocol):
+    """What a SegmentWriter tells after each write (the catalog, in the archive)."""
+
+    def update_recorded_position(self, recording_id: int, position: int) -> None: ...
+
+
+# --------------------------------------------------------------------------- naming and arithmetic
+
+
+def segment_file_name(recording_id: int, segment_base_position: int) -> str:
+    return f"{recording_id}-{segment_base_position}{SEGMENT_SUFFIX}"
+
+
+def segment_file_base_position(start_position: int, position: int, term_length: int, segment_length: int) -> int:
+    """Base position of the segment that holds ``position`` (Aeron's AeronArchive.segmentFileBasePosition)."""
+    start_term_base = start_position - (start_position & (term_length - 1))
+    return start_term_base + ((position - start_term_base) // segment_length) * segment_length
+
+
+def check_segment_length(segment_length: int, term_length: int) -> None:
+    """A segment length must be a power of two from 64 KiB to 1 GiB and hold at least one term.
+
+    Aeron validates the configured length the same way and then records
+    ``max(segment_length, term_length)``; both being powers of two, a segment then
+    holds a power-of-two number of whole terms.
+    """
+    check_term_length(term_length)
+    if (
+        not (SEGMENT_LENGTH_MIN <= segment_length <= SEGMENT_LENGTH_MAX)
+        or segment_length & (segment_length - 1) != 0
+    ):
+        raise ValueError(
+            f"segment length {segment_length} must be a power of two from {SEGMENT_LENGTH_MIN} (64 KiB) "
+            f"to {SEGMENT_LENGTH_MAX} (1 GiB)"
+        )
+    if segment_length < term_length:
+        raise ValueError(f"segment length {segment_length} is shorter than the term length {term_length}")
+
+
+_SEGMENT_NAME = re.compile(r"^(\d+)-(\d+)\.rec$")
+
+
+def list_segment_files(archive_dir: str | os.PathLike[str], recording_id: int) -> list[str]:
+    """Names of the recording's segment files, in segment base position order."""
+    found: list[tuple[int, str]] = []
+    for name in os.listdir(archive_dir):
+        match = _SEGMENT_NAME.match(name)
+        if match and int(match.group(1)) == recording_id:
+            found.append((int(match.group(2)), name))
+    return [name for _, name in sorted(found)]
+
+
+def segment_base_of_file(name: str) -> int:
+    match = _SEGMENT_NAME.match(name)
+    if match is None:
+        raise ValueError(f"not a segment file name: {name!r}")
+    return int(match.group(2))
+
+
+def delete_segments(archive_dir: str | os.PathLike[str], recording_id: int) -> list[str]:
+    """Delete every segment file of the recording; returns the names deleted."""
+    deleted = []
+    for name in list_segment_files(archive_dir, recording_id):
+        path = Path(archive_dir) / name
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as ex:
+            raise SegmentError(f"{describe_os_error(ex)} while deleting {path}") from ex
+        deleted.append(name)
+    return deleted
+
+
+def _zero_from(path: Path, offset: int) -> None:
+    """Zero the file from ``offset`` to its end, keeping its length.
+
+    Chunks that are already zero are not rewritten, so zeroing the mostly empty
+    tail of a preallocated segment dirties no pages.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as ex:
+        raise SegmentError(f"{describe_os_error(ex)} while opening {path} to zero its tail") from ex
+    try:
+        end = os.fstat(fd).st_size
+        while offset < end:
+            n = min(len(_ZERO_CHUNK), end - offset)
+            if os.pread(fd, n, offset) != _ZERO_CHUNK[:n]:
+                _pwrite_all(fd, memoryview(_ZERO_CHUNK)[:n], offset, path)
+            offset += n
+    except OSError as ex:
+        raise SegmentError(f"{describe_os_error(ex)} while zeroing {path} from offset {offset}") from ex
+    finally:
+        os.close(fd)
+
+
+def truncate_segments(
+    archive_dir: str | os.PathLike[str], descriptor: "RecordingDescriptor", position: int
+) -> list[str]:
+    """Cut the recording's files at ``position`` (Aeron's truncate): returns the files deleted.
+
+    Segment files that lie wholly at or after ``position`` are deleted (including
+    the one starting exactly at ``position``); the segment that contains
+    ``position`` keeps its length and is zeroed from ``position`` on, so nothing
+    past the new end can be replayed or mistaken for data by an extend or a
+    recovery scan. The catalog is the caller's to update.
+    """
+    if position < descriptor.start_position or position & (FRAME_ALIGNMENT - 1):
+        raise ValueError(
+            f"truncate position {position} must be frame aligned and at or after the start "
+            f"{descriptor.start_position} of recording {descriptor.recording_id}"
+        )
+    term_length, segment_length = descriptor.term_buffer_length, descriptor.segment_file_length
+    base = segment_file_base_position(descriptor.start_position, position, term_length, segment_length)
+    deleted = []
+    for name in list_segment_files(archive_dir, descriptor.recording_id):
+        file_base = segment_base_of_file(name)
+        path = Path(archive_dir) / name
+        if file_base >= position:
+            try:
+                os.unlink(path)
+            except OSError as ex:
+                raise SegmentError(f"{describe_os_error(ex)} while deleting {path}") from ex
+            deleted.append(name)
+        elif file_base == base:
+            _zero_from(path, position - base)
+    return deleted
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int, path: Path) -> None:
+    # pwrite may write less than asked (signals, quotas); loop until done.
+    while len(data):
+        written = os.pwrite(fd, data, offset)
+        if written <= 0:  # pragma: no cover - the kernel reports an error instead
+            raise SegmentError(f"pwrite wrote nothing to {path} at offset {offset}")
+        data = data[written:]
+        offset += written
+
+
+def _fsync_dir(archive_dir: Path) -> None:
+    # Makes a new file's directory entry durable (Aeron forces the archive dir channel).
+    fd = os.open(archive_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- writer
+
+
+class SegmentWriter:
+    """Appends blocks of whole frames to a recording's segment files.
+
+    ``position`` (keyword) is where writing starts: the recording's start for a new
+    recording, its stop position for an extend (the existing segment is reopened).
+    """
+
+    def __init__(
+        self,
+        archive_dir: str | os.PathLike[str],
+        recording_id: int,
+        start_position: int,
+        term_length: int,
+        segment_length: int,
+        *,
+        position: int | None = None,
+        file_sync_level: int = 0,
+        checksum: bool = False,
+        catalog: RecordedPositionSink | None = None,
+    ) -> None:
+        check_segment_length(segment_length, term_length)
+        if start_position < 0 or start_position & (FRAME_ALIGNMENT - 1):
+            raise ValueError(f"start position {start_position} must be non-negative and frame aligned")
+        position = start_position if position is None else position
+        if position < start_position or position & (FRAME_ALIGNMENT - 1):
+            raise ValueError(f"write position {position} must be frame aligned and >= start {start_position}")
+        self.archive_dir = Path(archive_dir)
+        self.recording_id = recording_id
+        self.start_position = start_position
+        self.term_length = term_length
+        self.segment_length = segment_length
+        self.file_sync_level = file_sync_level
+        self.checksum = checksum
+        self._catalog = catalog
+        self._position = position
+        self._fd: int | None = None
+        self._path: Path | None = None
+        self._segment_base = -1
+        self._scratch = bytearray()
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def _open_segment(self) -> None:
+        base = segment_file_base_position(self.start_position, self._position, self.term_length, self.segment_length)
+        path = self.archive_dir / segment_file_name(self.recording_id, base)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            created = True
+        except FileExistsError:
+            created = False
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError as ex:
+                raise SegmentError(f"{describe_os_error(ex)} while opening {path}") from ex
+        except OSError as ex:
+            raise SegmentError(f"{describe_os_error(ex)} while creating {path}") from ex
+        try:
+            # Allocates the blocks of the whole segment now (existing data is kept;
+            # holes read as zeros), so a full disk fails here rather than mid-write.
+            os.posix_fallocate(fd, 0, self.segment_length)
+            if created and self.file_sync_level > 0:
+                _fsync_dir(self.archive_dir)
+        except OSError as ex:
+            os.close(fd)
+            if created:
+                # Leave no half-allocated file behind for a recovery scan to find.
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            raise SegmentError(
+                f"{describe_os_error(ex)} while preallocating {path} ({self.segment_length} bytes)"
+            ) from ex
+        self._fd, self._path, self._segment_base = fd, path, base
+
+    def write(self, block: memoryview | bytes | bytearray, position: int) -> None:
+        """Append ``block`` (whole frames within one term) at ``position``, which must be the current position."""
+        if position != self._position:
+            raise ValueError(
+                f"recording {self.recording_id}: write at position {position}, writer is at {self._position}"
+            )
+        view = memoryview(block).cast("B")
+        length = len(view)
+        term_offset = position & (self.term_length - 1)
+        if length == 0:
+            return
+        if length & (FRAME_ALIGNMENT - 1) or term_offset + length > self.term_length:
+            raise ValueError(
+                f"recording {self.recording_id}: block of {length} bytes at term offset {term_offset} is not "
+                f"whole aligned frames within a term of {self.term_length}"
+            )
+        if self._fd is None:
+            self._open_segment()
+        assert self._fd is not None and self._path is not None
+        if self.checksum:
+            view = self._with_checksums(view)
+        file_offset = position - self._segment_base
+        try:
+            _pwrite_all(self._fd, view, file_offset, self._path)
+            if self.file_sync_level >= 2:
+                os.fsync(self._fd)
+            elif self.file_sync_level == 1:
+                os.fdatasync(self._fd)
+        except OSError as ex:
+            raise SegmentError(
+                f"{describe_os_error(ex)} while writing {length} bytes to {self._path} at offset {file_offset}"
+            ) from ex
+        self._position = position + length
+        if self._position - self._segment_base >= self.segment_length:
+            # Segment full: the next write opens (and preallocates) the next one.
+            self._close_fd()
+        if self._catalog is not None:
+            # Only now is every byte below the new position in the page cache: a
+            # SIGKILL from here on cannot lose it, so recovery may trust it.
+            self._catalog.update_recorded_position(self.recording_id, self._position)
+
+    def _with_checksums(self, view: memoryview) -> memoryview:
+        """A copy of the block with crc32(payload) in the low half of each DATA frame's reserved value."""
+        scratch = self._scratch
+        if len(scratch) < len(view):
+            scratch.extend(bytes(len(view) - len(scratch)))
+        out = memoryview(scratch)[: len(view)]
+        out[:] = view
+        offset = 0
+        while offset < len(out):
+            frame_length = _I32.unpack_from(out, offset)[0]
+            if frame_length < HEADER_LENGTH:
+                raise ValueError(
+                    f"recording {self.recording_id}: frame at block offset {offset} has length {frame_length}"
+                )
+            frame_type = struct.unpack_from("<H", out, offset + 6)[0]
+            if frame_type == _DATA:
+                crc = zlib.crc32(out[offset + HEADER_LENGTH : offset + frame_length])
+                _I32.pack_into(out, offset + RESERVED_VALUE_OFFSET, to_int32(crc))
+            offset += align(frame_length, FRAME_ALIGNMENT)
+        if offset != len(out):
+            raise ValueError(f"recording {self.recording_id}: last frame runs past the end of the block")
+        return out
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self._path = None
+            self._segment_base = -1
+
+    def close(self) -> None:
+        self._close_fd()
+
+    def __enter__(self) -> "SegmentWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- reader
+
+
+class SegmentReader:
+    """Reads a recording's frames back, block by block, from ``start_position``."""
+
+    def __init__(
+        self, archive_dir: str | os.PathLike[str], descriptor: "RecordingDescriptor", start_position: int
+    ) -> None:
+        if start_position < descriptor.start_position or start_position & (FRAME_ALIGNMENT - 1):
+            raise ValueError(
+                f"read position {start_position} must be frame aligned and >= start "
+                f"{descriptor.start_position} of recording {descriptor.recording_id}"
+            )
+        self.archive_dir = Path(archive_dir)
+        self.recording_id = descriptor.recording_id
+        self.start_position = descriptor.start_position
+        self.term_length = descriptor.term_buffer_length
+        self.segment_length = descriptor.segment_file_length
+        self._position = start_position
+        self._map: mmap.mmap | None = None
+        self._segment_base = -1
+        self._path: Path | None = None
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def _map_segment(self, base: int) -> mmap.mmap:
+        self._release_map()
+        path = self.archive_dir / segment_file_name(self.recording_id, base)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise SegmentError(
+                f"recording {self.recording_id}: segment file {path} is missing (position {self._position})"
+            ) from None
+        except OSError as ex:
+            raise SegmentError(f"{describe_os_error(ex)} while opening {path}") from ex
+        try:
+            size = os.fstat(fd).st_size
+            if size < self.segment_length:
+                raise SegmentError(
+                    f"recording {self.recording_id}: segment file {path} is short: {size} bytes, "
+                    f"expected {self.segment_length}"
+                )
+            memory = mmap.mmap(fd, self.segment_length, mmap.MAP_SHARED, mmap.PROT_READ)
+        except OSError as ex:
+            raise SegmentError(f"{describe_os_error(ex)} while mapping {path}") from ex
+        finally:
+            os.close(fd)
+        self._map, self._segment_base, self._path = memory, base, path
+        return memory
+
+    def read(self, limit_position: int, max_length: int) -> memoryview:
+        """The next block of whole frames below ``limit_position`` (empty at the limit).
+
+        A block never crosses a term boundary and holds at most ``max_length``
+        bytes. The view is into the mapped segment; it stays valid while held.
+        """
+        position = self._position
+        if position >= limit_position:
+            return memoryview(b"")
+        base = segment_file_base_position(self.start_position, position, self.term_length, self.segment_length)
+        memory = self._map if base == self._segment_base and self._map is not None else self._map_segment(base)
+        term_offset = position & (self.term_length - 1)
+        available = min(limit_position - position, max_length, self.term_length - term_offset)
+        start = position - base
+        offset = start
+        end = start + available
+        while offset < end:
+            frame_length = _I32.unpack_from(memory, offset)[0]
+            if frame_length < HEADER_LENGTH:
+                if offset > start:
+                    break  # hand out the good frames first; the next read reports the hole
+                what = "a hole (zero length)" if frame_length == 0 else f"an invalid frame length {frame_length}"
+                raise SegmentError(
+                    f"recording {self.recording_id}: {what} at position {base + offset} in {self._path}, "
+                    f"below the limit {limit_position}"
+                )
+            aligned = align(frame_length, FRAME_ALIGNMENT)
+            if offset + aligned > end:
+                break
+            offset += aligned
+        if offset == start:
+            frame_end = base + start + align(_I32.unpack_from(memory, start)[0], FRAME_ALIGNMENT)
+            if frame_end > limit_position:
+                raise SegmentError(
+                    f"recording {self.recording_id}: frame at position {position} ends at {frame_end}, "
+                    f"past the limit {limit_position} (the limit is not on a frame boundary)"
+                )
+            raise ValueError(f"max_length {max_length} is smaller than the frame at position {position}")
+        self._position = base + offset
+        return memoryview(memory)[start:offset]
+
+    def _release_map(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                # The caller still holds a block of it: the mapping goes away when
+                # the last view is released and the object is collected.
+                pass
+            self._map = None
+            self._segment_base = -1
+
+    def close(self) -> None:
+        self._release_map()
+
+    def __enter__(self) -> "SegmentReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- recovery scan
+
+
+def scan_complete_frames(
+    archive_dir: str | os.PathLike[str],
+    descriptor: "RecordingDescriptor",
+    from_position: int,
+    *,
+    verify_crc: bool = False,
+) -> int:
+    """End position of the run of entirely plausible frames starting at ``from_position``.
+
+    A frame is accepted only if its length is at least a header and fits in the
+    rest of the term, its type is DATA or PAD, its term offset and term id are
+    those of its position, its session and stream ids are the recording's, and
+    (``verify_crc``) a DATA frame's reserved value holds the crc32 of its payload.
+    The scan crosses terms and segments and stops at the first frame that fails,
+    or where a segment file is missing.
+    """
+    archive_dir = Path(archive_dir)
+    start, term_length = descriptor.start_position, descriptor.term_buffer_length
+    segment_length = descriptor.segment_file_length
+    shift = term_length.bit_length() - 1
+    position = from_position
+    while True:
+        base = segment_file_base_position(start, position, term_length, segment_length)
+        path = archive_dir / segment_file_name(descriptor.recording_id, base)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return position
+        except OSError as ex:
+            raise SegmentError(f"{describe_os_error(ex)} while opening {path}") from ex
+        try:
+            size = min(os.fstat(fd).st_size, segment_length)
+            if size <= position - base:
+                return position
+            memory = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        except OSError as ex:
+            raise SegmentError(f"{describe_os_error(ex)} while mapping {path}") from ex
+        finally:
+            os.close(fd)
+        try:
+            offset = position - base
+            while offset + HEADER_LENGTH <= size:
+                frame_length, _version, _flags, frame_type, term_offset, session_id, stream_id, term_id = (
+                    _FRAME_HEADER.unpack_from(memory, offset)
+                )
+                expected_term_offset = position & (term_length - 1)
+                expected_term_id = to_int32(descriptor.initial_term_id + (position >> shift))
+                if (
+                    frame_length < HEADER_LENGTH
+                    or expected_term_offset + frame_length > term_length
+                    or offset + frame_length > size
+                    or frame_type not in (_DATA, _PAD)
+                    or term_offset != expected_term_offset
+                    or term_id != expected_term_id
+                    or session_id != descriptor.session_id
+                    or stream_id != descriptor.stream_id
+                ):
+                    return position
+                if verify_crc and frame_type == _DATA:
+                    stored = _I32.unpack_from(memory, offset + RESERVED_VALUE_OFFSET)[0]
+                    crc = zlib.crc32(memory[offset + HEADER_LENGTH : offset + frame_length])
+                    if stored != to_int32(crc):
+                        return position
+                aligned = align(frame_length, FRAME_ALIGNMENT)
+                offset += aligned
+                position += aligned
+            if offset < segment_length:
+                return position
+        finally:
+            memory.close()
