@@ -39,6 +39,7 @@ STREAM_ID = 1001
 POOL = random.Random(7).randbytes(1 << 20)
 MAX_SIZE = 5000
 DEADLINE_S = 120
+SUBSCRIBER_READY = "subscriber.ready"
 
 
 def payload_of(seq: int, rnd: random.Random) -> bytes:
@@ -73,6 +74,9 @@ def run_publisher(directory: Path, messages: int) -> None:
 def run_subscriber(directory: Path, messages: int) -> None:
     with Aeron.connect(directory) as aeron:
         subscription = aeron.add_subscription(CHANNEL, STREAM_ID)
+        # The archive's subscription already makes the publication connected:
+        # say when this one exists, so the publisher starts after it.
+        (directory.parent / SUBSCRIBER_READY).touch()
         rnd = random.Random(1)
         stats = {"messages": 0, "bytes": 0, "fragmented": 0, "crc": 0}
 
@@ -213,6 +217,11 @@ def main() -> None:
             with AeronArchive.connect(aeron) as recorder:
                 recorder.start_recording(CHANNEL, STREAM_ID)
                 subscriber = start("subscriber")
+                deadline = time.monotonic() + 30
+                while not (base / SUBSCRIBER_READY).exists():
+                    if subscriber.poll() is not None or time.monotonic() > deadline:
+                        raise SystemExit("the subscriber did not start")
+                    time.sleep(0.01)
                 publisher = start("publisher")
                 for process in (publisher, subscriber):
                     if process.wait(DEADLINE_S) != 0:
