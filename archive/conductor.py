@@ -112,6 +112,7 @@ class ArchiveConductor:
         self.tasks: deque[Callable[[], None]] = deque()
         self.control_sessions: dict[int, ControlSession] = {}
         self.recordings: dict[int, RecordingSession] = {}  # by recording id
+        self._recording_starts: dict[int, int] = {}  # start positions of active recordings, for events
         self.replays: dict[int, ReplaySession] = {}  # by replay session id
         self.replications: dict[int, ReplicationSession] = {}  # by replication id
         self.recording_subscriptions: dict[str, "Subscription"] = {}  # by subscription key
@@ -377,19 +378,7 @@ class ArchiveConductor:
                 return
             self.catalog.extend(recording_id, session.session_id, correlation_id, image.session_id)
             signal = RecordingSignal.EXTEND
-        descriptor = self.catalog.descriptor(recording_id)
-        assert descriptor is not None
-        writer = self._segment_writer(descriptor, image.join_position)
-        counter = self.aeron.add_counter(
-            protocol.RECORDING_POSITION_TYPE_ID,
-            protocol.recording_position_label(recording_id, image.session_id, image.stream_id, stripped, self.archive_id),
-            protocol.recording_position_key(recording_id, image.session_id, image.source_identity, self.archive_id),
-        )
-        recording = RecordingSession(
-            recording_id, correlation_id, session, image, writer, counter, context.block_length, auto_stop,
-        )
-        self.recordings[recording_id] = recording
-        session.send_signal(correlation_id, recording_id, subscription.registration_id, image.join_position, signal)
+        self._record(session, correlation_id, recording_id, image, signal, auto_stop)
         self._event(
             codecs.RecordingStartedEncoder,
             recording_id=recording_id,
@@ -435,6 +424,7 @@ class ArchiveConductor:
     def _close_recording(self, recording: RecordingSession) -> None:
         recording_id = recording.recording_id
         self.recordings.pop(recording_id, None)
+        self._recording_starts.pop(recording_id, None)
         position = recording.recorded_position
         self.catalog.update_stop(recording_id, position, self.epoch_ms())
         recording.close()
@@ -909,9 +899,22 @@ class ArchiveConductor:
         problem = self._extension_problem(recording_id, image)
         if problem is not None:
             raise ArchiveError(problem)
+        self.catalog.extend(recording_id, session.session_id, correlation_id, image.session_id)
+        return self._record(session, correlation_id, recording_id, image, signal, False)
+
+    def _record(
+        self,
+        session: ControlSession,
+        correlation_id: int,
+        recording_id: int,
+        image: "Image",
+        signal: RecordingSignal,
+        auto_stop: bool,
+    ) -> RecordingSession:
+        """Start recording ``image`` into ``recording_id`` from its join
+        position: segment writer, rec-pos counter, session, signal."""
         descriptor = self.catalog.descriptor(recording_id)
         assert descriptor is not None
-        self.catalog.extend(recording_id, session.session_id, correlation_id, image.session_id)
         writer = self._segment_writer(descriptor, image.join_position)
         counter = self.aeron.add_counter(
             protocol.RECORDING_POSITION_TYPE_ID,
@@ -920,12 +923,23 @@ class ArchiveConductor:
             ),
             protocol.recording_position_key(recording_id, image.session_id, image.source_identity, self.archive_id),
         )
+        on_progress = self._on_recording_progress if self._events is not None else None
         recording = RecordingSession(
-            recording_id, correlation_id, session, image, writer, counter, self.context.block_length, False
+            recording_id, correlation_id, session, image, writer, counter, self.context.block_length, auto_stop,
+            on_progress,
         )
         self.recordings[recording_id] = recording
+        self._recording_starts[recording_id] = descriptor.start_position
         session.send_signal(correlation_id, recording_id, image.subscription.registration_id, image.join_position, signal)
         return recording
+
+    def _on_recording_progress(self, recording: RecordingSession) -> None:
+        self._event(
+            codecs.RecordingProgressEncoder,
+            recording_id=recording.recording_id,
+            start_position=self._recording_starts.get(recording.recording_id, NULL_POSITION),
+            position=recording.recorded_position,
+        )
 
     def adopt_recording_subscription(self, subscription: "Subscription", descriptor: Any) -> None:
         """A replication merged into the live stream: its subscription now

@@ -32,6 +32,8 @@ from fulmar.frames import (
 )
 from fulmar.logbuffer import TERM_MAX_LENGTH, TERM_MIN_LENGTH, check_term_length, to_int32
 
+from fulmar._native import ffi, lib
+
 from .errors import SegmentError, describe_os_error
 
 if TYPE_CHECKING:
@@ -431,23 +433,22 @@ class SegmentReader:
         term_offset = position & (self.term_length - 1)
         available = min(limit_position - position, max_length, self.term_length - term_offset)
         start = position - base
-        offset = start
         end = start + available
-        while offset < end:
+        # The frames are walked in C (Aeron's block scan): a Python loop over
+        # every 64-byte frame header would cap small-message replay.
+        pointer = ffi.from_buffer(memory)
+        try:
+            offset = int(lib.fulmar_term_block_scan(pointer, start, end))
+        finally:
+            ffi.release(pointer)
+        if offset == start:
             frame_length = _I32.unpack_from(memory, offset)[0]
             if frame_length < HEADER_LENGTH:
-                if offset > start:
-                    break  # hand out the good frames first; the next read reports the hole
                 what = "a hole (zero length)" if frame_length == 0 else f"an invalid frame length {frame_length}"
                 raise SegmentError(
                     f"recording {self.recording_id}: {what} at position {base + offset} in {self._path}, "
                     f"below the limit {limit_position}"
                 )
-            aligned = align(frame_length, FRAME_ALIGNMENT)
-            if offset + aligned > end:
-                break
-            offset += aligned
-        if offset == start:
             frame_end = base + start + align(_I32.unpack_from(memory, start)[0], FRAME_ALIGNMENT)
             if frame_end > limit_position:
                 raise SegmentError(

@@ -827,3 +827,40 @@ def test_recording_signals_reach_a_busy_client(system: System) -> None:
     client.purge_recording(recording_id)
     purged = signal_of(client, RecordingSignal.DELETE, recording_id)
     assert purged.position == NULL_POSITION
+
+
+def test_recording_events_reach_an_observer(system: System) -> None:
+    """With a recording events channel, observers see RecordingStarted, then
+    RecordingProgress up to the end, then RecordingStopped (no control session needed)."""
+    from fulmar.archive.protocol import RECORDING_EVENTS_STREAM_ID
+    from fulmar.codecs.generated import archive as codecs
+
+    events_channel = "aeron:ipc?term-length=64k"
+    system.start_driver()
+    system.start_archive("archive", "--recording-events-channel", events_channel)
+    aeron, client = system.connect()
+    observer = aeron.add_subscription(events_channel, RECORDING_EVENTS_STREAM_ID)
+    wait_for(lambda: observer.is_connected, 10, "the observer to see the events publication")
+    publication, recording_id = start_recorded_publication(system, aeron, client, IPC_CHANNEL)
+    publisher = Publisher(publication)
+    publisher.publish(2 * MB, 30)
+    wait_recorded(client, recording_id, publisher.position)
+    stop_recording(client, IPC_CHANNEL, recording_id, publisher.position)
+
+    events: list[Any] = []
+
+    def on_event(buffer: memoryview, offset: int, length: int, header: Any) -> None:
+        events.append(codecs.decode(buffer, offset, length))
+
+    wait_for(lambda: (observer.poll(on_event, 100), any(isinstance(e, codecs.RecordingStoppedDecoder)
+                                                         for e in events))[1], 10, "RecordingStopped")
+    started, *progress, stopped = events
+    assert isinstance(started, codecs.RecordingStartedDecoder)
+    assert (started.recording_id, started.start_position, started.stream_id) == (recording_id, 0, STREAM_ID)
+    assert started.session_id == publication.session_id and started.channel == IPC_CHANNEL
+    assert progress and all(isinstance(e, codecs.RecordingProgressDecoder) for e in progress)
+    positions = [e.position for e in progress]
+    assert positions == sorted(positions) and positions[-1] == publisher.position
+    assert isinstance(stopped, codecs.RecordingStoppedDecoder)
+    assert (stopped.recording_id, stopped.start_position, stopped.stop_position) == (
+        recording_id, 0, publisher.position)

@@ -743,9 +743,9 @@ int32_t fulmar_term_block_scan(const char *term, int32_t term_offset, int32_t li
     while (offset < limit_offset)
     {
         int32_t frame_length = fa_load_i32(term + offset);
-        if (frame_length <= 0)
+        if (frame_length < FULMAR_HEADER_LENGTH)
         {
-            break;
+            break; /* not committed yet (0 or negative), or not a frame at all */
         }
         int32_t aligned_length = FULMAR_ALIGN(frame_length, FULMAR_FRAME_ALIGNMENT);
         if (aligned_length > limit_offset - offset)

@@ -113,7 +113,8 @@ int32_t fulmar_term_scan_for_availability(
     const char *term, int32_t term_length, int32_t term_offset, int32_t max_length, int32_t *padding);
 
 /* Aeron's TermBlockScanner: the offset after the last whole committed frame
- * (data or padding) from term_offset before limit_offset, so a recorder can
+ * (data or padding) from term_offset before limit_offset (a length below a
+ * header's ends the run), so a recorder can
  * take [term_offset, result) as one block.  limit_offset is at most the
  * term length and should leave room for an MTU, or a long frame never fits. */
 int32_t fulmar_term_block_scan(const char *term, int32_t term_offset, int32_t limit_offset);
