@@ -587,9 +587,14 @@ def _wait(condition: Callable[[], bool], deadline_ns: int, aeron: "Aeron", what:
     """Poll ``condition`` until it holds, sleeping on the data doorbell (rung
     when data arrives in any log of this driver) between tries."""
     doorbell = aeron.conductor.data_doorbell
+    # A client in invoker mode has no conductor thread: drive it here, or
+    # images (and the responses in them) never arrive while this waits.
+    invoker = not aeron.context.use_conductor_thread
     while not condition():
         if time.monotonic_ns() >= deadline_ns:
             raise ArchiveTimeoutError(what or "timed out")
+        if invoker:
+            aeron.do_work()
         token = doorbell.prepare()
         if condition():
             doorbell.cancel()

@@ -212,7 +212,8 @@ def _check_not_active(path: Path, now_ms: int, liveness_timeout_ms: int) -> list
         return []  # too short to have been written by an archive: nothing to protect
     _version, activity_ms, _start_ms, pid = _LIVENESS.unpack_from(prefix, offset)
     age_ms = now_ms - activity_ms
-    if activity_ms > 0 and age_ms < liveness_timeout_ms and pid > 0 and psutil.pid_exists(pid):
+    # A garbage pid (a torn file) can exceed what the OS takes: such a pid is nobody.
+    if activity_ms > 0 and age_ms < liveness_timeout_ms and 0 < pid < 2**31 and psutil.pid_exists(pid):
         raise ArchiveAlreadyActiveError(str(path), pid, age_ms)
     # A dead archive of another major version is not refused here: the mark file is
     # simply replaced, and the catalog's own version check reports a needed migration.

@@ -6,7 +6,9 @@ or SIGTERM (or an authorised TERMINATE_DRIVER), then removes its directory.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +17,12 @@ import click
 from fulmar.archive.archive import Archive, run_archive
 from fulmar.archive.context import ArchiveContext
 from fulmar.archive.errors import ArchiveAlreadyActiveError
+from fulmar.consensus.authenticator import CredentialsAuthenticator
+from fulmar.consensus.consensus_module import ConsensusModule, run_consensus_module
+from fulmar.consensus.context import ConsensusModuleContext
+from fulmar.consensus.mark_file import ClusterMarkFileActiveError
+from fulmar.service.container import ServiceContainer, run_service_container
+from fulmar.service.context import ServiceContext
 from fulmar.cnc import (
     BROADCAST_TRAILER_LENGTH,
     CNC_FILE,
@@ -69,6 +77,9 @@ _MAX_COUNTERS_BUFFER = 256 * 1024 * 1024
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 def main() -> None:
     """Run the processes of a fulmar cluster node."""
+    # SIGUSR1 prints every thread's stack to stderr: how to see what a stuck
+    # node process is doing without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 @main.command()
@@ -293,6 +304,86 @@ def archive(
     except (FulmarError, OSError) as error:
         click.echo(f"cluster-node archive: cannot start an archive in {context.archive_dir}: {error}", err=True)
         sys.exit(EXIT_FAILURE)
+
+
+_CM_DEFAULTS = ConsensusModuleContext
+
+
+@main.command()
+@click.option("--cluster-dir", required=True, type=click.Path(file_okay=False, dir_okay=True),
+              help="The node's cluster directory: recording.log, cluster-mark.dat.")
+@click.option("--driver-dir", type=click.Path(file_okay=False, dir_okay=True), envvar=DRIVER_DIR_ENV, default=None,
+              help="The node's media driver directory.  [default: the driver's default]")
+@click.option("--member-id", type=int, default=0)
+@click.option("--cluster-id", type=int, default=0)
+@click.option("--ingress-channel", default=_CM_DEFAULTS.ingress_channel, help="Where clients send requests.")
+@click.option("--log-channel", default=_CM_DEFAULTS.log_channel, help="The log publication's channel.")
+@click.option("--archive-control-channel", default=_CM_DEFAULTS.archive_control_channel,
+              help="The node's archive, for the log and snapshot recordings.")
+@click.option("--service-count", type=click.IntRange(0, 64), default=1)
+@click.option("--session-timeout", type=Duration(min_ns=1_000_000),
+              default=format_duration(_CM_DEFAULTS.session_timeout_ns), help="A silent client session is closed.")
+@click.option("--authenticator-secret", envvar="FULMAR_CLUSTER_SECRET", default=None,
+              help="Require clients to present this secret (credentials authenticator); default: allow all.")
+@click.option("--app-version", type=int, default=0)
+def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_id: int, ingress_channel: str,
+              log_channel: str, archive_control_channel: str, service_count: int, session_timeout: int,
+              authenticator_secret: str | None, app_version: int) -> None:
+    """Run a consensus module in the foreground (one member) until SIGTERM
+    (a snapshot and an orderly stop of the services) or SIGINT twice (abort)."""
+    context = ConsensusModuleContext(
+        cluster_dir=Path(cluster_dir), driver_dir=resolve_driver_dir(driver_dir), member_id=member_id,
+        cluster_id=cluster_id, ingress_channel=ingress_channel, log_channel=log_channel,
+        archive_control_channel=archive_control_channel, service_count=service_count,
+        session_timeout_ns=session_timeout, app_version=app_version,
+    )
+    if authenticator_secret:
+        context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())
+
+    def announce(module: ConsensusModule) -> None:
+        click.echo(f"consensus module pid {os.getpid()} member {member_id} serving {cluster_dir} "
+                   f"(ingress {ingress_channel})")
+        sys.stdout.flush()
+
+    try:
+        reason = run_consensus_module(context, on_ready=announce)
+    except ClusterMarkFileActiveError as error:
+        click.echo(f"cluster-node consensus: {error}", err=True)
+        sys.exit(EXIT_DRIVER_ACTIVE)
+    except (FulmarError, OSError) as error:
+        click.echo(f"cluster-node consensus: {type(error).__name__}: {error}", err=True)
+        sys.exit(EXIT_FAILURE)
+    click.echo(f"consensus module stopped: {reason}")
+
+
+@main.command()
+@click.option("--cluster-dir", required=True, type=click.Path(file_okay=False, dir_okay=True))
+@click.option("--driver-dir", type=click.Path(file_okay=False, dir_okay=True), envvar=DRIVER_DIR_ENV, default=None)
+@click.option("--service", "service_name", required=True, help="The service to run, as module:Class.")
+@click.option("--service-id", type=click.IntRange(0, 63), default=0)
+@click.option("--member-id", type=int, default=0)
+@click.option("--cluster-id", type=int, default=0)
+@click.option("--archive-control-channel", default=_CM_DEFAULTS.archive_control_channel)
+def service(cluster_dir: str, driver_dir: str | None, service_name: str, service_id: int, member_id: int,
+            cluster_id: int, archive_control_channel: str) -> None:
+    """Run a clustered service container with the given service in the foreground."""
+    context = ServiceContext(cluster_dir=Path(cluster_dir), driver_dir=resolve_driver_dir(driver_dir),
+                             service_id=service_id, member_id=member_id, cluster_id=cluster_id,
+                             service_name=service_name, archive_control_channel=archive_control_channel)
+
+    def announce(container: ServiceContainer) -> None:
+        click.echo(f"service {service_id} ({service_name}) pid {os.getpid()} serving {cluster_dir}")
+        sys.stdout.flush()
+
+    try:
+        reason = run_service_container(context, on_ready=announce)
+    except ClusterMarkFileActiveError as error:
+        click.echo(f"cluster-node service: {error}", err=True)
+        sys.exit(EXIT_DRIVER_ACTIVE)
+    except (FulmarError, OSError) as error:
+        click.echo(f"cluster-node service: {type(error).__name__}: {error}", err=True)
+        sys.exit(EXIT_FAILURE)
+    click.echo(f"service {service_id} stopped: {reason}")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ SCHEMAS: tuple[tuple[str, str], ...] = (
     ("archive", "archive-codecs.xml"),
     ("driver", "driver-codecs.xml"),
     ("archive_mark", "archive-mark-codecs.xml"),
+    ("cluster_mark", "cluster-mark-codecs.xml"),
 )
 
 # Enum encoding types sbe 0.4.3 resolves by itself.

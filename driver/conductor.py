@@ -564,7 +564,10 @@ class DriverConductor:
         else:
             sources = [p for p in self.publications if isinstance(p, IpcPublication) and self._matches(subscription, p)]
         for source in sources:
-            if not isinstance(source, PublicationImage) and source.state is not PublicationState.ACTIVE:
+            if isinstance(source, IpcPublication):
+                if not source.is_accepting_subscriptions():
+                    continue
+            elif not isinstance(source, PublicationImage) and source.state is not PublicationState.ACTIVE:
                 continue
             self._link(subscription, source)
 

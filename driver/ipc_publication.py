@@ -86,8 +86,19 @@ class IpcPublication:
         return self.log.producer_position()
 
     def join_position(self) -> int:
-        """Late subscribers start at the current end of the stream."""
+        """A late subscriber starts where the slowest subscriber is (Aeron's
+        consumer position): what the others have yet to read, it reads too.
+        An archive replay relies on it: the second subscriber of a replay may
+        come after the replay has been written (seed 002)."""
+        if self.subscribers:
+            return min(link.position.get() for link in self.subscribers)
         return self.producer_position()
+
+    def is_accepting_subscriptions(self) -> bool:
+        """Active, or closed but not yet read to the end by its subscribers."""
+        return self.state is PublicationState.ACTIVE or (
+            self.state is PublicationState.DRAINING and bool(self.subscribers) and not self.is_drained()
+        )
 
     def update_publisher_limit(self) -> int:
         """Advance the publishers' limit to a window beyond the slowest

@@ -168,3 +168,30 @@ def test_channels_too_long_for_the_header_are_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ArchiveError, match="do not fit"):
         create(tmp_path, control_channel="aeron:udp?endpoint=" + "x" * HEADER_LENGTH)
+
+
+def test_a_garbage_pid_in_a_fresh_looking_file_is_nobody(tmp_path: Path) -> None:
+    """A torn mark file can decode to a pid beyond what the OS takes (psutil
+    raises OverflowError for it): the archive must still start."""
+    import time
+
+    from fulmar.archive.mark_file import ArchiveMarkFile
+
+    now_ms = int(time.time() * 1000)
+    options: dict[str, Any] = dict(archive_id=1, control_channel="", control_stream_id=10,
+                                   local_control_channel="aeron:ipc", local_control_stream_id=10, events_channel="",
+                                   events_stream_id=30, aeron_directory="")
+    first = ArchiveMarkFile.create(tmp_path, pid=os.getpid(), now_ms=now_ms, **options)
+    try:
+        first.update_activity_timestamp(now_ms)
+        path = tmp_path / "archive-mark.dat"
+        data = bytearray(path.read_bytes()[:64])
+        body = 8 if struct.unpack_from("<H", data, 2)[0] == 200 else 0  # Aeron 1.47 puts a message header first
+        assert struct.unpack_from("<q", data, body + 24)[0] == os.getpid()  # the pid field
+        with open(path, "r+b") as file:
+            file.seek(body + 24)
+            file.write(struct.pack("<q", 1200567528039895737))
+        second = ArchiveMarkFile.create(tmp_path, pid=os.getpid(), now_ms=now_ms, **options)
+        second.close()
+    finally:
+        first.close()

@@ -36,6 +36,7 @@ def test_every_message_is_generated_and_tested() -> None:
         "cluster": (111, 12, 54),
         "archive": (101, 10, 48),
         "archive_mark": (100, 2, 1),
+        "cluster_mark": (110, 2, 1),
         "driver": (900, 1, 29),
     }
 

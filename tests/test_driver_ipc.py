@@ -456,3 +456,34 @@ def test_a_session_id_clashes_only_on_the_same_send_endpoint(start_driver) -> No
         assert ipc.session_id == 77
         with pytest.raises(RegistrationError, match="session-id 77 is already in use"):
             aeron.add_exclusive_publication("aeron:ipc?session-id=77|term-length=64k", 5)
+
+
+def test_a_late_subscriber_joins_where_the_slowest_subscriber_is(start_driver) -> None:
+    """Aeron's IPC join position is the consumer position: a second subscriber
+    of a stream the first has not read yet sees everything the first will
+    (an archive replay has two subscribers that come one after the other), and
+    it may still join after the publication closed, until it is drained."""
+    driver = start_driver()
+    with driver.connect() as aeron:
+        first = aeron.add_subscription("aeron:ipc", 4321)
+        publication = aeron.add_exclusive_publication("aeron:ipc?term-length=64k", 4321)
+        wait_for(lambda: publication.is_connected, 10, "the publication to connect")
+        for seq in range(5):
+            assert publication.offer(bytes([seq]) * 10) > 0
+        second = aeron.add_subscription("aeron:ipc", 4321)  # nobody has read anything yet
+        wait_for(lambda: second.image_count == 1, 10, "the second subscriber's image")
+        publication.close()  # closed: subscribers drain it to the end of stream
+        third = aeron.add_subscription("aeron:ipc", 4321)
+        wait_for(lambda: third.image_count == 1, 10, "the third subscriber's image (publication draining)")
+        for subscription in (first, second, third):
+            received: list[bytes] = []
+
+            def collect(buffer: memoryview, offset: int, length: int, header: Header) -> None:
+                received.append(bytes(buffer[offset : offset + length]))
+
+            wait_for(lambda: (subscription.poll(collect, 10), len(received) == 5)[1], 10, "five messages")
+            assert received == [bytes([seq]) * 10 for seq in range(5)]
+        late = aeron.add_subscription("aeron:ipc", 4321)  # everyone has read to the end: drained
+        # A round trip through the driver after it: an image would have been announced first.
+        aeron.add_counter(1001, "round trip").close()
+        assert late.image_count == 0

@@ -4,4 +4,4 @@ Import the module you need (``from fulmar.codecs.generated import cluster``); th
 not imported eagerly, so a process pays only for the protocols it speaks.
 """
 
-__all__ = ["cluster", "archive", "driver", "archive_mark"]
+__all__ = ["cluster", "archive", "driver", "archive_mark", "cluster_mark"]

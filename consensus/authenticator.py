@@ -1,0 +1,101 @@
+"""Authenticating cluster clients (seed 003): the Authenticator interface and
+the two shipped implementations.
+
+The consensus module calls ``on_connect_request`` when a SessionConnectRequest
+arrives, ``on_connected_session`` once the session's egress is connected,
+``on_challenged_session`` while a challenge is outstanding, and
+``on_challenge_response`` when the client answers one.  The authenticator
+decides through the ``SessionProxy`` it is handed: ``authenticate`` (with an
+encoded principal), ``challenge`` (bytes sent to the client) or ``reject``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Protocol
+
+
+class SessionProxy(Protocol):
+    @property
+    def session_id(self) -> int: ...
+
+    def challenge(self, encoded_challenge: bytes) -> bool: ...
+
+    def authenticate(self, encoded_principal: bytes = b"") -> bool: ...
+
+    def reject(self) -> None: ...
+
+
+class Authenticator(Protocol):
+    def on_connect_request(self, session_id: int, encoded_credentials: bytes, now_ms: int) -> None: ...
+
+    def on_challenge_response(self, session_id: int, encoded_credentials: bytes, now_ms: int) -> None: ...
+
+    def on_connected_session(self, proxy: SessionProxy, now_ms: int) -> None: ...
+
+    def on_challenged_session(self, proxy: SessionProxy, now_ms: int) -> None: ...
+
+
+class AllowAllAuthenticator:
+    """Aeron's default: every client is authenticated as soon as its egress connects."""
+
+    def on_connect_request(self, session_id: int, encoded_credentials: bytes, now_ms: int) -> None:
+        pass
+
+    def on_challenge_response(self, session_id: int, encoded_credentials: bytes, now_ms: int) -> None:
+        pass
+
+    def on_connected_session(self, proxy: SessionProxy, now_ms: int) -> None:
+        proxy.authenticate(b"")
+
+    def on_challenged_session(self, proxy: SessionProxy, now_ms: int) -> None:
+        pass
+
+
+class CredentialsAuthenticator:
+    """Clients must present a shared secret, in the connect request or, if
+    they sent none, in answer to a challenge ("secret?").  The principal is
+    the part of the credentials before the first ':' (``user:secret``, or
+    just ``secret`` with an empty principal)."""
+
+    CHALLENGE = b"secret?"
+
+    def __init__(self, secret: bytes) -> None:
+        if not secret:
+            raise ValueError("the credentials authenticator needs a non-empty secret")
+        self.secret = secret
+        self._credentials: dict[int, bytes | None] = {}
+
+    def _principal_if_valid(self, credentials: bytes | None) -> bytes | None:
+        if credentials is None:
+            return None
+        principal, colon, secret = credentials.rpartition(b":")
+        if not colon:
+            principal, secret = b"", credentials
+        return principal if hmac.compare_digest(secret, self.secret) else None
+
+    def on_connect_request(self, session_id: int, encoded_credentials: bytes, now_ms: int) -> None:
+        self._credentials[session_id] = bytes(encoded_credentials) if encoded_credentials else None
+
+    def on_challenge_response(self, session_id: int, encoded_credentials: bytes, now_ms: int) -> None:
+        self._credentials[session_id] = bytes(encoded_credentials)
+
+    def on_connected_session(self, proxy: SessionProxy, now_ms: int) -> None:
+        credentials = self._credentials.get(proxy.session_id)
+        if credentials is None:
+            proxy.challenge(self.CHALLENGE)
+            return
+        self._decide(proxy, credentials)
+
+    def on_challenged_session(self, proxy: SessionProxy, now_ms: int) -> None:
+        credentials = self._credentials.get(proxy.session_id)
+        if credentials is not None:
+            self._decide(proxy, credentials)
+
+    def _decide(self, proxy: SessionProxy, credentials: bytes) -> None:
+        self._credentials.pop(proxy.session_id, None)
+        principal = self._principal_if_valid(credentials)
+        if principal is None:
+            proxy.reject()
+        else:
+            proxy.authenticate(principal)

@@ -1,0 +1,48 @@
+"""Configuration of a consensus module process (Aeron's
+``ConsensusModule.Context``, trimmed to what fulmar's module uses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fulmar.archive import protocol as archive_protocol
+from fulmar.consensus import protocol
+from fulmar.consensus.authenticator import AllowAllAuthenticator, Authenticator
+
+
+@dataclass
+class ConsensusModuleContext:
+    cluster_dir: Path = Path("cluster")
+    driver_dir: Path | None = None  # default: the driver's default directory
+    member_id: int = 0
+    cluster_id: int = 0
+    # Clients' requests arrive here; the log is what the services apply.  On
+    # one node the log is IPC: the archive and the service share the driver.
+    ingress_channel: str = protocol.INGRESS_CHANNEL
+    ingress_stream_id: int = protocol.INGRESS_STREAM_ID
+    log_channel: str = "aeron:ipc?term-length=16m"
+    log_stream_id: int = protocol.LOG_STREAM_ID
+    control_channel: str = protocol.CONTROL_CHANNEL
+    service_stream_id: int = protocol.SERVICE_STREAM_ID
+    consensus_module_stream_id: int = protocol.CONSENSUS_MODULE_STREAM_ID
+    replay_channel: str = protocol.REPLAY_CHANNEL
+    replay_stream_id: int = protocol.REPLAY_STREAM_ID
+    snapshot_channel: str = protocol.SNAPSHOT_CHANNEL
+    snapshot_stream_id: int = protocol.SNAPSHOT_STREAM_ID
+    archive_control_channel: str = archive_protocol.LOCAL_CONTROL_CHANNEL
+    archive_control_stream_id: int = archive_protocol.CONTROL_STREAM_ID
+    archive_response_stream_id: int = 120  # the module's own response stream from its archive
+    service_count: int = 1
+    max_concurrent_sessions: int = 1000
+    session_timeout_ns: int = protocol.SESSION_TIMEOUT_NS
+    leader_heartbeat_interval_ns: int = protocol.LEADER_HEARTBEAT_INTERVAL_NS
+    # How long to wait for the services to acknowledge a step (start-up, a
+    # log to join, a snapshot) before the module gives up with an error.
+    service_ack_timeout_ns: int = 30_000_000_000
+    slow_tick_interval_ns: int = 10_000_000
+    cycle_threshold_ns: int = 1_000_000_000
+    idle_max_wait_ns: int = 1_000_000
+    app_version: int = 0
+    authenticator: Authenticator = field(default_factory=AllowAllAuthenticator)
+    mark_file_liveness_timeout_ms: int = 10_000

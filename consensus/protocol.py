@@ -1,0 +1,79 @@
+"""Facts of the cluster protocol shared by the consensus module, the
+clustered service container and cluster clients: stream ids, default
+channels, the protocol version, counter type ids and null values.
+
+The messages are the generated SBE codecs of schema 111
+(``fulmar.codecs.generated.cluster``).  Stream ids and defaults follow the
+seeds and Aeron's ``ConsensusModule.Configuration`` /
+``AeronCluster.Configuration``.
+"""
+
+from __future__ import annotations
+
+from fulmar.codecs.generated import cluster as codecs
+
+NULL_VALUE = -1
+NULL_POSITION = -1
+NULL_SESSION_ID = -1
+NULL_MEMBER_ID = -1
+
+# Agrona SemanticVersion of the client protocol a client announces in
+# SessionConnectRequest; only the major version has to match.
+PROTOCOL_MAJOR_VERSION = 0
+PROTOCOL_MINOR_VERSION = 3
+PROTOCOL_PATCH_VERSION = 0
+
+
+def compose_version(major: int, minor: int, patch: int) -> int:
+    return (major << 16) | (minor << 8) | patch
+
+
+def version_text(version: int) -> str:
+    return f"{(version >> 16) & 0xFF}.{(version >> 8) & 0xFF}.{version & 0xFF}"
+
+
+PROTOCOL_SEMANTIC_VERSION = compose_version(PROTOCOL_MAJOR_VERSION, PROTOCOL_MINOR_VERSION, PROTOCOL_PATCH_VERSION)
+
+# Streams of a node (seed 004).
+LOG_STREAM_ID = 100
+INGRESS_STREAM_ID = 101
+EGRESS_STREAM_ID = 102
+REPLAY_STREAM_ID = 103
+SERVICE_STREAM_ID = 104  # consensus module -> services
+CONSENSUS_MODULE_STREAM_ID = 105  # services -> consensus module
+SNAPSHOT_STREAM_ID = 107
+CONSENSUS_STREAM_ID = 108
+
+CONTROL_CHANNEL = "aeron:ipc?term-length=128k"  # service control, both directions
+REPLAY_CHANNEL = "aeron:ipc"
+SNAPSHOT_CHANNEL = "aeron:ipc?alias=snapshot"
+INGRESS_CHANNEL = "aeron:udp?endpoint=localhost:9010"
+EGRESS_CHANNEL = "aeron:udp?endpoint=localhost:0"
+
+# Timeouts (ns).
+SESSION_TIMEOUT_NS = 10_000_000_000
+LEADER_HEARTBEAT_TIMEOUT_NS = 10_000_000_000
+LEADER_HEARTBEAT_INTERVAL_NS = 200_000_000
+MESSAGE_TIMEOUT_NS = 5_000_000_000
+
+# Counter type ids (Aeron's AeronCounters, cluster range).
+CONSENSUS_MODULE_STATE_TYPE_ID = 200
+CLUSTER_NODE_ROLE_TYPE_ID = 201
+CLUSTER_CONTROL_TOGGLE_TYPE_ID = 202
+COMMIT_POSITION_TYPE_ID = 203
+RECOVERY_STATE_TYPE_ID = 204
+SNAPSHOT_COUNTER_TYPE_ID = 205
+ELECTION_STATE_TYPE_ID = 207
+CLUSTER_BACKUP_STATE_TYPE_ID = 208
+CLUSTERED_SERVICE_ERROR_COUNT_TYPE_ID = 211
+CLUSTER_ERROR_COUNT_TYPE_ID = 212
+CLUSTER_MAX_CYCLE_TIME_TYPE_ID = 216
+CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID = 217
+CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID = 233
+CLUSTER_ELECTION_COUNT_TYPE_ID = 238
+CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID = 239
+
+EventCode = codecs.EventCode
+CloseReason = codecs.CloseReason
+ClusterAction = codecs.ClusterAction
+ClusterTimeUnit = codecs.ClusterTimeUnit

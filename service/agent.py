@@ -1,0 +1,431 @@
+"""The clustered service container's agent.
+
+It loads the service's snapshot (told by the consensus module's recovery
+state counter), starts the service, then follows the consensus module's
+instructions on the service stream (104): JoinLog (a log replay, or the live
+log), ServiceTerminationPosition, requests for an acknowledgement.  The log
+is polled bounded by the commit position counter, so the service never sees
+a message that is not committed.  What the service sends back (timers,
+session closes, messages into the cluster, acknowledgements) goes to the
+consensus module on stream 105.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from fulmar.archive.client import AeronArchive
+from fulmar.channel_uri import ChannelUri
+from fulmar.codecs.errors import CodecError
+from fulmar.codecs.generated import cluster as codecs
+from fulmar.consensus import protocol
+from fulmar.consensus.mark_file import read_cluster_mark_file
+from fulmar.consensus.snapshot import (
+    SERVICE_SNAPSHOT_TYPE_ID,
+    SnapshotError,
+    SnapshotWriter,
+    decode_snapshot,
+    read_snapshot,
+)
+from fulmar.errors import FulmarError
+from fulmar.fragment_assembler import FragmentAssembler
+from fulmar.log_reader import Header
+from fulmar.log_writer import ADMIN_ACTION
+from fulmar.service.clustered_service import ClientSession, CloseReason, ClusteredService, Role
+from fulmar.service.context import ServiceContext
+
+if TYPE_CHECKING:
+    from fulmar.aeron import Aeron
+    from fulmar.publication import Publication
+    from fulmar.subscription import Image, Subscription
+
+NULL_POSITION = -1
+_SESSION_HEADER_LENGTH = codecs.HEADER_LENGTH + codecs.SessionMessageHeaderEncoder.BLOCK_LENGTH
+_RECOVERY_HEAD = struct.Struct("<qqqiii")
+
+
+class ServiceTerminated(FulmarError):
+    """The service reached its termination position (an orderly stop)."""
+
+
+_CLIENT_HEARTBEAT_TYPE_ID = 11
+# A live client's heartbeat counter is refreshed every keepalive (at most a
+# quarter of the driver's client timeout): older than this, the client is dead.
+_HEARTBEAT_FRESH_MS = 3_000
+
+
+def _live_clients(reader: Any) -> set[int]:
+    """Client ids whose heartbeat counter the driver still holds and that kept alive lately."""
+    now_ms = time.time_ns() // 1_000_000
+    alive = set()
+    for counter in reader:
+        if counter.type_id == _CLIENT_HEARTBEAT_TYPE_ID:
+            if now_ms - reader.counter_value(counter.counter_id) < _HEARTBEAT_FRESH_MS:
+                alive.add(int.from_bytes(counter.key[:8], "little", signed=True))
+    return alive
+
+
+class ClientSessionHandle:
+    """A client session in the service (``ClientSession``)."""
+
+    def __init__(self, agent: "ClusteredServiceAgent", session_id: int, response_stream_id: int,
+                 response_channel: str, encoded_principal: bytes) -> None:
+        self._agent = agent
+        self.id = session_id
+        self.response_stream_id = response_stream_id
+        self.response_channel = response_channel
+        self.encoded_principal = encoded_principal
+        self.publication: "Publication | None" = None
+        self._header = bytearray(_SESSION_HEADER_LENGTH)
+
+    def connect(self, aeron: "Aeron") -> None:
+        if self.publication is None:
+            self.publication = aeron.add_publication(self.response_channel, self.response_stream_id)
+
+    def disconnect(self) -> None:
+        if self.publication is not None:
+            self.publication.close()
+            self.publication = None
+
+    def offer(self, payload: bytes | bytearray | memoryview) -> int:
+        if self._agent.role is not Role.LEADER:
+            return 1  # followers' replies are not sent: the leader's are
+        if self.publication is None:
+            return -1
+        codecs.SessionMessageHeaderEncoder.encode(
+            self._header, 0, leadership_term_id=self._agent.leadership_term_id, cluster_session_id=self.id,
+            timestamp=self._agent.time)
+        result = self.publication.offer_parts([self._header, payload])
+        if result == ADMIN_ACTION:
+            result = self.publication.offer_parts([self._header, payload])
+        return int(result)
+
+    def close(self) -> bool:
+        return self._agent.close_client_session(self.id)
+
+    def __repr__(self) -> str:
+        return f"ClientSession(id={self.id})"
+
+
+class _SnapshotImage:
+    def __init__(self, messages: list[bytes]) -> None:
+        self._messages = messages
+
+    def messages(self) -> Iterator[bytes]:
+        return iter(self._messages)
+
+
+class ClusteredServiceAgent:
+    def __init__(self, context: ServiceContext, aeron: "Aeron", archive: AeronArchive, service: ClusteredService,
+                 record_error: Callable[[str], object] = lambda text: None) -> None:
+        self.context = context
+        self.aeron = aeron
+        self.archive = archive
+        self.service = service
+        self.record_error = record_error
+        self.service_id = context.service_id
+        self.member_id = context.member_id
+        self.role = Role.FOLLOWER
+        self.leadership_term_id = protocol.NULL_VALUE
+        self.time = 0
+        self.log_position = 0
+        self.sessions: dict[int, ClientSessionHandle] = {}
+        self.terminated = False
+        self._ack_id = 0
+        self._buffer = bytearray(64 * 1024)
+        # Exclusive (see the consensus module): never shared with a dead predecessor.
+        self._to_module = aeron.add_exclusive_publication(context.control_channel, context.consensus_module_stream_id)
+        self._from_module = aeron.add_subscription(context.control_channel, context.service_stream_id)
+        self._control_assembler = FragmentAssembler(self._on_control_message)
+        self._log_assembler = FragmentAssembler(self._on_log_message)
+        self._commit_counter_id = protocol.NULL_VALUE
+        self._active_log: Any = None
+        self._log_subscription: "Subscription | None" = None
+        self._log_image: "Image | None" = None
+        self._max_log_position = NULL_POSITION
+        self._termination_position = NULL_POSITION
+
+    # -------------------------------------------------------------- start
+
+    def start(self, deadline_s: float = 30.0) -> None:
+        """Load the snapshot the consensus module says to, start the service, acknowledge."""
+        deadline = time.monotonic() + deadline_s
+        self._await_consensus_module(deadline)
+        recovery = self._await_counter(protocol.RECOVERY_STATE_TYPE_ID, deadline, "the recovery state counter")
+        self._commit_counter_id = self._await_counter(protocol.COMMIT_POSITION_TYPE_ID, deadline,
+                                                      "the commit position counter")
+        key = self.aeron.counters_reader.counter_key(recovery)
+        term_id, log_position, timestamp, _, _, count = _RECOVERY_HEAD.unpack_from(key, 0)
+        snapshot_ids = [struct.unpack_from("<q", key, _RECOVERY_HEAD.size + 8 * i)[0] for i in range(count)]
+        self.leadership_term_id = term_id
+        self.log_position = log_position
+        self.time = timestamp
+        snapshot = None
+        if self.service_id < len(snapshot_ids) and snapshot_ids[self.service_id] != protocol.NULL_VALUE:
+            snapshot = self._load_snapshot(snapshot_ids[self.service_id])
+        self.service.on_start(self, snapshot)
+        self._ack(log_position)
+
+    def _await_consensus_module(self, deadline: float) -> None:
+        """Wait for this node's consensus module to be up: its mark file ready
+        and its process alive.  After a crash the dead module's counters linger
+        in the driver for a while; only once the live module has published its
+        own (it signals ready after creating them) can the newest be trusted."""
+        path = Path(self.context.cluster_dir) / "cluster-mark.dat"
+        while True:
+            self.aeron.do_work()
+            try:
+                contents = read_cluster_mark_file(path)
+                if contents.is_ready and contents.is_active(time.time_ns() // 1_000_000):
+                    return
+            except FulmarError:
+                pass  # not there yet, or being written
+            if time.monotonic() > deadline:
+                raise FulmarError(f"service {self.service_id}: no live consensus module has claimed {path}")
+            time.sleep(0.005)
+
+    def _await_counter(self, type_id: int, deadline: float, what: str) -> int:
+        """The cluster's counter of ``type_id`` held by a live consensus module.
+
+        After a crash the dead module's counters stay until the driver times
+        its client out, so a counter only counts if its owner's client
+        heartbeat is fresh, and the newest such counter wins."""
+        cluster_key = struct.pack("<i", self.context.cluster_id)
+        key_offset = 28 if type_id == protocol.RECOVERY_STATE_TYPE_ID else 0  # where the cluster id sits
+        while True:
+            self.aeron.do_work()
+            reader = self.aeron.counters_reader
+            alive = _live_clients(reader)
+            best, best_registration = protocol.NULL_VALUE, -1
+            for counter in reader:
+                if counter.type_id != type_id or counter.key[key_offset : key_offset + 4] != cluster_key:
+                    continue
+                if reader.counter_owner_id(counter.counter_id) not in alive:
+                    continue
+                registration = reader.counter_registration_id(counter.counter_id)
+                if registration > best_registration:
+                    best, best_registration = counter.counter_id, registration
+            if best != protocol.NULL_VALUE:
+                return best
+            if time.monotonic() > deadline:
+                raise FulmarError(f"service {self.service_id}: no {what} for cluster {self.context.cluster_id} "
+                                  "(is the consensus module running?)")
+            time.sleep(0.005)
+
+    def _load_snapshot(self, recording_id: int) -> _SnapshotImage:
+        messages = read_snapshot(self.aeron, self.archive, recording_id, self.context.replay_channel,
+                                 self.context.replay_stream_id)
+        user: list[bytes] = []
+        for record in decode_snapshot(messages, SERVICE_SNAPSHOT_TYPE_ID):
+            if isinstance(record, codecs.ClientSessionDecoder):
+                self.sessions[record.cluster_session_id] = ClientSessionHandle(
+                    self, record.cluster_session_id, record.response_stream_id, record.response_channel,
+                    bytes(record.encoded_principal))
+            elif isinstance(record, bytes):
+                user.append(record)
+            elif not isinstance(record, codecs.SnapshotMarkerDecoder):
+                raise SnapshotError(f"unexpected {type(record).__name__} in service snapshot {recording_id}")
+        return _SnapshotImage(user)
+
+    # ---------------------------------------------------------- duty cycle
+
+    def do_work(self, now_ns: int) -> int:
+        work = self._from_module.poll(self._control_assembler.on_fragment, 16)
+        if self._active_log is not None and self._log_image is None:
+            work += self._join_active_log()
+        work += self._poll_log()
+        work += self.service.do_background_work(now_ns)
+        return work
+
+    def _on_control_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
+        try:
+            message = codecs.decode(buffer, offset, length)
+        except CodecError as error:
+            self.record_error(f"service {self.service_id}: malformed control message ignored: {error}")
+            return
+        if isinstance(message, codecs.JoinLogDecoder):
+            # Stop where the new log starts; join it once the current image is done.
+            self._max_log_position = message.log_position
+            self._active_log = message
+        elif isinstance(message, codecs.ServiceTerminationPositionDecoder):
+            self._termination_position = message.log_position
+        elif isinstance(message, codecs.RequestServiceAckDecoder):
+            self._ack(message.log_position)
+
+    def _join_active_log(self) -> int:
+        log = self._active_log
+        if self._log_subscription is None:
+            channel = ChannelUri.parse(log.log_channel)
+            if channel.get("session-id") is None:
+                channel = channel.with_param("session-id", log.log_session_id)
+            self._log_subscription = self.aeron.add_subscription(str(channel), log.log_stream_id)
+        image = self._log_subscription.image_by_session_id(log.log_session_id)
+        if image is None:
+            self.aeron.do_work()
+            return 0
+        self._log_image = image
+        self._max_log_position = log.max_log_position
+        self._active_log = None
+        role = Role(log.role) if log.role in (0, 1, 2) else Role.FOLLOWER
+        if role is not self.role:
+            self.role = role
+            if role is Role.LEADER:
+                for session in self.sessions.values():
+                    session.connect(self.aeron)
+            self.service.on_role_change(role)
+        self._ack(log.log_position)
+        return 1
+
+    def _poll_log(self) -> int:
+        image = self._log_image
+        if image is None:
+            return self._check_termination()
+        limit = self.aeron.counters_reader.counter_value(self._commit_counter_id)
+        if self._max_log_position != NULL_POSITION:
+            limit = min(limit, self._max_log_position)
+        work = image.bounded_poll(self._log_assembler.on_fragment, limit, 32)
+        if image.position > self.log_position:
+            self.log_position = image.position
+        if (self._max_log_position != NULL_POSITION and image.position >= self._max_log_position) or image.is_closed:
+            # The replay is done (or the log went away): leave it for the next JoinLog.
+            if self._log_subscription is not None:
+                self._log_subscription.close()
+            self._log_subscription = None
+            self._log_image = None
+        return work + self._check_termination()
+
+    def _check_termination(self) -> int:
+        if self._termination_position != NULL_POSITION and self.log_position >= self._termination_position:
+            self.service.on_terminate(self)
+            self._ack(self._termination_position)
+            self.terminated = True
+            self._termination_position = NULL_POSITION
+            return 1
+        return 0
+
+    # ------------------------------------------------------------- the log
+
+    def _on_log_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
+        self.log_position = header.position
+        try:
+            message_header = codecs.read_header(buffer, offset, length)
+            if message_header.template_id == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
+                session_header = codecs.SessionMessageHeaderDecoder().wrap_and_apply_header(buffer, offset, length)
+                self.time = session_header.timestamp
+                session = self.sessions.get(session_header.cluster_session_id)
+                self.service.on_session_message(session, session_header.timestamp, buffer,
+                                                offset + _SESSION_HEADER_LENGTH, length - _SESSION_HEADER_LENGTH)
+                return
+            message = codecs.decode(buffer, offset, length)
+        except CodecError as error:
+            self.record_error(f"service {self.service_id}: malformed log message at {header.position}: {error}")
+            return
+        if isinstance(message, codecs.SessionOpenEventDecoder):
+            self.time = message.timestamp
+            session = ClientSessionHandle(self, message.cluster_session_id, message.response_stream_id,
+                                          message.response_channel, bytes(message.encoded_principal))
+            self.sessions[session.id] = session
+            if self.role is Role.LEADER:
+                session.connect(self.aeron)
+            self.service.on_session_open(session, message.timestamp)
+        elif isinstance(message, codecs.SessionCloseEventDecoder):
+            self.time = message.timestamp
+            closed = self.sessions.pop(message.cluster_session_id, None)
+            if closed is not None:
+                closed.disconnect()
+                self.service.on_session_close(closed, message.timestamp, CloseReason(message.close_reason_raw))
+        elif isinstance(message, codecs.TimerEventDecoder):
+            self.time = message.timestamp
+            self.service.on_timer_event(message.correlation_id, message.timestamp)
+        elif isinstance(message, codecs.ClusterActionRequestDecoder):
+            self.time = message.timestamp
+            if message.action_raw == codecs.ClusterAction.SNAPSHOT:
+                recording_id = self._take_snapshot(message.log_position, message.leadership_term_id)
+                self._ack(message.log_position, recording_id)
+        elif isinstance(message, codecs.NewLeadershipTermEventDecoder):
+            self.time = message.timestamp
+            self.leadership_term_id = message.leadership_term_id
+            self.service.on_new_leadership_term_event(
+                message.leadership_term_id, message.log_position, message.timestamp, message.term_base_log_position,
+                message.leader_member_id, message.log_session_id, message.app_version)
+
+    def _take_snapshot(self, log_position: int, leadership_term_id: int) -> int:
+        writer = SnapshotWriter(self.aeron, self.archive, self.context.snapshot_channel,
+                                self.context.snapshot_stream_id)
+        writer.marker(SERVICE_SNAPSHOT_TYPE_ID, log_position, leadership_term_id, codecs.SnapshotMark.BEGIN)
+        for session in sorted(self.sessions.values(), key=lambda s: s.id):
+            writer.encode(codecs.ClientSessionEncoder, cluster_session_id=session.id,
+                          response_stream_id=session.response_stream_id, response_channel=session.response_channel,
+                          encoded_principal=session.encoded_principal)
+        self.service.on_take_snapshot(writer)
+        writer.marker(SERVICE_SNAPSHOT_TYPE_ID, log_position, leadership_term_id, codecs.SnapshotMark.END)
+        return writer.close()
+
+    # ------------------------------------------- the Cluster handle (service API)
+
+    @property
+    def cluster_time(self) -> int:
+        return self.time
+
+    def client_sessions(self) -> list[ClientSession]:
+        return list(self.sessions.values())
+
+    def get_client_session(self, cluster_session_id: int) -> ClientSession | None:
+        return self.sessions.get(cluster_session_id)
+
+    def close_client_session(self, cluster_session_id: int) -> bool:
+        if cluster_session_id not in self.sessions:
+            return False
+        return self._send(codecs.CloseSessionEncoder, cluster_session_id=cluster_session_id)
+
+    def schedule_timer(self, correlation_id: int, deadline: int) -> bool:
+        return self._send(codecs.ScheduleTimerEncoder, correlation_id=correlation_id, deadline=deadline)
+
+    def cancel_timer(self, correlation_id: int) -> bool:
+        return self._send(codecs.CancelTimerEncoder, correlation_id=correlation_id)
+
+    def offer(self, payload: bytes | bytearray | memoryview) -> bool:
+        header = bytearray(_SESSION_HEADER_LENGTH)
+        codecs.SessionMessageHeaderEncoder.encode(header, 0, leadership_term_id=self.leadership_term_id,
+                                                  cluster_session_id=self.service_id, timestamp=self.time)
+        return self._offer_parts([header, payload])
+
+    # --------------------------------------------------------------- plumbing
+
+    def _ack(self, log_position: int, relevant_id: int = protocol.NULL_VALUE) -> None:
+        ack_id = self._ack_id
+        self._ack_id += 1
+        if not self._send(codecs.ServiceAckEncoder, log_position=log_position, timestamp=self.time, ack_id=ack_id,
+                          relevant_id=relevant_id, service_id=self.service_id):
+            raise FulmarError(f"service {self.service_id}: could not acknowledge position {log_position}")
+
+    def _send(self, encoder: Any, **fields: Any) -> bool:
+        length = encoder.encode(self._buffer, 0, **fields)
+        return self._offer_parts([bytes(self._buffer[:length])])
+
+    def _offer_parts(self, parts: list[Any]) -> bool:
+        """To the consensus module, waiting out back pressure (bounded): what a
+        service sends must not be lost."""
+        deadline = time.monotonic() + 10
+        while True:
+            result = self._to_module.offer_parts(parts)
+            if result > 0:
+                return True
+            if time.monotonic() > deadline:
+                self.record_error(f"service {self.service_id}: the consensus module took nothing for 10 s ({result})")
+                return False
+            self.aeron.do_work()
+            if result != ADMIN_ACTION:
+                time.sleep(0.0001)
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.disconnect()
+        if self._log_subscription is not None:
+            self._log_subscription.close()
+        self._to_module.close()
+        self._from_module.close()

@@ -1,0 +1,177 @@
+"""The clustered service container process: runs one user service.
+
+``load_service("package.module:Class")`` imports the user's class (it must
+subclass ``ClusteredService`` and take no arguments).  The container claims
+``cluster-mark-service-<id>.dat``, connects to the node's driver (invoker
+mode) and archive, starts the service from its snapshot, and runs the agent
+until the consensus module tells it to terminate, or SIGTERM (which leaves
+the orderly stop to the consensus module, and exits only if it is gone).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from fulmar.aeron import Aeron
+from fulmar.archive.client import AeronArchive
+from fulmar.codecs.generated.cluster_mark import ClusterComponentType
+from fulmar.consensus.mark_file import ClusterMarkFile
+from fulmar.errors import FulmarError
+from fulmar.idle import DoorbellIdleStrategy
+from fulmar.service.agent import ClusteredServiceAgent
+from fulmar.service.clustered_service import ClusteredService
+from fulmar.service.context import ServiceContext
+
+
+class ServiceLoadError(FulmarError):
+    """The service named as module:Class cannot be loaded."""
+
+
+def epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def load_service(name: str) -> ClusteredService:
+    module_name, colon, class_name = name.partition(":")
+    if not colon or not module_name or not class_name:
+        raise ServiceLoadError(f"service {name!r}: expected module:Class, e.g. fulmar.service.samples:EchoService")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ServiceLoadError(f"service {name!r}: cannot import {module_name}: {error}") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ServiceLoadError(f"service {name!r}: {module_name} has no {class_name}")
+    if not isinstance(cls, type) or not issubclass(cls, ClusteredService):
+        raise ServiceLoadError(f"service {name!r}: {class_name} is not a ClusteredService subclass")
+    try:
+        return cls()
+    except Exception as error:
+        raise ServiceLoadError(f"service {name!r}: {class_name}() failed: {type(error).__name__}: {error}") from None
+
+
+class ServiceContainer:
+    def __init__(self, context: ServiceContext, aeron: Aeron, archive: AeronArchive, mark_file: ClusterMarkFile,
+                 agent: ClusteredServiceAgent) -> None:
+        self.context = context
+        self.aeron = aeron
+        self.archive = archive
+        self.mark_file = mark_file
+        self.agent = agent
+        self._stop = threading.Event()
+        self._closed = False
+
+    @classmethod
+    def launch(cls, context: ServiceContext, service: ClusteredService | None = None) -> "ServiceContainer":
+        service = service if service is not None else load_service(context.service_name)
+        cluster_dir = Path(context.cluster_dir)
+        cluster_dir.mkdir(parents=True, exist_ok=True)
+        aeron = Aeron.connect(context.driver_dir, use_conductor_thread=False)
+        mark_file = archive = None
+        try:
+            mark_file = ClusterMarkFile.create(
+                cluster_dir, ClusterComponentType.CONTAINER, service_id=context.service_id, pid=os.getpid(),
+                member_id=context.member_id, cluster_id=context.cluster_id, now_ms=epoch_ms(),
+                aeron_directory=str(aeron.directory), control_channel=context.control_channel,
+                service_name=context.service_name or type(service).__name__,
+                service_stream_id=context.service_stream_id,
+                consensus_module_stream_id=context.consensus_module_stream_id,
+                liveness_timeout_ms=context.mark_file_liveness_timeout_ms,
+            )
+            archive = AeronArchive.connect(
+                aeron, control_request_channel=context.archive_control_channel,
+                control_request_stream_id=context.archive_control_stream_id,
+                control_response_channel="aeron:ipc?term-length=64k",
+                control_response_stream_id=context.archive_response_stream_id + context.service_id,
+            )
+            agent = ClusteredServiceAgent(context, aeron, archive, service, mark_file.error_log(epoch_ms).record)
+            agent.start()
+            mark_file.signal_ready()
+        except BaseException:
+            for resource in (archive, mark_file):
+                if resource is not None:
+                    resource.close()
+            aeron.close()
+            raise
+        return cls(context, aeron, archive, mark_file, agent)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> str:
+        agent = self.agent
+        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns)
+        next_slow_ns = 0
+        next_mark_ms = 0
+        while not agent.terminated:
+            now_ns = time.monotonic_ns()
+            work = agent.do_work(now_ns)
+            if now_ns >= next_slow_ns:
+                next_slow_ns = now_ns + 10_000_000
+                work += self.aeron.do_work(now_ns)
+                now_ms = epoch_ms()
+                if now_ms >= next_mark_ms:
+                    self.mark_file.update_activity_timestamp(now_ms)
+                    next_mark_ms = now_ms + 1000
+                if self.aeron.is_closed:
+                    return "the media driver went away"
+                if self._stop.is_set() and not _consensus_module_alive(self.aeron, self.context.cluster_id):
+                    return "stopped (no consensus module to stop it in order)"
+            idle.idle(work)
+        return f"terminated at log position {agent.log_position}"
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.agent.close()
+            self.archive.close()
+        finally:
+            self.mark_file.close()
+            self.aeron.close()
+
+
+def _consensus_module_alive(aeron: Aeron, cluster_id: int) -> bool:
+    """Whether the cluster's commit position counter is still allocated (its
+    module holds it): a service stopped by a signal waits for the module's
+    orderly stop, but not for a module that is gone."""
+    from fulmar.consensus import protocol
+
+    key = cluster_id.to_bytes(4, "little", signed=True)
+    return any(c.type_id == protocol.COMMIT_POSITION_TYPE_ID and c.key[:4] == key for c in aeron.counters_reader)
+
+
+def run_service_container(context: ServiceContext, service: ClusteredService | None = None,
+                          on_ready: Callable[[ServiceContainer], None] | None = None) -> str:
+    running: list[ServiceContainer] = []
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop_requested.set()
+        for container in running:
+            container.request_stop()
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        container = ServiceContainer.launch(context, service)
+        try:
+            running.append(container)
+            if stop_requested.is_set():
+                container.request_stop()
+            if on_ready is not None:
+                on_ready(container)
+            return container.run()
+        finally:
+            running.clear()
+            container.close()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

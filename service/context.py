@@ -1,0 +1,31 @@
+"""Configuration of a clustered service container process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fulmar.archive import protocol as archive_protocol
+from fulmar.consensus import protocol
+
+
+@dataclass
+class ServiceContext:
+    cluster_dir: Path = Path("cluster")
+    driver_dir: Path | None = None
+    service_id: int = 0
+    member_id: int = 0
+    cluster_id: int = 0
+    service_name: str = ""  # module:Class
+    control_channel: str = protocol.CONTROL_CHANNEL
+    service_stream_id: int = protocol.SERVICE_STREAM_ID
+    consensus_module_stream_id: int = protocol.CONSENSUS_MODULE_STREAM_ID
+    replay_channel: str = protocol.REPLAY_CHANNEL
+    replay_stream_id: int = protocol.REPLAY_STREAM_ID + 100  # snapshot loads: apart from the module's replays
+    snapshot_channel: str = protocol.SNAPSHOT_CHANNEL
+    snapshot_stream_id: int = protocol.SNAPSHOT_STREAM_ID
+    archive_control_channel: str = archive_protocol.LOCAL_CONTROL_CHANNEL
+    archive_control_stream_id: int = archive_protocol.CONTROL_STREAM_ID
+    archive_response_stream_id: int = 130  # plus the service id
+    idle_max_wait_ns: int = 1_000_000
+    mark_file_liveness_timeout_ms: int = 10_000

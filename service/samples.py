@@ -1,0 +1,150 @@
+"""Sample clustered services (run one with ``--service fulmar.service.samples:EchoService``).
+
+- ``EchoService``: replies to every message with the same bytes.
+- ``KeyValueService``: a replicated dictionary: get, put, compare-and-set.
+- ``CounterService``: a counter clients increment, with a timer that adds a
+  tick every second of cluster time while anyone is connected.
+
+Each keeps its whole state in snapshots, and uses only the log's timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from fulmar.service.clustered_service import (
+    ClientSession,
+    CloseReason,
+    Cluster,
+    ClusteredService,
+    SnapshotImage,
+    SnapshotPublication,
+)
+
+
+class EchoService(ClusteredService):
+    """Every message comes back to its sender; counts what it echoed."""
+
+    def __init__(self) -> None:
+        self.echoed = 0
+
+    def on_start(self, cluster: Cluster, snapshot: SnapshotImage | None) -> None:
+        self.cluster = cluster
+        if snapshot is not None:
+            for message in snapshot.messages():
+                (self.echoed,) = struct.unpack("<q", message)
+
+    def on_session_message(self, session: ClientSession | None, timestamp: int, buffer: memoryview,
+                           offset: int, length: int) -> None:
+        if session is not None:
+            self.echoed += 1
+            session.offer(buffer[offset : offset + length])
+
+    def on_take_snapshot(self, publication: SnapshotPublication) -> None:
+        publication.offer(struct.pack("<q", self.echoed))
+
+
+class KeyValueService(ClusteredService):
+    """Requests and replies are JSON objects:
+
+    - ``{"op": "put", "key": k, "value": v, "id": n}`` -> ``{"id": n, "ok": true, "previous": old}``
+    - ``{"op": "get", "key": k, "id": n}`` -> ``{"id": n, "ok": true, "value": v}`` (null if absent)
+    - ``{"op": "cas", "key": k, "expected": e, "value": v, "id": n}`` -> ``{"id": n, "ok": <swapped>, "value": current}``
+
+    A malformed request gets ``{"ok": false, "error": ...}``; the state is untouched.
+    """
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def on_start(self, cluster: Cluster, snapshot: SnapshotImage | None) -> None:
+        self.cluster = cluster
+        if snapshot is not None:
+            for message in snapshot.messages():
+                key, value = json.loads(message)
+                self.data[key] = value
+
+    def on_session_message(self, session: ClientSession | None, timestamp: int, buffer: memoryview,
+                           offset: int, length: int) -> None:
+        if session is None:
+            return
+        reply = self.apply(bytes(buffer[offset : offset + length]))
+        session.offer(json.dumps(reply, separators=(",", ":")).encode())
+
+    def apply(self, request_bytes: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(request_bytes)
+            op, key = request["op"], request["key"]
+            if not isinstance(key, str):
+                raise ValueError("key must be a string")
+        except (ValueError, KeyError, TypeError) as error:
+            return {"ok": False, "error": f"malformed request: {error}"}
+        reply: dict[str, Any] = {"id": request.get("id")}
+        if op == "put":
+            reply.update(ok=True, previous=self.data.get(key))
+            self.data[key] = request.get("value")
+        elif op == "get":
+            reply.update(ok=True, value=self.data.get(key))
+        elif op == "cas":
+            current = self.data.get(key)
+            swapped = current == request.get("expected")
+            if swapped:
+                self.data[key] = request.get("value")
+            reply.update(ok=swapped, value=self.data.get(key))
+        else:
+            reply.update(ok=False, error=f"unknown op {op!r}")
+        return reply
+
+    def on_take_snapshot(self, publication: SnapshotPublication) -> None:
+        for key in sorted(self.data):
+            publication.offer(json.dumps([key, self.data[key]]).encode())
+
+
+class CounterService(ClusteredService):
+    """``b"+"`` adds one and replies with the value; a timer adds a tick every
+    1000 ms of cluster time while a session is open (``b"?"`` reads both)."""
+
+    TIMER_ID = 1
+    PERIOD_MS = 1000
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.ticks = 0
+        self.timer_deadline = -1
+
+    def on_start(self, cluster: Cluster, snapshot: SnapshotImage | None) -> None:
+        self.cluster = cluster
+        if snapshot is not None:
+            for message in snapshot.messages():
+                self.value, self.ticks, self.timer_deadline = struct.unpack("<qqq", message)
+
+    def on_session_open(self, session: ClientSession, timestamp: int) -> None:
+        if self.timer_deadline < 0:
+            self.timer_deadline = timestamp + self.PERIOD_MS
+            self.cluster.schedule_timer(self.TIMER_ID, self.timer_deadline)
+
+    def on_session_close(self, session: ClientSession, timestamp: int, reason: CloseReason) -> None:
+        if not self.cluster.client_sessions() and self.timer_deadline >= 0:
+            self.cluster.cancel_timer(self.TIMER_ID)
+            self.timer_deadline = -1
+
+    def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
+        if correlation_id != self.TIMER_ID:
+            return
+        self.ticks += 1
+        self.timer_deadline = timestamp + self.PERIOD_MS
+        self.cluster.schedule_timer(self.TIMER_ID, self.timer_deadline)
+
+    def on_session_message(self, session: ClientSession | None, timestamp: int, buffer: memoryview,
+                           offset: int, length: int) -> None:
+        if session is None:
+            return
+        request = bytes(buffer[offset : offset + length])
+        if request == b"+":
+            self.value += 1
+        session.offer(struct.pack("<qq", self.value, self.ticks))
+
+    def on_take_snapshot(self, publication: SnapshotPublication) -> None:
+        publication.offer(struct.pack("<qqq", self.value, self.ticks, self.timer_deadline))
