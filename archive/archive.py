@@ -97,7 +97,8 @@ class Archive:
     def run(self) -> None:
         context = self.context
         conductor = self.conductor
-        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, context.idle_max_wait_ns)
+        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, context.idle_max_wait_ns,
+                                    has_work=conductor.has_work)
         next_mark_ms = 0
         clock = time.monotonic_ns
         while not self._stop.is_set():

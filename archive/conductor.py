@@ -150,10 +150,16 @@ class ArchiveConductor:
                 work += session.active_listing()
             if session.is_done:
                 self._close_control_session(session)
+        recorded = 0
         for recording in list(self.recordings.values()):
-            work += recording.do_work(now_ns)
+            recorded += recording.do_work(now_ns)
             if recording.is_done:
                 self._close_recording(recording)
+        if recorded:
+            # Whoever waits on a recording position (the consensus module's
+            # commit position) sleeps on the data doorbell: ring it.
+            self.wake()
+        work += recorded
         for replay in list(self.replays.values()):
             work += replay.do_work(now_ns)
             if replay.is_done:
@@ -164,6 +170,15 @@ class ArchiveConductor:
                 self.replications.pop(replication.replication_id, None)
                 replication.close()
         return work
+
+    def has_work(self) -> bool:
+        """A cheap check before sleeping (after registering as a waiter): is
+        anything already waiting to be read?"""
+        if self.tasks:
+            return True
+        if any(subscription.is_data_available() for subscription in self._control_subscriptions):
+            return True
+        return any(recording.image.is_data_available() for recording in self.recordings.values())
 
     @property
     def is_busy(self) -> bool:

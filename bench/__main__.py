@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive"]
+MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive", "cluster"]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 

@@ -386,5 +386,76 @@ def service(cluster_dir: str, driver_dir: str | None, service_name: str, service
     click.echo(f"service {service_id} stopped: {reason}")
 
 
+# ---------------------------------------------------------------------------- start
+
+from fulmar.cli import supervisor as _supervisor  # noqa: E402 - needs the commands above
+
+_START_OPTIONS = _supervisor.build_options({"driver": driver, "archive": archive, "consensus": consensus,
+                                            "service": service})
+
+
+@main.command(context_settings={"max_content_width": 110})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The node's TOML configuration: tables [node], [driver], [archive], [consensus], [service]; "
+              "every flag below names its key.")
+@click.option("--local", "local_members", type=int, default=None,
+              help="Run a whole cluster of this many members on this machine with a generated configuration "
+              "under --dir (default /var/tmp/fulmar-<user>/local-cluster): node<i>/ holds each member's "
+              "archive/, cluster/, logs/ and node.toml.  Only 1 for now.")
+@click.option("--ingress-port", type=click.IntRange(0, 65535), default=None,
+              help="With --local: the UDP port of the ingress on 127.0.0.1 (0 or absent: a free port).")
+@_supervisor.click_options(_START_OPTIONS)
+def start(config_path: Path | None, local_members: int | None, ingress_port: int | None, **flags: object) -> None:
+    """Start one node: media driver, archive, consensus module and service
+    container(s), each its own process, in that order, each once the one
+    before it is ready; then supervise them.
+
+    \b
+    cluster-node start --config node.toml
+    cluster-node start --local 1 [--dir BASE] [--service module:Class]
+
+    Each value comes from its flag, else the config file (--local: the
+    generated configuration), else the environment (FULMAR_DRIVER_DIR,
+    FULMAR_CLUSTER_SECRET), else the default.  Relative paths in the file are
+    relative to the file.  The processes write their output to
+    <log_dir>/{driver,archive,consensus,service<i>}.log.
+
+    SIGINT, SIGTERM or SIGHUP stop the node in order: the consensus module
+    first (it takes a snapshot and stops the services at one log position),
+    then the archive, then the driver; what does not stop within
+    --stop-timeout is killed.  A second signal kills what is left at once.
+    If a process dies, the supervisor names it, its pid and how it ended, shows
+    the end of its log, and stops the rest.
+
+    \b
+    Exit codes: 0 stopped cleanly on request; 1 a process died or could not
+    start; 2 a configuration error; 3 stopped on request, but something had
+    to be killed or exited with an error.
+    """
+    generated = None
+    if local_members is not None:
+        if config_path is not None:
+            raise _supervisor.ConfigError("--local generates the configuration: give --config or --local, not both")
+        if local_members != 1:
+            raise _supervisor.ConfigError(
+                f"--local {local_members}: multi-member clusters come with elections; use --local 1 "
+                "(the consensus module is single-member for now)")
+        base_flag = flags.get("dir")
+        base = Path(str(base_flag)).absolute() if base_flag else _supervisor.default_local_base()
+        flags["dir"] = None  # --dir is the cluster's base here; the node's is base/node0
+        port = ingress_port or _supervisor.free_udp_port()
+        generated = _supervisor.local_layer(base, 0, port)
+        generated[("service", "service")] = _supervisor.DEFAULT_LOCAL_SERVICE
+        click.echo(f"local cluster of 1 member under {base} (ingress 127.0.0.1:{port})")
+    elif ingress_port is not None:
+        raise _supervisor.ConfigError("--ingress-port is for --local; otherwise set [consensus] ingress_channel "
+                                      "in the config or pass --consensus-ingress-channel")
+    config = _supervisor.resolve_config(_START_OPTIONS, flags, config_path, generated)
+    _supervisor.validate(config)
+    if generated is not None:
+        (config.node_dir / "node.toml").write_text(config.to_toml())
+    sys.exit(_supervisor.run_node(config))
+
+
 if __name__ == "__main__":
     main()

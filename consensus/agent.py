@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 import time
+from pathlib import Path
 from collections import deque
 from collections.abc import Callable
 from enum import IntEnum
@@ -149,7 +150,9 @@ class ConsensusModuleAgent:
         self._service_acks: dict[int, dict[int, Any]] = {}
         self._expected_ack_id = 0
         self._pending_ingress: deque[bytes] = deque()
+        self._ingress_control_only = False  # suspended: session messages wait in the ingress
         self._authenticator = context.authenticator
+        self._wake = aeron.conductor.data_doorbell.ring
         self._egress = EgressPublisher()
         self.log_publisher = LogPublisher()
         self._log_publication: "ExclusivePublication | None" = None
@@ -159,6 +162,10 @@ class ConsensusModuleAgent:
         self._snapshot_log_position = NULL_POSITION
         self._termination_position = NULL_POSITION
         self._termination_action: ControlToggle | None = None
+        self._state_after_snapshot = ConsensusModuleState.ACTIVE
+        self._service_check_deadline_ns = 0
+        self._termination_ack_id = NULL_VALUE
+        self._snapshot_ack_id = NULL_VALUE
         self._max_cycle_ns = 0
         self.recovery_state: "Counter | None" = None  # what the services recover from (set at launch)
         # Streams: ingress from clients, service control both ways.
@@ -186,9 +193,10 @@ class ConsensusModuleAgent:
             protocol.CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID,
             f"Cluster work cycle time exceeded count: threshold={context.cycle_threshold_ns}ns", key)
         self.snapshot_counter = self._counter(protocol.SNAPSHOT_COUNTER_TYPE_ID, "Cluster snapshot count", key)
-        self.sessions_counter = self._counter(0 + 218, "Cluster sessions", key)  # open client sessions
-        self.timers_counter = self._counter(0 + 219, "Cluster timers", key)
-        self.invalid_requests_counter = self._counter(0 + 220, "Cluster invalid requests (ignored)", key)
+        self.sessions_counter = self._counter(protocol.CLUSTER_SESSIONS_TYPE_ID, "Cluster sessions", key)
+        self.timers_counter = self._counter(protocol.CLUSTER_TIMERS_TYPE_ID, "Cluster timers", key)
+        self.invalid_requests_counter = self._counter(
+            protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID, "Cluster invalid requests (ignored)", key)
         self.leadership_term_counter.set(NULL_VALUE)
         self.commit_position_counter.set(0)
         self.control_toggle.set(ControlToggle.INACTIVE)
@@ -229,6 +237,12 @@ class ConsensusModuleAgent:
             self.max_cycle_counter.set(took)
         if took > self.context.cycle_threshold_ns:
             self.cycle_exceeded_counter.increment()
+
+    def has_work(self) -> bool:
+        """A cheap check before sleeping: is a message already waiting?"""
+        image = self._log_image
+        return (self.ingress.is_data_available() or self.from_services.is_data_available()
+                or (image is not None and image.is_data_available()))
 
     def cluster_time(self) -> int:
         """Cluster time, in its unit (milliseconds since the epoch)."""
@@ -283,12 +297,16 @@ class ConsensusModuleAgent:
         if self.append_position > self.commit_position:
             self.commit_position = self.append_position
             self.commit_position_counter.set(self.commit_position)
+            # The services sleep on the data doorbell: a counter write rings
+            # nothing by itself (a ring costs a fence when nobody waits).
+            self._wake()
             return 1
         return 0
 
     # ----------------------------------------------------------------- ingress
 
     def _poll_ingress(self, session_control_only: bool = False) -> int:
+        self._ingress_control_only = session_control_only
         work = 0
         while self._pending_ingress:
             message = self._pending_ingress[0]
@@ -296,7 +314,6 @@ class ConsensusModuleAgent:
                 return work
             self._pending_ingress.popleft()
             work += 1
-        self._ingress_control_only = session_control_only
         return work + self.ingress.poll(self._ingress_assembler.on_fragment, 64)
 
     def _on_ingress_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
@@ -313,7 +330,7 @@ class ConsensusModuleAgent:
             return True
         template = header.template_id
         if template == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
-            if getattr(self, "_ingress_control_only", False):
+            if self._ingress_control_only:
                 return False  # suspended: messages wait in the ingress
             try:
                 session_header = codecs.SessionMessageHeaderDecoder().wrap_and_apply_header(buffer, offset, length)
@@ -392,6 +409,9 @@ class ConsensusModuleAgent:
         for session in self.pending_sessions:
             if session.id == message.cluster_session_id and session.state is ClusterSessionState.CHALLENGED:
                 session.time_of_last_activity(self._now_ns)
+                # As in Aeron, the answer to the client carries the challenge
+                # response's correlation id from now on.
+                session.correlation_id = message.correlation_id
                 self._authenticator.on_challenge_response(session.id, bytes(message.encoded_credentials),
                                                           self.epoch_ms())
                 return True
@@ -577,6 +597,12 @@ class ConsensusModuleAgent:
         self._expected_ack_id += 1
         return ack_id
 
+    def services_acked_partially(self, ack_id: int, missing: list[int]) -> bool:
+        """Whether a service other than ``missing`` has yet to acknowledge ``ack_id``."""
+        acks = self._service_acks.get(ack_id, {})
+        return any(service_id not in acks and service_id not in missing
+                   for service_id in range(self.context.service_count))
+
     def services_acked(self, ack_id: int, log_position: int | None = None) -> list[Any] | None:
         """The acks of every service for ``ack_id``, once all came."""
         acks = self._service_acks.get(ack_id, {})
@@ -750,6 +776,7 @@ class ConsensusModuleAgent:
             self._error(f"unknown control toggle value {toggle} reset")
             self.control_toggle.set(ControlToggle.NEUTRAL)
             return 1
+        running = (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED)
         if action is ControlToggle.SUSPEND and self.state is ConsensusModuleState.ACTIVE:
             if self._append_action(ClusterAction.SUSPEND)[0] > 0:
                 self._set_state(ConsensusModuleState.SUSPENDED)
@@ -758,23 +785,57 @@ class ConsensusModuleAgent:
             if self._append_action(ClusterAction.RESUME)[0] > 0:
                 self._set_state(ConsensusModuleState.ACTIVE)
                 self.control_toggle.set(ControlToggle.NEUTRAL)
-        elif action in (ControlToggle.SNAPSHOT, ControlToggle.SHUTDOWN) and self.state is ConsensusModuleState.ACTIVE:
+        elif action in (ControlToggle.SUSPEND, ControlToggle.RESUME) and self.state in running:
+            self.control_toggle.set(ControlToggle.NEUTRAL)  # already so: nothing to do
+        elif action in (ControlToggle.SNAPSHOT, ControlToggle.SHUTDOWN) and self.state in running:
             result, position = self._append_action(ClusterAction.SNAPSHOT)
             if result > 0:
                 self._snapshot_log_position = position
+                self._state_after_snapshot = self.state
                 self._termination_action = action if action is ControlToggle.SHUTDOWN else None
                 self._snapshot_ack_id = self.next_ack_id()
                 self._set_state(ConsensusModuleState.SNAPSHOT)
-        elif action is ControlToggle.ABORT and self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
+        elif action is ControlToggle.ABORT and self.state in running:
             self._begin_termination(ControlToggle.ABORT)
+        elif action is ControlToggle.STANDBY_SNAPSHOT:
+            self.control_toggle.set(ControlToggle.NEUTRAL)  # no standby members here
         else:
-            return 0  # not now (e.g. a snapshot is under way): the toggle stays set
+            return 0  # not now (a snapshot or a stop is under way): the toggle waits
         return 1
 
     def _append_action(self, action: ClusterAction) -> tuple[int, int]:
         return self.log_publisher.append_cluster_action(self.leadership_term_id, self.cluster_time(), int(action))
 
+    def _dead_services(self) -> list[int]:
+        """Services whose container process is gone (its mark file stale or its pid dead)."""
+        from fulmar.consensus.mark_file import read_cluster_mark_file, service_mark_file_name
+
+        dead = []
+        now_ms = self.epoch_ms()
+        for service_id in range(self.context.service_count):
+            path = Path(self.context.cluster_dir) / service_mark_file_name(service_id)
+            try:
+                if read_cluster_mark_file(path).is_active(now_ms):
+                    continue
+            except FulmarError:
+                pass
+            dead.append(service_id)
+        return dead
+
     def _check_snapshot_and_termination(self, now_ns: int) -> int:
+        if self.state in (ConsensusModuleState.SNAPSHOT, ConsensusModuleState.TERMINATING):
+            # Waiting on the services: one that died will never answer.
+            if now_ns >= self._service_check_deadline_ns:
+                self._service_check_deadline_ns = now_ns + 250_000_000
+                dead = self._dead_services()
+                if dead and self.state is ConsensusModuleState.SNAPSHOT:
+                    raise ClusterTerminationError(f"service(s) {dead} died during the snapshot: stopping")
+                if dead and not self.services_acked_partially(self._termination_ack_id, dead):
+                    self.terminated = True
+                    self.termination_reason = f"stop at log position {self._termination_position} " \
+                                              f"(service(s) {dead} already gone)"
+                    self._set_state(ConsensusModuleState.CLOSED)
+                    return 1
         if self.state is ConsensusModuleState.SNAPSHOT:
             if self.commit_position < self._snapshot_log_position:
                 return 0
@@ -811,7 +872,7 @@ class ConsensusModuleAgent:
         if self._termination_action is ControlToggle.SHUTDOWN:
             self._begin_termination(ControlToggle.SHUTDOWN)
         else:
-            self._set_state(ConsensusModuleState.ACTIVE)
+            self._set_state(self._state_after_snapshot)
             self.control_toggle.set(ControlToggle.NEUTRAL)
 
     def _begin_termination(self, action: ControlToggle) -> None:
@@ -825,8 +886,8 @@ class ConsensusModuleAgent:
 
     def request_shutdown(self, action: ControlToggle = ControlToggle.SHUTDOWN) -> None:
         """What SIGTERM asks for: a snapshot and an orderly stop (or ABORT: no snapshot)."""
-        if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
-            self.control_toggle.set(action)
+        if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED, ConsensusModuleState.SNAPSHOT):
+            self.control_toggle.set(action)  # (during a snapshot it is acted on after it)
 
     # ----------------------------------------------------------------- misc
 

@@ -117,7 +117,8 @@ class ConsensusModule:
 
     def run(self) -> None:
         agent = self.agent
-        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns)
+        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns,
+                                    has_work=agent.has_work)
         next_mark_ms = 0
         stop_requested_at = 0.0
         while not agent.terminated:

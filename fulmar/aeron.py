@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from fulmar.broadcast import BroadcastReceiver, CopyBroadcastReceiver, UnableToKeepUpError
 from fulmar.cnc import CncError, CncFile
 from fulmar.codecs.generated import driver as protocol
@@ -205,6 +207,7 @@ class ClientConductor:
             pending = self._pending[correlation_id] = _Pending(kind, {**fields, **(local or {})})
             self._send(encoder, client_id=self.client_id, correlation_id=correlation_id, **fields)
         deadline_ns = time.monotonic_ns() + self.context.driver_timeout_ms * 1_000_000
+        next_liveness_check_ns = time.monotonic_ns() + 100_000_000
         try:
             while True:
                 with self.lock:
@@ -222,6 +225,18 @@ class ClientConductor:
                         raise DriverTimeoutError(
                             f"no response from the driver to {kind} within {self.context.driver_timeout_ms} ms"
                         )
+                    if now_ns >= next_liveness_check_ns:
+                        # A driver whose process is gone will never answer:
+                        # say so now rather than after the whole timeout.
+                        next_liveness_check_ns = now_ns + 100_000_000
+                        # (and its heartbeat stale too: a driver in another
+                        # pid namespace sharing /dev/shm is not mistaken for dead)
+                        heartbeat_age_ms = int(time.time() * 1000) - self.to_driver.consumer_heartbeat_time
+                        if heartbeat_age_ms > 1000 and not psutil.pid_exists(self.cnc.pid):
+                            error = DriverTimeoutError(
+                                f"the media driver (pid {self.cnc.pid}) in {self.cnc.path.parent} is gone")
+                            self._fail(error)
+                            raise error
                     if now_ns >= self._next_keepalive_ns:
                         self.do_work(now_ns)
         finally:
@@ -301,8 +316,8 @@ class ClientConductor:
             self._release_log(str(publication.log.path))
             if self._closed or self._terminal_error is not None:
                 return
-        self._request("remove publication", protocol.RemovePublicationEncoder,
-                      registration_id=publication.original_registration_id)
+        self._release_request("remove publication", protocol.RemovePublicationEncoder,
+                              publication.original_registration_id)
 
     def release_subscription(self, subscription: Subscription) -> None:
         with self.lock:
@@ -313,15 +328,24 @@ class ClientConductor:
             self._subscriptions.pop(subscription.registration_id, None)
             if self._closed or self._terminal_error is not None:
                 return
-        self._request("remove subscription", protocol.RemoveSubscriptionEncoder,
-                      registration_id=subscription.registration_id)
+        self._release_request("remove subscription", protocol.RemoveSubscriptionEncoder,
+                              subscription.registration_id)
 
     def release_counter(self, counter: Counter) -> None:
         with self.lock:
             self._counters.pop(counter.registration_id, None)
             if self._closed or self._terminal_error is not None:
                 return
-        self._request("remove counter", protocol.RemoveCounterEncoder, registration_id=counter.registration_id)
+        self._release_request("remove counter", protocol.RemoveCounterEncoder, counter.registration_id)
+
+    def _release_request(self, kind: str, encoder: type[MessageEncoder], registration_id: int) -> None:
+        """Closing is cleanup: with the driver gone there is nothing left to
+        release there (this client is failed and reports it once)."""
+        try:
+            self._request(kind, encoder, registration_id=registration_id)
+        except DriverTimeoutError as error:
+            if self._terminal_error is None:
+                self._fail(error)
 
     # ------------------------------------------------------------------ responses
 

@@ -1,250 +1,287 @@
-"""``make run`` (until the cluster exists): a media driver and two client
-processes exchange messages over ``aeron:ipc`` while an archive process
-records the stream; the recording is then replayed and checked.
+"""``make run``: a one-node cluster serving a replicated key-value store.
 
-Three processes: the media driver (cnc.dat, the conductor that owns the log
-buffer and moves the publisher's flow-control limit), a subscriber and a
-publisher, each a client of the driver.  The publisher sends messages of
-mixed sizes (some longer than an MTU, sent as fragments); the subscriber
-reassembles them and checks every byte and their order.  At the end the
-publisher closes its publication, the subscriber sees the end of the
-stream, and the driver's counters tell how often the publisher was held
-back.  The archive (``cluster-node archive``) records the same stream to
-segment files from the first message; once the stream has ended the demo
-replays the recording and checks that it holds every message again.
+1. ``cluster-node start --local 1`` starts a node (media driver, archive,
+   consensus module, clustered service container running
+   ``fulmar.service.samples:KeyValueService``) under a temporary directory,
+   each a process of its own, supervised.
+2. A ``ClusterClient`` opens a session over UDP on loopback and sends a
+   workload of puts and gets, a window of requests in flight; every reply is
+   checked against a local model of the store (ids, previous values, values).
+3. SIGTERM to the supervisor stops the node in order: the consensus module
+   takes a snapshot (its own and the service's) and stops the service at one
+   log position, then the archive and the driver stop.
+4. The node starts again on the same directory: the service loads the
+   snapshot (and would replay any log after it), and the client reads every
+   key back.  A last orderly stop, and the temporary directories are removed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import random
+import queue
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import zlib
 from pathlib import Path
+from typing import Any
 
 from fulmar.aeron import Aeron
-from fulmar.archive.client import AeronArchive, RecordingSignal
-from fulmar.fragment_assembler import FragmentAssembler
-from fulmar.log_reader import Header
-from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
+from fulmar.consensus.client import ClusterClient
+from fulmar.consensus.recording_log import RecordingLog
 
-CHANNEL = "aeron:ipc?term-length=1m"
-STREAM_ID = 1001
-POOL = random.Random(7).randbytes(1 << 20)
-MAX_SIZE = 5000
-DEADLINE_S = 120
-SUBSCRIBER_READY = "subscriber.ready"
+SERVICE = "fulmar.service.samples:KeyValueService"
+START_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 60
+REPLY_TIMEOUT_S = 30
+READY = re.compile(r"node (\d+) ready: ingress (\S+); driver directory (\S+);")
 
 
-def payload_of(seq: int, rnd: random.Random) -> bytes:
-    size = rnd.randint(1, 1376) if rnd.random() < 0.9 else rnd.randint(1377, MAX_SIZE)
-    start = (seq * 7919) % (len(POOL) - MAX_SIZE)
-    return POOL[start : start + size]
+class Node:
+    """``cluster-node start --local 1`` as a child process; its output echoed, indented."""
 
-
-def run_publisher(directory: Path, messages: int) -> None:
-    with Aeron.connect(directory) as aeron:
-        publication = aeron.add_publication(CHANNEL, STREAM_ID)
-        deadline = time.monotonic() + DEADLINE_S
-        rnd = random.Random(1)
-        crc = 0
-        for seq in range(messages):
-            payload = payload_of(seq, rnd)
-            while True:
-                result = publication.offer(payload, reserved_value=seq)
-                if result > 0:
-                    break
-                if result not in (BACK_PRESSURED, NOT_CONNECTED, ADMIN_ACTION):
-                    raise SystemExit(f"publisher: offer failed with {result}")
-                if time.monotonic() > deadline:
-                    raise SystemExit("publisher: the subscriber made no progress")
-                if result != ADMIN_ACTION:
-                    os.sched_yield()
-            crc = zlib.crc32(payload, crc)
-        print(f"publisher pid {os.getpid()}: {messages:,} messages sent on session {publication.session_id}, "
-              f"checksum {crc:08x}", flush=True)
-
-
-def run_subscriber(directory: Path, messages: int) -> None:
-    with Aeron.connect(directory) as aeron:
-        subscription = aeron.add_subscription(CHANNEL, STREAM_ID)
-        # The archive's subscription already makes the publication connected:
-        # say when this one exists, so the publisher starts after it.
-        (directory.parent / SUBSCRIBER_READY).touch()
-        rnd = random.Random(1)
-        stats = {"messages": 0, "bytes": 0, "fragmented": 0, "crc": 0}
-
-        def on_message(buffer: memoryview, offset: int, length: int, header: Header) -> None:
-            seq = stats["messages"]
-            expected = payload_of(seq, rnd)
-            if header.reserved_value != seq or buffer[offset : offset + length] != expected:
-                raise SystemExit(f"subscriber: message {seq} arrived wrong or out of order")
-            stats["messages"] += 1
-            stats["bytes"] += length
-            stats["fragmented"] += length > 1376
-            stats["crc"] = zlib.crc32(expected, stats["crc"])
-
-        assembler = FragmentAssembler(on_message)
-        deadline = time.monotonic() + DEADLINE_S
-        start = 0.0
-        while stats["messages"] < messages:
-            if subscription.poll(assembler, 512) == 0:
-                if time.monotonic() > deadline:
-                    raise SystemExit("subscriber: timed out")
-                os.sched_yield()
-            elif not start:
-                start = time.perf_counter()
-        elapsed = time.perf_counter() - start
-        image = subscription.images[0]
-        # The publisher closes its publication when done: wait for the end of stream.
-        while not image.is_end_of_stream and time.monotonic() < deadline:
-            subscription.poll(assembler, 512)
-            time.sleep(0.001)
-        print(
-            f"subscriber pid {os.getpid()}: {stats['messages']:,} messages ({stats['fragmented']:,} longer than "
-            f"one MTU, reassembled from fragments), {stats['bytes'] / 1e6:.1f} MB in {elapsed:.2f} s: "
-            f"{stats['messages'] / elapsed:,.0f} msgs/s, {stats['bytes'] / 1e6 / elapsed:.0f} MB/s; "
-            f"checksum {stats['crc']:08x}; end of stream at position {image.position:,}",
-            flush=True,
+    def __init__(self, base: Path, label: str) -> None:
+        self.label = label
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fulmar.cli.cluster_node", "start", "--local", "1", "--dir", str(base),
+             "--service", SERVICE],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.ingress, self.driver_dir = self._await_ready()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _next_line(self, deadline: float) -> str | None:
+        try:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise SystemExit(f"{self.label}: no output from cluster-node start for {START_TIMEOUT_S} s") from None
+        if line is not None:
+            self.output.append(line)
+            print(f"  | {line}", flush=True)
+        return line
+
+    def _await_ready(self) -> tuple[str, Path]:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            line = self._next_line(deadline)
+            if line is None:
+                raise SystemExit(f"{self.label}: cluster-node start exited with {self.process.wait(10)} before "
+                                 "the node was ready")
+            match = READY.search(line)
+            if match:
+                return match.group(2), Path(match.group(3))
+
+    def stop(self) -> int:
+        """SIGTERM: the supervisor stops the node in order (snapshot first); its exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while self._next_line(deadline) is not None:
+            pass
+        return self.process.wait(10)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()  # its children get SIGTERM from the kernel (parent-death signal)
+                self.process.wait(10)
 
 
-def run_driver(directory: Path) -> None:
-    from fulmar.driver.context import DriverContext
-    from fulmar.driver.media_driver import run_driver as serve
+class Workload:
+    """Pipelined requests over one session; each reply checked against the model."""
 
-    serve(
-        DriverContext(directory=directory),
-        on_ready=lambda driver: print(f"media driver pid {os.getpid()} serving {directory}", flush=True),
-    )
+    def __init__(self, model: dict[str, Any]) -> None:
+        self.client: ClusterClient | None = None
+        self.model = model
+        self.pending: list[tuple[int, dict[str, Any]]] = []  # (id, expected reply), in send order
+        self.head = 0
+        self.replies = 0
+        self.next_id = 1
+
+    def on_message(self, session_id: int, timestamp: int, payload: memoryview) -> None:
+        reply = json.loads(bytes(payload))
+        if self.head >= len(self.pending):
+            raise SystemExit(f"an unexpected reply: {reply}")
+        request_id, expected = self.pending[self.head]
+        self.head += 1
+        if reply != expected:
+            raise SystemExit(f"request {request_id}: expected {expected}, got {reply}")
+        self.replies += 1
+
+    def request_for(self, op: str, key: str, value: Any = None) -> tuple[bytes, dict[str, Any]]:
+        request_id = self.next_id
+        self.next_id += 1
+        if op == "put":
+            request = {"op": "put", "key": key, "value": value, "id": request_id}
+            expected = {"id": request_id, "ok": True, "previous": self.model.get(key)}
+            self.model[key] = value
+        else:
+            request = {"op": "get", "key": key, "id": request_id}
+            expected = {"id": request_id, "ok": True, "value": self.model.get(key)}
+        return json.dumps(request, separators=(",", ":")).encode(), expected
+
+    def run(self, operations: list[tuple[str, str, Any]], window: int) -> float:
+        """Send every operation, at most ``window`` unanswered; the elapsed seconds."""
+        client = self.client
+        assert client is not None
+        started = time.perf_counter()
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        sent = 0
+        prepared: tuple[bytes, dict[str, Any]] | None = None
+        target = self.replies + len(operations)
+        while self.replies < target:
+            while sent < len(operations) and len(self.pending) - self.head < window:
+                if prepared is None:
+                    op, key, value = operations[sent]
+                    payload, expected = self.request_for(op, key, value)
+                    prepared = (payload, expected)
+                if client.offer(prepared[0]) > 0:
+                    self.pending.append((self.next_id - 1, prepared[1]))
+                    prepared = None
+                    sent += 1
+                    deadline = time.monotonic() + REPLY_TIMEOUT_S
+                else:
+                    break
+            if client.poll_egress(window):
+                deadline = time.monotonic() + REPLY_TIMEOUT_S
+            elif time.monotonic() > deadline:
+                raise SystemExit(f"no reply for {REPLY_TIMEOUT_S} s: {self.replies:,} of {target:,} replies")
+            else:
+                time.sleep(0)  # let the node's processes run (2 cores)
+        return time.perf_counter() - started
 
 
-def check_recording(recorder: AeronArchive, messages: int) -> None:
-    """The publisher closed its publication: the recording stops at the end
-    of the stream.  Replay it and check every message against what was sent."""
-    stop = recorder.wait_for_signal(lambda s: s.signal == RecordingSignal.STOP, DEADLINE_S * 1_000_000_000)
-    descriptor = recorder.list_recording(stop.recording_id)
-    assert descriptor is not None
-    print(f"archive: recording {stop.recording_id} of stream {descriptor.stream_id} ({descriptor.stripped_channel}) "
-          f"stopped at position {stop.position:,}", flush=True)
-    replay = recorder.replay(stop.recording_id, "aeron:ipc?term-length=1m", STREAM_ID + 1, 0, stop.position)
-    rnd = random.Random(1)
-    state = {"messages": 0, "crc": 0}
-
-    def on_message(buffer: memoryview, offset: int, length: int, header: Header) -> None:
-        expected = payload_of(state["messages"], rnd)
-        if buffer[offset : offset + length] != expected:
-            raise SystemExit(f"replay: message {state['messages']} differs from what was sent")
-        state["messages"] += 1
-        state["crc"] = zlib.crc32(expected, state["crc"])
-
-    assembler = FragmentAssembler(on_message)
-    deadline = time.monotonic() + DEADLINE_S
-    started = time.perf_counter()
-    while state["messages"] < messages:
-        if replay.poll(assembler, 512) == 0:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"replay: only {state['messages']:,} of {messages:,} messages came back")
-            time.sleep(0.0005)
-    elapsed = time.perf_counter() - started
-    replay.close()
-    print(f"archive: replayed {state['messages']:,} messages ({stop.position / 1e6:.1f} MB) in {elapsed:.2f} s, "
-          f"all as sent; checksum {state['crc']:08x}", flush=True)
+def connect(node: Node, workload: Workload) -> tuple[Aeron, ClusterClient]:
+    """A session whose replies go to ``workload`` (``request`` still takes the next one itself)."""
+    aeron = Aeron.connect(node.driver_dir)
+    try:
+        client = ClusterClient.connect(aeron, node.ingress, egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+                                       on_message=workload.on_message,
+                                       message_timeout_ns=REPLY_TIMEOUT_S * 1_000_000_000)
+    except BaseException:
+        aeron.close()
+        raise
+    workload.client = client
+    return aeron, client
 
 
-def counters_summary(directory: Path) -> list[str]:
-    from fulmar.cnc import CncFile
-    from fulmar.counters import CountersReader
-
-    wanted = ("Errors", "Client liveness timeouts", "Active clients", "Commands received", "snd-bpe", "pub-pos")
-    lines = []
-    with CncFile.open(directory) as cnc:
-        reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
-        for counter in reader:
-            if counter.label.startswith(wanted):
-                lines.append(f"  {counter.counter_id:>3}  {counter.label:<60} {reader.counter_value(counter.counter_id):>14,}")
-    return lines
+def stop_node(node: Node, what: str) -> None:
+    print(f"{what}: SIGTERM to cluster-node start (pid {node.process.pid})", flush=True)
+    code = node.stop()
+    stopped = next((line for line in node.output if "consensus module stopped:" in line), "")
+    position = re.search(r"SHUTDOWN at log position (\d+)", stopped)
+    if code != 0 or position is None:
+        raise SystemExit(f"the node did not stop cleanly (exit code {code})")
+    print(f"cluster stopped cleanly (exit {code}): snapshot taken at log position {int(position.group(1)):,}",
+          flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m fulmar.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=300_000)
-    parser.add_argument("--role", choices=["driver", "publisher", "subscriber"], help=argparse.SUPPRESS)
-    parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--requests", type=int, default=20_000, help="puts and gets in the workload")
+    parser.add_argument("--keys", type=int, default=1_000, help="distinct keys")
+    parser.add_argument("--window", type=int, default=64, help="requests in flight")
     args = parser.parse_args()
-    if args.role == "driver":
-        run_driver(args.dir)
-        return
-    if args.role == "publisher":
-        run_publisher(args.dir, args.messages)
-        return
-    if args.role == "subscriber":
-        run_subscriber(args.dir, args.messages)
-        return
 
-    base = Path(tempfile.mkdtemp(prefix=f"fulmar-demo-{os.getpid()}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
-    directory = base / "driver"
-    processes: list[subprocess.Popen[str]] = []
-
-    def start(role: str) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "fulmar.demo", "--role", role, "--dir", str(directory), "--messages", str(args.messages)],
-            text=True,
-        )
-        processes.append(process)
-        return process
-
+    base = Path(tempfile.mkdtemp(prefix="fulmar-demo-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    nodes: list[Node] = []
+    driver_dirs: set[Path] = set()
+    model: dict[str, Any] = {}
     try:
-        driver = start("driver")
-        deadline = time.monotonic() + 30
-        while not (directory / "cnc.dat").exists():
-            if driver.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the media driver did not start")
-            time.sleep(0.01)
-        archive = subprocess.Popen(
-            [sys.executable, "-m", "fulmar.cli.cluster_node", "archive", "--dir", str(base / "archive"),
-             "--driver-dir", str(directory), "--control-channel", "none", "--segment-length", "16m"],
-            text=True,
-        )
-        processes.append(archive)
-        with Aeron.connect(directory) as aeron:
-            with AeronArchive.connect(aeron) as recorder:
-                recorder.start_recording(CHANNEL, STREAM_ID)
-                subscriber = start("subscriber")
-                deadline = time.monotonic() + 30
-                while not (base / SUBSCRIBER_READY).exists():
-                    if subscriber.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit("the subscriber did not start")
-                    time.sleep(0.01)
-                publisher = start("publisher")
-                for process in (publisher, subscriber):
-                    if process.wait(DEADLINE_S) != 0:
-                        raise SystemExit(f"a client process failed with exit code {process.returncode}")
-                check_recording(recorder, args.messages)
-        archive.send_signal(signal.SIGTERM)
-        if archive.wait(30) != 0:
-            raise SystemExit(f"the archive stopped with exit code {archive.returncode}")
-        print("driver counters:")
-        print("\n".join(counters_summary(directory)))
-        driver.send_signal(signal.SIGTERM)
-        driver.wait(30)
-        removed = not directory.exists()
-        print(f"driver stopped with exit code {driver.returncode}; its directory {'was removed' if removed else 'remains'}")
-        if driver.returncode != 0 or not removed:
-            raise SystemExit(1)
-        print("every message arrived once, in order, intact")
+        print(f"starting a one-node cluster under {base}", flush=True)
+        node = Node(base, "first start")
+        nodes.append(node)
+        driver_dirs.add(node.driver_dir)
+        workload = Workload(model)
+        aeron, client = connect(node, workload)
+        try:
+            first = client.request(json.dumps({"op": "get", "key": "greeting", "id": 0}).encode(), REPLY_TIMEOUT_S)
+            print(f"session {client.cluster_session_id} open; a first request answered: {first.decode()}", flush=True)
+            keys = [f"key-{k:05d}" for k in range(args.keys)]
+            operations: list[tuple[str, str, Any]] = []
+            for i in range(args.requests):  # every key written, reads of written and unwritten keys
+                if i % 2 == 0:
+                    operations.append(("put", keys[(i // 2 * 7919) % len(keys)], i))
+                else:
+                    operations.append(("get", keys[(i * 104729) % len(keys)], None))
+            elapsed = workload.run(operations, args.window)
+            puts = sum(1 for op in operations if op[0] == "put")
+            print(f"workload: {args.requests:,} requests ({puts:,} puts, {args.requests - puts:,} gets over "
+                  f"{len(keys):,} keys, {args.window} in flight) -> {workload.replies:,} replies in {elapsed:.2f} s: "
+                  f"{workload.replies / elapsed:,.0f} requests/s", flush=True)
+            print(f"{workload.replies:,} requests answered, every reply verified against the model", flush=True)
+            latencies = []
+            for i in range(args.keys):
+                key = keys[i]
+                started = time.perf_counter()
+                reply = json.loads(client.request(json.dumps({"op": "get", "key": key, "id": -i}).encode(),
+                                                  REPLY_TIMEOUT_S))
+                latencies.append(time.perf_counter() - started)
+                if reply != {"id": -i, "ok": True, "value": model.get(key)}:
+                    raise SystemExit(f"get {key}: expected {model.get(key)!r}, got {reply}")
+            latencies.sort()
+            print(f"request/response, one at a time: {len(latencies):,} gets, every reply verified; round trip "
+                  f"median {latencies[len(latencies) // 2] * 1e6:,.0f} us, "
+                  f"p99 {latencies[len(latencies) * 99 // 100] * 1e6:,.0f} us", flush=True)
+        finally:
+            client.close()
+            aeron.close()
+
+        stop_node(node, "snapshot and orderly stop")
+        cluster_dir = base / "node0" / "cluster"
+        with RecordingLog.open(cluster_dir, create=False) as recording_log:
+            snapshot = recording_log.get_latest_snapshot(0)
+        if snapshot is None:
+            raise SystemExit("no service snapshot in recording.log")
+        print(f"recording.log: the service's snapshot is recording {snapshot.recording_id} at log position "
+              f"{snapshot.log_position:,}", flush=True)
+
+        print("starting the cluster again on the same directory", flush=True)
+        node = Node(base, "restart")
+        nodes.append(node)
+        driver_dirs.add(node.driver_dir)
+        workload = Workload(model)
+        aeron, client = connect(node, workload)
+        try:
+            started = time.perf_counter()
+            elapsed = workload.run([("get", key, None) for key in sorted(model)], args.window)
+            print(f"state recovered after restart: {workload.replies:,} of {len(model):,} keys read back, every value "
+                  f"as before the stop ({elapsed:.2f} s)", flush=True)
+            workload.run([("put", "restarts", 1), ("get", "restarts", None)], 2)
+            print(f"the restarted cluster takes new writes (elapsed {time.perf_counter() - started:.2f} s)", flush=True)
+        finally:
+            client.close()
+            aeron.close()
+        stop_node(node, "final stop")
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
+        for node in nodes:
+            node.kill()
         shutil.rmtree(base, ignore_errors=True)
+        for directory in driver_dirs:
+            if directory.exists():
+                print(f"the driver directory {directory} was left behind: removing it", flush=True)
+                shutil.rmtree(directory, ignore_errors=True)
+    left = [str(path) for path in (base, *driver_dirs) if path.exists()]
+    if left:
+        raise SystemExit(f"left behind: {', '.join(left)}")
+    print(f"nothing left behind: {base} and {', '.join(str(d) for d in sorted(driver_dirs))} removed", flush=True)
 
 
 if __name__ == "__main__":

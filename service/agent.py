@@ -233,6 +233,15 @@ class ClusteredServiceAgent:
 
     # ---------------------------------------------------------- duty cycle
 
+    def has_work(self) -> bool:
+        """A cheap check before sleeping: a control message, or committed log to apply?"""
+        if self._from_module.is_data_available():
+            return True
+        image = self._log_image
+        if image is None or not image.is_data_available():
+            return False
+        return self.aeron.counters_reader.counter_value(self._commit_counter_id) > image.position
+
     def do_work(self, now_ns: int) -> int:
         work = self._from_module.poll(self._control_assembler.on_fragment, 16)
         if self._active_log is not None and self._log_image is None:

@@ -107,7 +107,8 @@ class ServiceContainer:
 
     def run(self) -> str:
         agent = self.agent
-        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns)
+        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns,
+                                    has_work=agent.has_work)
         next_slow_ns = 0
         next_mark_ms = 0
         while not agent.terminated:
@@ -122,7 +123,7 @@ class ServiceContainer:
                     next_mark_ms = now_ms + 1000
                 if self.aeron.is_closed:
                     return "the media driver went away"
-                if self._stop.is_set() and not _consensus_module_alive(self.aeron, self.context.cluster_id):
+                if self._stop.is_set() and not _consensus_module_alive(Path(self.context.cluster_dir)):
                     return "stopped (no consensus module to stop it in order)"
             idle.idle(work)
         return f"terminated at log position {agent.log_position}"
@@ -139,14 +140,17 @@ class ServiceContainer:
             self.aeron.close()
 
 
-def _consensus_module_alive(aeron: Aeron, cluster_id: int) -> bool:
-    """Whether the cluster's commit position counter is still allocated (its
-    module holds it): a service stopped by a signal waits for the module's
+def _consensus_module_alive(cluster_dir: Path) -> bool:
+    """Whether this node's consensus module is up (its mark file fresh and its
+    process alive): a service stopped by a signal waits for the module's
     orderly stop, but not for a module that is gone."""
-    from fulmar.consensus import protocol
+    from fulmar.consensus.mark_file import read_cluster_mark_file
 
-    key = cluster_id.to_bytes(4, "little", signed=True)
-    return any(c.type_id == protocol.COMMIT_POSITION_TYPE_ID and c.key[:4] == key for c in aeron.counters_reader)
+    try:
+        contents = read_cluster_mark_file(cluster_dir / "cluster-mark.dat")
+    except FulmarError:
+        return False
+    return contents.is_active(epoch_ms())
 
 
 def run_service_container(context: ServiceContext, service: ClusteredService | None = None,

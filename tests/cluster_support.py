@@ -80,7 +80,8 @@ class SingleNodeCluster:
         return self.base / "cluster"
 
     def start(self) -> "SingleNodeCluster":
-        if self.driver is None:
+        """Start whatever is not running (after a crash: the dead ones)."""
+        if self.driver is None or self.driver.process.poll() is not None:
             self.driver = DriverProcess(self.driver_dir)
         if self.archive is None or self.archive.process.poll() is not None:
             self.archive = ArchiveProcess(self.base / "archive", self.driver_dir)
@@ -101,6 +102,20 @@ class SingleNodeCluster:
              "--service", self.service_name],
             "service 0 (", self.base / "service.log")
         return self.service
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the node (what a crash of the machine's
+        processes looks like; the files stay)."""
+        for aeron in self.clients:
+            aeron.close()
+        self.clients.clear()
+        for process in (self.service, self.consensus):
+            if process is not None:
+                process.kill()
+        if self.archive is not None:
+            self.archive.kill()
+        if self.driver is not None:
+            self.driver.kill()
 
     def connect(self) -> Aeron:
         assert self.driver is not None

@@ -469,7 +469,8 @@ def test_a_late_subscriber_joins_where_the_slowest_subscriber_is(start_driver) -
         publication = aeron.add_exclusive_publication("aeron:ipc?term-length=64k", 4321)
         wait_for(lambda: publication.is_connected, 10, "the publication to connect")
         for seq in range(5):
-            assert publication.offer(bytes([seq]) * 10) > 0
+            # (back pressure until the driver has set the new publication's limit)
+            wait_for(lambda: publication.offer(bytes([seq]) * 10) > 0, 10, f"offer {seq}")
         second = aeron.add_subscription("aeron:ipc", 4321)  # nobody has read anything yet
         wait_for(lambda: second.image_count == 1, 10, "the second subscriber's image")
         publication.close()  # closed: subscribers drain it to the end of stream
@@ -487,3 +488,23 @@ def test_a_late_subscriber_joins_where_the_slowest_subscriber_is(start_driver) -
         # A round trip through the driver after it: an image would have been announced first.
         aeron.add_counter(1001, "round trip").close()
         assert late.image_count == 0
+
+
+def test_closing_after_the_driver_died_is_prompt_and_quiet(start_driver) -> None:
+    """Closing is cleanup: with the driver's process gone there is nothing to
+    release there, so close neither waits out the driver timeout nor raises."""
+    driver = start_driver()
+    aeron = driver.connect(error_handler=lambda error: None)
+    try:
+        publication = aeron.add_publication("aeron:ipc?term-length=64k", 77)
+        subscription = aeron.add_subscription("aeron:ipc", 77)
+        driver.kill()
+        started = time.monotonic()
+        publication.close()
+        subscription.close()
+        assert time.monotonic() - started < 3  # not the 10 s driver timeout
+        assert publication.is_closed and subscription.is_closed
+        with pytest.raises(DriverTimeoutError):
+            aeron.add_publication("aeron:ipc", 78)  # the client is failed now, and says why
+    finally:
+        aeron.close()

@@ -1,0 +1,379 @@
+"""A one-node cluster echoing: throughput with a windowed client, and
+round-trip percentiles at a fixed rate.
+
+The node is real processes, each started with ``cluster-node`` exactly as an
+operator would: a media driver (directory on /dev/shm), an archive (local
+control only; directory on the real disk under /var/tmp), a consensus module
+and a service container running ``fulmar.service.samples:EchoService``.
+Each process uses its default idle strategy (printed once per run).  This
+process is the client: a ``ClusterClient`` of the same driver, ingress and
+egress over UDP on 127.0.0.1, so every message goes client -> driver
+(receiver) -> consensus module (ingress) -> log (IPC, recorded by the
+archive; committed once recorded) -> service -> egress (UDP) -> driver ->
+client.  (The process-starting code is a copy of the small part of
+``tests/cluster_support.py`` it needs, so the bench does not import the
+tests package.)
+
+Throughput: a window of ``W`` messages outstanding (sent, not yet echoed);
+``N`` messages of a ``P``-byte payload (an 8-byte sequence number, then
+filler; the 32-byte session header is extra); timed from the first offer
+until the last echo.  Every echo is checked: byte for byte the message sent,
+in order.  MB/s counts the payload bytes echoed (one direction), 10^6 bytes
+per MB.
+
+Latency: messages sent on a fixed schedule (``rate`` per second, 32-byte
+payload holding the sequence number and the *intended* send time); each
+round trip is the time from the intended send time to the echo's arrival,
+so a late send (the client stuck behind back pressure or a slow echo) counts
+in full: no coordinated omission.  The first second is warm-up and not
+recorded.  Values go into an HdrHistogram (1 ns .. 100 s, 3 digits).  The
+client waits on the driver's data doorbell until an echo lands or the next
+send is due (it does not spin: on 2 cores a spinning client takes the CPU
+from the node's processes).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+from fulmar.aeron import Aeron
+from fulmar.cnc import CncError, CncFile
+from fulmar.consensus.client import ClusterClient
+from fulmar.log_writer import CLOSED, MAX_POSITION_EXCEEDED
+
+SERVICE = "fulmar.service.samples:EchoService"
+EGRESS_CHANNEL = "aeron:udp?endpoint=127.0.0.1:0"
+WINDOWS = (64, 256, 1024)
+SIZES = (32, 256)
+RATES = (1_000, 5_000)
+PERCENTILES = (50, 90, 99, 99.9)
+WARMUP_S = 1.0
+DISK_PARENT = "/var/tmp"
+SHM_PARENT = "/dev/shm"
+START_TIMEOUT_S = 60
+_SEQUENCE = struct.Struct("<q")
+_STAMP = struct.Struct("<qq")  # sequence, intended send time (perf_counter_ns)
+_announced = False
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class NodeProcess:
+    """One ``cluster-node`` subcommand, its output in a log file; ready once
+    the log shows ``ready_text``; stopped with SIGTERM (SIGKILL after 30 s)."""
+
+    def __init__(self, args: list[str], ready_text: str, log_path: Path, ready: Any = None) -> None:
+        self.name = args[0]
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", *args],
+                                        stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not (ready_text in self.output() and (ready is None or ready(self))):
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited with {self.process.returncode}: {self.output()[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name} did not start in {START_TIMEOUT_S} s: {self.output()[-2000:]}")
+                time.sleep(0.01)
+        except BaseException:
+            self.stop()
+            raise
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text()
+        except OSError:
+            return ""
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def stop(self, timeout_s: float = 30) -> None:
+        self.signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        self._log.close()
+
+
+class Node:
+    """Driver, archive, consensus module, service: started in that order,
+    stopped in the reverse one (the consensus module and the service
+    together, as the orderly stop needs both), every directory removed."""
+
+    def __init__(self, service: str = SERVICE) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster-", dir=DISK_PARENT))
+        self.driver_dir = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster-", dir=SHM_PARENT)) / "driver"
+        self.ingress_channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
+        self.processes: list[NodeProcess] = []
+        try:
+            self.driver = self._start(["driver", "--dir", str(self.driver_dir)], "serving", "driver.log",
+                                      ready=self._driver_ready)
+            self.archive = self._start(["archive", "--dir", str(self.base / "archive"), "--driver-dir",
+                                        str(self.driver_dir), "--control-channel", "none",
+                                        "--replication-channel", "aeron:udp?endpoint=127.0.0.1:0"],
+                                       "serving", "archive.log")
+            self.consensus = self._start(["consensus", "--cluster-dir", str(self.base / "cluster"), "--driver-dir",
+                                          str(self.driver_dir), "--ingress-channel", self.ingress_channel],
+                                         "consensus module pid", "consensus.log")
+            self.service = self._start(["service", "--cluster-dir", str(self.base / "cluster"), "--driver-dir",
+                                        str(self.driver_dir), "--service", service],
+                                       "service 0 (", "service.log")
+        except BaseException as error:
+            logs = self.log_tails()
+            self.close()
+            if isinstance(error, Exception):
+                raise RuntimeError(f"the cluster node did not start: {error}\n{logs}") from error
+            raise
+
+    def _start(self, args: list[str], ready_text: str, log_name: str, ready: Any = None) -> NodeProcess:
+        process = NodeProcess(args, ready_text, self.base / log_name, ready)
+        self.processes.append(process)
+        return process
+
+    def _driver_ready(self, driver: NodeProcess) -> bool:
+        try:
+            with CncFile.open(self.driver_dir) as cnc:
+                return bool(cnc.pid == driver.process.pid)  # not a dead driver's leftover file
+        except (CncError, OSError):
+            return False
+
+    def log_tails(self, lines: int = 15) -> str:
+        """The last lines each process printed (for errors: close() removes the logs)."""
+        tails = []
+        for process in self.processes:
+            tail = process.output().splitlines()[-lines:]
+            tails.append(f"--- {process.name} (pid {process.process.pid}, exit {process.process.poll()}):\n"
+                         + "\n".join(tail))
+        return "\n".join(tails)
+
+    def pids(self) -> dict[str, int]:
+        return {process.name: process.process.pid for process in self.processes}
+
+    def close(self) -> None:
+        try:
+            cluster = [p for p in self.processes if p.name in ("consensus", "service")]
+            for process in cluster:
+                process.signal(signal.SIGTERM)
+            for process in cluster:
+                process.stop()
+            for process in reversed([p for p in self.processes if p not in cluster]):
+                process.stop()
+        finally:
+            self.processes.clear()
+            shutil.rmtree(self.driver_dir.parent, ignore_errors=True)
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _idle_strategies() -> str:
+    from fulmar.archive.context import ArchiveContext
+    from fulmar.consensus.context import ConsensusModuleContext
+    from fulmar.driver.context import DriverContext
+    from fulmar.service.context import ServiceContext
+
+    def ms(ns: int) -> str:
+        return f"{ns / 1e6:g} ms"
+
+    return (f"driver {DriverContext.idle_strategy} (max wait {ms(DriverContext.timer_interval_ns)}), "
+            f"archive doorbell (max wait {ms(ArchiveContext.idle_max_wait_ns)}, "
+            f"{ms(ArchiveContext.busy_idle_max_wait_ns)} while busy), "
+            f"consensus module doorbell (max wait {ms(ConsensusModuleContext.idle_max_wait_ns)}), "
+            f"service doorbell (max wait {ms(ServiceContext.idle_max_wait_ns)}), "
+            f"client doorbell (until an echo or the next send)")
+
+
+def _connect(aeron: Aeron, node: Node, on_message: Any) -> ClusterClient:
+    return ClusterClient.connect(aeron, node.ingress_channel, egress_channel=EGRESS_CHANNEL,
+                                 message_timeout_ns=30_000_000_000, on_message=on_message)
+
+
+def _wait_doorbell(aeron: Aeron, client: ClusterClient, timeout_ns: int) -> None:
+    """Sleep on the data doorbell for at most ``timeout_ns`` unless an echo is already there."""
+    doorbell = aeron.conductor.data_doorbell
+    token = doorbell.prepare()
+    if client.subscription.is_data_available():
+        doorbell.cancel()
+        return
+    doorbell.wait(token, max(1, timeout_ns))
+
+
+def _check_offer(result: int) -> None:
+    if result in (CLOSED, MAX_POSITION_EXCEEDED):
+        raise RuntimeError(f"ingress offer failed: {result}")
+
+
+def throughput(aeron: Aeron, node: Node, size: int, window: int, count: int) -> float:
+    """Seconds to echo ``count`` messages of ``size`` bytes with ``window`` outstanding; every echo verified."""
+    filler = bytes(range(256)) * (size // 256 + 1)
+    messages = [_SEQUENCE.pack(seq) + filler[: size - 8] for seq in range(count)]
+    received = [0]
+    errors: list[str] = []
+
+    def on_message(session_id: int, timestamp: int, payload: memoryview) -> None:
+        seq = received[0]
+        if seq < count and payload == messages[seq]:
+            received[0] = seq + 1
+        elif not errors:
+            errors.append(f"echo {seq}: got {bytes(payload[:16]).hex()}.. ({len(payload)} B), "
+                          f"expected {messages[seq][:16].hex() if seq < count else 'nothing'}")
+            received[0] = seq + 1
+
+    client = _connect(aeron, node, on_message)
+    try:
+        offer = client.offer
+        poll = client.poll_egress
+        sent = 0
+        deadline = time.monotonic() + 300
+        start = time.perf_counter()
+        while received[0] < count:
+            progress = 0
+            while sent < count and sent - received[0] < window:
+                result = offer(messages[sent])
+                if result > 0:
+                    sent += 1
+                    progress += 1
+                else:
+                    _check_offer(result)
+                    break
+            progress += poll(256)
+            if not progress:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{received[0]} of {count} echoes after 300 s (window {window}, {size} B)")
+                _wait_doorbell(aeron, client, 1_000_000)
+        elapsed = time.perf_counter() - start
+        if errors:
+            raise AssertionError(f"echoes out of order or corrupt: {errors[0]}")
+    finally:
+        client.close()
+    return elapsed
+
+
+def latency(aeron: Aeron, node: Node, rate: int, seconds: float) -> tuple[HdrHistogram, dict[str, float]]:
+    """Round trips at ``rate`` messages per second for ``seconds`` (after the warm-up),
+    each from its intended send time."""
+    histogram = HdrHistogram(1, 100_000_000_000, 3)
+    interval_ns = 1_000_000_000 // rate
+    warmup = int(WARMUP_S * rate)
+    total = warmup + int(seconds * rate)
+    clock = time.perf_counter_ns
+    state = {"received": 0, "bad": 0}
+    padding = b"\0" * 16
+
+    def on_message(session_id: int, timestamp: int, payload: memoryview) -> None:
+        now = clock()
+        seq, intended = _STAMP.unpack_from(payload, 0)
+        if seq != state["received"]:
+            state["bad"] += 1
+        state["received"] += 1
+        if seq >= warmup:
+            histogram.record_value(max(1, now - intended))
+
+    client = _connect(aeron, node, on_message)
+    late_sends = 0
+    max_send_lag_ns = 0
+    try:
+        poll = client.poll_egress
+        offer = client.offer
+        start = clock() + 10_000_000
+        sent = 0
+        deadline = time.monotonic() + seconds + WARMUP_S + 120
+        while state["received"] < total:
+            now = clock()
+            if sent < total:
+                intended = start + sent * interval_ns
+                if now >= intended:
+                    result = offer(_STAMP.pack(sent, intended) + padding)
+                    if result > 0:
+                        lag = clock() - intended
+                        if lag > interval_ns:
+                            late_sends += 1
+                        max_send_lag_ns = max(max_send_lag_ns, lag)
+                        sent += 1
+                        continue
+                    _check_offer(result)
+            if poll(256):
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{state['received']} of {total} echoes at {rate}/s")
+            wait_ns = (start + sent * interval_ns - clock()) if sent < total else 1_000_000
+            if wait_ns > 0:
+                _wait_doorbell(aeron, client, min(wait_ns, 1_000_000))
+        elapsed_s = (clock() - start) / 1e9
+        if state["bad"]:
+            raise AssertionError(f"{state['bad']} echoes out of order at {rate}/s")
+    finally:
+        client.close()
+    return histogram, {"late_sends": late_sends, "max_send_lag_us": max_send_lag_ns / 1000,
+                       "achieved_rate": total / elapsed_s}
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    global _announced
+    count = 5_000 if quick else 50_000
+    seconds = 2.0 if quick else 5.0
+    results: list[dict[str, Any]] = []
+    load_before = os.getloadavg()[0]
+    began = time.monotonic()
+    node = Node()
+    try:
+        if not _announced:
+            _announced = True
+            print(f"bench.cluster: 1-node cluster, processes {node.pids()} + this client, {os.cpu_count()} cores "
+                  f"(all share them); idle strategies (defaults): {_idle_strategies()}; cluster dir {node.base}, "
+                  f"driver {node.driver_dir}; {count:,} msgs per throughput case, "
+                  f"{seconds:g} s (+{WARMUP_S:g} s warm-up) per rate", flush=True)
+        with Aeron.connect(node.driver_dir) as aeron:
+            throughput(aeron, node, 32, 64, min(count, 2_000))  # warm-up: imports, first log terms, JIT-free caches
+            for size in SIZES:
+                for window in WINDOWS:
+                    elapsed = throughput(aeron, node, size, window, count)
+                    label = f"cluster echo {size} B, window {window}"
+                    results.append({"name": label, "value": count / elapsed, "unit": "msgs/s", "reference": None})
+                    results.append({"name": f"{label} MB/s", "value": count * size / elapsed / 1e6,
+                                    "unit": "MB/s", "reference": None})
+            for rate in RATES:
+                histogram, info = latency(aeron, node, rate, seconds)
+                label = f"cluster echo RTT at {rate:,}/s"
+                for percentile in PERCENTILES:
+                    results.append({"name": f"{label} p{percentile}",
+                                    "value": histogram.get_value_at_percentile(percentile) / 1000,
+                                    "unit": "us", "reference": None})
+                results.append({"name": f"{label} max", "value": histogram.get_max_value() / 1000,
+                                "unit": "us", "reference": None})
+                results.append({"name": f"{label}, achieved", "value": info["achieved_rate"],
+                                "unit": "msgs/s", "reference": None})
+                results.append({"name": f"{label}, sends >1 interval late", "value": info["late_sends"],
+                                "unit": "msgs", "reference": None})
+    except Exception as error:
+        raise RuntimeError(f"bench.cluster failed: {error}\n{node.log_tails()}") from error
+    finally:
+        node.close()
+    # The machine is shared: a busy one shows in the figures (tails above all).
+    print(f"bench.cluster: run of {time.monotonic() - began:.0f} s, 1-minute load average "
+          f"{load_before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    for row in run("--quick" in sys.argv):
+        print(f"{row['name']}: {row['value']:,.2f} {row['unit']}")

@@ -1,0 +1,919 @@
+"""``cluster-node start``: one node's four processes, configured and supervised.
+
+A node is a media driver, an archive, a consensus module and one or more
+clustered service containers, each its own ``cluster-node <command>``
+process.  This module turns a configuration (TOML file, command-line flags,
+environment, defaults) into those four command lines, starts them in order,
+each once the one before it printed its readiness line, supervises them, and
+stops them in order.
+
+Configuration
+-------------
+
+A TOML file has up to five tables::
+
+    [node]       member_id, cluster_id, dir, driver_dir, archive_dir, cluster_dir, log_dir,
+                 start_timeout, stop_timeout
+    [driver]     the options of ``cluster-node driver`` (ipc_term_length = "16m", ...)
+    [archive]    the options of ``cluster-node archive`` (control_channel, segment_length, ...)
+    [consensus]  the options of ``cluster-node consensus`` (ingress_channel, session_timeout, ...)
+    [service]    service = "module:Class", count = 1
+
+Keys are the commands' option names with underscores (``--ipc-term-length``
+is ``ipc_term_length``); sizes and durations take the commands' notation
+("64k", "10s") or a plain integer (bytes, nanoseconds).  Relative paths are
+relative to the file's directory.  Each value is taken from, in order: the
+start command's flag (``--driver-ipc-term-length``), the file, the
+environment (``FULMAR_DRIVER_DIR``, ``FULMAR_CLUSTER_SECRET``), the default.
+The options of the processes are derived from the commands themselves, so
+they cannot drift apart: a value is checked here with the very type the
+process will parse it with, and handed to it on its command line (the
+cluster secret through its environment, never on a command line).
+
+Supervision
+-----------
+
+Each process writes its output to ``<log_dir>/<name>.log``.  The supervisor
+polls them with psutil once per duty cycle (100 ms, every wait bounded).
+When one dies unexpectedly it says which, how (exit code or signal) and the
+last lines of its log, stops the others in order and exits 1.  SIGINT,
+SIGTERM or SIGHUP stop the node in order: SIGTERM to the consensus module
+(it takes a snapshot and stops the services at one log position), then the
+archive, then the driver; whatever does not stop within the stop timeout is
+killed, and said so.  A second signal kills what is left at once.  Children
+run in their own process group (a Ctrl-C in the terminal reaches only the
+supervisor, which stops them in order) and get SIGTERM if the supervisor
+itself dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import getpass
+import importlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+import click
+import psutil
+
+from fulmar.channel_uri import ChannelUri
+from fulmar.cli.options import Duration, format_duration, format_size, Size
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # a process died, or could not start
+EXIT_CONFIG = 2  # the configuration is wrong (click's usage errors exit 2 too)
+EXIT_UNCLEAN_STOP = 3  # stopped on request, but something had to be killed or failed to stop
+
+SECTIONS = ("node", "driver", "archive", "consensus", "service")
+DUTY_CYCLE_S = 0.1
+# After a process died the node cannot stop in order (a consensus module
+# waits for a dead service's acknowledgement; a service for a dead module's
+# counters to go): the others get this long after SIGTERM before SIGKILL.
+FAILURE_STOP_TIMEOUT_S = 5.0
+LOG_TAIL_LINES = 12
+DEFAULT_LOCAL_SERVICE = "fulmar.service.samples:KeyValueService"
+SECRET_ENV = "FULMAR_CLUSTER_SECRET"
+
+# Options of the process commands that the node configuration sets itself
+# (directories, identity, the service list) rather than mirroring.
+_DERIVED = {
+    "driver": {"directory"},
+    "archive": {"archive_dir", "driver_dir"},
+    "consensus": {"cluster_dir", "driver_dir", "member_id", "cluster_id", "service_count"},
+    "service": {"cluster_dir", "driver_dir", "service_name", "service_id", "member_id", "cluster_id",
+                "archive_control_channel"},
+}
+
+
+class ConfigError(click.ClickException):
+    """A configuration that cannot start a node; exits 2 with the message."""
+
+    exit_code = EXIT_CONFIG
+
+
+def user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def shm_root() -> Path | None:
+    return Path("/dev/shm") if os.path.isdir("/dev/shm") else None
+
+
+def default_node_dir(member_id: int) -> Path:
+    return Path(f"/var/tmp/fulmar-{user_name()}/node{member_id}")
+
+
+def default_driver_dir(member_id: int, node_dir: Path) -> Path:
+    """``/dev/shm/fulmar-<user>-node<N>``, or ``<node dir>/driver`` without /dev/shm."""
+    root = shm_root()
+    return root / f"fulmar-{user_name()}-node{member_id}" if root else node_dir / "driver"
+
+
+def default_local_base() -> Path:
+    return Path(f"/var/tmp/fulmar-{user_name()}/local-cluster")
+
+
+# ---------------------------------------------------------------------------- options
+
+
+@dataclass
+class Option:
+    """One configurable value: its TOML place, its start flag, how to check it
+    and how to hand it to the process that uses it."""
+
+    section: str
+    key: str
+    param_type: click.ParamType
+    help: str
+    default_text: str | None = None  # shown in --help (None: the process's own default, not shown)
+    is_flag: bool = False
+    envvar: str | None = None
+    secret: bool = False  # passed to the process in its environment, never on a command line
+    child_opts: tuple[str, ...] = ()  # the process's flag (and its --no- form for booleans)
+    flag: str = ""  # the start command's flag
+
+    def __post_init__(self) -> None:
+        if not self.flag:
+            self.flag = f"--{self.section}-{self.key.replace('_', '-')}"
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def place(self) -> str:
+        return f"[{self.section}] {self.key}"
+
+    def convert(self, value: Any, where: str) -> Any:
+        """The value checked with the process's own option type; ``where`` names its source."""
+        if self.is_flag:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: {self.place} must be true or false, not {value!r}")
+            return value
+        if isinstance(value, (dict, list)) or value is None:
+            raise ConfigError(f"{where}: {self.place} must be a single value, not {value!r}")
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: {self.place} must not be a boolean ({value!r})")
+        try:
+            return self.param_type.convert(value, None, None)
+        except click.BadParameter as error:
+            raise ConfigError(f"{where}: {self.place} = {value!r}: {error.message}") from None
+
+    def child_args(self, value: Any) -> list[str]:
+        """The process's command-line arguments for ``value``."""
+        if self.secret or not self.child_opts:
+            return []
+        if self.is_flag:
+            if value:
+                return [self.child_opts[0]]
+            return [self.child_opts[1]] if len(self.child_opts) > 1 else []
+        return [self.child_opts[0], self.text(value)]
+
+    def text(self, value: Any) -> str:
+        """The value as its command would read it (sizes and durations with units)."""
+        if isinstance(self.param_type, Duration):
+            return format_duration(int(value))
+        if isinstance(self.param_type, Size):
+            return format_size(int(value))
+        return str(value)
+
+
+def _node_options() -> list[Option]:
+    path = click.Path(file_okay=False, dir_okay=True)
+    return [
+        Option("node", "member_id", click.IntRange(0, 2**31 - 1), "This node's member id.", "0",
+               flag="--member-id"),
+        Option("node", "cluster_id", click.INT, "The cluster's id (shared by its members).", "0",
+               flag="--cluster-id"),
+        Option("node", "dir", path, "The node's directory: logs/, archive/, cluster/ (with --local: the "
+               "base directory of the whole cluster, node<i>/ under it).",
+               "/var/tmp/fulmar-<user>/node<member_id>", flag="--dir"),
+        Option("node", "driver_dir", path, "The media driver's directory (cnc.dat, log buffers).",
+               "/dev/shm/fulmar-<user>-node<member_id>", envvar="FULMAR_DRIVER_DIR", flag="--driver-dir"),
+        Option("node", "archive_dir", path, "The archive's directory.", "<dir>/archive", flag="--archive-dir"),
+        Option("node", "cluster_dir", path, "The cluster directory (recording.log, mark files).", "<dir>/cluster",
+               flag="--cluster-dir"),
+        Option("node", "log_dir", path, "Where each process's output goes (driver.log, archive.log, "
+               "consensus.log, service<i>.log).", "<dir>/logs", flag="--log-dir"),
+        Option("node", "start_timeout", Duration(min_ns=1_000_000), "How long each process may take to "
+               "print its readiness line.", "60s", flag="--start-timeout"),
+        Option("node", "stop_timeout", Duration(min_ns=1_000_000), "How long each step of an orderly stop "
+               "may take before what is left is killed.", "30s", flag="--stop-timeout"),
+    ]
+
+
+def _service_options() -> list[Option]:
+    return [
+        Option("service", "service", click.STRING, "The clustered service to run, as module:Class.",
+               None, flag="--service"),
+        Option("service", "count", click.IntRange(1, 64), "How many service containers (service ids "
+               "0..count-1), each running the service.", "1", flag="--service-count"),
+    ]
+
+
+def _mirrored_options(section: str, command: click.Command) -> list[Option]:
+    """The options of ``cluster-node <section>`` the node configuration passes through."""
+    options = []
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.name is None or param.name in _DERIVED[section]:
+            continue
+        if param.name in ("help",):
+            continue
+        default = param.default
+        if param.is_flag:
+            default_text = "true" if default is True else "false"
+        elif default is None or callable(default) or not isinstance(default, (str, int, float)):
+            default_text = None  # unset (click's sentinel) or computed: the process's own default
+        else:
+            default_text = str(default)
+        envvar = param.envvar if isinstance(param.envvar, str) else None
+        options.append(Option(
+            section, param.name, param.type, param.help or "", default_text,
+            is_flag=bool(param.is_flag), envvar=envvar, secret=envvar == SECRET_ENV,
+            child_opts=(*param.opts, *param.secondary_opts),
+        ))
+    return options
+
+
+def build_options(commands: Mapping[str, click.Command]) -> list[Option]:
+    """Every configurable value of ``cluster-node start``, mirroring the process commands."""
+    options = _node_options()
+    for section in ("driver", "archive", "consensus"):
+        options.extend(_mirrored_options(section, commands[section]))
+    options.extend(_service_options())
+    return options
+
+
+def click_options(options: list[Option]) -> Callable[[Any], Any]:
+    """Decorate the start command with one flag per option (default None: unset)."""
+
+    def decorate(function: Any) -> Any:
+        for option in reversed(options):
+            where = f"{option.place}"
+            extra = f" [config: {where}]"
+            if option.envvar:
+                extra += f" [env: {option.envvar}]"
+            if option.default_text is not None:
+                extra += f" [default: {option.default_text}]"
+            text = option.help.strip()
+            help_text = (text if text.endswith((".", "]")) else text + ".") + extra if text else extra.strip()
+            # default None: the flag was not given (shown defaults are in the help text).
+            if option.is_flag:
+                name = option.flag.lstrip("-")
+                decls = [f"--{name}/--no-{name}", option.dest]
+                function = click.option(*decls, default=None, help=help_text, show_default=False)(function)
+            else:
+                function = click.option(option.flag, option.dest, type=option.param_type, default=None,
+                                        help=help_text, show_default=False)(function)
+        return function
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+@dataclass
+class ChildSpec:
+    name: str  # "media driver", "archive", "consensus module", "service 0"
+    log_name: str  # driver, archive, consensus, service0
+    args: list[str]
+    ready_text: str
+    env: dict[str, str]
+
+
+@dataclass
+class NodeConfig:
+    member_id: int
+    cluster_id: int
+    node_dir: Path
+    driver_dir: Path
+    archive_dir: Path
+    cluster_dir: Path
+    log_dir: Path
+    start_timeout_s: float
+    stop_timeout_s: float
+    service: str
+    service_count: int
+    ingress_channel: str
+    values: dict[tuple[str, str], Any] = field(default_factory=dict)  # set values of the mirrored options
+    options: dict[tuple[str, str], Option] = field(default_factory=dict)
+
+    def child_specs(self) -> list[ChildSpec]:
+        base_env = {key: value for key, value in os.environ.items() if key != SECRET_ENV}
+        base_env["PYTHONUNBUFFERED"] = "1"
+
+        def mirrored(section: str) -> list[str]:
+            args: list[str] = []
+            for (value_section, key), value in self.values.items():
+                if value_section == section:
+                    args += self.options[(section, key)].child_args(value)
+            return args
+
+        driver_dir = str(self.driver_dir)
+        identity = ["--member-id", str(self.member_id), "--cluster-id", str(self.cluster_id)]
+        consensus_env = dict(base_env)
+        secret = self.values.get(("consensus", "authenticator_secret"))
+        if secret:
+            consensus_env[SECRET_ENV] = str(secret)
+        specs = [
+            ChildSpec("media driver", "driver", ["driver", "--dir", driver_dir, *mirrored("driver")],
+                      "media driver pid", base_env),
+            ChildSpec("archive", "archive", ["archive", "--dir", str(self.archive_dir), "--driver-dir", driver_dir,
+                                             *mirrored("archive")], "archive pid", base_env),
+            ChildSpec("consensus module", "consensus",
+                      ["consensus", "--cluster-dir", str(self.cluster_dir), "--driver-dir", driver_dir, *identity,
+                       "--service-count", str(self.service_count), *mirrored("consensus")],
+                      "consensus module pid", consensus_env),
+        ]
+        archive_control = self.values.get(("consensus", "archive_control_channel"))
+        for service_id in range(self.service_count):
+            args = ["service", "--cluster-dir", str(self.cluster_dir), "--driver-dir", driver_dir,
+                    "--service", self.service, "--service-id", str(service_id), *identity]
+            if archive_control is not None:
+                args += ["--archive-control-channel", str(archive_control)]
+            specs.append(ChildSpec(f"service {service_id}", f"service{service_id}", args,
+                                   f"service {service_id} (", base_env))
+        return specs
+
+    def to_toml(self) -> str:
+        """The configuration as a file ``cluster-node start --config`` reads back."""
+        lines = ["# written by cluster-node start", "[node]"]
+        node = {"member_id": self.member_id, "cluster_id": self.cluster_id, "dir": str(self.node_dir),
+                "driver_dir": str(self.driver_dir), "archive_dir": str(self.archive_dir),
+                "cluster_dir": str(self.cluster_dir), "log_dir": str(self.log_dir)}
+        lines += [f"{key} = {_toml_value(value)}" for key, value in node.items()]
+        for section in ("driver", "archive", "consensus"):
+            entries = [(key, value) for (s, key), value in self.values.items()
+                       if s == section and not self.options[(s, key)].secret]
+            if entries:
+                lines += ["", f"[{section}]"]
+                for key, value in entries:
+                    option = self.options[(section, key)]
+                    shown = value if option.is_flag or isinstance(value, str) else option.text(value)
+                    lines.append(f"{key} = {_toml_value(shown)}")
+        lines += ["", "[service]", f"service = {_toml_value(self.service)}", f"count = {self.service_count}", ""]
+        return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def read_toml(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        with open(path, "rb") as file:
+            document = tomllib.load(file)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    for name, table in document.items():
+        if name not in SECTIONS:
+            raise ConfigError(f"{path}: unknown table [{name}] (known: {', '.join(SECTIONS)})"
+                              if isinstance(table, dict) else
+                              f"{path}: unknown key {name!r} at the top level: every key belongs in a table "
+                              f"({', '.join(f'[{s}]' for s in SECTIONS)})")
+    return document
+
+
+def resolve_config(
+    options: list[Option],
+    flags: Mapping[str, Any],
+    config_path: Path | None = None,
+    generated: Mapping[tuple[str, str], Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> NodeConfig:
+    """The node's configuration: each value from the flag, else the file (or
+    the generated --local layer), else the environment, else the default."""
+    env = os.environ if env is None else env
+    by_place = {(option.section, option.key): option for option in options}
+    layer: dict[tuple[str, str], tuple[Any, str]] = {}  # value, where it came from
+    base_dir = Path.cwd()
+    if config_path is not None:
+        base_dir = config_path.resolve().parent
+        document = read_toml(config_path)
+        for section, table in document.items():
+            known = sorted(key for s, key in by_place if s == section)
+            for key, value in table.items():
+                if (section, key) not in by_place:
+                    raise ConfigError(f"{config_path}: unknown key {key!r} in [{section}] (known: {', '.join(known)})")
+                layer[(section, key)] = (value, str(config_path))
+    for place, value in (generated or {}).items():
+        layer[place] = (value, "--local")
+
+    resolved: dict[tuple[str, str], Any] = {}
+    for option in options:
+        place = (option.section, option.key)
+        flag_value = flags.get(option.dest)
+        if flag_value is not None:
+            resolved[place] = flag_value  # click already checked it
+        elif place in layer:
+            value, where = layer[place]
+            resolved[place] = option.convert(value, where)
+        elif option.envvar and env.get(option.envvar):
+            resolved[place] = option.convert(env[option.envvar], f"${option.envvar}")
+
+    def path_of(key: str, default: Path) -> Path:
+        value = resolved.get(("node", key))
+        if value is None:
+            return default
+        path = Path(os.path.expanduser(str(value)))
+        return path if path.is_absolute() else (base_dir / path)
+
+    member_id = int(resolved.get(("node", "member_id"), 0))
+    node_dir = path_of("dir", default_node_dir(member_id))
+    service = resolved.get(("service", "service"))
+    if not service:
+        where = f" in {config_path}" if config_path else ""
+        raise ConfigError(f"no service to run: set [service] service = \"module:Class\"{where} or pass --service")
+    ingress = resolved.get(("consensus", "ingress_channel"), by_place[("consensus", "ingress_channel")].default_text)
+    values = {place: value for place, value in resolved.items() if place[0] in ("driver", "archive", "consensus")}
+    return NodeConfig(
+        member_id=member_id,
+        cluster_id=int(resolved.get(("node", "cluster_id"), 0)),
+        node_dir=node_dir,
+        driver_dir=path_of("driver_dir", default_driver_dir(member_id, node_dir)),
+        archive_dir=path_of("archive_dir", node_dir / "archive"),
+        cluster_dir=path_of("cluster_dir", node_dir / "cluster"),
+        log_dir=path_of("log_dir", node_dir / "logs"),
+        start_timeout_s=int(resolved.get(("node", "start_timeout"), 60_000_000_000)) / 1e9,
+        stop_timeout_s=int(resolved.get(("node", "stop_timeout"), 30_000_000_000)) / 1e9,
+        service=str(service),
+        service_count=int(resolved.get(("service", "count"), 1)),
+        ingress_channel=str(ingress),
+        values=values,
+        options=by_place,
+    )
+
+
+def local_layer(base: Path, member_id: int, ingress_port: int) -> dict[tuple[str, str], Any]:
+    """The generated configuration of member ``member_id`` of a --local cluster under ``base``."""
+    node_dir = base / f"node{member_id}"
+    root = shm_root()
+    driver_dir = root / f"fulmar-{user_name()}-{base.name}-node{member_id}" if root else node_dir / "driver"
+    return {
+        ("node", "member_id"): member_id,
+        ("node", "dir"): str(node_dir),
+        ("node", "driver_dir"): str(driver_dir),
+        ("node", "archive_dir"): str(node_dir / "archive"),
+        ("node", "cluster_dir"): str(node_dir / "cluster"),
+        ("consensus", "ingress_channel"): f"aeron:udp?endpoint=127.0.0.1:{ingress_port}",
+        ("archive", "control_channel"): "none",  # one node: the consensus module uses the local (IPC) channel
+        ("archive", "replication_channel"): "aeron:udp?endpoint=127.0.0.1:0",
+    }
+
+
+def free_udp_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def check_service_spec(spec: str) -> None:
+    """``module:Class`` names an importable ClusteredService subclass (not instantiated here)."""
+    from fulmar.service.clustered_service import ClusteredService
+
+    module_name, colon, class_name = spec.partition(":")
+    if not colon or not module_name or not class_name:
+        raise ConfigError(f"service {spec!r}: expected module:Class, e.g. fulmar.service.samples:EchoService")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - any failure to import is the user's to see
+        raise ConfigError(f"service {spec!r}: cannot import {module_name}: {type(error).__name__}: {error}") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ConfigError(f"service {spec!r}: module {module_name} has no {class_name}")
+    if not isinstance(cls, type) or not issubclass(cls, ClusteredService):
+        raise ConfigError(f"service {spec!r}: {class_name} is not a ClusteredService subclass")
+
+
+def _check_channel(option: str, channel: str) -> ChannelUri:
+    try:
+        return ChannelUri.parse(channel)
+    except (ValueError, Exception) as error:  # noqa: BLE001 - the parser's own error type varies
+        raise ConfigError(f"{option}: {channel!r} is not a valid channel: {error}") from None
+
+
+def _check_port_free(option: str, channel: str, fixed: bool = False) -> None:
+    uri = _check_channel(option, channel)
+    endpoint = uri.get("endpoint") if uri.is_udp else None
+    if not endpoint:
+        return
+    host, _, port_text = endpoint.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{option}: {channel!r}: endpoint {endpoint!r} has no port") from None
+    if port == 0:
+        if fixed:
+            raise ConfigError(f"{option}: {channel!r}: port 0 would be a port nobody knows; clients need a "
+                              "fixed one (cluster-node start --local picks a free port for you)")
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except socket.gaierror as error:
+        raise ConfigError(f"{option}: {channel!r}: cannot resolve {host!r}: {error.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise ConfigError(f"{option}: UDP port {port} on {host} is in use ({error.strerror}); "
+                              "stop what uses it or choose another port") from None
+
+
+def _ensure_dir(what: str, path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"{what} {path}: cannot create it: {error.strerror or error}") from None
+    if not path.is_dir():
+        raise ConfigError(f"{what} {path}: not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path}: not writable")
+
+
+def validate(config: NodeConfig) -> None:
+    """Check what can be checked before starting anything; create the directories."""
+    from fulmar.driver.media_driver import DriverDirectoryError, active_driver_pid, check_reclaimable
+
+    check_service_spec(config.service)
+    for (section, key), value in config.values.items():
+        if key.endswith("_channel") and isinstance(value, str) and value.lower() != "none":
+            _check_channel(f"[{section}] {key}", value)
+    _check_port_free("[consensus] ingress_channel", config.ingress_channel, fixed=True)
+    control = config.values.get(("archive", "control_channel"), config.options[("archive", "control_channel")].default_text)
+    if control and str(control).lower() != "none":
+        _check_port_free("[archive] control_channel", str(control))
+    for what, path in (("node directory", config.node_dir), ("archive directory", config.archive_dir),
+                       ("cluster directory", config.cluster_dir), ("log directory", config.log_dir)):
+        _ensure_dir(what, path)
+    parent = config.driver_dir.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"driver directory {config.driver_dir}: its parent {parent} is missing or not writable")
+    try:
+        check_reclaimable(config.driver_dir)
+    except DriverDirectoryError as error:
+        raise ConfigError(f"driver directory: {error}") from None
+    pid = active_driver_pid(config.driver_dir, 10_000)
+    if pid is not None:
+        raise ConfigError(f"driver directory {config.driver_dir}: a live media driver (pid {pid}) uses it; "
+                          "is this node already running?")
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec function: the child gets SIGTERM when the supervisor dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    PR_SET_PDEATHSIG = 1
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the supervisor died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with code {returncode}"
+
+
+class Child:
+    """One process of the node, its output going to its log file."""
+
+    def __init__(self, spec: ChildSpec, log_dir: Path) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.log_path = log_dir / f"{spec.log_name}.log"
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.process: psutil.Process | None = None
+        self.returncode: int | None = None
+        self.killed = False  # the supervisor had to SIGKILL it
+        self._start_offset = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    @property
+    def started(self) -> bool:
+        return self.popen is not None
+
+    def start(self, preexec: Callable[[], None] | None) -> None:
+        with open(self.log_path, "ab") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster-node start (pid {os.getpid()}): "
+                      f"{' '.join(self.spec.args)}\n".encode())
+            log.flush()
+            self._start_offset = log.tell()
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "fulmar.cli.cluster_node", *self.spec.args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.spec.env,
+                process_group=0, preexec_fn=preexec, close_fds=True,
+            )
+        self.process = psutil.Process(self.popen.pid)
+
+    def output(self) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._start_offset)
+                return log.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
+        return [line for line in self.output().splitlines() if line.strip()][-lines:]
+
+    def is_ready(self) -> bool:
+        return self.spec.ready_text in self.output()
+
+    def poll(self) -> int | None:
+        """The exit code once it exited (reaped here, through psutil), else None."""
+        if self.returncode is not None or self.process is None:
+            return self.returncode
+        try:
+            code = self.process.wait(timeout=0)
+        except psutil.TimeoutExpired:
+            return None
+        self._exited(code)
+        return self.returncode
+
+    def _exited(self, code: int | None) -> None:
+        # psutil reaped it: tell the Popen object, which would otherwise try again.
+        self.returncode = int(code) if code is not None else 0
+        if self.popen is not None:
+            self.popen.returncode = self.returncode
+
+    @property
+    def alive(self) -> bool:
+        return self.started and self.poll() is None
+
+    def send(self, signum: signal.Signals) -> None:
+        if self.alive:
+            assert self.process is not None
+            try:
+                self.process.send_signal(signum)
+            except psutil.NoSuchProcess:
+                pass
+
+    def kill(self) -> None:
+        if self.alive:
+            self.killed = True
+            self.send(signal.SIGKILL)
+
+
+def wait_all(children: Iterable[Child], timeout_s: float, interrupted: Callable[[], bool] = lambda: False) -> list[Child]:
+    """Wait (bounded) until every child exited; the ones still alive."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [child for child in children if child.alive]
+        if not alive or time.monotonic() >= deadline or interrupted():
+            return alive
+        processes = [child.process for child in alive if child.process is not None]
+        gone, _ = psutil.wait_procs(processes, timeout=min(DUTY_CYCLE_S, max(0.0, deadline - time.monotonic())))
+        for process in gone:
+            for child in alive:
+                if child.process is process:
+                    child._exited(getattr(process, "returncode", None))
+
+
+class Supervisor:
+    """Start, supervise and stop one node's processes."""
+
+    def __init__(self, config: NodeConfig, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.config = config
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.children = [Child(spec, config.log_dir) for spec in config.child_specs()]
+        self.driver, self.archive, self.consensus, *self.services = self.children
+        self._signals: list[int] = []
+        self._preexec = _parent_death_signal()
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def warn(self, text: str) -> None:
+        print(f"cluster-node start: {text}", file=self.err, flush=True)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals.append(signum)
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(self._signals)
+
+    @property
+    def forced(self) -> bool:
+        return len(self._signals) > 1
+
+    def run(self) -> int:
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in handled}
+        try:
+            return self._run()
+        finally:
+            try:
+                for child in self.children:  # every path reaps every child
+                    child.kill()
+                wait_all(self.children, 10)
+            finally:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
+
+    def _run(self) -> int:
+        config = self.config
+        self.say(f"node {config.member_id} of cluster {config.cluster_id}: directory {config.node_dir}, "
+                 f"driver directory {config.driver_dir}, logs in {config.log_dir}")
+        for child in self.children:
+            if self.stop_requested:
+                break
+            failure = self._start(child)
+            if failure is not None:
+                self.warn(failure)
+                self._stop(after_failure=True)
+                return EXIT_FAILURE
+        if self.stop_requested:
+            return self._stop_on_request()
+        pids = ", ".join(f"{child.spec.log_name} {child.pid}" for child in self.children)
+        self.say(f"node {config.member_id} ready: ingress {config.ingress_channel}; driver directory "
+                 f"{config.driver_dir}; pids {pids}; SIGTERM or Ctrl-C stops it in order (snapshot first)")
+        while True:
+            if self.stop_requested:
+                return self._stop_on_request()
+            dead = self._first_dead(DUTY_CYCLE_S)
+            if dead is not None:
+                self._report_death(dead)
+                self._stop(after_failure=True)
+                return EXIT_FAILURE
+
+    def _start(self, child: Child) -> str | None:
+        """Start ``child`` and wait for its readiness line; why it failed, or None."""
+        try:
+            child.start(self._preexec)
+        except OSError as error:
+            return f"cannot start the {child.name}: {error}"
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while not child.is_ready():
+            code = child.poll()
+            if code is not None:
+                return self._death_text(child, "while starting") + self._tail_text(child)
+            for other in self.children:
+                if other is not child and other.started and other.poll() is not None:
+                    return self._death_text(other, f"while the {child.name} was starting") + self._tail_text(other)
+            if self.stop_requested:
+                return None
+            if time.monotonic() > deadline:
+                return (f"the {child.name} (pid {child.pid}) printed no readiness line within "
+                        f"{self.config.start_timeout_s:g} s" + self._tail_text(child))
+            time.sleep(0.02)
+        line = next((line for line in child.output().splitlines() if child.spec.ready_text in line), "")
+        self.say(f"{line.strip()}  [log {child.log_path}]")
+        return None
+
+    def _first_dead(self, timeout_s: float) -> Child | None:
+        processes = {child.process: child for child in self.children if child.process is not None and child.alive}
+        gone, _ = psutil.wait_procs(list(processes), timeout=timeout_s)
+        dead = None
+        for process in gone:
+            child = processes[process]
+            child._exited(getattr(process, "returncode", None))
+            dead = dead or child
+        # Report the first in node order when several went together.
+        for child in self.children:
+            if child.returncode is not None:
+                return child
+        return dead
+
+    def _death_text(self, child: Child, when: str = "") -> str:
+        assert child.returncode is not None
+        suffix = f" {when}" if when else ""
+        return f"{child.name} (pid {child.pid}) died{suffix}: {describe_exit(child.returncode)}"
+
+    def _tail_text(self, child: Child) -> str:
+        tail = child.tail()
+        if not tail:
+            return f"\n  ({child.log_path} is empty)"
+        return f"\n  last lines of {child.log_path}:\n" + "\n".join(f"    {line}" for line in tail)
+
+    def _report_death(self, child: Child) -> None:
+        self.warn(self._death_text(child) + self._tail_text(child))
+
+    def _stop_on_request(self) -> int:
+        name = signal.Signals(self._signals[0]).name
+        self.say(f"{name}: stopping node {self.config.member_id} in order: consensus module (snapshot), "
+                 "services, archive, media driver")
+        clean = self._stop(after_failure=False)
+        if clean:
+            self.say(f"node {self.config.member_id} stopped cleanly")
+            return EXIT_OK
+        self.warn(f"node {self.config.member_id} stopped, but not cleanly (see above)")
+        return EXIT_UNCLEAN_STOP
+
+    def _stop(self, after_failure: bool) -> bool:
+        """Stop whatever runs, in order; whether every process stopped by itself with exit code 0."""
+        clean = True
+        limit_s = min(self.config.stop_timeout_s, FAILURE_STOP_TIMEOUT_S) if after_failure else self.config.stop_timeout_s
+        if after_failure:
+            self.say(f"stopping the rest of node {self.config.member_id} in order")
+        cluster = [self.consensus, *self.services]
+        running = [child for child in cluster if child.alive]
+        if running:
+            if self.consensus.alive:
+                self.consensus.send(signal.SIGTERM)
+                what = "SIGTERM to the consensus module"
+            else:  # no module to stop them in order: each stops on its own
+                for service in self.services:
+                    service.send(signal.SIGTERM)
+                what = "SIGTERM (no consensus module to stop it in order)"
+            clean &= self._await(cluster, limit_s, what)
+        for child in (self.archive, self.driver):
+            if child.alive:
+                child.send(signal.SIGTERM)
+                clean &= self._await([child], limit_s, "SIGTERM")
+        return clean
+
+    def _await(self, children: list[Child], limit_s: float, what: str) -> bool:
+        """Wait for ``children`` to exit after ``what``; kill stragglers and say so."""
+        watched = [child for child in children if child.alive]
+        deadline = time.monotonic() + limit_s
+        services_signalled = False
+        consensus_gone_at: float | None = None
+        while True:
+            alive = wait_all(watched, DUTY_CYCLE_S)
+            if not alive:
+                break
+            now = time.monotonic()
+            if self.consensus in watched and not self.consensus.alive and not services_signalled:
+                # The module is gone but a service is not: it stops once it sees that.
+                consensus_gone_at = consensus_gone_at or now
+                if now - consensus_gone_at > 1.0:
+                    for child in alive:
+                        child.send(signal.SIGTERM)
+                    services_signalled = True
+            if self.forced or now >= deadline:
+                reason = "a second signal" if self.forced else f"{limit_s:g} s after {what}"
+                for child in alive:
+                    self.warn(f"{child.name} (pid {child.pid}) still running {reason}: killing it (SIGKILL)")
+                    child.kill()
+                wait_all(alive, 10)
+                break
+        clean = True
+        for child in watched:
+            code = child.returncode
+            last = child.tail(1)
+            detail = f": {last[0]}" if last and child.spec.ready_text not in last[0] else ""
+            if code is None:
+                self.warn(f"{child.name} (pid {child.pid}) could not be reaped")
+                clean = False
+                continue
+            how = "killed by the supervisor (SIGKILL)" if child.killed else describe_exit(code)
+            self.say(f"{child.name} (pid {child.pid}) {how}{detail}")
+            if code != 0 or child.killed:
+                clean = False
+        return clean
+
+
+def run_node(config: NodeConfig) -> int:
+    return Supervisor(config).run()

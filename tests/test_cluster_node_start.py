@@ -1,0 +1,373 @@
+"""``cluster-node start``: one node's four processes from a TOML file (or
+``--local 1``), supervised, stopped in order.
+
+Real processes on loopback.  Every wait is bounded; every process the
+supervisor started is found with psutil and reaped (killed if need be) even
+when a test fails; every directory is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from fulmar.aeron import Aeron
+from fulmar.cli import cluster_node, supervisor
+from fulmar.consensus.client import ClusterClient
+
+KV = "fulmar.service.samples:KeyValueService"
+SHM = Path("/dev/shm") if os.path.isdir("/dev/shm") else None
+READY = re.compile(r"node (\d+) ready: ingress (\S+); driver directory (\S+); pids (.*?);")
+START_S = 60
+STOP_S = 45
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Node:
+    """``cluster-node start`` as a subprocess, its stdout and stderr in files."""
+
+    def __init__(self, args: list[str], workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        tag = uuid.uuid4().hex[:6]
+        self.stdout_path = workdir / f"start-{tag}.out"
+        self.stderr_path = workdir / f"start-{tag}.err"
+        with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
+            self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", "start", *args],
+                                            stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        self.children: dict[str, psutil.Process] = {}
+        self.ingress = ""
+        self.driver_dir = Path()
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def wait_ready(self) -> "Node":
+        def ready() -> Any:
+            if self.process.poll() is not None:
+                raise AssertionError(f"cluster-node start exited with {self.process.returncode}:\n"
+                                     f"{self.stdout}\n{self.stderr}")
+            return READY.search(self.stdout)
+
+        match = wait_for(ready, START_S, "the node to be ready")
+        self.ingress, self.driver_dir = match.group(2), Path(match.group(3))
+        for entry in match.group(4).split(", "):
+            name, pid = entry.split()
+            self.children[name] = psutil.Process(int(pid))
+        return self
+
+    def wait(self, timeout_s: float = STOP_S) -> int:
+        return self.process.wait(timeout_s)
+
+    def reap(self) -> None:
+        """Whatever happened: the supervisor and every child gone."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        for child in self.children.values():
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(list(self.children.values()), timeout=10)
+
+
+@pytest.fixture
+def start_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
+    nodes: list[Node] = []
+
+    def start(*args: str) -> Node:
+        node = Node(list(args), tmp_path / "supervisor")
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        node.reap()
+    for node in nodes:
+        if node.driver_dir != Path() and node.driver_dir.exists():
+            shutil.rmtree(node.driver_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def driver_dir() -> Iterator[Path]:
+    path = (SHM or Path("/tmp")) / f"fulmar-test-start-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_config(path: Path, driver_dir: Path, port: int, **sections: dict[str, Any]) -> Path:
+    tables: dict[str, dict[str, Any]] = {
+        "node": {"member_id": 0, "cluster_id": 0, "dir": "node0", "driver_dir": str(driver_dir)},
+        "driver": {"to_driver_buffer": "64k", "to_clients_buffer": "64k", "counters_buffer": "64k",
+                   "error_buffer": "64k", "ipc_term_length": "1m"},
+        "archive": {"control_channel": "none", "replication_channel": "aeron:udp?endpoint=127.0.0.1:0",
+                    "file_sync_level": 0, "record_checksum": True},
+        "consensus": {"ingress_channel": f"aeron:udp?endpoint=127.0.0.1:{port}", "session_timeout": "10s"},
+        "service": {"service": KV, "count": 1},
+    }
+    for name, table in sections.items():
+        tables.setdefault(name, {}).update(table)
+    lines = []
+    for name, table in tables.items():
+        lines.append(f"[{name}]")
+        for key, value in table.items():
+            lines.append(f"{key} = {json.dumps(value)}")  # JSON scalars are TOML scalars
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+def talk(node: Node) -> None:
+    """A put and a get through a real client session."""
+    with Aeron.connect(node.driver_dir) as aeron:
+        client = ClusterClient.connect(aeron, node.ingress, egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+                                       message_timeout_ns=20_000_000_000)
+        try:
+            reply = json.loads(client.request(b'{"op":"put","key":"a","value":41,"id":1}', 20))
+            assert reply == {"id": 1, "ok": True, "previous": None}
+            reply = json.loads(client.request(b'{"op":"get","key":"a","id":2}', 20))
+            assert reply == {"id": 2, "ok": True, "value": 41}
+        finally:
+            client.close()
+
+
+def all_gone(processes: list[psutil.Process]) -> bool:
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+# ---------------------------------------------------------------------- a node from a file
+
+
+def test_config_file_starts_four_processes_serves_clients_and_stops_in_order(
+        start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path) -> None:
+    config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port())
+    node = start_node("--config", str(config)).wait_ready()
+    children = psutil.Process(node.process.pid).children()
+    commands = sorted(child.cmdline()[3] for child in children)
+    assert commands == ["archive", "consensus", "driver", "service"], [c.cmdline() for c in children]
+    assert {child.pid for child in children} == {p.pid for p in node.children.values()}
+    # The file's values reached the processes; the relative dir is relative to the file.
+    archive_cmd = node.children["archive"].cmdline()
+    assert "--record-checksum" in archive_cmd and str(tmp_path / "node0" / "archive") in archive_cmd
+    driver_cmd = node.children["driver"].cmdline()
+    assert driver_cmd[driver_cmd.index("--ipc-term-length") + 1] == "1m"
+    talk(node)
+
+    node.process.send_signal(signal.SIGTERM)
+    assert node.wait() == 0, node.stderr
+    out = node.stdout
+    order = [out.index(f"{name} (pid {node.children[key].pid}) exited with code 0")
+             for name, key in (("consensus module", "consensus"), ("archive", "archive"), ("media driver", "driver"))]
+    assert order == sorted(order), out
+    assert "service 0 (pid" in out and "node 0 stopped cleanly" in out
+    consensus_log = (tmp_path / "node0" / "logs" / "consensus.log").read_text()
+    assert "consensus module stopped: SHUTDOWN" in consensus_log  # a snapshot was taken
+    assert all_gone(list(node.children.values()))
+    assert not driver_dir.exists()
+
+
+@pytest.mark.parametrize("victim, name", [("service0", "service 0"), ("consensus", "consensus module")])
+def test_a_process_that_dies_is_named_and_the_rest_is_stopped(
+        start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, victim: str, name: str) -> None:
+    config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port())
+    node = start_node("--config", str(config)).wait_ready()
+    target = node.children[victim]
+    target.send_signal(signal.SIGKILL)
+    assert node.wait() == supervisor.EXIT_FAILURE
+    err = node.stderr
+    assert f"{name} (pid {target.pid}) died: killed by SIGKILL" in err, err
+    assert f"last lines of {tmp_path / 'node0' / 'logs'}" in err
+    out = node.stdout
+    assert "stopping the rest of node 0 in order" in out
+    assert out.index("archive (pid") < out.index("media driver (pid"), out
+    assert all_gone(list(node.children.values()))
+
+
+# ---------------------------------------------------------------------- --local
+
+
+def test_local_one_runs_a_cluster_under_the_given_dir(start_node: Callable[..., Node], tmp_path: Path) -> None:
+    base = tmp_path / f"local-{uuid.uuid4().hex[:6]}"
+    port = free_udp_port()
+    node = start_node("--local", "1", "--dir", str(base), "--ingress-port", str(port), "--service", KV)
+    node.wait_ready()
+    assert node.ingress == f"aeron:udp?endpoint=127.0.0.1:{port}"
+    assert f"local cluster of 1 member under {base} (ingress 127.0.0.1:{port})" in node.stdout
+    expected_driver = (SHM / f"fulmar-{supervisor.user_name()}-{base.name}-node0") if SHM else base / "node0" / "driver"
+    assert node.driver_dir == expected_driver
+    for sub in ("archive", "cluster", "logs/consensus.log", "logs/service0.log", "node.toml"):
+        assert (base / "node0" / sub).exists(), sub
+    talk(node)
+    node.process.send_signal(signal.SIGINT)
+    assert node.wait() == 0, node.stderr
+    assert "SIGINT: stopping node 0 in order" in node.stdout
+    assert all_gone(list(node.children.values()))
+    assert not expected_driver.exists()
+    # The configuration it wrote starts the same node again.
+    written = supervisor.read_toml(base / "node0" / "node.toml")
+    assert written["service"]["service"] == KV and written["node"]["driver_dir"] == str(expected_driver)
+
+
+def run_start(*args: str, env: dict[str, str] | None = None) -> Any:
+    return CliRunner().invoke(cluster_node.start, list(args), env=env, catch_exceptions=False)
+
+
+def test_local_three_is_refused() -> None:
+    result = run_start("--local", "3")
+    assert result.exit_code == 2
+    assert "multi-member clusters come with elections; use --local 1" in result.output
+
+
+# ---------------------------------------------------------------------- configuration errors
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"driver": {"ipc_term_lenght": "1m"}}, "unknown key 'ipc_term_lenght' in [driver]"),
+    ({"consensus": {"ingress": "x"}}, "unknown key 'ingress' in [consensus]"),
+    ({"extra": {"a": 1}}, "unknown table [extra]"),
+    ({"driver": {"ipc_term_length": "3k"}}, "[driver] ipc_term_length = '3k': '3k' must be a power of two"),
+    ({"consensus": {"session_timeout": "10"}}, "[consensus] session_timeout = '10'"),
+    ({"archive": {"record_checksum": "yes"}}, "[archive] record_checksum must be true or false"),
+    ({"archive": {"file_sync_level": 5}}, "[archive] file_sync_level = 5"),
+    ({"service": {"service": "no_colon"}}, "service 'no_colon': expected module:Class"),
+    ({"service": {"service": "fulmar.service.samples:Nope"}}, "module fulmar.service.samples has no Nope"),
+    ({"service": {"service": "fulmar.nowhere:X"}}, "cannot import fulmar.nowhere"),
+    ({"service": {"service": "fulmar.aeron:Aeron"}}, "Aeron is not a ClusteredService subclass"),
+    ({"consensus": {"ingress_channel": "aeron:udp?endpoint=127.0.0.1:0"}}, "clients need a fixed one"),
+    ({"consensus": {"ingress_channel": "aeron:bogus"}}, "[consensus] ingress_channel: 'aeron:bogus' is not a valid channel"),
+])
+def test_config_errors_name_the_file_and_key(tmp_path: Path, driver_dir: Path, change: dict[str, Any],
+                                             message: str) -> None:
+    config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port(), **change)
+    result = run_start("--config", str(config))
+    assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+    assert message in result.output, result.output
+    if "unknown" in message:
+        assert str(config) in result.output
+    assert not driver_dir.exists()
+
+
+def test_config_file_problems(tmp_path: Path, driver_dir: Path) -> None:
+    missing = run_start("--config", str(tmp_path / "absent.toml"))
+    assert missing.exit_code == 2 and "absent.toml: no such file" in missing.output
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[node\nmember_id = 0\n")
+    result = run_start("--config", str(broken))
+    assert result.exit_code == 2 and "broken.toml: not valid TOML" in result.output
+    no_service = write_config(tmp_path / "ns.toml", driver_dir, free_udp_port())
+    no_service.write_text(no_service.read_text().replace(f'service = "{KV}"', ""))
+    result = run_start("--config", str(no_service))
+    assert result.exit_code == 2 and "no service to run" in result.output
+    both = run_start("--config", str(no_service), "--local", "1")
+    assert both.exit_code == 2 and "give --config or --local, not both" in both.output
+
+
+def test_port_in_use_and_unusable_directories(tmp_path: Path, driver_dir: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        config = write_config(tmp_path / "node.toml", driver_dir, port)
+        result = run_start("--config", str(config))
+    assert result.exit_code == 2
+    assert f"[consensus] ingress_channel: UDP port {port} on 127.0.0.1 is in use" in result.output
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    config = write_config(tmp_path / "node2.toml", driver_dir, free_udp_port(), node={"dir": str(blocker)})
+    result = run_start("--config", str(config))
+    assert result.exit_code == 2 and f"[node] dir = '{blocker}'" in result.output and "is a file" in result.output
+    config = write_config(tmp_path / "node2.toml", driver_dir, free_udp_port(), node={"dir": str(blocker / "sub")})
+    result = run_start("--config", str(config))
+    assert result.exit_code == 2 and f"node directory {blocker / 'sub'}: cannot create it" in result.output
+    foreign = tmp_path / "not-a-driver-dir"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep me")
+    config = write_config(tmp_path / "node3.toml", driver_dir, free_udp_port(), node={"driver_dir": str(foreign)})
+    result = run_start("--config", str(config))
+    assert result.exit_code == 2 and "holds files that are not a media driver's" in result.output
+    assert (foreign / "precious.txt").exists()
+
+
+# ---------------------------------------------------------------------- precedence, help
+
+
+def test_flags_override_the_file_and_the_environment_overrides_defaults(tmp_path: Path, driver_dir: Path) -> None:
+    options = supervisor.build_options({name: getattr(cluster_node, name)
+                                        for name in ("driver", "archive", "consensus", "service")})
+    config = write_config(tmp_path / "node.toml", driver_dir, 9999, driver={"ipc_term_length": "2m"})
+    env = {"FULMAR_DRIVER_DIR": "/dev/shm/from-env", "FULMAR_CLUSTER_SECRET": "s3cret"}
+    resolved = supervisor.resolve_config(options, {"driver_ipc_term_length": 4 << 20}, config, env=env)
+    assert resolved.values[("driver", "ipc_term_length")] == 4 << 20  # the flag beats the file
+    assert resolved.driver_dir == driver_dir  # the file beats the environment
+    assert resolved.node_dir == tmp_path / "node0"  # relative to the file
+    assert resolved.values[("consensus", "authenticator_secret")] == "s3cret"  # the environment beats the default
+    specs = {spec.log_name: spec for spec in resolved.child_specs()}
+    assert "s3cret" not in " ".join(specs["consensus"].args)  # never on a command line
+    assert specs["consensus"].env["FULMAR_CLUSTER_SECRET"] == "s3cret"
+    assert "FULMAR_CLUSTER_SECRET" not in specs["service0"].env
+    assert specs["driver"].args[specs["driver"].args.index("--ipc-term-length") + 1] == "4m"
+    bare = write_config(tmp_path / "bare.toml", driver_dir, 9999)
+    bare.write_text(bare.read_text().replace(f'driver_dir = "{driver_dir}"', ""))
+    assert supervisor.resolve_config(options, {}, bare, env=env).driver_dir == Path("/dev/shm/from-env")
+
+
+def test_help_documents_every_option() -> None:
+    result = CliRunner().invoke(cluster_node.start, ["--help"], terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())  # help lines wrap
+    options = supervisor.build_options({name: getattr(cluster_node, name)
+                                        for name in ("driver", "archive", "consensus", "service")})
+    for option in options:
+        assert option.flag in text, option.flag
+        assert f"[config: [{option.section}] {option.key}]" in text, option.key
+    for section in ("driver", "archive", "consensus"):
+        command = getattr(cluster_node, section)
+        mirrored = {o.key for o in options if o.section == section}
+        expected = {p.name for p in command.params if p.name not in supervisor._DERIVED[section]}
+        assert mirrored == expected, section
+    assert "[env: FULMAR_DRIVER_DIR]" in text and "[env: FULMAR_CLUSTER_SECRET]" in text
