@@ -193,6 +193,10 @@ class ConsensusModuleAgent:
             protocol.CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID,
             f"Cluster work cycle time exceeded count: threshold={context.cycle_threshold_ns}ns", key)
         self.snapshot_counter = self._counter(protocol.SNAPSHOT_COUNTER_TYPE_ID, "Cluster snapshot count", key)
+        # Actions for this node alone, whatever its role (Aeron uses it for
+        # standby snapshots, which a cluster without standbys refuses).
+        self.node_control_toggle = self._counter(
+            protocol.CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID, "Cluster node control toggle", key)
         self.sessions_counter = self._counter(protocol.CLUSTER_SESSIONS_TYPE_ID, "Cluster sessions", key)
         self.timers_counter = self._counter(protocol.CLUSTER_TIMERS_TYPE_ID, "Cluster timers", key)
         self.invalid_requests_counter = self._counter(
@@ -200,6 +204,7 @@ class ConsensusModuleAgent:
         self.leadership_term_counter.set(NULL_VALUE)
         self.commit_position_counter.set(0)
         self.control_toggle.set(ControlToggle.INACTIVE)
+        self.node_control_toggle.set(ControlToggle.NEUTRAL)
         self.election = SingleNodeElection(self)
         self._set_state(ConsensusModuleState.INIT)
 
@@ -255,6 +260,7 @@ class ConsensusModuleAgent:
         except FulmarError as error:
             self._error(f"archive: {error}")
         work += self._process_redirect_and_rejected(now_ns)
+        work += self._check_node_control_toggle()
         if self.election is None and self.role is ClusterRole.LEADER:
             work += self._check_control_toggle(now_ns)
             work += self._process_pending_sessions(now_ns)
@@ -801,6 +807,14 @@ class ConsensusModuleAgent:
             self.control_toggle.set(ControlToggle.NEUTRAL)  # no standby members here
         else:
             return 0  # not now (a snapshot or a stop is under way): the toggle waits
+        return 1
+
+    def _check_node_control_toggle(self) -> int:
+        toggle = self.node_control_toggle.get()
+        if toggle in (ControlToggle.NEUTRAL, ControlToggle.INACTIVE):
+            return 0
+        self._error(f"node control toggle {toggle} refused: this cluster has no standby members")
+        self.node_control_toggle.set(ControlToggle.NEUTRAL)
         return 1
 
     def _append_action(self, action: ClusterAction) -> tuple[int, int]:

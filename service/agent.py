@@ -148,6 +148,7 @@ class ClusteredServiceAgent:
         self._log_image: "Image | None" = None
         self._max_log_position = NULL_POSITION
         self._termination_position = NULL_POSITION
+        self.idle_strategy: Any = None  # the container's, for Cluster.idle
 
     # -------------------------------------------------------------- start
 
@@ -396,6 +397,12 @@ class ClusteredServiceAgent:
 
     def cancel_timer(self, correlation_id: int) -> bool:
         return self._send(codecs.CancelTimerEncoder, correlation_id=correlation_id)
+
+    def idle(self, work_count: int = 0) -> None:
+        if self.idle_strategy is not None:
+            self.idle_strategy.idle(work_count)
+        elif not work_count:
+            time.sleep(0.0001)
 
     def offer(self, payload: bytes | bytearray | memoryview) -> bool:
         header = bytearray(_SESSION_HEADER_LENGTH)

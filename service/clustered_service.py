@@ -94,6 +94,11 @@ class Cluster(Protocol):
         ``on_session_message`` with ``session`` None, on every member)."""
         ...
 
+    def idle(self, work_count: int = 0) -> None:
+        """For a service that waits inside a callback (e.g. retrying an egress
+        offer under back pressure): idle the container's way, not by spinning."""
+        ...
+
 
 class SnapshotImage(Protocol):
     """The user's part of a snapshot being loaded: its messages, in order."""

@@ -109,6 +109,7 @@ class ServiceContainer:
         agent = self.agent
         idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns,
                                     has_work=agent.has_work)
+        agent.idle_strategy = idle
         next_slow_ns = 0
         next_mark_ms = 0
         while not agent.terminated:

@@ -2,8 +2,9 @@
 
 - ``EchoService``: replies to every message with the same bytes.
 - ``KeyValueService``: a replicated dictionary: get, put, compare-and-set.
-- ``CounterService``: a counter clients increment, with a timer that adds a
-  tick every second of cluster time while anyone is connected.
+- ``CounterService``: a counter clients increment (directly, or through a
+  message the service offers into the log), with a timer that adds a tick
+  every second of cluster time while anyone is connected.
 
 Each keeps its whole state in snapshots, and uses only the log's timestamps.
 """
@@ -103,8 +104,10 @@ class KeyValueService(ClusteredService):
 
 
 class CounterService(ClusteredService):
-    """``b"+"`` adds one and replies with the value; a timer adds a tick every
-    1000 ms of cluster time while a session is open (``b"?"`` reads both)."""
+    """``b"+"`` adds one and replies with the value; ``b"!"`` adds one later,
+    through a message the service offers into the cluster's log; a timer adds
+    a tick every 1000 ms of cluster time while a session is open (``b"?"``
+    reads both).  Replies are the value and the ticks, two int64s."""
 
     TIMER_ID = 1
     PERIOD_MS = 1000
@@ -139,11 +142,17 @@ class CounterService(ClusteredService):
 
     def on_session_message(self, session: ClientSession | None, timestamp: int, buffer: memoryview,
                            offset: int, length: int) -> None:
-        if session is None:
-            return
         request = bytes(buffer[offset : offset + length])
+        if session is None:
+            if request == b"+":  # the increment this service offered into the log for a b"!"
+                self.value += 1
+            return
         if request == b"+":
             self.value += 1
+        elif request == b"!":
+            # Increment later, through the log: the service offers a message
+            # to the cluster, which sequences it like a client's.
+            self.cluster.offer(b"+")
         session.offer(struct.pack("<qq", self.value, self.ticks))
 
     def on_take_snapshot(self, publication: SnapshotPublication) -> None:
