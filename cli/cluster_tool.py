@@ -111,7 +111,10 @@ def main() -> None:
     usable cnc.dat in the directory; 3 (driver) the driver is not alive.
     The archive commands (cluster-tool archive --help) read an archive
     directory the same way; the cluster commands (cluster-tool cluster
-    --help) read a node's cluster directory and operate the cluster.
+    --help) read a node's cluster directory and operate the cluster.  The
+    cluster verbs also work at the top level (cluster-tool describe --dir
+    NODE), and errors and counters given a node's or a local cluster's
+    directory report on the cluster instead of a driver.
     """
 
 
@@ -152,7 +155,14 @@ def format_counters(document: dict[str, Any]) -> str:
 )
 @json_option
 def counters(directory: str | None, watch: float | None, as_json: bool) -> None:
-    """List every allocated counter: id, type, value and label."""
+    """List every allocated counter: id, type, value and label.
+
+    Given a node's (or a local cluster's) directory instead of a driver's, the
+    cluster counters of each node (as ``cluster-tool cluster counters``)."""
+    if directory is not None and watch is None and _is_cluster_dir(Path(directory)):
+        assert cluster_counters.callback is not None
+        cluster_counters.callback(Path(directory), as_json)
+        return
     path = str(resolve_driver_dir(directory))
     if watch is None:
         try:
@@ -227,7 +237,14 @@ def format_errors(document: dict[str, Any]) -> str:
 @driver_dir_option
 @json_option
 def errors(directory: str | None, as_json: bool) -> None:
-    """List the distinct errors the driver recorded, with counts and times (UTC)."""
+    """List the distinct errors the driver recorded, with counts and times (UTC).
+
+    Given a node's (or a local cluster's) directory instead of a driver's, the
+    errors in its cluster mark files (as ``cluster-tool cluster errors``)."""
+    if directory is not None and _is_cluster_dir(Path(directory)):
+        assert cluster_errors.callback is not None
+        cluster_errors.callback(Path(directory), as_json)
+        return
     path = str(resolve_driver_dir(directory))
     try:
         document = errors_document(path)
@@ -2010,6 +2027,21 @@ _operation_command(
     "Ask the leader to stop without a snapshot (ABORT=6): the services stop at the current log position, "
     "the module exits.  Done when the consensus module's process is gone." + _OPERATION_HELP_TAIL,
 )
+
+
+def _is_cluster_dir(directory: Path) -> bool:
+    """A cluster directory, a node directory or a local cluster's base (not a driver's)."""
+    if (directory / "cnc.dat").exists():
+        return False
+    return any((directory / name).exists() for name in ("cluster-mark.dat", "recording.log", "cluster", "node0"))
+
+
+# Aeron's ClusterTool verbs at the top level too (cluster-tool describe --dir NODE):
+# the same commands as under ``cluster``; errors and counters above tell a
+# node's directory from a driver's.
+for _name in ("describe", "pid", "list-members", "is-leader", "recording-log", "mark-file",
+              "snapshot", "suspend", "resume", "shutdown", "abort"):
+    main.add_command(cluster_group.commands[_name], _name)
 
 
 if __name__ == "__main__":

@@ -162,6 +162,18 @@ def test_read_commands_on_a_running_node(cluster_of: Any, tmp_path: Path) -> Non
     text = tool("describe", "--dir", node_dir)
     assert text.exit_code == 0, text.output
     assert "ACTIVE, role LEADER, election CLOSED, control toggle NEUTRAL" in text.stdout
+
+    # The same verbs at the top level, as in Aeron's ClusterTool; errors and
+    # counters given a node's directory answer for the node, not a driver.
+    top = CliRunner().invoke(cluster_tool.main, ["describe", "--dir", node_dir])
+    assert top.exit_code == 0 and "ACTIVE, role LEADER, election CLOSED" in top.stdout, top.output
+    top = CliRunner().invoke(cluster_tool.main, ["counters", "--dir", node_dir, "--json"])
+    assert top.exit_code == 0, top.output
+    assert {c["type_id"] for c in json.loads(top.stdout)["nodes"][0]["counters"]} >= {200, 201, 203}
+    top = CliRunner().invoke(cluster_tool.main, ["errors", "--dir", node_dir, "--json"])
+    assert top.exit_code == 0 and "nodes" in json.loads(top.stdout), top.output
+    top = CliRunner().invoke(cluster_tool.main, ["pid", "--dir", node_dir])
+    assert top.exit_code == 0 and top.stdout.strip() == str(pid)
     assert f"pid             {pid} (running)" in text.stdout
 
     # The cluster directory itself names the same node.
