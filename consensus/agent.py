@@ -462,7 +462,10 @@ class ConsensusModuleAgent:
         return work
 
     def _leader_detail(self) -> str:
-        return f"{self.member_id}={self.context.ingress_channel}"
+        """The ingress endpoints as Aeron's clients read them in a REDIRECT or a
+        NewLeaderEvent: ``memberId=host:port`` (empty for an IPC ingress)."""
+        endpoint = ChannelUri.parse(self.context.ingress_channel).get("endpoint")
+        return f"{self.member_id}={endpoint}" if endpoint else ""
 
     def _process_pending_sessions(self, now_ns: int) -> int:
         work = 0

@@ -271,3 +271,29 @@ def test_service_messages_are_applied_once_even_across_a_replay(cluster_of: Any)
     value, _ = struct.unpack("<qq", client.request(b"?", 10))
     assert value == 6
     client.close()
+
+
+def test_a_connected_client_keeps_its_session_across_a_module_restart(cluster_of: Any) -> None:
+    """The module and service die and come back (driver and archive stay up):
+    the session is known again from the log, the new term's leader sends it a
+    NewLeaderEvent, and the client carries on in the same session."""
+    cluster = cluster_of("fulmar.service.samples:CounterService")
+    new_leaders: list[tuple[Any, ...]] = []
+    client = connect(cluster, on_new_leader=lambda *event: new_leaders.append(event))
+    for expected in range(1, 4):
+        assert struct.unpack("<qq", client.request(b"+", 10))[0] == expected
+    session_id, term = client.cluster_session_id, client.leadership_term_id
+    cluster.consensus.kill()
+    cluster.service.kill()
+    cluster.start_consensus()
+    cluster.start_service()
+    deadline = time.monotonic() + 20
+    while not new_leaders:
+        client.poll_egress(10)
+        assert time.monotonic() < deadline, "no NewLeaderEvent after the restart"
+        time.sleep(0.005)
+    endpoint = cluster.ingress_channel.split("endpoint=")[1]
+    assert new_leaders == [(session_id, term + 1, 0, f"0={endpoint}")]
+    assert client.cluster_session_id == session_id and client.leadership_term_id == term + 1
+    assert struct.unpack("<qq", client.request(b"+", 10))[0] == 4
+    client.close()
