@@ -1,0 +1,722 @@
+"""Unit tests of the multi-member election, state by state, with a fake host
+and a publisher that records what it would send (seed 001)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from fulmar.consensus.agent import ClusterRole, ElectionState
+from fulmar.consensus.consensus_adapter import ConsensusAdapter
+from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, ConsensusPublisher
+from fulmar.consensus.election import Election, ElectionTimeouts, TermEntry, compare_log, next_term_for
+from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE
+
+MS = 1_000_000
+S = 1_000 * MS
+TIMEOUTS = ElectionTimeouts()
+
+# Seed 001's positions.
+A, B, C, D = 1312, 2848, 4064, 6496
+
+
+class FakeReplication:
+    def __init__(self) -> None:
+        self.done = False
+        self.has_failed = False
+        self.closed = False
+
+    def is_done(self) -> bool:
+        return self.done
+
+    def failed(self) -> bool:
+        return self.has_failed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeHost:
+    def __init__(self, terms: list[tuple[int, int]] | None = None, append: int = 0) -> None:
+        self.terms = list(terms or [])
+        self.append = append
+        self.commit = 0
+        self.calls: list[tuple[Any, ...]] = []
+        self.replications: list[FakeReplication] = []
+        self.replay_finished = True
+        self.connected = False
+        self.candidate_term_id = NULL_VALUE
+        self.role = ClusterRole.FOLLOWER
+        self.completed: tuple[Any, ...] | None = None
+
+    def term_entries(self) -> list[TermEntry]:
+        out = []
+        for i, (t, base) in enumerate(self.terms):
+            end = self.terms[i + 1][1] if i + 1 < len(self.terms) else NULL_POSITION
+            out.append(TermEntry(t, base, end))
+        return out
+
+    def append_position(self) -> int:
+        return self.append
+
+    def log_recording_id(self) -> int:
+        return 0
+
+    def commit_position(self) -> int:
+        return self.commit
+
+    def processed_position(self) -> int:
+        return 0
+
+    def truncate_log_to(self, position: int) -> None:
+        self.calls.append(("truncate_log_to", position))
+        self.append = position
+        self.terms = [t for t in self.terms if t[1] <= position]
+
+    def drop_term(self, leadership_term_id: int) -> None:
+        self.calls.append(("drop_term", leadership_term_id))
+        self.terms = [t for t in self.terms if t[0] != leadership_term_id]
+
+    def append_term(self, leadership_term_id: int, term_base_log_position: int) -> None:
+        self.calls.append(("append_term", leadership_term_id, term_base_log_position))
+        if all(t != leadership_term_id for t, _ in self.terms):
+            self.terms.append((leadership_term_id, term_base_log_position))
+
+    def replicate(self, leader_member_id: int, leader_recording_id: int, stop_position: int) -> FakeReplication:
+        self.calls.append(("replicate", leader_member_id, leader_recording_id, stop_position))
+        self.replications.append(FakeReplication())
+        return self.replications[-1]
+
+    def start_replay(self, from_position: int, to_position: int) -> None:
+        self.calls.append(("start_replay", from_position, to_position))
+
+    def replay_done(self) -> bool:
+        return self.replay_finished
+
+    def prepare_for_election(self) -> None:
+        self.calls.append(("prepare_for_election",))
+
+    def create_log_publication(self, leadership_term_id: int, log_position: int) -> int:
+        self.calls.append(("create_log_publication", leadership_term_id, log_position))
+        return 77
+
+    def join_log_as_leader(self, leadership_term_id: int, term_base_log_position: int) -> None:
+        self.calls.append(("join_log_as_leader", leadership_term_id, term_base_log_position))
+        self.append_term(leadership_term_id, term_base_log_position)
+
+    def append_new_leadership_term_event(self, leadership_term_id: int, log_position: int, timestamp: int) -> bool:
+        self.calls.append(("append_new_leadership_term_event", leadership_term_id, log_position))
+        return True
+
+    def join_log_as_follower(self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int,
+                             log_session_id: int) -> None:
+        self.calls.append(("join_log_as_follower", leader_member_id, leadership_term_id, term_base_log_position,
+                           log_session_id))
+        self.append_term(leadership_term_id, term_base_log_position)
+
+    def is_log_connected(self) -> bool:
+        return self.connected
+
+    def catchup(self, leader_member_id: int, from_position: int) -> str:
+        self.calls.append(("catchup", leader_member_id, from_position))
+        return "localhost:9005"
+
+    def stop_catchup(self) -> None:
+        self.calls.append(("stop_catchup",))
+
+    def persist_candidate_term_id(self, candidate_term_id: int) -> None:
+        self.candidate_term_id = candidate_term_id
+
+    def on_role_change(self, role: ClusterRole) -> None:
+        self.role = role
+
+    def on_leadership_term_change(self, leadership_term_id: int) -> None:
+        self.calls.append(("on_leadership_term_change", leadership_term_id))
+
+    def notify_commit_position(self, commit_position: int) -> None:
+        self.calls.append(("notify_commit_position", commit_position))
+
+    def election_complete(self, role: ClusterRole, leader_member_id: int, leadership_term_id: int) -> None:
+        self.completed = (role, leader_member_id, leadership_term_id)
+
+    def named(self, name: str) -> list[tuple[Any, ...]]:
+        return [c for c in self.calls if c[0] == name]
+
+
+class RecordingPublisher:
+    """Records each message as (name, to, fields)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        def send(to_member_id: int, **fields: Any) -> bool:
+            self.sent.append((name, to_member_id, fields))
+            return True
+        return send
+
+    def named(self, name: str) -> list[tuple[int, dict[str, Any]]]:
+        return [(to, f) for n, to, f in self.sent if n == name]
+
+    def clear(self) -> None:
+        self.sent.clear()
+
+
+def make(member_id: int = 0, members: tuple[int, ...] = (0, 1, 2), host: FakeHost | None = None, **kw: Any
+         ) -> tuple[Election, FakeHost, RecordingPublisher]:
+    host = host or FakeHost()
+    publisher = RecordingPublisher()
+    terms = host.term_entries()
+    election = Election(member_id, list(members), host, publisher, random.Random(7), TIMEOUTS,
+                        kw.pop("is_startup", False), terms[-1].leadership_term_id if terms else NULL_VALUE,
+                        host.append, **kw)
+    return election, host, publisher
+
+
+def to_canvass(election: Election, now: int = 0) -> None:
+    election.do_work(now)
+    assert election.state_value == ElectionState.CANVASS
+
+
+# --------------------------------------------------------------------------- canvass to leader
+
+
+def test_canvass_nominate_candidate_ballot_leader() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=1024))
+    to_canvass(election)
+    election.do_work(1)
+    canvass = publisher.named("canvass_position")
+    assert {to for to, _ in canvass} == {1, 2}
+    assert canvass[0][1] == dict(log_leadership_term_id=0, log_position=1024, leadership_term_id=0,
+                                 follower_member_id=0)
+    # Both others report logs no better than ours: unanimous candidate.
+    election.on_canvass_position(0, 1024, 0, 1, 0)
+    election.on_canvass_position(0, 512, 0, 2, 0)
+    election.do_work(2)
+    assert election.state_value == ElectionState.NOMINATE
+    assert 2 <= election.nomination_deadline_ns < 2 + TIMEOUTS.election_timeout_ns // 2
+    election.do_work(election.nomination_deadline_ns)
+    assert election.state_value == ElectionState.CANDIDATE_BALLOT
+    assert election.candidate_term_id == 1 and host.candidate_term_id == 1
+    assert host.role == ClusterRole.CANDIDATE
+    now = election.nomination_deadline_ns + 1
+    election.do_work(now)
+    requests = publisher.named("request_vote")
+    assert {to for to, _ in requests} == {1, 2}
+    assert requests[0][1] == dict(log_leadership_term_id=0, log_position=1024, candidate_term_id=1,
+                                  candidate_member_id=0)
+    election.on_vote(1, 0, 1024, 0, 1, True)
+    election.do_work(now + 1)
+    assert election.state_value == ElectionState.CANDIDATE_BALLOT  # not unanimous: wait for the timeout
+    election.do_work(now + TIMEOUTS.election_timeout_ns)
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    assert host.named("create_log_publication") == [("create_log_publication", 1, 1024)]
+    assert host.role == ClusterRole.LEADER
+
+
+def test_unanimous_votes_win_at_once_and_leader_runs_to_closed() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=1024))
+    to_canvass(election)
+    election.on_canvass_position(0, 1024, 0, 1, 0)
+    election.on_canvass_position(0, 1024, 0, 2, 0)
+    election.do_work(1)
+    election.do_work(election.nomination_deadline_ns)
+    now = election.nomination_deadline_ns
+    election.on_vote(1, 0, 1024, 0, 1, True)
+    election.on_vote(1, 0, 1024, 0, 2, True)
+    election.do_work(now + 1)
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    publisher.clear()
+    election.do_work(now + 2)
+    nlt = publisher.named("new_leadership_term")
+    assert {to for to, _ in nlt} == {1, 2}
+    assert nlt[0][1]["leadership_term_id"] == 1 and nlt[0][1]["term_base_log_position"] == 1024
+    assert nlt[0][1]["log_session_id"] == 77
+    assert publisher.named("commit_position")
+    # Votes' positions do not count: a quorum must report AppendPosition in the new term.
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    election.on_append_position(0, 1024, 1, 0)  # an older term: ignored
+    election.do_work(now + 3)
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    election.on_append_position(1, 1024, 1, 0)
+    election.do_work(now + 4)
+    assert election.state_value == ElectionState.LEADER_REPLAY
+    assert host.named("start_replay") == [("start_replay", 0, 1024)]
+    election.do_work(now + 5)
+    assert election.state_value == ElectionState.LEADER_INIT
+    election.do_work(now + 6)
+    assert election.state_value == ElectionState.LEADER_READY
+    assert host.named("join_log_as_leader") == [("join_log_as_leader", 1, 1024)]
+    election.do_work(now + 7)
+    assert election.state_value == ElectionState.LEADER_READY  # positions were reset in LEADER_REPLAY
+    election.on_append_position(1, 1024, 2, 0)
+    election.do_work(now + 8)
+    assert election.state_value == ElectionState.CLOSED
+    assert host.named("append_new_leadership_term_event") == [("append_new_leadership_term_event", 1, 1024)]
+    assert host.completed == (ClusterRole.LEADER, 0, 1)
+
+
+def test_not_a_candidate_when_another_log_is_better() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=512))
+    to_canvass(election)
+    election.on_canvass_position(0, 1024, 0, 1, 0)
+    election.on_canvass_position(0, 1024, 0, 2, 0)
+    election.do_work(10 * S)
+    assert election.state_value == ElectionState.CANVASS
+
+
+def test_quorum_candidate_waits_for_the_canvass_timeout() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=512))
+    to_canvass(election)
+    election.on_canvass_position(0, 256, 0, 1, 0)  # member 2 silent
+    election.do_work(TIMEOUTS.election_timeout_ns - 1)
+    assert election.state_value == ElectionState.CANVASS
+    election.do_work(TIMEOUTS.election_timeout_ns)
+    assert election.state_value == ElectionState.NOMINATE
+
+
+def test_startup_uses_the_startup_canvass_timeout() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=512), is_startup=True)
+    to_canvass(election)
+    election.on_canvass_position(0, 256, 0, 1, 0)
+    election.do_work(TIMEOUTS.election_timeout_ns)
+    assert election.state_value == ElectionState.CANVASS
+    election.do_work(TIMEOUTS.startup_canvass_timeout_ns)
+    assert election.state_value == ElectionState.NOMINATE
+
+
+def test_split_vote_times_out_to_canvass_and_next_candidacy_uses_a_higher_term() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=0))
+    to_canvass(election)
+    election.on_canvass_position(0, 0, 0, 1, 0)
+    election.on_canvass_position(0, 0, 0, 2, 0)
+    election.do_work(1)
+    start = election.nomination_deadline_ns
+    election.do_work(start)
+    assert election.candidate_term_id == 1
+    election.on_vote(1, 0, 0, 0, 1, False)
+    election.on_vote(1, 0, 0, 0, 2, False)
+    election.do_work(start + TIMEOUTS.election_timeout_ns)
+    assert election.state_value == ElectionState.CANVASS
+    election.on_canvass_position(0, 0, 0, 1, 0)
+    election.on_canvass_position(0, 0, 0, 2, 0)
+    election.do_work(start + TIMEOUTS.election_timeout_ns + 1)
+    election.do_work(election.nomination_deadline_ns)
+    assert election.state_value == ElectionState.CANDIDATE_BALLOT
+    assert election.candidate_term_id == 2 and host.candidate_term_id == 2
+
+
+def test_follower_ballot_times_out_to_canvass() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=0))
+    to_canvass(election)
+    election.on_request_vote(0, 0, 1, 1, 0)
+    assert election.state_value == ElectionState.FOLLOWER_BALLOT
+    election.do_work(TIMEOUTS.election_timeout_ns)
+    assert election.state_value == ElectionState.CANVASS
+
+
+def test_single_member_goes_straight_to_leader_log_replication() -> None:
+    election, host, publisher = make(members=(0,), host=FakeHost([(3, 0)], append=640))
+    election.do_work(0)
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    assert election.leadership_term_id == 4
+    for now in range(1, 6):
+        election.do_work(now)
+    assert election.state_value == ElectionState.CLOSED
+    assert host.completed == (ClusterRole.LEADER, 0, 4)
+    assert publisher.sent == []
+
+
+def test_appointed_leader_nominates_at_once_and_others_never_do() -> None:
+    leader, _, _ = make(member_id=1, host=FakeHost([(0, 0)], append=0), appointed_leader_id=1)
+    to_canvass(leader)
+    leader.on_canvass_position(0, 0, 0, 0, 0)
+    leader.do_work(1)
+    assert leader.state_value == ElectionState.NOMINATE and leader.nomination_deadline_ns == 1
+    other, _, _ = make(member_id=0, host=FakeHost([(0, 0)], append=0), appointed_leader_id=1)
+    to_canvass(other)
+    other.on_canvass_position(0, 0, 0, 1, 0)
+    other.on_canvass_position(0, 0, 0, 2, 0)
+    other.do_work(100 * S)
+    assert other.state_value == ElectionState.CANVASS
+
+
+# --------------------------------------------------------------------------- vote rules
+
+
+def votes(publisher: RecordingPublisher) -> list[tuple[int, int, bool]]:
+    return [(to, f["candidate_term_id"], f["vote"]) for to, f in publisher.named("place_vote")]
+
+
+def test_vote_for_a_candidate_with_a_log_at_least_as_good() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=1024))
+    to_canvass(election)
+    election.on_request_vote(0, 1024, 1, 2, 0)
+    assert votes(publisher) == [(2, 1, True)]
+    assert election.state_value == ElectionState.FOLLOWER_BALLOT
+    assert host.candidate_term_id == 1  # persisted before the vote left
+
+
+def test_vote_against_a_candidate_with_a_worse_log_and_canvass() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=1024))
+    to_canvass(election)
+    election.on_request_vote(0, 512, 1, 2, 0)
+    assert votes(publisher) == [(2, 1, False)]
+    assert election.state_value == ElectionState.CANVASS
+    assert election.candidate_term_id == 1  # that term is spent
+    election.on_request_vote(0, 1024, 1, 1, 0)
+    assert votes(publisher)[-1] == (1, 1, False)
+
+
+def test_vote_against_an_older_log_term_even_if_longer() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0), (2, 512)], append=600))
+    to_canvass(election)
+    election.on_request_vote(1, 4096, 3, 1, 0)
+    assert votes(publisher) == [(1, 3, False)]
+
+
+def test_one_vote_per_candidate_term_remembered() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=0))
+    to_canvass(election)
+    election.on_request_vote(0, 0, 1, 1, 0)
+    election.on_request_vote(0, 0, 1, 1, 0)  # duplicated by the network: same answer
+    election.on_request_vote(0, 0, 1, 2, 0)  # another candidate, same term: against
+    assert votes(publisher) == [(1, 1, True), (1, 1, True), (2, 1, False)]
+
+
+def test_vote_against_a_term_not_newer_than_ours() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0), (5, 0)], append=0))
+    to_canvass(election)
+    election.on_request_vote(5, 0, 5, 1, 0)
+    assert votes(publisher) == [(1, 5, False)]
+
+
+# --------------------------------------------------------------------------- follower on NewLeadershipTerm
+
+
+def new_leadership_term(election: Election, *, log_term: int, next_term: int, next_base: int, next_pos: int,
+                        term: int, base: int, pos: int, leader: int = 1) -> None:
+    election.on_new_leadership_term(log_term, next_term, next_base, next_pos, term, base, pos, 0, 0, leader,
+                                    1115055142, 1, False)
+
+
+def test_follower_joins_directly_when_logs_match() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=1024))
+    to_canvass(election)
+    election.on_request_vote(0, 1024, 1, 1, 0)
+    new_leadership_term(election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1,
+                        base=1024, pos=1024)
+    assert election.state_value == ElectionState.FOLLOWER_REPLAY
+    assert host.named("start_replay") == [("start_replay", 0, 1024)]
+    election.do_work(1)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_INIT
+    election.do_work(2)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_AWAIT
+    assert host.named("join_log_as_follower") == [("join_log_as_follower", 1, 1, 1024, 1115055142)]
+    election.do_work(3)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_AWAIT
+    host.connected = True
+    election.do_work(4)
+    assert election.state_value == ElectionState.FOLLOWER_READY
+    publisher.clear()
+    election.do_work(5)
+    assert election.state_value == ElectionState.CLOSED
+    assert publisher.named("append_position") == [(1, dict(leadership_term_id=1, log_position=1024,
+                                                           follower_member_id=0, flags=0))]
+    assert host.completed == (ClusterRole.FOLLOWER, 1, 1)
+
+
+def test_follower_truncates_entries_the_leader_does_not_have() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=2048))
+    to_canvass(election)
+    new_leadership_term(election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1,
+                        base=1024, pos=1024)
+    assert host.named("truncate_log_to") == [("truncate_log_to", 1024)]
+    assert election.state_value == ElectionState.FOLLOWER_REPLAY
+
+
+def test_follower_drops_a_term_the_leader_never_had() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0), (2, 512)], append=640))
+    to_canvass(election)
+    new_leadership_term(election, log_term=2, next_term=NULL_VALUE, next_base=NULL_POSITION,
+                        next_pos=NULL_POSITION, term=3, base=800, pos=800)
+    assert host.named("truncate_log_to") == [("truncate_log_to", 512)]
+    assert host.named("drop_term") == [("drop_term", 2)]
+    assert election.state_value == ElectionState.CANVASS
+    assert election.log_leadership_term_id == 0
+
+
+def test_follower_canvasses_on_a_new_leadership_term_for_another_log_term() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0), (1, 100)], append=200))
+    to_canvass(election)
+    election.on_request_vote(1, 200, 2, 1, 0)
+    new_leadership_term(election, log_term=0, next_term=1, next_base=100, next_pos=300, term=2, base=300,
+                        pos=300)
+    assert election.state_value == ElectionState.CANVASS
+
+
+def test_follower_ignores_a_leader_of_a_term_older_than_its_vote() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=0))
+    to_canvass(election)
+    election.on_request_vote(0, 0, 5, 2, 0)
+    new_leadership_term(election, log_term=0, next_term=4, next_base=0, next_pos=NULL_POSITION, term=4, base=0,
+                        pos=0)
+    assert election.state_value == ElectionState.FOLLOWER_BALLOT
+
+
+def test_follower_catches_up_within_the_current_term() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0), (2, C)], append=C + 320))
+    to_canvass(election)
+    new_leadership_term(election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION,
+                        term=2, base=C, pos=D)
+    assert election.state_value == ElectionState.FOLLOWER_REPLAY
+    election.do_work(1)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP_INIT
+    publisher.clear()
+    election.do_work(2)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP_AWAIT
+    assert host.named("catchup") == [("catchup", 1, C + 320)]
+    assert publisher.named("catchup_position") == [(1, dict(leadership_term_id=2, log_position=C + 320,
+                                                            follower_member_id=0,
+                                                            catchup_endpoint="localhost:9005"))]
+    host.connected = True
+    election.do_work(3)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP
+    host.append = 5280
+    publisher.clear()
+    election.do_work(4)
+    assert publisher.named("append_position") == [(1, dict(leadership_term_id=2, log_position=5280,
+                                                           follower_member_id=0,
+                                                           flags=APPEND_POSITION_FLAG_CATCHUP))]
+    election.on_commit_position(2, 6880, 1)
+    election.do_work(5)
+    assert host.named("notify_commit_position")[-1] == ("notify_commit_position", 5280)
+    election.on_stop_catchup(2, 2)  # someone else's
+    election.do_work(6)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP
+    election.on_stop_catchup(2, 0)
+    election.do_work(7)
+    assert host.named("stop_catchup") == [("stop_catchup",)]
+    assert election.state_value == ElectionState.FOLLOWER_LOG_INIT
+    election.do_work(8)
+    assert election.state_value == ElectionState.FOLLOWER_READY  # the log was joined for catchup
+    election.do_work(9)
+    assert election.state_value == ElectionState.CLOSED
+
+
+def test_seed_001_member_0_replicates_two_terms_then_catches_up() -> None:
+    """Member 0 is behind across two leadership changes: it replicates the rest of
+    term 0 (A to B), then term 1 (B to C), then catches up in term 2 (from C)."""
+    host = FakeHost([(0, 0)], append=A)
+    election, host, publisher = make(host=host)
+    to_canvass(election)
+    election.do_work(1)
+    assert publisher.named("canvass_position")[0][1] == dict(
+        log_leadership_term_id=0, log_position=A, leadership_term_id=0, follower_member_id=0)
+
+    new_leadership_term(election, log_term=0, next_term=1, next_base=B, next_pos=C, term=2, base=C, pos=D)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_REPLICATION
+    assert host.named("replicate") == [("replicate", 1, 0, B)]
+    host.append = B
+    host.replications[-1].done = True
+    publisher.clear()
+    election.do_work(2)
+    assert election.state_value == ElectionState.CANVASS
+    election.do_work(3)
+    assert publisher.named("canvass_position")[0][1] == dict(
+        log_leadership_term_id=0, log_position=B, leadership_term_id=2, follower_member_id=0)
+
+    new_leadership_term(election, log_term=0, next_term=1, next_base=B, next_pos=C, term=2, base=C, pos=6592)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_REPLICATION
+    assert host.named("replicate") == [("replicate", 1, 0, B), ("replicate", 1, 0, C)]
+    host.append = C
+    host.replications[-1].done = True
+    publisher.clear()
+    election.do_work(4)
+    assert host.named("append_term") == [("append_term", 1, B)]
+    assert election.state_value == ElectionState.CANVASS
+    election.do_work(5)
+    assert publisher.named("canvass_position")[0][1] == dict(
+        log_leadership_term_id=1, log_position=C, leadership_term_id=2, follower_member_id=0)
+
+    new_leadership_term(election, log_term=1, next_term=2, next_base=C, next_pos=NULL_POSITION, term=2, base=C,
+                        pos=6656)
+    assert election.state_value == ElectionState.FOLLOWER_REPLAY
+    assert host.named("start_replay") == [("start_replay", 0, C)]
+    election.do_work(6)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP_INIT
+    publisher.clear()
+    election.do_work(7)
+    assert publisher.named("catchup_position")[0][1]["log_position"] == C
+    assert host.named("join_log_as_follower") == [("join_log_as_follower", 1, 2, C, 1115055142)]
+
+
+def test_replication_failure_returns_to_canvass() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=A))
+    to_canvass(election)
+    new_leadership_term(election, log_term=0, next_term=1, next_base=B, next_pos=C, term=2, base=C, pos=D)
+    host.replications[-1].has_failed = True
+    election.do_work(1)
+    assert election.state_value == ElectionState.CANVASS
+    assert host.replications[-1].closed
+
+
+# --------------------------------------------------------------------------- the leader's answers
+
+
+def test_leader_answers_a_canvass_about_an_old_term_as_in_seed_001() -> None:
+    entries = [TermEntry(0, 0, B), TermEntry(1, B, C), TermEntry(2, C, NULL_POSITION)]
+    assert next_term_for(entries, 0, 2, C) == (1, B, C)
+    assert next_term_for(entries, 1, 2, C) == (2, C, NULL_POSITION)
+    assert next_term_for(entries, 2, 2, C) == (2, NULL_POSITION, NULL_POSITION)
+    assert next_term_for(entries[:2], 0, 3, C) == (1, B, C)  # term 3 not recorded yet
+    assert next_term_for(entries, 7, 9, D) == (NULL_VALUE, NULL_POSITION, NULL_POSITION)
+    assert next_term_for(entries, NULL_VALUE, 2, C) == (0, 0, B)
+
+
+def test_leader_in_election_answers_canvass_with_a_tailored_new_leadership_term() -> None:
+    host = FakeHost([(0, 0), (1, B)], append=C)
+    election, host, publisher = make(member_id=1, members=(0, 1, 2), host=host, leadership_term_id=1,
+                                     candidate_term_id=1)
+    to_canvass(election)
+    election.on_canvass_position(1, C, 1, 0, 0)
+    election.on_canvass_position(1, C, 1, 2, 0)
+    election.do_work(1)
+    election.do_work(election.nomination_deadline_ns)
+    now = election.nomination_deadline_ns
+    election.on_vote(2, 1, C, 1, 0, True)
+    election.on_vote(2, 1, C, 1, 2, True)
+    election.do_work(now + 1)
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    election.do_work(now + 2)
+    publisher.clear()
+    election.on_canvass_position(0, A, 0, 0, 0)
+    election.do_work(now + 3)
+    nlt = publisher.named("new_leadership_term")
+    assert len(nlt) == 1 and nlt[0][0] == 0
+    fields = nlt[0][1]
+    assert (fields["log_leadership_term_id"], fields["next_leadership_term_id"],
+            fields["next_term_base_log_position"], fields["next_log_position"]) == (0, 1, B, C)
+    assert (fields["leadership_term_id"], fields["term_base_log_position"], fields["log_position"],
+            fields["leader_member_id"]) == (2, C, C, 1)
+
+
+def test_leader_in_election_steps_down_for_a_newer_leader() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=0))
+    to_canvass(election)
+    election.on_canvass_position(0, 0, 0, 1, 0)
+    election.on_canvass_position(0, 0, 0, 2, 0)
+    election.do_work(1)
+    election.do_work(election.nomination_deadline_ns)
+    election.on_vote(1, 0, 0, 0, 1, True)
+    election.on_vote(1, 0, 0, 0, 2, True)
+    election.do_work(election.nomination_deadline_ns + 1)
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    election.on_request_vote(0, 0, 2, 2, 0)
+    assert election.state_value == ElectionState.FOLLOWER_BALLOT
+    assert ("prepare_for_election",) in host.calls
+
+
+def test_leader_in_election_gives_up_without_a_quorum() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=0))
+    to_canvass(election)
+    election.on_canvass_position(0, 0, 0, 1, 0)
+    election.on_canvass_position(0, 0, 0, 2, 0)
+    election.do_work(1)
+    start = election.nomination_deadline_ns
+    election.do_work(start)
+    election.on_vote(1, 0, 0, 0, 1, True)
+    election.on_vote(1, 0, 0, 0, 2, True)
+    election.do_work(start + 1)
+    election.do_work(start + 1 + TIMEOUTS.leader_heartbeat_timeout_ns)
+    assert election.state_value == ElectionState.CANVASS
+
+
+def test_compare_log_orders_by_term_then_position() -> None:
+    assert compare_log(1, 0, 0, 10_000) > 0
+    assert compare_log(1, 64, 1, 128) < 0
+    assert compare_log(2, 64, 2, 64) == 0
+
+
+# --------------------------------------------------------------------------- codecs round trip
+
+
+class Link:
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+
+    def offer(self, buffer: bytes) -> int:
+        self.messages.append(buffer)
+        return len(buffer)
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return lambda *args: self.calls.append((name, args))
+
+
+def test_publisher_and_adapter_round_trip_every_consensus_message() -> None:
+    link = Link()
+    publisher = ConsensusPublisher({1: link})
+    assert publisher.canvass_position(1, log_leadership_term_id=0, log_position=A, leadership_term_id=0,
+                                      follower_member_id=0)
+    publisher.request_vote(1, log_leadership_term_id=0, log_position=A, candidate_term_id=1, candidate_member_id=0)
+    publisher.place_vote(1, candidate_term_id=1, log_leadership_term_id=0, log_position=A, candidate_member_id=1,
+                         follower_member_id=0, vote=True)
+    publisher.new_leadership_term(1, log_leadership_term_id=0, next_leadership_term_id=1,
+                                  next_term_base_log_position=B, next_log_position=C, leadership_term_id=2,
+                                  term_base_log_position=C, log_position=D, leader_recording_id=0,
+                                  timestamp=1737306989652, leader_member_id=1, log_session_id=1115055142,
+                                  app_version=1, is_startup=False)
+    publisher.append_position(1, leadership_term_id=2, log_position=5280, follower_member_id=0, flags=1)
+    publisher.commit_position(1, leadership_term_id=2, log_position=6880, leader_member_id=1)
+    publisher.catchup_position(1, leadership_term_id=2, log_position=C, follower_member_id=0,
+                               catchup_endpoint="localhost:9005")
+    publisher.stop_catchup(1, leadership_term_id=3, follower_member_id=0)
+    publisher.termination_position(1, leadership_term_id=2, log_position=D)
+    publisher.termination_ack(1, leadership_term_id=2, log_position=D, member_id=0)
+    assert not publisher.canvass_position(5, log_leadership_term_id=0, log_position=0, leadership_term_id=0,
+                                          follower_member_id=0)  # no publication to member 5
+    listener = Listener()
+    adapter = ConsensusAdapter(listener)
+    for message in link.messages:
+        adapter.on_fragment(message, 0, len(message))
+    assert adapter.errors == 0
+    assert listener.calls == [
+        ("on_canvass_position", (0, A, 0, 0, 65536)),
+        ("on_request_vote", (0, A, 1, 0, 65536)),
+        ("on_vote", (1, 0, A, 1, 0, True)),
+        ("on_new_leadership_term", (0, 1, B, C, 2, C, D, 0, 1737306989652, 1, 1115055142, 1, False)),
+        ("on_append_position", (2, 5280, 0, 1)),
+        ("on_commit_position", (2, 6880, 1)),
+        ("on_catchup_position", (2, C, 0, "localhost:9005")),
+        ("on_stop_catchup", (3, 0)),
+        ("on_termination_position", (2, D)),
+        ("on_termination_ack", (2, D, 0)),
+    ]
+
+
+def test_adapter_counts_bad_fragments_without_raising() -> None:
+    errors: list[str] = []
+    adapter = ConsensusAdapter(Listener(), error_handler=errors.append)
+    adapter.on_fragment(b"\x01\x02", 0, 2)
+    adapter.on_fragment(bytes(8) + bytes(32), 0, 40)  # schema 0
+    link = Link()
+    ConsensusPublisher({1: link}).commit_position(1, leadership_term_id=1, log_position=2, leader_member_id=0)
+    adapter.on_fragment(link.messages[0][:12], 0, 12)  # truncated body
+    bad_template = bytearray(link.messages[0])
+    bad_template[2] = 99
+    adapter.on_fragment(bytes(bad_template), 0, len(bad_template))
+    assert adapter.errors == 4 and len(errors) == 4
+
+
+@pytest.mark.parametrize("state", list(ElectionState))
+def test_every_state_has_a_method(state: ElectionState) -> None:
+    assert callable(getattr(Election, state.name.lower()))
