@@ -21,6 +21,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from fulmar.archive.errors import ArchiveError
+from fulmar.errors import InvalidFrameBlockError
 from fulmar.archive.protocol import NULL_LENGTH, NULL_POSITION
 from fulmar.archive.segment import SegmentReader
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
@@ -100,7 +101,9 @@ class ReplaySession:
             return 0
         try:
             return self._replay()
-        except ArchiveError as error:
+        except (ArchiveError, InvalidFrameBlockError) as error:
+            # A segment that is not what was recorded (a hole, a frame whose
+            # term id or offset is wrong): end the replay and say where.
             self.abort(f"replay of recording {self.recording_id} failed at {self.position}: {error}")
             return 1
 

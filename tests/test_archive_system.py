@@ -864,3 +864,40 @@ def test_recording_events_reach_an_observer(system: System) -> None:
     assert isinstance(stopped, codecs.RecordingStoppedDecoder)
     assert (stopped.recording_id, stopped.start_position, stopped.stop_position) == (
         recording_id, 0, publisher.position)
+
+
+def test_a_corrupt_segment_ends_a_replay_with_a_clear_error(system: System) -> None:
+    """A frame in a segment file whose term id is not the one its position
+    says: the replay stops there with an error naming the problem, and the
+    archive keeps serving."""
+    system.start_driver()
+    system.start_archive()
+    aeron, client = system.connect()
+    publication, recording_id = start_recorded_publication(system, aeron, client, IPC_CHANNEL)
+    publisher = Publisher(publication)
+    publisher.publish(1 * MB, 30)
+    wait_recorded(client, recording_id, publisher.position)
+    stop_recording(client, IPC_CHANNEL, recording_id, publisher.position)
+    segment = system.archive_dir() / f"{recording_id}-0.rec"
+    with open(segment, "r+b") as file:
+        # Walk the frames from the start of the segment to one at or after 512 KiB.
+        offset = 0
+        while offset < 512 * 1024:
+            file.seek(offset)
+            length = int.from_bytes(file.read(4), "little", signed=True)
+            assert length > 0
+            offset += (length + 31) & ~31
+        file.seek(offset + 20)  # the frame's term id
+        term_id = int.from_bytes(file.read(4), "little", signed=True)
+        file.seek(offset + 20)
+        file.write((term_id + 5).to_bytes(4, "little", signed=True))
+    subscription = client.replay(recording_id, REPLAY_CHANNEL, 2002, 0, publisher.position)
+    deadline = time.monotonic() + 20
+    with pytest.raises(ArchiveResponseError, match="not whole frames"):
+        while time.monotonic() < deadline:
+            subscription.poll(lambda *args: None, 100)
+            client.poll_for_signals()
+            time.sleep(0.001)
+    subscription.close()
+    # The archive still serves.
+    assert client.get_stop_position(recording_id) == publisher.position
