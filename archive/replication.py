@@ -48,6 +48,7 @@ from fulmar.archive.protocol import (
 )
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.generated import archive as codecs
+from fulmar.errors import FulmarError
 
 if TYPE_CHECKING:
     from fulmar.archive.conductor import ArchiveConductor
@@ -145,8 +146,10 @@ class ReplicationSession:
                 self._poll_source()
             handler = getattr(self, "_" + self.state.value.lower())
             return int(handler(now_ns))
-        except ArchiveError as error:
-            self.abort(str(error))
+        except (FulmarError, ValueError) as error:
+            # (a refused channel, a driver error, a source that misbehaves):
+            # this replication ends with an ERROR; the archive carries on.
+            self.abort(f"{type(error).__name__}: {error}" if not isinstance(error, ArchiveError) else str(error))
             return 1
 
     def _state(self, state: ReplicationState, now_ns: int) -> None:

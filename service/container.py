@@ -34,6 +34,10 @@ class ServiceLoadError(FulmarError):
     """The service named as module:Class cannot be loaded."""
 
 
+class ServiceFailedError(FulmarError):
+    """The user's service raised while applying the log."""
+
+
 def epoch_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -114,7 +118,17 @@ class ServiceContainer:
         next_mark_ms = 0
         while not agent.terminated:
             now_ns = time.monotonic_ns()
-            work = agent.do_work(now_ns)
+            try:
+                work = agent.do_work(now_ns)
+            except FulmarError:
+                raise
+            except Exception as error:
+                # The service cannot skip a committed message (every member
+                # must apply the same log), so it stops, saying where and why.
+                text = (f"service {self.context.service_id} failed at log position {agent.log_position}: "
+                        f"{type(error).__name__}: {error}")
+                agent.record_error(text)
+                raise ServiceFailedError(text) from error
             if now_ns >= next_slow_ns:
                 next_slow_ns = now_ns + 10_000_000
                 work += self.aeron.do_work(now_ns)

@@ -233,3 +233,16 @@ def test_replicate_with_a_live_destination_merges_into_the_live_stream(nodes: tu
     assert replayed_sequence(b.client, dst.recording_id, end, sent, 7) == list(range(sent))
     receiver.close()
     publication.close()
+
+
+def test_a_replication_the_driver_refuses_ends_with_an_error(nodes: tuple[Node, Node]) -> None:
+    """A replication channel the destination's driver cannot use: the
+    replication ends with an ERROR and REPLICATE_END, the archive serves on."""
+    a, b = nodes
+    assert a.client is not None and b.client is not None and a.archive is not None
+    recording_id, positions, publication = record(a, "aeron:ipc?term-length=64k", 10)
+    b.client.replicate(recording_id, a.archive.control_channel, replication_channel="aeron:udp?endpoint=bad host:0")
+    with pytest.raises(ArchiveResponseError, match="replication"):
+        b.client.wait_for_signal(lambda s: s.signal == RecordingSignal.REPLICATE_END)
+    assert b.client.list_recordings() == []
+    publication.close()
