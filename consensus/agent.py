@@ -877,7 +877,17 @@ class ConsensusModuleAgent:
         from fulmar.consensus.snapshot import take_consensus_module_snapshot
 
         position = self._snapshot_log_position
-        recording_id = take_consensus_module_snapshot(self, position)
+        try:
+            recording_id = take_consensus_module_snapshot(self, position)
+        except FulmarError as error:
+            # No snapshot this time (the services' are left unreferenced):
+            # say so and carry on as before rather than stay in SNAPSHOT.
+            self._error(f"snapshot at log position {position} failed: {type(error).__name__}: {error}")
+            self._snapshot_log_position = NULL_POSITION
+            self._termination_action = None
+            self._set_state(self._state_after_snapshot)
+            self.control_toggle.set(ControlToggle.NEUTRAL)
+            return
         timestamp = self.cluster_time()
         for ack in sorted(service_acks, key=lambda a: a.service_id):
             self.recording_log.append_snapshot(ack.relevant_id, self.leadership_term_id, self.term_base_log_position,
