@@ -23,11 +23,9 @@ from fulmar.archive.catalog import Catalog, recover
 from fulmar.archive.conductor import ArchiveConductor
 from fulmar.archive.context import ArchiveContext
 from fulmar.archive.mark_file import ArchiveMarkFile
+from fulmar.clock import epoch_ms
 from fulmar.idle import DoorbellIdleStrategy
 
-
-def epoch_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Archive:

@@ -49,6 +49,7 @@ from fulmar.codecs.generated.archive import (
 )
 from fulmar.errors import CodecError
 from fulmar.frames import FRAME_ALIGNMENT, align
+from fulmar.semantic_version import major_version, version_text
 
 from . import segment as _segment
 from .errors import CatalogError, RecordingUnknownError, describe_os_error
@@ -127,10 +128,6 @@ def _to_int32(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-def _version_text(version: int) -> str:
-    return f"{(version >> 16) & 0xFF}.{(version >> 8) & 0xFF}.{version & 0xFF}"
-
-
 def _is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
@@ -202,6 +199,53 @@ class Catalog:
             raise
         return catalog
 
+    @classmethod
+    def open_read_only(cls, archive_dir: str | os.PathLike[str]) -> "Catalog":
+        """Open an existing catalog for reading only (tools, a stopped archive's
+        files): the file is opened read-only and mapped copy-on-write, so
+        nothing can reach it, and it is validated by the same loader as
+        ``open``.  Raises :class:`CatalogError` for a missing, empty or
+        corrupt catalog."""
+        path = Path(archive_dir) / CATALOG_FILE_NAME
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise CatalogError(f"{path}: no catalog (not an archive directory?)") from None
+        except OSError as ex:
+            raise CatalogError(f"{path}: cannot open catalog: {describe_os_error(ex)}") from ex
+        catalog = cls(path, fd, 0, None)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                raise CatalogError(f"{path}: the catalog is empty (0 bytes; an archive died creating it?)")
+            memory = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            catalog._mmap, catalog._atomic, catalog._capacity = memory, AtomicBuffer(memory), size
+            catalog._load(size)
+        except OSError as ex:
+            catalog.close()
+            raise CatalogError(f"{path}: cannot read catalog: {describe_os_error(ex)}") from ex
+        except BaseException:
+            catalog.close()
+            raise
+        return catalog
+
+    @property
+    def version(self) -> int:
+        memory, _ = self._memory()
+        return int(_I32.unpack_from(memory, 0)[0])
+
+    def entries(self) -> list[tuple[RecordingDescriptor, int]]:
+        """Every entry (VALID, INVALID and DELETED) in id order, with its recorded position."""
+        memory, _ = self._memory()
+        entries = []
+        offset = CATALOG_HEADER_LENGTH
+        while offset < self._next_offset:  # every entry below it was validated on opening
+            length = _I32.unpack_from(memory, offset)[0]
+            recorded = _I64.unpack_from(memory, offset + RECORDED_POSITION_OFFSET)[0]
+            entries.append((self._decode(offset), recorded))
+            offset += DESCRIPTOR_HEADER_LENGTH + length
+        return entries
+
     def _write_header(self) -> None:
         assert self._mmap is not None
         CatalogHeaderEncoder.encode_headerless(
@@ -246,10 +290,10 @@ class Catalog:
         if size < CATALOG_HEADER_LENGTH:
             raise self._fail(0, f"file is {size} bytes, shorter than the {CATALOG_HEADER_LENGTH}-byte header")
         header = CatalogHeaderDecoder().wrap_headerless(memory, 0, CATALOG_HEADER_LENGTH)
-        if (header.version >> 16) & 0xFF != MAJOR_VERSION:
+        if major_version(header.version) != MAJOR_VERSION:
             raise self._fail(
                 0,
-                f"incompatible catalog version {_version_text(header.version)} (0x{header.version & 0xFFFFFFFF:x}), "
+                f"incompatible catalog version {version_text(header.version)} (0x{header.version & 0xFFFFFFFF:x}), "
                 f"this archive reads major version {MAJOR_VERSION}",
             )
         if header.length != CATALOG_HEADER_LENGTH:

@@ -49,6 +49,7 @@ from fulmar.archive.segment import (
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.errors import FulmarError
+from fulmar.semantic_version import major_version
 from fulmar.codecs.generated import archive as codecs
 from fulmar.frames import FRAME_ALIGNMENT
 from fulmar.fragment_assembler import FragmentAssembler
@@ -232,7 +233,7 @@ class ArchiveConductor:
 
     def on_connect_request(self, message: Any) -> None:
         invalid = None
-        if (message.version >> 16) & 0xFF != protocol.PROTOCOL_MAJOR_VERSION:
+        if major_version(message.version) != protocol.PROTOCOL_MAJOR_VERSION:
             invalid = (
                 f"invalid client version {protocol.version_text(message.version)}, "
                 f"archive is {protocol.version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}"

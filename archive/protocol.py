@@ -13,6 +13,7 @@ import struct
 from enum import IntEnum
 
 from fulmar.codecs.generated import archive as codecs
+from fulmar.semantic_version import compose_version, version_text
 
 NULL_VALUE = -1
 NULL_POSITION = -1  # a position that is not known (an active recording's stop position)
@@ -27,13 +28,6 @@ PROTOCOL_MAJOR_VERSION = 1
 PROTOCOL_MINOR_VERSION = 10
 PROTOCOL_PATCH_VERSION = 0
 
-
-def compose_version(major: int, minor: int, patch: int) -> int:
-    return (major << 16) | (minor << 8) | patch
-
-
-def version_text(version: int) -> str:
-    return f"{(version >> 16) & 0xFF}.{(version >> 8) & 0xFF}.{version & 0xFF}"
 
 
 PROTOCOL_SEMANTIC_VERSION = compose_version(PROTOCOL_MAJOR_VERSION, PROTOCOL_MINOR_VERSION, PROTOCOL_PATCH_VERSION)

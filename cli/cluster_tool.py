@@ -42,11 +42,8 @@ import click
 
 from fulmar.archive.catalog import (
     CATALOG_FILE_NAME,
-    CATALOG_HEADER_LENGTH,
-    DESCRIPTOR_HEADER_LENGTH,
     NULL_POSITION,
     NULL_TIMESTAMP,
-    RECORDED_POSITION_OFFSET,
     Catalog,
     RecordingDescriptor,
     missing_segment_files,
@@ -82,6 +79,7 @@ from fulmar.consensus.recording_log import NULL_POSITION as LOG_NULL_POSITION
 from fulmar.counters import CountersReader, counter_offset
 from fulmar.error_log import CorruptErrorLogError, ErrorObservation, read_error_log
 from fulmar.errors import CodecError
+from fulmar.semantic_version import version_text
 
 from fulmar.cli.cnc_reader import (
     epoch_ms,
@@ -216,21 +214,26 @@ def errors_document(directory: str) -> dict[str, Any]:
         return {"dir": str(directory), "driver_pid": cnc.pid, "errors": read_errors(cnc)}
 
 
-def format_errors(document: dict[str, Any]) -> str:
-    errors = document["errors"]
-    if not errors:
-        return f"no errors in {document['dir']}"
+def format_error_list(errors: list[dict[str, Any]], title: str, indent: str = "") -> list[str]:
+    """A distinct error log as text: a title line, then each error's counts,
+    times and text (texts may span lines, e.g. stack traces: all indented)."""
     noun = "error" if len(errors) == 1 else "errors"
-    lines = [f"{len(errors)} distinct {noun} in {document['dir']} (driver pid {document['driver_pid']})"]
+    lines = [f"{len(errors)} distinct {noun} {title}"]
     for error in errors:
         count = error["observation_count"]
         lines.append(
-            f"{count} observation{'' if count == 1 else 's'} "
+            f"{indent}{count} observation{'' if count == 1 else 's'} "
             f"from {error['first_observation']} to {error['last_observation']}:"
         )
-        # Texts may span lines (stack traces): indent them all under the header.
-        lines.extend(f"    {line}" for line in error["text"].splitlines() or [""])
-    return "\n".join(lines)
+        lines.extend(f"{indent}    {line}" for line in error["text"].splitlines() or [""])
+    return lines
+
+
+def format_errors(document: dict[str, Any]) -> str:
+    if not document["errors"]:
+        return f"no errors in {document['dir']}"
+    return "\n".join(format_error_list(
+        document["errors"], f"in {document['dir']} (driver pid {document['driver_pid']})"))
 
 
 @main.command(short_help="List the distinct errors with counts and times.")
@@ -331,63 +334,18 @@ def _check_archive_dir(archive_dir: Path) -> None:
 
 @contextmanager
 def open_catalog_read_only(archive_dir: Path) -> Iterator[Catalog]:
-    """The catalog of ``archive_dir``, validated by the archive's own loader, never written.
-
-    ``Catalog.open`` opens the file ``O_RDWR | O_CREAT``, maps it shared and
-    writable and may grow it, so it is not used here.  The file is opened
-    read-only and mapped copy-on-write (``ACCESS_COPY``: pages are shared with
-    the file until written, and writes never reach it), and the catalog's own
-    ``_load`` validates it entry by entry and builds the index, so queries
-    decode exactly as the archive does.  (This reaches into private state;
-    a ``Catalog.open_read_only`` in archive/catalog.py would make it clean.)
-    """
+    """The catalog of ``archive_dir``, validated by the archive's own loader, never written."""
     _check_archive_dir(archive_dir)
-    path = archive_dir / CATALOG_FILE_NAME
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise ArchiveReadError(f"{path}: no catalog (not an archive directory?)") from None
-    except OSError as error:
-        raise ArchiveReadError(f"{path}: cannot open the catalog: {describe_os_error(error)}") from None
-    catalog = Catalog(path, fd, 0, None)  # owns fd from here: close() closes it
+        catalog = Catalog.open_read_only(archive_dir)
+    except CatalogError as error:
+        raise ArchiveReadError(str(error)) from None
+    except (CodecError, ValueError, IndexError) as error:  # defence in depth: the loader names offsets
+        raise ArchiveReadError(f"{archive_dir / CATALOG_FILE_NAME}: corrupt catalog: {error}") from None
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            raise ArchiveReadError(f"{path}: the catalog is empty (0 bytes; an archive died creating it?)")
-        memory = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-        catalog._mmap = memory
-        catalog._atomic = AtomicBuffer(memory)
-        catalog._capacity = size
-        try:
-            catalog._load(size)
-        except (CatalogError, CodecError, ValueError, IndexError) as error:
-            # CatalogError names the file and offset; the others are defence in depth.
-            text = str(error) if isinstance(error, CatalogError) else f"{path}: corrupt catalog: {error}"
-            raise ArchiveReadError(text) from None
         yield catalog
-    except OSError as error:
-        raise ArchiveReadError(f"{path}: cannot read the catalog: {describe_os_error(error)}") from None
     finally:
         catalog.close()
-
-
-def _catalog_entries(catalog: Catalog) -> list[tuple[RecordingDescriptor, int]]:
-    """Every entry (VALID, INVALID and DELETED) in id order, with its recorded position."""
-    memory, _ = catalog._memory()
-    entries = []
-    offset = CATALOG_HEADER_LENGTH
-    while offset < catalog._next_offset:  # every entry below it was validated by _load
-        length = struct.unpack_from("<i", memory, offset)[0]
-        recorded = struct.unpack_from("<q", memory, offset + RECORDED_POSITION_OFFSET)[0]
-        entries.append((catalog._decode(offset), recorded))
-        offset += DESCRIPTOR_HEADER_LENGTH + length
-    return entries
-
-
-def _catalog_version(catalog: Catalog) -> str:
-    memory, _ = catalog._memory()
-    version = struct.unpack_from("<i", memory, 0)[0]
-    return f"{(version >> 16) & 0xFF}.{(version >> 8) & 0xFF}.{version & 0xFF}"
 
 
 def _segment_files(archive_dir: Path) -> dict[int, list[tuple[int, str, int]]]:
@@ -501,7 +459,7 @@ def _mark_status(decoder: MarkFileHeaderDecoder, file_length: int, now_ms: int) 
     return {
         "running": running,
         "state": state,
-        "version": f"{(version >> 16) & 0xFF}.{(version >> 8) & 0xFF}.{version & 0xFF}",
+        "version": version_text(version),
         "ready": version != 0,
         "pid": pid,
         "pid_exists": pid_exists,
@@ -592,11 +550,11 @@ def archive_describe_document(archive_dir: Path, now_ms: int) -> dict[str, Any]:
         except ArchiveReadError:
             mark["error_count"] = None  # `archive errors` reports why
     with open_catalog_read_only(archive_dir) as catalog:
-        entries = _catalog_entries(catalog)
+        entries = catalog.entries()
         catalog_document = {
             "path": str(catalog.path),
             "file_length": catalog.capacity,
-            "version": _catalog_version(catalog),
+            "version": version_text(catalog.version),
             "alignment": catalog.alignment,
             "next_recording_id": catalog.next_recording_id,
             "entries": len(entries),
@@ -674,7 +632,7 @@ def archive_recordings_document(
     mark, mark_error = _liveness(archive_dir, now_ms)
     running = mark is not None and mark["running"]
     with open_catalog_read_only(archive_dir) as catalog:
-        entries = _catalog_entries(catalog)
+        entries = catalog.entries()
     if recording_id is not None:
         entries = [entry for entry in entries if entry[0].recording_id == recording_id]
         if not entries:
@@ -794,19 +752,10 @@ def archive_errors_document(archive_dir: Path) -> dict[str, Any]:
 
 
 def format_archive_errors(document: dict[str, Any]) -> str:
-    errors = document["errors"]
-    if not errors:
+    if not document["errors"]:
         return f"no errors in {document['dir']}"
-    noun = "error" if len(errors) == 1 else "errors"
-    lines = [f"{len(errors)} distinct {noun} in {document['dir']} (archive pid {document['archive_pid']})"]
-    for error in errors:
-        count = error["observation_count"]
-        lines.append(
-            f"{count} observation{'' if count == 1 else 's'} "
-            f"from {error['first_observation']} to {error['last_observation']}:"
-        )
-        lines.extend(f"    {line}" for line in error["text"].splitlines() or [""])
-    return "\n".join(lines)
+    return "\n".join(format_error_list(
+        document["errors"], f"in {document['dir']} (archive pid {document['archive_pid']})"))
 
 
 archive_dir_option = click.option(
@@ -1041,10 +990,6 @@ def resolve_cluster_nodes(directory: Path) -> tuple[str, list[ClusterNode]]:
     return "base", [node for _, node in sorted(nodes, key=lambda pair: pair[0])]
 
 
-def _semantic_version_text(version: int) -> str:
-    return f"{(version >> 16) & 0xFF}.{(version >> 8) & 0xFF}.{version & 0xFF}"
-
-
 def _component_name(raw: int) -> str:
     try:
         return ClusterComponentType(raw).name
@@ -1112,7 +1057,7 @@ def cluster_mark_document(contents: ClusterMarkFileContents, now_ms: int) -> dic
         "component_type": _component_name(header.component_type_raw),
         "running": running,
         "state": state,
-        "version": _semantic_version_text(header.version),
+        "version": version_text(header.version),
         "ready": contents.is_ready,
         "has_message_header": contents.has_message_header,
         "pid": pid,
@@ -1633,15 +1578,9 @@ def _render_errors_node(node: dict[str, Any]) -> list[str]:
         if not errors:
             lines.append(f"{file['component']}: no errors in {file['path']}")
             continue
-        noun = "error" if len(errors) == 1 else "errors"
-        lines.append(f"{file['component']}: {len(errors)} distinct {noun} in {file['path']} (pid {file['pid']})")
-        for error in errors:
-            count = error["observation_count"]
-            lines.append(
-                f"  {count} observation{'' if count == 1 else 's'} "
-                f"from {error['first_observation']} to {error['last_observation']}:"
-            )
-            lines.extend(f"      {line}" for line in error["text"].splitlines() or [""])
+        listed = format_error_list(errors, f"in {file['path']} (pid {file['pid']})", indent="  ")
+        lines.append(f"{file['component']}: {listed[0]}")
+        lines.extend(listed[1:])
     return lines
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from fulmar.clock import epoch_ms
 from fulmar.cnc import VERSION_OFFSET, CncError, CncFile
 from fulmar.counters import CountersReader
 from fulmar.driver.counters import (
@@ -49,9 +50,6 @@ COUNTER_TYPE_NAMES: dict[int, str] = {
     SENDER_BPE_TYPE_ID: "snd-bpe",
 }
 
-
-def epoch_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def iso_utc(timestamp_ms: int) -> str:

@@ -37,6 +37,7 @@ from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, 
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.consensus.timer_service import TimerService
 from fulmar.errors import FulmarError
+from fulmar.semantic_version import major_version
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
@@ -178,6 +179,8 @@ class ConsensusModuleAgent:
         self._ingress_assembler = FragmentAssembler(self._on_ingress_message)
         self._service_assembler = FragmentAssembler(self._on_service_message)
         self._log_assembler = FragmentAssembler(self._on_log_message)
+        # One flyweight for every session message (ingress and log): no decoder per message.
+        self._session_header = codecs.SessionMessageHeaderDecoder()
         # Counters (keyed by cluster id, so tools find them).
         key = _CLUSTER_KEY.pack(context.cluster_id)
         self.module_state_counter = self._counter(protocol.CONSENSUS_MODULE_STATE_TYPE_ID, "Consensus Module state", key)
@@ -339,7 +342,7 @@ class ConsensusModuleAgent:
             if self._ingress_control_only:
                 return False  # suspended: messages wait in the ingress
             try:
-                session_header = codecs.SessionMessageHeaderDecoder().wrap_and_apply_header(buffer, offset, length)
+                session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
             except CodecError:
                 self.invalid_requests_counter.increment()
                 return True
@@ -384,7 +387,7 @@ class ConsensusModuleAgent:
             return True
         session.id = self.next_session_id
         self.next_session_id += 1
-        if (message.version >> 16) & 0xFF != protocol.PROTOCOL_MAJOR_VERSION:
+        if major_version(message.version) != protocol.PROTOCOL_MAJOR_VERSION:
             session.detail = (f"invalid client version {protocol.version_text(message.version)}, "
                               f"cluster is {protocol.version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}")
             self.rejected_sessions.append(session)
@@ -648,7 +651,7 @@ class ConsensusModuleAgent:
         try:
             message_header = codecs.read_header(buffer, offset, length)
             if message_header.template_id == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
-                session_header = codecs.SessionMessageHeaderDecoder().wrap_and_apply_header(buffer, offset, length)
+                session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
                 self._on_replay_session_message(session_header.cluster_session_id, session_header.timestamp)
                 return
             message = codecs.decode(buffer, offset, length)

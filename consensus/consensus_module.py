@@ -22,6 +22,7 @@ from types import FrameType
 
 from fulmar.aeron import Aeron
 from fulmar.archive.client import AeronArchive
+from fulmar.clock import epoch_ms
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.consensus.agent import ClusterTerminationError, ConsensusModuleAgent, ControlToggle
@@ -36,9 +37,6 @@ from fulmar.idle import DoorbellIdleStrategy
 # Aeron's RecoveryState counter key: what the services need to recover.
 _RECOVERY_STATE_HEAD = struct.Struct("<qqqiii")  # term id, log position, timestamp, replay flag, cluster id, service count
 
-
-def epoch_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def recovery_state_key(plan: RecoveryPlan, timestamp: int, cluster_id: int, service_count: int) -> bytes:

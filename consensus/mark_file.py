@@ -48,6 +48,7 @@ from fulmar.codecs.generated.cluster_mark import (
 )
 from fulmar.error_log import CorruptErrorLogError, DistinctErrorLog, EpochClock, ErrorObservation, read_error_log
 from fulmar.errors import CodecError, FulmarError
+from fulmar.semantic_version import compose_version, major_version
 
 __all__ = [
     "FILENAME",
@@ -70,7 +71,6 @@ __all__ = [
     "mark_file_name",
     "service_mark_file_name",
     "read_cluster_mark_file",
-    "semantic_version_major",
 ]
 
 FILE_EXTENSION: Final = ".dat"
@@ -84,17 +84,8 @@ LIVENESS_TIMEOUT_MS_DEFAULT: Final = 10_000
 NULL_VALUE: Final = -1  # Aeron's NULL_VALUE: "no candidate term", "no member id", the consensus module's service id
 
 
-def _compose_semantic_version(major: int, minor: int, patch: int) -> int:
-    return (major << 16) | (minor << 8) | patch
-
-
-def semantic_version_major(version: int) -> int:
-    """The major part of a semantic version word (major << 16 | minor << 8 | patch)."""
-    return (version >> 16) & 0xFF
-
-
 MAJOR_VERSION: Final = 0
-SEMANTIC_VERSION: Final = _compose_semantic_version(MAJOR_VERSION, 3, 0)  # 0.3.0, Aeron's current cluster mark file
+SEMANTIC_VERSION: Final = compose_version(MAJOR_VERSION, 3, 0)  # 0.3.0, Aeron's current cluster mark file
 VERSION_FAILED: Final = -1  # written instead of the version when the component failed to start
 
 # Offsets of the words other processes read or write while the file is in use, relative to the body.
@@ -319,9 +310,9 @@ def _check_previous(
             f"not a {component_type.name}"
         )
     version = decoder.version
-    if version not in (0, VERSION_FAILED) and semantic_version_major(version) != MAJOR_VERSION:
+    if version not in (0, VERSION_FAILED) and major_version(version) != MAJOR_VERSION:
         raise ClusterMarkFileError(
-            f"{path}: mark file major version {semantic_version_major(version)} does not match "
+            f"{path}: mark file major version {major_version(version)} does not match "
             f"this software's {MAJOR_VERSION}"
         )
     try:

@@ -11,6 +11,7 @@ seeds and Aeron's ``ConsensusModule.Configuration`` /
 from __future__ import annotations
 
 from fulmar.codecs.generated import cluster as codecs
+from fulmar.semantic_version import compose_version, version_text
 
 NULL_VALUE = -1
 NULL_POSITION = -1
@@ -23,13 +24,6 @@ PROTOCOL_MAJOR_VERSION = 0
 PROTOCOL_MINOR_VERSION = 3
 PROTOCOL_PATCH_VERSION = 0
 
-
-def compose_version(major: int, minor: int, patch: int) -> int:
-    return (major << 16) | (minor << 8) | patch
-
-
-def version_text(version: int) -> str:
-    return f"{(version >> 16) & 0xFF}.{(version >> 8) & 0xFF}.{version & 0xFF}"
 
 
 PROTOCOL_SEMANTIC_VERSION = compose_version(PROTOCOL_MAJOR_VERSION, PROTOCOL_MINOR_VERSION, PROTOCOL_PATCH_VERSION)

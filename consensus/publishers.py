@@ -39,6 +39,7 @@ class LogPublisher(_Encoding):
     def __init__(self) -> None:
         super().__init__()
         self.publication: "Publication | None" = None
+        self._session_header = bytearray(SESSION_HEADER_LENGTH)
 
     @property
     def position(self) -> int:
@@ -48,8 +49,9 @@ class LogPublisher(_Encoding):
     def append_message(self, leadership_term_id: int, cluster_session_id: int, timestamp: int,
                        payload: memoryview | bytes) -> int:
         assert self.publication is not None
-        header = self.encode(codecs.SessionMessageHeaderEncoder, leadership_term_id=leadership_term_id,
-                             cluster_session_id=cluster_session_id, timestamp=timestamp)
+        header = self._session_header  # encoded in place: the offer copies it into the log at once
+        codecs.SessionMessageHeaderEncoder.encode(header, 0, leadership_term_id=leadership_term_id,
+                                                  cluster_session_id=cluster_session_id, timestamp=timestamp)
         result = self.publication.offer_parts([header, payload])
         if result == ADMIN_ACTION:
             result = self.publication.offer_parts([header, payload])

@@ -19,6 +19,7 @@ from types import FrameType
 
 import psutil
 
+from fulmar.clock import epoch_ms
 from fulmar.cnc import CncError, CncFile
 from fulmar.counters import CountersManager
 from fulmar.error_log import DistinctErrorLog
@@ -42,10 +43,6 @@ class DriverDirectoryError(FulmarError):
 # What a driver directory holds; a directory with anything else is not reclaimed.
 DRIVER_DIR_ENTRIES = frozenset({"cnc.dat", "publications", "images"})
 
-
-def epoch_ms() -> int:
-    # Integer nanoseconds: float rounding in time.time() can run a ms ahead.
-    return time.time_ns() // 1_000_000
 
 
 def check_reclaimable(directory: Path) -> None:

@@ -142,6 +142,7 @@ class ClusteredServiceAgent:
         self._from_module = aeron.add_subscription(context.control_channel, context.service_stream_id)
         self._control_assembler = FragmentAssembler(self._on_control_message)
         self._log_assembler = FragmentAssembler(self._on_log_message)
+        self._session_header = codecs.SessionMessageHeaderDecoder()  # reused for every log message
         self._commit_counter_id = protocol.NULL_VALUE
         self._active_log: Any = None
         self._log_subscription: "Subscription | None" = None
@@ -324,7 +325,7 @@ class ClusteredServiceAgent:
         try:
             message_header = codecs.read_header(buffer, offset, length)
             if message_header.template_id == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
-                session_header = codecs.SessionMessageHeaderDecoder().wrap_and_apply_header(buffer, offset, length)
+                session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
                 self.time = session_header.timestamp
                 session = self.sessions.get(session_header.cluster_session_id)
                 self.service.on_session_message(session, session_header.timestamp, buffer,

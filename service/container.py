@@ -21,6 +21,7 @@ from types import FrameType
 
 from fulmar.aeron import Aeron
 from fulmar.archive.client import AeronArchive
+from fulmar.clock import epoch_ms
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.consensus.mark_file import ClusterMarkFile
 from fulmar.errors import FulmarError
@@ -37,9 +38,6 @@ class ServiceLoadError(FulmarError):
 class ServiceFailedError(FulmarError):
     """The user's service raised while applying the log."""
 
-
-def epoch_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def load_service(name: str) -> ClusteredService:

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-from driver_support import wait_for
-
-from fulmar.aeron import Aeron
-from fulmar.archive.client import AeronArchive
+from driver_support import kill_process, stop_process, wait_for
 
 
 class ArchiveProcess:
@@ -54,20 +49,8 @@ class ArchiveProcess:
         return f"aeron:udp?endpoint=127.0.0.1:{self.control_port}"
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(10)
+        kill_process(self.process)
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        return self.process.returncode
+        return stop_process(self.process, 15)
 
-
-def connect_archive(aeron: Aeron, **options: Any) -> AeronArchive:
-    return AeronArchive.connect(aeron, **options)

@@ -4,25 +4,25 @@ all reaped and their directories removed."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+from driver_support import (
+    DriverProcess,
+    free_udp_port,
+    kill_process,
+    new_driver_dir,
+    remove_driver_dir,
+    stop_process,
+    wait_for,
+)
 
 from archive_support import ArchiveProcess
 from fulmar.aeron import Aeron
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class NodeProcess:
@@ -45,20 +45,12 @@ class NodeProcess:
         return self.log_path.read_text()[self._start :]
 
     def stop(self, timeout_s: float = 30) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        code = stop_process(self.process, timeout_s)
         self._log.close()
-        return self.process.returncode
+        return code
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(10)
+        kill_process(self.process)
         self._log.close()
 
 
@@ -147,4 +139,4 @@ class SingleNodeCluster:
             shutil.rmtree(self.base, ignore_errors=True)
 
 
-__all__ = ["SingleNodeCluster", "NodeProcess", "free_udp_port", "os"]
+__all__ = ["SingleNodeCluster", "NodeProcess", "free_udp_port"]

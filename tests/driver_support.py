@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fulmar.aeron import Aeron
+from fulmar.cli.supervisor import free_udp_port  # noqa: F401  (for the tests: a free loopback UDP port)
 from fulmar.cnc import CncError, CncFile
 
 _DRIVER_CODE = """
@@ -71,19 +72,29 @@ class DriverProcess:
         return Aeron.connect(self.directory, **options)
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(10)
+        kill_process(self.process)
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        return self.process.returncode
+        return stop_process(self.process, 10)
+
+
+def kill_process(process: "subprocess.Popen[Any]") -> None:
+    """SIGKILL, and reap."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+
+
+def stop_process(process: "subprocess.Popen[Any]", timeout_s: float) -> int:
+    """SIGTERM, wait up to ``timeout_s``, then SIGKILL; reaped either way.  The exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+    return process.returncode
 
 
 def new_driver_dir() -> Path:

@@ -424,3 +424,32 @@ def test_random_updates_match_a_model_across_reopen(ops: list[tuple[str, int, ob
             assert seen == model
         finally:
             catalog.close()
+
+
+def test_read_only_opening_lists_every_entry_and_writes_nothing(tmp_path: Path) -> None:
+    """For tools: the same validation as ``open``, every entry (invalidated
+    ones too) with its recorded position, and the file left byte for byte."""
+    with Catalog.open(tmp_path) as catalog:
+        for n in range(3):
+            add(catalog, n)
+        catalog.update_recorded_position(1, 4096)
+        catalog.invalidate(2)
+    path = tmp_path / CATALOG_FILE_NAME
+    before = (path.read_bytes(), path.stat().st_mtime_ns)
+    with Catalog.open_read_only(tmp_path) as catalog:
+        assert catalog.version == CATALOG_VERSION
+        entries = catalog.entries()
+        assert [(d.recording_id, d.state) for d, _ in entries] == [
+            (0, RecordingState.VALID), (1, RecordingState.VALID), (2, RecordingState.INVALID)]
+        assert entries[1][1] == 4096
+        assert catalog.descriptor(2) is None and catalog.descriptor(1) is not None
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before
+    with pytest.raises(CatalogError, match="no catalog"):
+        Catalog.open_read_only(tmp_path / "elsewhere")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / CATALOG_FILE_NAME).write_bytes(b"")
+    with pytest.raises(CatalogError, match="the catalog is empty"):
+        Catalog.open_read_only(tmp_path / "empty")
+    path.write_bytes(b"\x01" * 40)
+    with pytest.raises(CatalogError, match="corrupt catalog"):
+        Catalog.open_read_only(tmp_path)

@@ -7,7 +7,6 @@ the live stream."""
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from archive_support import ArchiveProcess
-from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
@@ -25,12 +24,6 @@ from fulmar.archive.protocol import ArchiveErrorCode
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 
 STREAM_ID = 100
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Node:
@@ -45,7 +38,7 @@ class Node:
     def start(self) -> "Node":
         self.driver = DriverProcess(self.driver_dir)
         self.archive = ArchiveProcess(self.archive_dir, self.driver_dir, "--segment-length", "1m",
-                                      control_port=free_port())
+                                      control_port=free_udp_port())
         self.aeron = self.driver.connect()
         self.client = AeronArchive.connect(self.aeron)
         return self
@@ -181,7 +174,7 @@ def test_replication_errors_are_reported(nodes: tuple[Node, Node]) -> None:
     # been read with it): take it before waiting for the next one's.
     b.client.wait_for_signal(lambda s: s.signal == RecordingSignal.REPLICATE_END)
     with pytest.raises(ArchiveResponseError, match="timed out connecting to the source archive"):
-        b.client.replicate(0, f"aeron:udp?endpoint=127.0.0.1:{free_port()}")
+        b.client.replicate(0, f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}")
         b.client.wait_for_signal(lambda s: s.signal == RecordingSignal.REPLICATE_END, 20_000_000_000)
 
 
@@ -189,7 +182,7 @@ def test_replicate_with_a_live_destination_merges_into_the_live_stream(nodes: tu
     a, b = nodes
     assert a.client is not None and b.client is not None and a.aeron is not None and a.archive is not None
     # A's stream goes to its own receiver and to the endpoint B will join live on.
-    local_port, live_port = free_port(), free_port()
+    local_port, live_port = free_udp_port(), free_udp_port()
     receiver = a.aeron.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{local_port}", STREAM_ID)
     channel = "aeron:udp?control-mode=manual|term-length=256k"
     a.client.start_recording(channel, STREAM_ID, SourceLocation.LOCAL)

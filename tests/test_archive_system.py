@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from typing import Any
 
 import pytest
 from archive_support import ArchiveProcess
-from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron
 from fulmar.archive.client import (
@@ -254,12 +253,6 @@ class ReplayDrain:
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class _TrackedDriver(DriverProcess):

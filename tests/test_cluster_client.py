@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_support import wait_for
+from driver_support import free_udp_port, wait_for
 
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
@@ -45,12 +44,6 @@ INGRESS_STREAM = protocol.INGRESS_STREAM_ID
 EGRESS_STREAM = protocol.EGRESS_STREAM_ID
 EXPECTED_CREDENTIALS = b"open sesame"
 CHALLENGE = b"prove it"
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def encode(encoder: Any, **fields: Any) -> bytes:

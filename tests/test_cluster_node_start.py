@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +24,8 @@ from typing import Any
 import psutil
 import pytest
 from click.testing import CliRunner
+
+from driver_support import free_udp_port, wait_for
 
 from fulmar.aeron import Aeron
 from fulmar.cli import cluster_node, supervisor
@@ -35,23 +36,6 @@ SHM = Path("/dev/shm") if os.path.isdir("/dev/shm") else None
 READY = re.compile(r"node (\d+) ready: ingress (\S+); driver directory (\S+); pids (.*?);")
 START_S = 60
 STOP_S = 45
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
 
 
 class Node:

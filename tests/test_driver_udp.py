@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
-from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron
 from fulmar.cnc import CncFile
@@ -28,12 +28,6 @@ SPAWN = multiprocessing.get_context("spawn")
 MTU = 1408
 POOL = random.Random(11).randbytes(1 << 20)
 STREAM = 2001
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def set_loss(directory: Path, receive_ppm: int, send_ppm: int) -> None:
