@@ -5,6 +5,12 @@ run), and save the figures as JSON under ``bench/results/``.
 Each benchmark module exposes ``run(quick: bool) -> list[dict]``; a dict is
 ``{"name", "value", "unit", "reference"}`` where ``reference`` (or None) is
 the figure of the physical reference for the same work.
+
+A module may instead compare itself with another module of the same run: it
+names it in ``REFERENCE_MODULE`` and maps its row names to that module's with
+``reference_name(name) -> str | None`` (``cluster3``: the 1-node cluster's
+figure for the same work, ratio 3-node/1-node).  Rows given no reference
+either way show none.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive", "cluster"]
+MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive", "cluster", "cluster3"]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -37,8 +43,10 @@ def main() -> None:
     repeat = 1 if args.quick else max(1, args.repeat)
 
     rows: list[dict[str, Any]] = []
-    for module_name in args.only or MODULES:
+    for module_name in sorted(args.only or MODULES, key=MODULES.index):
         module = importlib.import_module(f"bench.{module_name}")
+        reference_module = getattr(module, "REFERENCE_MODULE", None)
+        earlier = {row["name"]: row for row in rows if row["module"] == reference_module}
         samples: dict[str, list[dict[str, Any]]] = {}
         for _ in range(repeat):
             for result in module.run(args.quick):
@@ -47,6 +55,11 @@ def main() -> None:
             values = [r["value"] for r in runs]
             references = [r["reference"] for r in runs if r.get("reference")]
             reference = statistics.median(references) if references else None
+            reference_kind = "C" if reference else None
+            if reference is None and earlier:
+                other = earlier.get(module.reference_name(name) or "")
+                if other is not None:
+                    reference, reference_kind = other["median"], reference_module
             median = statistics.median(values)
             rows.append(
                 {
@@ -57,12 +70,13 @@ def main() -> None:
                     "min": min(values),
                     "max": max(values),
                     "reference": reference,
+                    "reference_kind": reference_kind,
                     "ratio": median / reference if reference else None,
                     "runs": len(values),
                 }
             )
 
-    header = f"{'benchmark':<52} {'median':>14} {'min-max':>25} {'unit':<8} {'C reference':>14} {'ratio':>7}"
+    header = f"{'benchmark':<52} {'median':>14} {'min-max':>25} {'unit':<8} {'reference':>14} {'ratio':>7}"
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -82,6 +96,11 @@ def main() -> None:
             indent=2,
         )
     )
+    kinds = sorted({row["reference_kind"] for row in rows if row["reference_kind"]})
+    if kinds:
+        notes = {"C": "the same loop in C, measured in this run"}
+        print("reference: " + "; ".join(notes.get(kind, f"the {kind} module's median for the same work in this run "
+                                                   f"(ratio = this / that)") for kind in kinds))
     print(f"\nresults: {out}")
 
 

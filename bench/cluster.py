@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hdrh.histogram import HdrHistogram
 
@@ -63,6 +63,7 @@ WARMUP_S = 1.0
 DISK_PARENT = "/var/tmp"
 SHM_PARENT = "/dev/shm"
 START_TIMEOUT_S = 60
+LEADER_CHANGE_STALL_S = 5.0
 _SEQUENCE = struct.Struct("<q")
 _STAMP = struct.Struct("<qq")  # sequence, intended send time (perf_counter_ns)
 _announced = False
@@ -72,6 +73,18 @@ def _free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+class Ingress(Protocol):
+    """Where a client sends its requests: a channel, and for a cluster of
+    several members the ``id=host:port,...`` endpoints substituted into it
+    (None for one node: the channel names the endpoint)."""
+
+    @property
+    def ingress_channel(self) -> str: ...
+
+    @property
+    def ingress_endpoints(self) -> str | None: ...
 
 
 class NodeProcess:
@@ -125,6 +138,7 @@ class Node:
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster-", dir=DISK_PARENT))
         self.driver_dir = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster-", dir=SHM_PARENT)) / "driver"
         self.ingress_channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
+        self.ingress_endpoints: str | None = None
         self.processes: list[NodeProcess] = []
         try:
             self.driver = self._start(["driver", "--dir", str(self.driver_dir)], "serving", "driver.log",
@@ -202,8 +216,8 @@ def _idle_strategies() -> str:
             f"client doorbell (until an echo or the next send)")
 
 
-def _connect(aeron: Aeron, node: Node, on_message: Any) -> ClusterClient:
-    return ClusterClient.connect(aeron, node.ingress_channel, egress_channel=EGRESS_CHANNEL,
+def _connect(aeron: Aeron, node: Ingress, on_message: Any) -> ClusterClient:
+    return ClusterClient.connect(aeron, node.ingress_channel, node.ingress_endpoints, egress_channel=EGRESS_CHANNEL,
                                  message_timeout_ns=30_000_000_000, on_message=on_message)
 
 
@@ -217,12 +231,20 @@ def _wait_doorbell(aeron: Aeron, client: ClusterClient, timeout_ns: int) -> None
     doorbell.wait(token, max(1, timeout_ns))
 
 
+def _check_leader(client: ClusterClient, term: int, last_progress: float) -> None:
+    """Fail at once, not at the deadline, when the echoes stopped after a leader
+    change (several members: requests in flight at an election may get no answer)."""
+    if client.leadership_term_id != term and time.monotonic() - last_progress > LEADER_CHANGE_STALL_S:
+        raise RuntimeError(f"the leader changed during the measurement (term {term} -> {client.leadership_term_id}, "
+                           f"now member {client.leader_member_id}) and no echo came for {LEADER_CHANGE_STALL_S:g} s")
+
+
 def _check_offer(result: int) -> None:
     if result in (CLOSED, MAX_POSITION_EXCEEDED):
         raise RuntimeError(f"ingress offer failed: {result}")
 
 
-def throughput(aeron: Aeron, node: Node, size: int, window: int, count: int) -> float:
+def throughput(aeron: Aeron, node: Ingress, size: int, window: int, count: int) -> float:
     """Seconds to echo ``count`` messages of ``size`` bytes with ``window`` outstanding; every echo verified."""
     filler = bytes(range(256)) * (size // 256 + 1)
     messages = [_SEQUENCE.pack(seq) + filler[: size - 8] for seq in range(count)]
@@ -244,6 +266,8 @@ def throughput(aeron: Aeron, node: Node, size: int, window: int, count: int) -> 
         poll = client.poll_egress
         sent = 0
         deadline = time.monotonic() + 300
+        term = client.leadership_term_id
+        last_progress = time.monotonic()
         start = time.perf_counter()
         while received[0] < count:
             progress = 0
@@ -256,9 +280,12 @@ def throughput(aeron: Aeron, node: Node, size: int, window: int, count: int) -> 
                     _check_offer(result)
                     break
             progress += poll(256)
-            if not progress:
+            if progress:
+                last_progress = time.monotonic()
+            else:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{received[0]} of {count} echoes after 300 s (window {window}, {size} B)")
+                _check_leader(client, term, last_progress)
                 _wait_doorbell(aeron, client, 1_000_000)
         elapsed = time.perf_counter() - start
         if errors:
@@ -268,7 +295,7 @@ def throughput(aeron: Aeron, node: Node, size: int, window: int, count: int) -> 
     return elapsed
 
 
-def latency(aeron: Aeron, node: Node, rate: int, seconds: float) -> tuple[HdrHistogram, dict[str, float]]:
+def latency(aeron: Aeron, node: Ingress, rate: int, seconds: float) -> tuple[HdrHistogram, dict[str, float]]:
     """Round trips at ``rate`` messages per second for ``seconds`` (after the warm-up),
     each from its intended send time."""
     histogram = HdrHistogram(1, 100_000_000_000, 3)
@@ -297,6 +324,8 @@ def latency(aeron: Aeron, node: Node, rate: int, seconds: float) -> tuple[HdrHis
         start = clock() + 10_000_000
         sent = 0
         deadline = time.monotonic() + seconds + WARMUP_S + 120
+        term = client.leadership_term_id
+        last_progress = time.monotonic()
         while state["received"] < total:
             now = clock()
             if sent < total:
@@ -312,9 +341,11 @@ def latency(aeron: Aeron, node: Node, rate: int, seconds: float) -> tuple[HdrHis
                         continue
                     _check_offer(result)
             if poll(256):
+                last_progress = time.monotonic()
                 continue
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{state['received']} of {total} echoes at {rate}/s")
+            _check_leader(client, term, last_progress)
             wait_ns = (start + sent * interval_ns - clock()) if sent < total else 1_000_000
             if wait_ns > 0:
                 _wait_doorbell(aeron, client, min(wait_ns, 1_000_000))

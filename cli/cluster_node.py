@@ -326,16 +326,58 @@ _CM_DEFAULTS = ConsensusModuleContext
 @click.option("--authenticator-secret", envvar="FULMAR_CLUSTER_SECRET", default=None,
               help="Require clients to present this secret (credentials authenticator); default: allow all.")
 @click.option("--app-version", type=int, default=0)
+@click.option("--cluster-members", default=_CM_DEFAULTS.cluster_members,
+              help="The cluster's members as id,ingress,consensus,log,catchup,archive|... (host:port "
+              "endpoints); empty: this member alone.")
+@click.option("--appointed-leader-id", type=click.IntRange(min=-1), default=_CM_DEFAULTS.appointed_leader_id,
+              help="The member that is to lead the first election (-1: elect one).")
+@click.option("--election-timeout", type=Duration(min_ns=1_000_000),
+              default=format_duration(_CM_DEFAULTS.election_timeout_ns),
+              help="How long an election waits in a state (canvass, nomination, ...) before moving on.")
+@click.option("--election-status-interval", type=Duration(min_ns=1_000_000),
+              default=format_duration(_CM_DEFAULTS.election_status_interval_ns),
+              help="How often a member repeats its election messages to the others.")
+@click.option("--startup-canvass-timeout", type=Duration(min_ns=1_000_000),
+              default=format_duration(_CM_DEFAULTS.startup_canvass_timeout_ns),
+              help="At start-up, how long to wait for every member before electing from a majority.")
+@click.option("--leader-heartbeat-timeout", type=Duration(min_ns=1_000_000),
+              default=format_duration(_CM_DEFAULTS.leader_heartbeat_timeout_ns),
+              help="A follower that hears nothing from the leader for this long starts an election.")
+@click.option("--leader-heartbeat-interval", type=Duration(min_ns=1_000_000),
+              default=format_duration(_CM_DEFAULTS.leader_heartbeat_interval_ns),
+              help="How often an idle leader tells the followers it is alive (below the heartbeat timeout).")
+@click.option("--consensus-channel", default=_CM_DEFAULTS.consensus_channel,
+              help="Channel of the messages between members (each member's consensus endpoint is added).")
+@click.option("--replication-channel", default=_CM_DEFAULTS.replication_channel,
+              help="Where this member's archive receives a log replicated from the leader's (port 0: any).")
 def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_id: int, ingress_channel: str,
               log_channel: str, archive_control_channel: str, service_count: int, session_timeout: int,
-              authenticator_secret: str | None, app_version: int) -> None:
-    """Run a consensus module in the foreground (one member) until SIGTERM
-    (a snapshot and an orderly stop of the services) or SIGINT twice (abort)."""
+              authenticator_secret: str | None, app_version: int, cluster_members: str, appointed_leader_id: int,
+              election_timeout: int, election_status_interval: int, startup_canvass_timeout: int,
+              leader_heartbeat_timeout: int, leader_heartbeat_interval: int, consensus_channel: str,
+              replication_channel: str) -> None:
+    """Run a consensus module in the foreground until SIGTERM (a snapshot
+    and an orderly stop of the services) or SIGINT twice (abort).
+
+    Without --cluster-members it is a cluster of one; with them, --member-id
+    must be one of the members.
+    """
+    try:
+        _supervisor.check_membership(cluster_members, member_id, appointed_leader_id)
+        _supervisor.check_timing(election_timeout, election_status_interval, leader_heartbeat_timeout,
+                                 leader_heartbeat_interval)
+    except _supervisor.ClusterSettingError as error:
+        raise click.BadParameter(error.message, param_hint=f"'{error.option}'") from None
     context = ConsensusModuleContext(
         cluster_dir=Path(cluster_dir), driver_dir=resolve_driver_dir(driver_dir), member_id=member_id,
         cluster_id=cluster_id, ingress_channel=ingress_channel, log_channel=log_channel,
         archive_control_channel=archive_control_channel, service_count=service_count,
         session_timeout_ns=session_timeout, app_version=app_version,
+        cluster_members=cluster_members.strip(), appointed_leader_id=appointed_leader_id,
+        election_timeout_ns=election_timeout, election_status_interval_ns=election_status_interval,
+        startup_canvass_timeout_ns=startup_canvass_timeout, leader_heartbeat_timeout_ns=leader_heartbeat_timeout,
+        leader_heartbeat_interval_ns=leader_heartbeat_interval, consensus_channel=consensus_channel,
+        replication_channel=replication_channel,
     )
     if authenticator_secret:
         context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())
@@ -399,11 +441,12 @@ _START_OPTIONS = _supervisor.build_options({"driver": driver, "archive": archive
               help="The node's TOML configuration: tables [node], [driver], [archive], [consensus], [service]; "
               "every flag below names its key.")
 @click.option("--local", "local_members", type=int, default=None,
-              help="Run a whole cluster of this many members on this machine with a generated configuration "
+              help="Run a whole cluster of 1, 3 or 5 members on this machine with a generated configuration "
               "under --dir (default /var/tmp/fulmar-<user>/local-cluster): node<i>/ holds each member's "
-              "archive/, cluster/, logs/ and node.toml.  Only 1 for now.")
+              "archive/, cluster/, logs/ and node.toml.  Every port is a free UDP port on 127.0.0.1.")
 @click.option("--ingress-port", type=click.IntRange(0, 65535), default=None,
-              help="With --local: the UDP port of the ingress on 127.0.0.1 (0 or absent: a free port).")
+              help="With --local: the UDP port of member 0's ingress on 127.0.0.1; member i's is this + i "
+              "(0 or absent: free ports).")
 @_supervisor.click_options(_START_OPTIONS)
 def start(config_path: Path | None, local_members: int | None, ingress_port: int | None, **flags: object) -> None:
     """Start one node: media driver, archive, consensus module and service
@@ -413,6 +456,7 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
     \b
     cluster-node start --config node.toml
     cluster-node start --local 1 [--dir BASE] [--service module:Class]
+    cluster-node start --local 3 [--dir BASE] [--ingress-port P]
 
     Each value comes from its flag, else the config file (--local: the
     generated configuration), else the environment (FULMAR_DRIVER_DIR,
@@ -427,34 +471,63 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
     If a process dies, the supervisor names it, its pid and how it ended, shows
     the end of its log, and stops the rest.
 
+    With --local 3 or 5 every member is such a node, all run by this one
+    command: each member's ingress, consensus, log, catch-up and archive
+    endpoints are free UDP ports on 127.0.0.1 (the members string is in each
+    node<i>/node.toml), the log goes over UDP (aeron:udp?term-length=4m) and
+    each archive takes control requests on its member's archive endpoint.  A
+    member whose process dies is reported and stopped, the others keep
+    running; a signal stops every member (in parallel); the command also ends
+    when no member is left.  Flags other than the per-member ones apply to
+    every member.
+
     \b
     Exit codes: 0 stopped cleanly on request; 1 a process died or could not
     start; 2 a configuration error; 3 stopped on request, but something had
     to be killed or exited with an error.
     """
-    generated = None
-    if local_members is not None:
-        if config_path is not None:
-            raise _supervisor.ConfigError("--local generates the configuration: give --config or --local, not both")
-        if local_members != 1:
-            raise _supervisor.ConfigError(
-                f"--local {local_members}: multi-member clusters come with elections; use --local 1 "
-                "(the consensus module is single-member for now)")
-        base_flag = flags.get("dir")
-        base = Path(str(base_flag)).absolute() if base_flag else _supervisor.default_local_base()
-        flags["dir"] = None  # --dir is the cluster's base here; the node's is base/node0
-        port = ingress_port or _supervisor.free_udp_port()
-        generated = _supervisor.local_layer(base, 0, port)
-        generated[("service", "service")] = _supervisor.DEFAULT_LOCAL_SERVICE
-        click.echo(f"local cluster of 1 member under {base} (ingress 127.0.0.1:{port})")
-    elif ingress_port is not None:
-        raise _supervisor.ConfigError("--ingress-port is for --local; otherwise set [consensus] ingress_channel "
-                                      "in the config or pass --consensus-ingress-channel")
-    config = _supervisor.resolve_config(_START_OPTIONS, flags, config_path, generated)
-    _supervisor.validate(config)
-    if generated is not None:
+    if local_members is None:
+        if ingress_port is not None:
+            raise _supervisor.ConfigError("--ingress-port is for --local; otherwise set [consensus] ingress_channel "
+                                          "in the config or pass --consensus-ingress-channel")
+        config = _supervisor.resolve_config(_START_OPTIONS, flags, config_path)
+        _supervisor.validate(config)
+        sys.exit(_supervisor.run_node(config))
+
+    if config_path is not None:
+        raise _supervisor.ConfigError("--local generates the configuration: give --config or --local, not both")
+    if local_members not in _supervisor.LOCAL_SIZES:
+        raise _supervisor.ConfigError(
+            f"--local {local_members}: a local cluster has 1, 3 or 5 members (an odd number, so that a majority "
+            "survives the loss of the others)")
+    _supervisor.check_local_flags(_START_OPTIONS, flags, local_members)
+    base_flag = flags.get("dir")
+    base = Path(str(base_flag)).absolute() if base_flag else _supervisor.default_local_base()
+    flags["dir"] = None  # --dir is the cluster's base here; member i's node directory is base/node<i>
+    ports = _supervisor.allocate_local_ports(local_members, ingress_port)
+    configs = []
+    for member_id, layer in enumerate(_supervisor.local_cluster_layers(base, ports)):
+        layer[("service", "service")] = _supervisor.DEFAULT_LOCAL_SERVICE
+        try:
+            config = _supervisor.resolve_config(_START_OPTIONS, flags, None, layer)
+            _supervisor.validate(config)
+        except _supervisor.ConfigError as error:
+            if local_members == 1:
+                raise
+            raise _supervisor.ConfigError(f"member {member_id}: {error.message}") from None  # which member's
+        configs.append(config)
+    for config in configs:
         (config.node_dir / "node.toml").write_text(config.to_toml())
-    sys.exit(_supervisor.run_node(config))
+    if local_members == 1:
+        click.echo(f"local cluster of 1 member under {base} (ingress 127.0.0.1:{ports[0].ingress})")
+        sys.exit(_supervisor.run_node(configs[0]))
+    click.echo(f"local cluster of {local_members} members under {base}")
+    for config, member in zip(configs, ports):
+        click.echo(f"member {config.member_id}: ingress {member.endpoint('ingress')}, node directory "
+                   f"{config.node_dir}, driver directory {config.driver_dir}")
+    endpoints = _supervisor.local_ingress_endpoints(ports)
+    click.echo(f"ingress endpoints: {endpoints}")
+    sys.exit(_supervisor.run_local_cluster(configs, endpoints))
 
 
 if __name__ == "__main__":

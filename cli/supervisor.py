@@ -44,11 +44,26 @@ killed, and said so.  A second signal kills what is left at once.  Children
 run in their own process group (a Ctrl-C in the terminal reaches only the
 supervisor, which stops them in order) and get SIGTERM if the supervisor
 itself dies.
+
+Local clusters
+--------------
+
+``--local N`` (N = 1, 3 or 5) generates the configuration of every member
+under one base directory (``node<i>/``, each with the ``node.toml`` it ran
+with, which ``--config`` starts again on its own).  Each member gets five free
+UDP ports on 127.0.0.1 (ingress, consensus, log, catch-up, archive control;
+with ``--ingress-port P`` member i's ingress is P + i), from which the cluster
+members string is built.  The N nodes run from one command, each supervised as
+above, side by side: a node whose process dies is reported and stopped while
+the others keep running; a signal stops all nodes in parallel, each in order;
+the command ends when no node is left.  ``--local 1`` is a single node without
+a members string, as before.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import getpass
 import importlib
 import os
@@ -59,6 +74,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -69,6 +85,8 @@ import psutil
 
 from fulmar.channel_uri import ChannelUri
 from fulmar.cli.options import Duration, format_duration, format_size, Size
+from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, parse_cluster_members
+from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a process died, or could not start
@@ -268,7 +286,8 @@ def click_options(options: list[Option]) -> Callable[[Any], Any]:
             if option.envvar:
                 extra += f" [env: {option.envvar}]"
             if option.default_text is not None:
-                extra += f" [default: {option.default_text}]"
+                shown = option.default_text or '""'  # an empty default, visibly
+                extra += f" [default: {shown}]"
             text = option.help.strip()
             help_text = (text if text.endswith((".", "]")) else text + ".") + extra if text else extra.strip()
             # default None: the flag was not given (shown defaults are in the help text).
@@ -468,27 +487,189 @@ def resolve_config(
     )
 
 
-def local_layer(base: Path, member_id: int, ingress_port: int) -> dict[tuple[str, str], Any]:
-    """The generated configuration of member ``member_id`` of a --local cluster under ``base``."""
+LOCAL_SIZES = (1, 3, 5)  # odd: a majority survives (N - 1) / 2 failed members
+# A local cluster's log goes over UDP from the leader to each follower's log
+# endpoint; 4m terms (not the 16m of IPC) keep N nodes' log buffers on one
+# machine's /dev/shm small.
+LOCAL_LOG_CHANNEL = "aeron:udp?term-length=4m"
+LOCAL_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LocalPorts:
+    """The UDP ports of one member of a local cluster (all on 127.0.0.1)."""
+
+    ingress: int
+    consensus: int
+    log: int
+    catchup: int
+    archive: int
+
+    def endpoint(self, name: str) -> str:
+        return f"{LOCAL_HOST}:{getattr(self, name)}"
+
+
+def free_udp_port(host: str = LOCAL_HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def free_udp_ports(count: int, exclude: Iterable[int] = (), host: str = LOCAL_HOST) -> list[int]:
+    """``count`` distinct free UDP ports: the probes stay bound until all are
+    chosen, so the kernel cannot hand out one port twice."""
+    excluded = set(exclude)
+    probes: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            probes.append(probe)  # an excluded port stays bound too, so it is not offered again
+            probe.bind((host, 0))
+            port = int(probe.getsockname()[1])
+            if port not in excluded:
+                ports.append(port)
+    finally:
+        for probe in probes:
+            probe.close()
+    return ports
+
+
+def allocate_local_ports(count: int, first_ingress_port: int | None = None) -> list[LocalPorts]:
+    """The ports of each member of a local cluster of ``count``: member i's
+    ingress is ``first_ingress_port + i`` when given, every other port a free one."""
+    if first_ingress_port:
+        last = first_ingress_port + count - 1
+        if last > 65535:
+            raise ConfigError(f"--ingress-port {first_ingress_port}: members 0..{count - 1} take ports "
+                              f"{first_ingress_port}..{last}, beyond 65535")
+        ingress = [first_ingress_port + i for i in range(count)]
+        others = free_udp_ports(4 * count, exclude=ingress)
+    else:
+        ports = free_udp_ports(5 * count)
+        ingress, others = ports[:count], ports[count:]
+    return [LocalPorts(ingress[i], *others[4 * i:4 * i + 4]) for i in range(count)]
+
+
+def local_members_string(ports: list[LocalPorts]) -> str:
+    """Aeron's cluster members string of a local cluster (member i has id i)."""
+    names = ("ingress", "consensus", "log", "catchup", "archive")
+    return "|".join(",".join([str(i), *(member.endpoint(name) for name in names)])
+                    for i, member in enumerate(ports))
+
+
+def local_ingress_endpoints(ports: list[LocalPorts]) -> str:
+    """``0=127.0.0.1:p0,1=...``: what a client of a local cluster is given."""
+    return ",".join(f"{i}={member.endpoint('ingress')}" for i, member in enumerate(ports))
+
+
+def local_layer(base: Path, member_id: int, ingress_port: int, *, members: str = "",
+                archive_port: int | None = None) -> dict[tuple[str, str], Any]:
+    """The generated configuration of member ``member_id`` of a --local cluster
+    under ``base``; with ``members`` (several), also its membership, a UDP log
+    and its archive's control endpoint (``archive_port``)."""
     node_dir = base / f"node{member_id}"
     root = shm_root()
     driver_dir = root / f"fulmar-{user_name()}-{base.name}-node{member_id}" if root else node_dir / "driver"
-    return {
+    layer: dict[tuple[str, str], Any] = {
         ("node", "member_id"): member_id,
         ("node", "dir"): str(node_dir),
         ("node", "driver_dir"): str(driver_dir),
         ("node", "archive_dir"): str(node_dir / "archive"),
         ("node", "cluster_dir"): str(node_dir / "cluster"),
-        ("consensus", "ingress_channel"): f"aeron:udp?endpoint=127.0.0.1:{ingress_port}",
+        ("consensus", "ingress_channel"): f"aeron:udp?endpoint={LOCAL_HOST}:{ingress_port}",
         ("archive", "control_channel"): "none",  # one node: the consensus module uses the local (IPC) channel
-        ("archive", "replication_channel"): "aeron:udp?endpoint=127.0.0.1:0",
+        ("archive", "replication_channel"): f"aeron:udp?endpoint={LOCAL_HOST}:0",
     }
+    if members:
+        assert archive_port is not None
+        layer[("consensus", "cluster_members")] = members
+        layer[("consensus", "log_channel")] = LOCAL_LOG_CHANNEL
+        # The other members reach this archive here (replication, catch-up);
+        # its own consensus module still uses the local IPC channel.
+        layer[("archive", "control_channel")] = f"aeron:udp?endpoint={LOCAL_HOST}:{archive_port}"
+    return layer
 
 
-def free_udp_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+def local_cluster_layers(base: Path, ports: list[LocalPorts]) -> list[dict[tuple[str, str], Any]]:
+    """The generated configuration of every member of a local cluster (one
+    member: the single-node layout, no members string)."""
+    if len(ports) == 1:
+        return [local_layer(base, 0, ports[0].ingress)]
+    members = local_members_string(ports)
+    return [local_layer(base, i, member.ingress, members=members, archive_port=member.archive)
+            for i, member in enumerate(ports)]
+
+
+# Start flags that would give every member of a --local cluster of several the
+# same value where each member needs its own.
+LOCAL_PER_MEMBER = (("node", "member_id"), ("node", "driver_dir"), ("node", "archive_dir"),
+                    ("node", "cluster_dir"), ("node", "log_dir"), ("consensus", "ingress_channel"),
+                    ("consensus", "cluster_members"), ("archive", "control_channel"))
+
+
+def check_local_flags(options: list[Option], flags: Mapping[str, Any], count: int) -> None:
+    if count == 1:
+        return  # one member: any flag may override the generated value, as before
+    by_place = {(option.section, option.key): option for option in options}
+    for place in LOCAL_PER_MEMBER:
+        option = by_place[place]
+        if flags.get(option.dest) is not None:
+            raise ConfigError(f"{option.flag} cannot be used with --local {count}: the generated configuration "
+                              "sets it for each member (see node<i>/node.toml under --dir)")
+
+
+# ---------------------------------------------------------------------------- membership
+
+
+class ClusterSettingError(ValueError):
+    """Cluster members or election timing that cannot work; ``key`` names the
+    ``cluster-node consensus`` option at fault."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.message = message
+
+    @property
+    def option(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+def check_membership(members: str, member_id: int, appointed_leader_id: int) -> list[ClusterMember]:
+    """The parsed members (empty: a cluster of one), with ``member_id`` and the
+    appointed leader among them."""
+    if not members.strip():
+        if appointed_leader_id not in (NULL_MEMBER_ID, member_id):
+            raise ClusterSettingError("appointed_leader_id", f"{appointed_leader_id} is not a member: without "
+                                      "cluster members this member is the whole cluster")
+        return []
+    try:
+        parsed = parse_cluster_members(members)
+    except ClusterMembersError as error:
+        raise ClusterSettingError("cluster_members", str(error)) from None
+    ids = [member.id for member in parsed]
+    known = ", ".join(str(i) for i in ids)
+    if member_id not in ids:
+        raise ClusterSettingError("member_id", f"{member_id} is not among the cluster members (ids {known})")
+    if appointed_leader_id != NULL_MEMBER_ID and appointed_leader_id not in ids:
+        raise ClusterSettingError("appointed_leader_id",
+                                  f"{appointed_leader_id} is not among the cluster members (ids {known})")
+    return parsed
+
+
+def check_timing(election_timeout_ns: int, election_status_interval_ns: int, leader_heartbeat_timeout_ns: int,
+                 leader_heartbeat_interval_ns: int) -> None:
+    """Intervals must be shorter than the timeouts they keep from expiring."""
+    if leader_heartbeat_interval_ns >= leader_heartbeat_timeout_ns:
+        raise ClusterSettingError(
+            "leader_heartbeat_interval", f"{format_duration(leader_heartbeat_interval_ns)} is not below the leader "
+            f"heartbeat timeout ({format_duration(leader_heartbeat_timeout_ns)}): followers would start elections "
+            "between two heartbeats of a live leader")
+    if election_status_interval_ns >= election_timeout_ns:
+        raise ClusterSettingError(
+            "election_status_interval", f"{format_duration(election_status_interval_ns)} is not below the election "
+            f"timeout ({format_duration(election_timeout_ns)}): an election would time out before it heard the others")
 
 
 # ---------------------------------------------------------------------------- validation
@@ -559,6 +740,36 @@ def _ensure_dir(what: str, path: Path) -> None:
         raise ConfigError(f"{what} {path}: not writable")
 
 
+def _consensus_value(config: NodeConfig, key: str) -> Any:
+    """The value the consensus module will run with: set, else its command's default."""
+    if ("consensus", key) in config.values:
+        return config.values[("consensus", key)]
+    option = config.options[("consensus", key)]
+    return None if option.default_text is None else option.convert(option.default_text, "default")
+
+
+def _check_cluster_settings(config: NodeConfig) -> None:
+    """The membership and timing checks the consensus module makes at start-up,
+    made before anything starts; and this member's own ports free."""
+    value = functools.partial(_consensus_value, config)
+    try:
+        members = check_membership(str(value("cluster_members")), config.member_id, int(value("appointed_leader_id")))
+        check_timing(value("election_timeout"), value("election_status_interval"), value("leader_heartbeat_timeout"),
+                     value("leader_heartbeat_interval"))
+    except ClusterSettingError as error:
+        place = "[node] member_id" if error.key == "member_id" else f"[consensus] {error.key}"
+        raise ConfigError(f"{place}: {error.message}") from None
+    own = next((member for member in members if member.id == config.member_id), None)
+    if own is None:
+        return
+    endpoints = [("consensus", own.consensus_endpoint), ("log", own.log_endpoint), ("catchup", own.catchup_endpoint)]
+    if not (_check_channel("[consensus] ingress_channel", config.ingress_channel).get("endpoint")):
+        endpoints.insert(0, ("ingress", own.ingress_endpoint))  # no endpoint of its own: the member's is bound
+    for name, endpoint in endpoints:
+        _check_port_free(f"[consensus] cluster_members (member {own.id}'s {name} endpoint)",
+                         f"aeron:udp?endpoint={endpoint}")
+
+
 def validate(config: NodeConfig) -> None:
     """Check what can be checked before starting anything; create the directories."""
     from fulmar.driver.media_driver import DriverDirectoryError, active_driver_pid, check_reclaimable
@@ -568,6 +779,7 @@ def validate(config: NodeConfig) -> None:
         if key.endswith("_channel") and isinstance(value, str) and value.lower() != "none":
             _check_channel(f"[{section}] {key}", value)
     _check_port_free("[consensus] ingress_channel", config.ingress_channel, fixed=True)
+    _check_cluster_settings(config)
     control = config.values.get(("archive", "control_channel"), config.options[("archive", "control_channel")].default_text)
     if control and str(control).lower() != "none":
         _check_port_free("[archive] control_channel", str(control))
@@ -719,23 +931,41 @@ def wait_all(children: Iterable[Child], timeout_s: float, interrupted: Callable[
                     child._exited(getattr(process, "returncode", None))
 
 
-class Supervisor:
-    """Start, supervise and stop one node's processes."""
+def _write_line(stream: TextIO, line: str) -> None:
+    # One write per line: the nodes of a local cluster stop in threads, and
+    # print() writes the text and its newline separately.
+    stream.write(line + "\n")
+    stream.flush()
 
-    def __init__(self, config: NodeConfig, out: TextIO | None = None, err: TextIO | None = None) -> None:
+
+class Supervisor:
+    """Start, supervise and stop one node's processes.
+
+    ``run`` does it all for a node on its own.  The start is also available
+    one step at a time (``advance_start``, ``dead_child``, ``_stop``) so that
+    ``LocalClusterSupervisor`` can drive several nodes from one loop.
+    """
+
+    def __init__(self, config: NodeConfig, out: TextIO | None = None, err: TextIO | None = None, *,
+                 prefix: str = "", signals: list[int] | None = None) -> None:
         self.config = config
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self.prefix = prefix  # "[node 1] " when several nodes share one terminal
         self.children = [Child(spec, config.log_dir) for spec in config.child_specs()]
         self.driver, self.archive, self.consensus, *self.services = self.children
-        self._signals: list[int] = []
+        # The nodes of a local cluster share one list: one Ctrl-C stops them all.
+        self._signals: list[int] = [] if signals is None else signals
         self._preexec = _parent_death_signal()
+        self._next_child = 0  # the start: the next child to launch ...
+        self._starting: Child | None = None  # ... and the one launched, not yet ready
+        self._start_deadline = 0.0
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        _write_line(self.out, f"{self.prefix}{text}")
 
     def warn(self, text: str) -> None:
-        print(f"cluster-node start: {text}", file=self.err, flush=True)
+        _write_line(self.err, f"cluster-node start: {self.prefix}{text}")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)
@@ -763,22 +993,18 @@ class Supervisor:
                     signal.signal(signum, handler)
 
     def _run(self) -> int:
-        config = self.config
-        self.say(f"node {config.member_id} of cluster {config.cluster_id}: directory {config.node_dir}, "
-                 f"driver directory {config.driver_dir}, logs in {config.log_dir}")
-        for child in self.children:
-            if self.stop_requested:
-                break
-            failure = self._start(child)
+        self.announce_start()
+        while not self.all_started and not self.stop_requested:
+            failure = self.advance_start()
             if failure is not None:
                 self.warn(failure)
                 self._stop(after_failure=True)
                 return EXIT_FAILURE
+            if not self.all_started:
+                time.sleep(0.02)
         if self.stop_requested:
             return self._stop_on_request()
-        pids = ", ".join(f"{child.spec.log_name} {child.pid}" for child in self.children)
-        self.say(f"node {config.member_id} ready: ingress {config.ingress_channel}; driver directory "
-                 f"{config.driver_dir}; pids {pids}; SIGTERM or Ctrl-C stops it in order (snapshot first)")
+        self.announce_ready()
         while True:
             if self.stop_requested:
                 return self._stop_on_request()
@@ -788,43 +1014,69 @@ class Supervisor:
                 self._stop(after_failure=True)
                 return EXIT_FAILURE
 
-    def _start(self, child: Child) -> str | None:
-        """Start ``child`` and wait for its readiness line; why it failed, or None."""
-        try:
-            child.start(self._preexec)
-        except OSError as error:
-            return f"cannot start the {child.name}: {error}"
-        deadline = time.monotonic() + self.config.start_timeout_s
-        while not child.is_ready():
-            code = child.poll()
-            if code is not None:
-                return self._death_text(child, "while starting") + self._tail_text(child)
-            for other in self.children:
-                if other is not child and other.started and other.poll() is not None:
-                    return self._death_text(other, f"while the {child.name} was starting") + self._tail_text(other)
-            if self.stop_requested:
-                return None
-            if time.monotonic() > deadline:
-                return (f"the {child.name} (pid {child.pid}) printed no readiness line within "
-                        f"{self.config.start_timeout_s:g} s" + self._tail_text(child))
-            time.sleep(0.02)
-        line = next((line for line in child.output().splitlines() if child.spec.ready_text in line), "")
-        self.say(f"{line.strip()}  [log {child.log_path}]")
+    def announce_start(self) -> None:
+        config = self.config
+        self.say(f"node {config.member_id} of cluster {config.cluster_id}: directory {config.node_dir}, "
+                 f"driver directory {config.driver_dir}, logs in {config.log_dir}")
+
+    def announce_ready(self) -> None:
+        config = self.config
+        pids = ", ".join(f"{child.spec.log_name} {child.pid}" for child in self.children)
+        self.say(f"node {config.member_id} ready: ingress {config.ingress_channel}; driver directory "
+                 f"{config.driver_dir}; pids {pids}; SIGTERM or Ctrl-C stops it in order (snapshot first)")
+
+    @property
+    def all_started(self) -> bool:
+        return self._starting is None and self._next_child >= len(self.children)
+
+    def advance_start(self) -> str | None:
+        """Launch the next process once the one before it printed its readiness
+        line, without waiting: why the start failed, or None (see all_started)."""
+        while True:
+            child = self._starting
+            if child is None:
+                if self._next_child >= len(self.children):
+                    return None
+                child = self.children[self._next_child]
+                self._next_child += 1
+                try:
+                    child.start(self._preexec)
+                except OSError as error:
+                    return f"cannot start the {child.name}: {error}"
+                self._starting = child
+                self._start_deadline = time.monotonic() + self.config.start_timeout_s
+            if not child.is_ready():
+                return self._start_problem(child)
+            line = next((line for line in child.output().splitlines() if child.spec.ready_text in line), "")
+            self.say(f"{line.strip()}  [log {child.log_path}]")
+            self._starting = None
+
+    def _start_problem(self, child: Child) -> str | None:
+        """Why ``child``, launched and not ready yet, will never be: a death or the timeout."""
+        if child.poll() is not None:
+            return self._death_text(child, "while starting") + self._tail_text(child)
+        for other in self.children:
+            if other is not child and other.started and other.poll() is not None:
+                return self._death_text(other, f"while the {child.name} was starting") + self._tail_text(other)
+        if time.monotonic() > self._start_deadline:
+            return (f"the {child.name} (pid {child.pid}) printed no readiness line within "
+                    f"{self.config.start_timeout_s:g} s" + self._tail_text(child))
+        return None
+
+    def dead_child(self) -> Child | None:
+        """The first process in node order that has exited (the one to report
+        when several went together), or None."""
+        for child in self.children:
+            if child.started and child.poll() is not None:
+                return child
         return None
 
     def _first_dead(self, timeout_s: float) -> Child | None:
         processes = {child.process: child for child in self.children if child.process is not None and child.alive}
         gone, _ = psutil.wait_procs(list(processes), timeout=timeout_s)
-        dead = None
         for process in gone:
-            child = processes[process]
-            child._exited(getattr(process, "returncode", None))
-            dead = dead or child
-        # Report the first in node order when several went together.
-        for child in self.children:
-            if child.returncode is not None:
-                return child
-        return dead
+            processes[process]._exited(getattr(process, "returncode", None))
+        return self.dead_child()
 
     def _death_text(self, child: Child, when: str = "") -> str:
         assert child.returncode is not None
@@ -837,12 +1089,18 @@ class Supervisor:
             return f"\n  ({child.log_path} is empty)"
         return f"\n  last lines of {child.log_path}:\n" + "\n".join(f"    {line}" for line in tail)
 
+    def _is_multi_member(self) -> bool:
+        members = self.config.values.get(("consensus", "cluster_members"), "")
+        return bool(str(members or "").strip())
+
     def _report_death(self, child: Child) -> None:
         self.warn(self._death_text(child) + self._tail_text(child))
 
     def _stop_on_request(self) -> int:
         name = signal.Signals(self._signals[0]).name
-        self.say(f"{name}: stopping node {self.config.member_id} in order: consensus module (snapshot), "
+        module = "consensus module (a member of several stops at once)" if self._is_multi_member() \
+            else "consensus module (snapshot)"
+        self.say(f"{name}: stopping node {self.config.member_id} in order: {module}, "
                  "services, archive, media driver")
         clean = self._stop(after_failure=False)
         if clean:
@@ -887,8 +1145,10 @@ class Supervisor:
             now = time.monotonic()
             if self.consensus in watched and not self.consensus.alive and not services_signalled:
                 # The module is gone but a service is not: it stops once it sees that.
+                # (A service checks for its module every second; under load it
+                # may need a few more to exit by itself.)
                 consensus_gone_at = consensus_gone_at or now
-                if now - consensus_gone_at > 1.0:
+                if now - consensus_gone_at > 5.0:
                     for child in alive:
                         child.send(signal.SIGTERM)
                     services_signalled = True
@@ -917,3 +1177,123 @@ class Supervisor:
 
 def run_node(config: NodeConfig) -> int:
     return Supervisor(config).run()
+
+
+class LocalClusterSupervisor:
+    """The nodes of a ``--local`` cluster of several members, from one command.
+
+    Each node is its own ``Supervisor``: its processes start in order, each
+    once the one before it is ready, and the nodes start side by side (a
+    consensus module may wait for the other members before it is ready).  A
+    node one of whose processes dies is reported and stopped; the other nodes
+    keep running, since surviving that is what a cluster is for.  A signal
+    stops every node, in parallel, each in order; the command also ends once
+    every node has stopped.
+    """
+
+    def __init__(self, configs: list[NodeConfig], ingress_endpoints: str, out: TextIO | None = None,
+                 err: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+        self.ingress_endpoints = ingress_endpoints
+        self._signals: list[int] = []
+        self.nodes = [Supervisor(config, out, err, prefix=f"[node {config.member_id}] ", signals=self._signals)
+                      for config in configs]
+        self.running = list(self.nodes)
+        self.failed: list[Supervisor] = []
+
+    def say(self, text: str) -> None:
+        _write_line(self.out, text)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals.append(signum)
+
+    def run(self) -> int:
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in handled}
+        try:
+            return self._run()
+        finally:
+            children = [child for node in self.nodes for child in node.children]
+            try:
+                for child in children:  # every path reaps every child of every node
+                    child.kill()
+                wait_all(children, 10)
+            finally:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
+
+    def _run(self) -> int:
+        for node in self.nodes:
+            node.announce_start()
+        announced = False
+        while True:
+            if self._signals:
+                return self._stop_on_request()
+            for node in list(self.running):
+                if not node.all_started:
+                    failure = node.advance_start()
+                    if failure is not None:
+                        node.warn(failure)
+                        self._fail(node)
+                    elif node.all_started:
+                        node.announce_ready()
+                    continue
+                dead = node.dead_child()
+                if dead is not None:
+                    node._report_death(dead)
+                    self._fail(node)
+            if not self.running:
+                self.say("every node has stopped")
+                return EXIT_FAILURE
+            starting = any(not node.all_started for node in self.running)
+            if not starting and not announced:
+                announced = True
+                self.say(f"local cluster ready: {len(self.running)} of {len(self.nodes)} nodes running; ingress "
+                         f"endpoints {self.ingress_endpoints}; SIGTERM or Ctrl-C stops every node")
+            self._wait(0.02 if starting else DUTY_CYCLE_S)
+
+    def _fail(self, node: Supervisor) -> None:
+        """Stop what is left of ``node`` (the others keep running)."""
+        node._stop(after_failure=True)
+        self.running.remove(node)
+        self.failed.append(node)
+        others = ", ".join(str(other.config.member_id) for other in self.running) or "none"
+        node.warn(f"node {node.config.member_id} stopped; nodes still running: {others} (start it again on its "
+                  f"own with: cluster-node start --config {node.config.node_dir / 'node.toml'})")
+
+    def _wait(self, timeout_s: float) -> None:
+        """Sleep up to ``timeout_s``, waking when any process of a running node exits."""
+        watched = {child.process: child for node in self.running for child in node.children
+                   if child.process is not None and child.alive}
+        if not watched:
+            time.sleep(timeout_s)
+            return
+        gone, _ = psutil.wait_procs(list(watched), timeout=timeout_s)
+        for process in gone:
+            watched[process]._exited(getattr(process, "returncode", None))
+
+    def _stop_on_request(self) -> int:
+        name = signal.Signals(self._signals[0]).name
+        self.say(f"{name}: stopping nodes {', '.join(str(n.config.member_id) for n in self.running) or '(none)'} "
+                 "in parallel, each in order")
+        # One thread per node: each waits for its own processes, and a node
+        # that takes long to stop does not hold up the others.  (No process is
+        # launched from these threads, so the parent-death preexec is safe.)
+        codes = []
+        if self.running:
+            with ThreadPoolExecutor(max_workers=len(self.running)) as pool:
+                codes = list(pool.map(lambda node: node._stop_on_request(), self.running))
+        self.running = []
+        if self.failed:
+            dead = ", ".join(str(node.config.member_id) for node in self.failed)
+            self.say(f"local cluster stopped; node(s) {dead} had failed before (see above)")
+            return EXIT_FAILURE
+        if all(code == EXIT_OK for code in codes):
+            self.say("local cluster stopped cleanly")
+            return EXIT_OK
+        self.say("local cluster stopped, but not cleanly (see above)")
+        return EXIT_UNCLEAN_STOP
+
+
+def run_local_cluster(configs: list[NodeConfig], ingress_endpoints: str) -> int:
+    return LocalClusterSupervisor(configs, ingress_endpoints).run()

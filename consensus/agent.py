@@ -17,7 +17,9 @@ multi-member states of the election come with the consensus stream.
 
 from __future__ import annotations
 
+import random
 import struct
+import sys
 import time
 from pathlib import Path
 from collections import deque
@@ -30,7 +32,10 @@ from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
+from fulmar.consensus.cluster_member import find_member, ingress_endpoints, parse_cluster_members, quorum_threshold
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionAction, ClusterSessionState, SessionProxy
+from fulmar.consensus.consensus_adapter import ConsensusAdapter
+from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, ConsensusPublisher
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE, CloseReason, ClusterAction, EventCode
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
@@ -149,6 +154,9 @@ class ConsensusModuleAgent:
         self._now_ns = 0
         self._slow_tick_deadline_ns = 0
         self._service_acks: dict[int, dict[int, Any]] = {}
+        self._ack_arrivals = 0  # service acks received so far (several members: acks matched by arrival)
+        self._ack_issued_at: dict[int, int] = {}
+        self._recent_acks: deque[tuple[int, Any]] = deque(maxlen=256)
         self._expected_ack_id = 0
         self._pending_ingress: deque[bytes] = deque()
         self._ingress_control_only = False  # suspended: session messages wait in the ingress
@@ -169,6 +177,35 @@ class ConsensusModuleAgent:
         self._snapshot_ack_id = NULL_VALUE
         self._max_cycle_ns = 0
         self.recovery_state: "Counter | None" = None  # what the services recover from (set at launch)
+        self.mark_file: Any = None  # the module's mark file (set at launch): the candidate term id lives there
+        # A cluster of several members (seed 001): who they are, and what this
+        # member knows of them.
+        self.members = parse_cluster_members(context.cluster_members) if context.cluster_members.strip() else []
+        self.is_multi_member = len(self.members) > 1
+        self.leader_member_id = NULL_VALUE
+        self.notified_commit_position = 0
+        self._time_of_last_leader_message_ns = 0
+        self._time_of_last_append_position_sent_ns = 0
+        self._last_append_position_sent = NULL_POSITION
+        self._time_of_last_commit_position_sent_ns = 0
+        self._last_commit_position_sent = NULL_POSITION
+        self._follower_state: dict[int, list[int]] = {}  # member id -> [append position, time heard, catchup replay]
+        # What the leader appended and may lose if it steps down before a quorum has it.
+        self._uncommitted_timers: deque[tuple[int, int]] = deque()
+        self._uncommitted_service_messages: deque[tuple[int, int, bytes]] = deque()
+        self._uncommitted_closed_sessions: deque[tuple[int, ClusterSession]] = deque()
+        self._leader_services_ack_id = NULL_VALUE
+        self._leader_services_joined = False
+        self._leader_recording_subscription_id = NULL_VALUE
+        self._leader_recording_started = False
+        self._leader_term_to_record = (NULL_VALUE, NULL_POSITION)
+        # A snapshot the leader asked for in the log, taken here too: (position,
+        # services' ack id, the module's own snapshot recording id).
+        self._follower_snapshot: tuple[int, int, int] | None = None
+        # A cluster-wide stop led by this member: what it waits for.
+        self._services_terminated = False
+        self._termination_acks: set[int] = set()
+        self._termination_deadline_ns = 0
         # Streams: ingress from clients, service control both ways.
         self.ingress = aeron.add_subscription(context.ingress_channel, context.ingress_stream_id)
         # Exclusive, as in Aeron: a dead process's publication on the same stream (until
@@ -208,7 +245,16 @@ class ConsensusModuleAgent:
         self.commit_position_counter.set(0)
         self.control_toggle.set(ControlToggle.INACTIVE)
         self.node_control_toggle.set(ControlToggle.NEUTRAL)
-        self.election = SingleNodeElection(self)
+        self.consensus_publisher: ConsensusPublisher | None = None
+        self.consensus_adapter: ConsensusAdapter | None = None
+        self.election: Any
+        if self.is_multi_member:
+            self._open_consensus_streams()
+            from fulmar.consensus.election_host import NodeElectionHost
+            self.host = NodeElectionHost(self)
+            self.election = MemberElection(self, is_startup=True)
+        else:
+            self.election = SingleNodeElection(self)
         self._set_state(ConsensusModuleState.INIT)
 
     def _counter(self, type_id: int, label: str, key: bytes) -> "Counter":
@@ -223,7 +269,11 @@ class ConsensusModuleAgent:
             self._slow_tick_deadline_ns = now_ns + self.context.slow_tick_interval_ns
             work += self._slow_tick_work(now_ns)
         work += self._poll_services()
-        if self.election is not None:
+        if self.consensus_adapter is not None:
+            work += self.consensus_adapter.poll()
+        if self.election is not None and self.is_multi_member:
+            work += self._multi_member_election_work(now_ns)
+        elif self.election is not None:
             try:
                 work += self.election.do_work(now_ns)
             except ClusterTerminationError:
@@ -235,6 +285,8 @@ class ConsensusModuleAgent:
                     f"election {self.election.state.name} failed: {type(error).__name__}: {error}") from error
         elif self.role is ClusterRole.LEADER:
             work += self._leader_work(now_ns)
+        elif self.is_multi_member:
+            work += self._follower_work(now_ns)
         self._track_cycle(now_ns)
         return work
 
@@ -249,8 +301,10 @@ class ConsensusModuleAgent:
     def has_work(self) -> bool:
         """A cheap check before sleeping: is a message already waiting?"""
         image = self._log_image
+        consensus = self._consensus_subscription if self.is_multi_member else None
         return (self.ingress.is_data_available() or self.from_services.is_data_available()
-                or (image is not None and image.is_data_available()))
+                or (image is not None and image.is_data_available())
+                or (consensus is not None and consensus.is_data_available()))
 
     def cluster_time(self) -> int:
         """Cluster time, in its unit (milliseconds since the epoch)."""
@@ -258,10 +312,19 @@ class ConsensusModuleAgent:
 
     def _slow_tick_work(self, now_ns: int) -> int:
         work = self.aeron.do_work(now_ns)
+        if not self.archive.proxy.publication.is_connected:
+            # The archive holds the log: without it this member can neither
+            # record nor replay; it stops (its node restarts it with its archive).
+            raise ClusterTerminationError("the archive went away (its control requests have no subscriber)")
         try:
             self.archive.poll_for_signals()
         except FulmarError as error:
             self._error(f"archive: {error}")
+            if self.is_multi_member:
+                self.host.on_archive_error(str(error))
+        if self.is_multi_member:
+            while self.archive.signals:
+                self.host.on_recording_signal(self.archive.signals.popleft())
         work += self._process_redirect_and_rejected(now_ns)
         work += self._check_node_control_toggle()
         if self.election is None and self.role is ClusterRole.LEADER:
@@ -278,7 +341,13 @@ class ConsensusModuleAgent:
             work += self._poll_ingress()
         elif self.state is ConsensusModuleState.SUSPENDED:
             work += self._poll_ingress(session_control_only=True)
-        work += self._update_commit_position()
+        if self.is_multi_member:
+            work += self._check_follower_snapshot()  # (one replayed in its election)
+            work += self._update_quorum_commit_position(now_ns)
+            if self.election is not None:
+                return work  # stepped down (a newer term or no quorum of followers)
+        else:
+            work += self._update_commit_position()
         work += self._check_snapshot_and_termination(now_ns)
         return work
 
@@ -338,6 +407,8 @@ class ConsensusModuleAgent:
             self.invalid_requests_counter.increment()
             return True
         template = header.template_id
+        if self.role is not ClusterRole.LEADER and template != codecs.SessionConnectRequestEncoder.TEMPLATE_ID:
+            return True  # not the leader: a connect is redirected, the rest is not for this member
         if template == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
             if self._ingress_control_only:
                 return False  # suspended: messages wait in the ingress
@@ -453,8 +524,9 @@ class ConsensusModuleAgent:
                         event_code = (EventCode.AUTHENTICATION_REJECTED if session.state is ClusterSessionState.REJECTED
                                       else EventCode.ERROR)
                     detail = self._leader_detail() if event_code is EventCode.REDIRECT else session.detail
+                    leader = self.leader_member_id if self.is_multi_member else self.member_id
                     if self._egress.session_event(session.publication, session.id, session.correlation_id,
-                                                  self.leadership_term_id, self.member_id, int(event_code), detail):
+                                                  self.leadership_term_id, leader, int(event_code), detail):
                         collection.remove(session)
                         session.close(CloseReason.CLIENT_ACTION)
                         work += 1
@@ -467,6 +539,8 @@ class ConsensusModuleAgent:
     def _leader_detail(self) -> str:
         """The ingress endpoints as Aeron's clients read them in a REDIRECT or a
         NewLeaderEvent: ``memberId=host:port`` (empty for an IPC ingress)."""
+        if self.is_multi_member:
+            return ingress_endpoints(self.members)
         endpoint = ChannelUri.parse(self.context.ingress_channel).get("endpoint")
         return f"{self.member_id}={endpoint}" if endpoint else ""
 
@@ -534,6 +608,8 @@ class ConsensusModuleAgent:
         if self.log_publisher.append_session_close(self.leadership_term_id, session.id, int(reason),
                                                    self.cluster_time()) <= 0:
             return False
+        if self.is_multi_member:
+            self._uncommitted_closed_sessions.append((self.log_publisher.position, session))
         if notify and session.publication is not None:
             detail = "session timed out" if reason is CloseReason.TIMEOUT else "closed by the service"
             self._egress.session_event(session.publication, session.id, session.correlation_id,
@@ -546,7 +622,12 @@ class ConsensusModuleAgent:
     # ------------------------------------------------------------------ timers
 
     def _on_timer_expired(self, correlation_id: int) -> bool:
-        return self.log_publisher.append_timer(self.leadership_term_id, correlation_id, self.cluster_time()) > 0
+        position = self.log_publisher.append_timer(self.leadership_term_id, correlation_id, self.cluster_time())
+        if position <= 0:
+            return False
+        if self.is_multi_member:
+            self._uncommitted_timers.append((position, correlation_id))
+        return True
 
     # ------------------------------------------------------- from the services
 
@@ -569,6 +650,8 @@ class ConsensusModuleAgent:
             self.timers.cancel(message.correlation_id)
         elif isinstance(message, codecs.ServiceAckDecoder):
             self._service_acks.setdefault(message.ack_id, {})[message.service_id] = message
+            self._ack_arrivals += 1
+            self._recent_acks.append((self._ack_arrivals, message))
         elif isinstance(message, codecs.CloseSessionDecoder):
             session = self.sessions.get(message.cluster_session_id)
             if session is not None and self.role is ClusterRole.LEADER:
@@ -594,8 +677,12 @@ class ConsensusModuleAgent:
             if session_id <= self.log_service_session_id:
                 self.pending_service_messages.popleft()
                 continue
-            if self.log_publisher.append_message(self.leadership_term_id, session_id, self.cluster_time(), payload) <= 0:
+            position = self.log_publisher.append_message(self.leadership_term_id, session_id, self.cluster_time(),
+                                                         payload)
+            if position <= 0:
                 break
+            if self.is_multi_member:
+                self._uncommitted_service_messages.append((position, session_id, payload))
             self.log_service_session_id = session_id
             self.pending_service_messages.popleft()
             work += 1
@@ -607,6 +694,7 @@ class ConsensusModuleAgent:
     def next_ack_id(self) -> int:
         ack_id = self._expected_ack_id
         self._expected_ack_id += 1
+        self._ack_issued_at[ack_id] = self._ack_arrivals
         return ack_id
 
     def services_acked_partially(self, ack_id: int, missing: list[int]) -> bool:
@@ -617,6 +705,8 @@ class ConsensusModuleAgent:
 
     def services_acked(self, ack_id: int, log_position: int | None = None) -> list[Any] | None:
         """The acks of every service for ``ack_id``, once all came."""
+        if self.is_multi_member:
+            return self._services_acked_since(ack_id, log_position)
         acks = self._service_acks.get(ack_id, {})
         if len(acks) < self.context.service_count:
             return None
@@ -625,12 +715,40 @@ class ConsensusModuleAgent:
                 if ack.log_position != log_position:
                     raise ClusterTerminationError(
                         f"service {ack.service_id} acknowledged position {ack.log_position}, expected {log_position}")
-        del self._service_acks[ack_id]
+        self._forget_acks_to(ack_id)
         return list(acks.values())
+
+    def _services_acked_since(self, ack_id: int, log_position: int | None) -> list[Any] | None:
+        """Several members: elections start and abandon replays and joins, so a
+        service may never acknowledge a JoinLog the module sent (its next ack then
+        carries that id) or acknowledge one the module gave up on.  What answers is
+        an ack of each service that arrived after the request and names its
+        position; the ids are not trusted."""
+        issued = self._ack_issued_at.get(ack_id)
+        if issued is None:
+            return None
+        found: dict[int, tuple[int, Any]] = {}
+        for arrival, ack in self._recent_acks:
+            if arrival > issued and (log_position is None or ack.log_position == log_position) \
+                    and ack.service_id not in found:
+                found[ack.service_id] = (arrival, ack)
+        if len(found) < self.context.service_count:
+            return None
+        newest = max(arrival for arrival, _ in found.values())
+        while self._recent_acks and self._recent_acks[0][0] <= newest:
+            self._recent_acks.popleft()
+        del self._ack_issued_at[ack_id]
+        self._service_acks.clear()
+        return [ack for _, ack in found.values()]
+
+    def _forget_acks_to(self, ack_id: int) -> None:
+        """Acks up to ``ack_id`` are answered: older ones are stale from now on."""
+        for stale in [candidate for candidate in self._service_acks if candidate <= ack_id]:
+            del self._service_acks[stale]
 
     # ---------------------------------------------------------- log replay
 
-    def on_log_image(self, image: "Image") -> None:
+    def on_log_image(self, image: "Image | None") -> None:
         self._log_image = image
 
     def poll_log(self, limit_position: int) -> int:
@@ -675,7 +793,9 @@ class ConsensusModuleAgent:
         elif isinstance(message, codecs.NewLeadershipTermEventDecoder):
             self.leadership_term_id = message.leadership_term_id
         elif isinstance(message, codecs.ClusterActionRequestDecoder):
-            pass  # a replayed snapshot or suspension already happened
+            if self.is_multi_member and message.action_raw == codecs.ClusterAction.SNAPSHOT:
+                self._on_follower_snapshot_action(message.log_position)
+            # (one member alone: a replayed snapshot or suspension already happened)
         self.sessions_counter.set(len(self.sessions))
 
     def _on_replay_session_message(self, cluster_session_id: int, timestamp: int) -> None:
@@ -758,7 +878,7 @@ class ConsensusModuleAgent:
         return str(ChannelUri.parse(self.context.log_channel).with_param("session-id", self.log_session_id))
 
     def on_election_complete(self) -> None:
-        self.election = None  # type: ignore[assignment]
+        self.election = None
         self._set_state(ConsensusModuleState.ACTIVE)
         self.control_toggle.set(ControlToggle.NEUTRAL)
         for session in self.sessions.values():
@@ -865,6 +985,8 @@ class ConsensusModuleAgent:
             self._complete_snapshot(acks)
             return 1
         if self.state is ConsensusModuleState.TERMINATING:
+            if self.is_multi_member and self.role is ClusterRole.LEADER:
+                return self._check_cluster_termination(now_ns)
             acks = self.services_acked(self._termination_ack_id)
             if acks is None:
                 return 0
@@ -891,6 +1013,16 @@ class ConsensusModuleAgent:
             self._set_state(self._state_after_snapshot)
             self.control_toggle.set(ControlToggle.NEUTRAL)
             return
+        self._record_snapshot(position, recording_id, service_acks)
+        self._snapshot_log_position = NULL_POSITION
+        if self._termination_action is ControlToggle.SHUTDOWN:
+            self._begin_termination(ControlToggle.SHUTDOWN)
+        else:
+            self._set_state(self._state_after_snapshot)
+            self.control_toggle.set(ControlToggle.NEUTRAL)
+
+    def _record_snapshot(self, position: int, recording_id: int, service_acks: list[Any]) -> None:
+        """The recording log entries of a snapshot: each service's, then the module's."""
         timestamp = self.cluster_time()
         for ack in sorted(service_acks, key=lambda a: a.service_id):
             self.recording_log.append_snapshot(ack.relevant_id, self.leadership_term_id, self.term_base_log_position,
@@ -898,12 +1030,6 @@ class ConsensusModuleAgent:
         self.recording_log.append_snapshot(recording_id, self.leadership_term_id, self.term_base_log_position,
                                            position, timestamp, -1)
         self.snapshot_counter.increment()
-        self._snapshot_log_position = NULL_POSITION
-        if self._termination_action is ControlToggle.SHUTDOWN:
-            self._begin_termination(ControlToggle.SHUTDOWN)
-        else:
-            self._set_state(self._state_after_snapshot)
-            self.control_toggle.set(ControlToggle.NEUTRAL)
 
     def _begin_termination(self, action: ControlToggle) -> None:
         """Services stop at the current log end; the module waits for their acks."""
@@ -913,17 +1039,658 @@ class ConsensusModuleAgent:
         self._termination_ack_id = self.next_ack_id()
         self.service_proxy.termination_position(self._termination_position)
         self._set_state(ConsensusModuleState.TERMINATING)
+        if self.is_multi_member:
+            # The whole cluster stops at this position: each follower stops its
+            # services there and answers with TerminationAck; the leader goes last.
+            self._services_terminated = False
+            self._termination_acks = set()
+            self._termination_deadline_ns = self._now_ns + self.context.termination_timeout_ns
+            assert self.consensus_publisher is not None
+            for member in self.members:
+                if member.id != self.member_id:
+                    self.consensus_publisher.termination_position(
+                        member.id, leadership_term_id=self.leadership_term_id,
+                        log_position=self._termination_position)
 
     def request_shutdown(self, action: ControlToggle = ControlToggle.SHUTDOWN) -> None:
-        """What SIGTERM asks for: a snapshot and an orderly stop (or ABORT: no snapshot)."""
+        """What SIGTERM asks for: a snapshot and an orderly stop (or ABORT: no snapshot).
+        A member of a multi-member cluster stops at once, whatever its role."""
+        if self.is_multi_member:
+            # The others go on (a leader's followers elect another); the log is
+            # in the archive, so a restart recovers by replay (a snapshot first:
+            # ``cluster-tool snapshot``).
+            self.terminated = True
+            self.termination_reason = f"stopped as {self.role.name.lower()} at commit position {self.commit_position}"
+            self._set_state(ConsensusModuleState.CLOSED)
+            return
         if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED, ConsensusModuleState.SNAPSHOT):
             self.control_toggle.set(action)  # (during a snapshot it is acted on after it)
+
+
+    # ------------------------------------------------------------ several members
+
+    @property
+    def now_ns(self) -> int:
+        return self._now_ns
+
+    def log_event(self, text: str) -> None:
+        """A line in the module's output (the node's consensus.log): elections,
+        roles, catchups, truncations: what an operator reads after a failover."""
+        print(f"{time.strftime('%H:%M:%S')} member {self.member_id}: {text}", file=sys.stdout, flush=True)
+
+    def _open_consensus_streams(self) -> None:
+        """Stream 108: a subscription at this member's consensus endpoint and an
+        exclusive publication to each other member's."""
+        context = self.context
+        base = ChannelUri.parse(context.consensus_channel)
+        me = find_member(self.members, self.member_id)
+        self._consensus_subscription = self.aeron.add_subscription(
+            str(base.with_param("endpoint", me.consensus_endpoint)), context.consensus_stream_id)
+        self._consensus_publications = {
+            member.id: self.aeron.add_exclusive_publication(
+                str(base.with_param("endpoint", member.consensus_endpoint)), context.consensus_stream_id)
+            for member in self.members if member.id != self.member_id}
+        self.consensus_publisher = ConsensusPublisher(self._consensus_publications)
+        self.consensus_adapter = ConsensusAdapter(
+            self, self._consensus_subscription, error_handler=lambda text: self._error(f"consensus stream: {text}"))
+
+    def new_election(self, is_startup: bool) -> Any:
+        from fulmar.consensus.election import Election, ElectionTimeouts
+
+        context = self.context
+        timeouts = ElectionTimeouts(
+            election_timeout_ns=context.election_timeout_ns,
+            election_status_interval_ns=context.election_status_interval_ns,
+            startup_canvass_timeout_ns=context.startup_canvass_timeout_ns,
+            leader_heartbeat_timeout_ns=context.leader_heartbeat_timeout_ns,
+            leader_heartbeat_interval_ns=context.leader_heartbeat_interval_ns)
+        entries = self.host.term_entries()
+        candidate_term_id = self.mark_file.candidate_term_id if self.mark_file is not None else NULL_VALUE
+        assert self.consensus_publisher is not None
+        return Election(
+            self.member_id, [member.id for member in self.members], self.host, self.consensus_publisher,
+            random.Random(), timeouts, is_startup, entries[-1].leadership_term_id if entries else NULL_VALUE,
+            self.read_append_position(), context.appointed_leader_id,
+            leadership_term_id=self.leadership_term_id, candidate_term_id=candidate_term_id,
+            app_version=context.app_version, state_counter=self.election_state_counter)
+
+    def start_election(self, reason: str) -> None:
+        self.log_event(f"election: {reason} (term {self.leadership_term_id}, "
+                       f"{'leader' if self.role is ClusterRole.LEADER else 'follower'})")
+        self.election = MemberElection(self, is_startup=False)
+
+    def _multi_member_election_work(self, now_ns: int) -> int:
+        election = self.election
+        before = election.state
+        inner = getattr(election, "election", None)
+        if inner is not None and inner.state_value is ElectionState.FOLLOWER_CATCHUP:
+            # Before the election reports its position: the leader stops the
+            # catchup once that reaches its own, and the live log must flow by then.
+            self._catchup_live_destination(inner.leader_log_position)
+        try:
+            work = int(election.do_work(now_ns))
+        except ClusterTerminationError:
+            raise
+        except FulmarError as error:
+            # Nothing is lost by starting over: the election only acts on the
+            # log through the archive, which keeps what it recorded.
+            self._error(f"election {election.state.name} failed: {type(error).__name__}: {error}")
+            self.election = MemberElection(self, is_startup=False)
+            return 1
+        inner = getattr(election, "election", None)
+        if inner is not None and inner.state_value != before and inner.transitions:
+            for _, old, new, reason in list(inner.transitions)[-3:]:
+                if old == before or new == inner.state_value:
+                    self.log_event(f"election {ElectionState(old).name} -> {ElectionState(new).name}: {reason}")
+        if inner is not None and self.election is election and not inner.is_closed:
+            if inner.state_value in (ElectionState.FOLLOWER_CATCHUP, ElectionState.FOLLOWER_READY):
+                work += self._apply_follower_log()
+        return work
+
+    def _catchup_live_destination(self, leader_log_position: int) -> None:
+        """Near the leader's live position, add the live destination (replay merge):
+        a quarter of a term of the leader's log still to replay, at most."""
+        image = self._log_image
+        if image is None or not self.host.is_catching_up:
+            return
+        window = image.term_buffer_length >> 2
+        known = max(leader_log_position, self.notified_commit_position)
+        if self.read_append_position() >= known - window:
+            self.host.add_live_destination()
+
+    # -- positions ----------------------------------------------------------------------
+
+    def read_append_position(self) -> int:
+        """How far the local log recording reaches, from its archive's rec-pos counter."""
+        if self._recording_position_counter_id == NULL_VALUE and self.log_recording_id != NULL_VALUE \
+                and self.log_session_id != NULL_VALUE:
+            self._recording_position_counter_id = self._find_recording_position_counter()
+        if self._recording_position_counter_id != NULL_VALUE:
+            position = self.aeron.counters_reader.counter_value(self._recording_position_counter_id)
+            if position > self.append_position:
+                self.append_position = position
+        return self.append_position
+
+    def refresh_append_position(self) -> None:
+        """Ask the archive (after a replication or a stop) where the log recording ends."""
+        self._recording_position_counter_id = NULL_VALUE
+        if self.log_recording_id == NULL_VALUE:
+            return
+        position = self.archive.get_stop_position(self.log_recording_id)
+        if position == NULL_POSITION:
+            position = self.archive.get_recording_position(self.log_recording_id)
+        if position != NULL_POSITION:
+            self.append_position = position
+
+    def stop_log_recording(self) -> None:
+        """Stop the archive recording the log (leader's spy or follower's image):
+        before truncating or extending it the recording must have stopped."""
+        self._recording_position_counter_id = NULL_VALUE
+        if self.log_recording_id == NULL_VALUE:
+            return
+        if self.archive.get_stop_position(self.log_recording_id) == NULL_POSITION:
+            try:
+                self.archive.stop_recording_by_identity(self.log_recording_id)
+            except FulmarError as error:
+                self.log_event(f"stopping the log recording: {error}")
+            deadline = time.monotonic() + 10
+            while self.archive.get_stop_position(self.log_recording_id) == NULL_POSITION:
+                if time.monotonic() > deadline:
+                    raise ClusterTerminationError(f"the archive did not stop the log recording {self.log_recording_id}")
+                time.sleep(0.001)
+        self.refresh_append_position()
+
+    def notify_commit_position(self, position: int) -> None:
+        """A follower learnt the leader's commit position; it commits what it also has."""
+        if position > self.notified_commit_position:
+            self.notified_commit_position = position
+        self._time_of_last_leader_message_ns = self._now_ns
+
+    def _follower_commit(self) -> int:
+        commit = min(self.notified_commit_position, self.read_append_position())
+        if commit > self.commit_position:
+            self.commit_position = commit
+            self.commit_position_counter.set(commit)
+            self._wake()
+            return 1
+        return 0
+
+    def _apply_follower_log(self) -> int:
+        """The follower's module applies the log (sessions, timers, service messages)
+        up to the commit position, as its services do, once they follow the image."""
+        if not self.host.is_log_joined:
+            return 0
+        work = self._follower_commit()
+        image = self._log_image
+        if image is None:
+            return work
+        work += image.bounded_poll(self._log_assembler.on_fragment, self.commit_position, 64)
+        if image.position > self.log_position:
+            self.log_position = image.position
+        return work
+
+    def _update_quorum_commit_position(self, now_ns: int) -> int:
+        """Seed 000: the commit position is the highest position a quorum of members
+        has recorded, once that includes an entry of this term (Raft's rule)."""
+        own = self.read_append_position()
+        positions = [own] + [state[0] for state in self._follower_state.values()]
+        positions += [NULL_POSITION] * (len(self.members) - len(positions))
+        ranked = sorted(positions, reverse=True)
+        quorum = ranked[quorum_threshold(len(self.members)) - 1]
+        work = 0
+        if quorum > self.term_base_log_position and quorum > self.commit_position:
+            self.commit_position = quorum
+            self.commit_position_counter.set(quorum)
+            self._wake()
+            self._sweep_uncommitted(quorum)
+            work += 1
+        if self.commit_position != self._last_commit_position_sent or \
+                now_ns >= self._time_of_last_commit_position_sent_ns + self.context.leader_heartbeat_interval_ns:
+            assert self.consensus_publisher is not None
+            for member in self.members:
+                if member.id != self.member_id:
+                    self.consensus_publisher.commit_position(
+                        member.id, leadership_term_id=self.leadership_term_id, log_position=self.commit_position,
+                        leader_member_id=self.member_id)
+            self._last_commit_position_sent = self.commit_position
+            self._time_of_last_commit_position_sent_ns = now_ns
+            work += 1
+        work += self._check_catchups()
+        active = 1 + sum(1 for state in self._follower_state.values()
+                         if now_ns - state[1] < self.context.leader_heartbeat_timeout_ns)
+        if active < quorum_threshold(len(self.members)) and self.state is not ConsensusModuleState.TERMINATING:
+            self.start_election("inactive follower quorum")
+            return work + 1
+        return work
+
+    def _sweep_uncommitted(self, commit: int) -> None:
+        for queue in (self._uncommitted_timers, self._uncommitted_service_messages, self._uncommitted_closed_sessions):
+            while queue and queue[0][0] <= commit:
+                queue.popleft()
+
+    def _on_follower_snapshot_action(self, log_position: int) -> None:
+        """Seed 004: a SNAPSHOT action in the log makes every member snapshot at
+        its position.  The module's state is taken now (it has applied exactly up
+        to the action); the recording log gets the entries once every service has
+        acknowledged its own (their acks are counted on every member alike)."""
+        from fulmar.consensus.snapshot import take_consensus_module_snapshot
+
+        ack_id = self.next_ack_id()
+        # The services apply the log on their own: one may have acknowledged its
+        # snapshot already.  The position tells this snapshot's acks apart.
+        self._ack_issued_at[ack_id] = 0
+        try:
+            recording_id = take_consensus_module_snapshot(self, log_position)
+        except FulmarError as error:
+            self._error(f"snapshot at log position {log_position} failed: {type(error).__name__}: {error}")
+            recording_id = NULL_VALUE
+        self._follower_snapshot = (log_position, ack_id, recording_id)
+
+    def _check_follower_snapshot(self) -> int:
+        pending = self._follower_snapshot
+        if pending is None:
+            return 0
+        position, ack_id, recording_id = pending
+        acks = self.services_acked(ack_id, position)
+        if acks is None:
+            return 0
+        self._follower_snapshot = None
+        if recording_id == NULL_VALUE:
+            return 1
+        self._record_snapshot(position, recording_id, acks)
+        self.log_event(f"snapshot at log position {position}")
+        return 1
+
+    def _follower_work(self, now_ns: int) -> int:
+        work = self._apply_follower_log() + self._check_follower_snapshot() + self._check_follower_termination()
+        position = self.append_position
+        if position != self._last_append_position_sent or \
+                now_ns >= self._time_of_last_append_position_sent_ns + self.context.leader_heartbeat_interval_ns:
+            assert self.consensus_publisher is not None
+            if self.consensus_publisher.append_position(self.leader_member_id, leadership_term_id=self.leadership_term_id,
+                                                        log_position=position, follower_member_id=self.member_id):
+                self._last_append_position_sent = position
+                self._time_of_last_append_position_sent_ns = now_ns
+                work += 1
+        work += self._poll_ingress_as_follower()
+        if now_ns - self._time_of_last_leader_message_ns >= self.context.leader_heartbeat_timeout_ns:
+            self.start_election("leader heartbeat timeout")
+            return work + 1
+        return work
+
+    def _poll_ingress_as_follower(self) -> int:
+        """Followers answer connect requests with a REDIRECT to the leader; session
+        messages sent here are not for them (the client learns of the leader)."""
+        return int(self.ingress.poll(self._ingress_assembler.on_fragment, 16))
+
+    # -- the leader's log ---------------------------------------------------------------------
+
+    def create_leader_log_publication(self, log_position: int) -> int:
+        from fulmar.consensus.election_host import leader_log_channel
+
+        descriptor = None
+        if self.log_recording_id != NULL_VALUE:
+            descriptor = self.archive.list_recording(self.log_recording_id)
+            if descriptor is None:
+                raise ClusterTerminationError(f"the log recording {self.log_recording_id} is missing from the archive")
+        channel = leader_log_channel(
+            self.context.log_channel, descriptor.term_buffer_length if descriptor else None,
+            descriptor.mtu_length if descriptor else None, descriptor.initial_term_id if descriptor else None,
+            log_position)
+        publication = self.aeron.add_exclusive_publication(channel, self.context.log_stream_id)
+        for member in self.members:
+            if member.id != self.member_id:
+                publication.add_destination(f"aeron:udp?endpoint={member.log_endpoint}")
+        self._log_publication = publication
+        self.log_publisher.publication = publication
+        self.log_session_id = publication.session_id
+        self._recording_position_counter_id = NULL_VALUE
+        self._follower_state = {}
+        self._leader_services_ack_id = NULL_VALUE
+        self._leader_services_joined = False
+        return publication.session_id
+
+    def leader_spy_channel(self) -> str:
+        return f"aeron-spy:aeron:udp?control-mode=manual|session-id={self.log_session_id}"
+
+    def join_log_as_leader(self, leadership_term_id: int, term_base_log_position: int) -> None:
+        """Record the log publication (through a spy), note the term, and let the
+        services follow it; nothing is appended before they do."""
+        recorded = self.leader_spy_channel().removeprefix("aeron-spy:")
+        if self.log_recording_id != NULL_VALUE:
+            subscription_id = self.archive.extend_recording(self.log_recording_id, recorded, self.context.log_stream_id,
+                                                            SourceLocation.LOCAL, auto_stop=True)
+        else:
+            subscription_id = self.archive.start_recording(recorded, self.context.log_stream_id,
+                                                           SourceLocation.LOCAL, auto_stop=True)
+        # The archive says it records (START or EXTEND) once its spy has the
+        # image; that comes as a signal, while this module keeps its heartbeats.
+        self._leader_recording_subscription_id = subscription_id
+        self._leader_recording_started = False
+        self._leader_term_to_record = (leadership_term_id, term_base_log_position)
+        self._recording_position_counter_id = NULL_VALUE
+        self.term_base_log_position = term_base_log_position
+        self._leader_services_ack_id = self.next_ack_id()
+        self.service_proxy.join_log(term_base_log_position, NULL_POSITION, self.member_id, self.log_session_id,
+                                    self.context.log_stream_id, False, int(ClusterRole.LEADER),
+                                    self.leader_spy_channel())
+        self._leader_services_joined = False
+
+    def on_leader_recording_signal(self, event: Any) -> bool:
+        """The archive records the leader's log: the term goes into the recording log."""
+        if event.subscription_id != self._leader_recording_subscription_id \
+                or event.signal not in (RecordingSignal.START, RecordingSignal.EXTEND):
+            return False
+        if self.log_recording_id == NULL_VALUE:
+            self.log_recording_id = event.recording_id
+        self._leader_recording_started = True
+        leadership_term_id, term_base_log_position = self._leader_term_to_record
+        if self.recording_log.find_term_entry(leadership_term_id) is None:
+            self.recording_log.append_term(self.log_recording_id, leadership_term_id, term_base_log_position,
+                                           self.cluster_time())
+        return True
+
+    def append_new_leadership_term_event(self, log_position: int) -> bool:
+        if not self._leader_recording_started:
+            return False
+        if not self._leader_services_joined:
+            if self.services_acked(self._leader_services_ack_id, log_position) is None:
+                return False
+            self._leader_services_joined = True
+        publisher = self.log_publisher
+        return publisher.append_new_leadership_term(
+            self.leadership_term_id, publisher.position, self.cluster_time(), self.term_base_log_position,
+            self.member_id, self.log_session_id, self.context.app_version) > 0
+
+    def step_down(self) -> None:
+        """Leave the role this member had: a leader closes its log publication (once
+        its own archive has what it published, bounded) and forgets what it appended
+        that a quorum has not confirmed; its state is then the committed log's."""
+        for member_id, state in self._follower_state.items():
+            if state[2] != NULL_VALUE:
+                self._stop_catchup_replay(member_id)
+        self._follower_state = {}
+        publication = self._log_publication
+        if publication is not None:
+            deadline = time.monotonic() + 1.0
+            while self.read_append_position() < publication.position and time.monotonic() < deadline:
+                self.aeron.do_work()
+                time.sleep(0.001)
+            publication.close()
+            self._log_publication = None
+            self.log_publisher.publication = None
+            self._restore_uncommitted_state()
+            self.log_position = self.commit_position
+        self.role = ClusterRole.FOLLOWER
+        self.role_counter.set(ClusterRole.FOLLOWER)
+        self.close_log_replay()
+
+    def _restore_uncommitted_state(self) -> None:
+        commit = self.commit_position
+        for session in list(self.sessions.values()):
+            if session.opened_log_position > commit:
+                session.disconnect()
+                del self.sessions[session.id]
+        for position, session in self._uncommitted_closed_sessions:
+            if position > commit:
+                session.state = ClusterSessionState.OPEN
+                self.sessions[session.id] = session
+        now = self.cluster_time()
+        for position, correlation_id in self._uncommitted_timers:
+            if position > commit:
+                self.timers.schedule(correlation_id, now)
+        restored = [(session_id, payload) for position, session_id, payload in self._uncommitted_service_messages
+                    if position > commit]
+        if restored:
+            self.pending_service_messages.extendleft(reversed(restored))
+            self.log_service_session_id = restored[0][0] - 1
+        for queue in (self._uncommitted_timers, self._uncommitted_service_messages, self._uncommitted_closed_sessions):
+            queue.clear()
+        self.sessions_counter.set(len(self.sessions))
+        self.timers_counter.set(len(self.timers))
+
+    # -- catchup served by the leader ---------------------------------------------------------
+
+    def _check_catchups(self) -> int:
+        """StopCatchup once a catching-up follower has what the leader published."""
+        work = 0
+        if self._log_publication is None:
+            return 0
+        position = self._log_publication.position
+        for member_id, state in self._follower_state.items():
+            if state[2] != NULL_VALUE and state[0] >= position:
+                self._stop_catchup_replay(member_id)
+                assert self.consensus_publisher is not None
+                self.consensus_publisher.stop_catchup(member_id, leadership_term_id=self.leadership_term_id,
+                                                      follower_member_id=member_id)
+                self.log_event(f"member {member_id} caught up at {state[0]}")
+                work += 1
+        return work
+
+    def _stop_catchup_replay(self, member_id: int) -> None:
+        state = self._follower_state[member_id]
+        try:
+            self.archive.stop_replay(state[2])
+        except FulmarError as error:
+            self.log_event(f"stopping the catchup replay of member {member_id}: {error}")
+        state[2] = NULL_VALUE
+
+    # -- the consensus stream (ConsensusListener) -----------------------------------------
+
+    def _inner_election(self) -> Any:
+        election = self.election
+        if election is None:
+            return None
+        if election.election is None:
+            return False  # starting: the services have yet to acknowledge
+        return election.election
+
+    def on_canvass_position(self, log_leadership_term_id: int, log_position: int, leadership_term_id: int,
+                            follower_member_id: int, protocol_version: int) -> None:
+        election = self._inner_election()
+        if election is False:
+            return
+        if election is not None:
+            election.on_canvass_position(log_leadership_term_id, log_position, leadership_term_id,
+                                         follower_member_id, protocol_version)
+        elif leadership_term_id > self.leadership_term_id:
+            self.start_election(f"member {follower_member_id} canvasses in a newer term {leadership_term_id}")
+        elif self.role is ClusterRole.LEADER:
+            self._send_new_leadership_term(follower_member_id, log_leadership_term_id)
+
+    def _send_new_leadership_term(self, to_member_id: int, follower_log_leadership_term_id: int) -> None:
+        """A member canvassing after the election (it restarted, or lost the leader):
+        where its log stands against this leader's (seed 001)."""
+        from fulmar.consensus.election import next_term_for
+
+        assert self.consensus_publisher is not None
+        next_id, next_base, next_position = next_term_for(
+            self.host.term_entries(), follower_log_leadership_term_id, self.leadership_term_id,
+            self.term_base_log_position)
+        self.consensus_publisher.new_leadership_term(
+            to_member_id, log_leadership_term_id=follower_log_leadership_term_id,
+            next_leadership_term_id=next_id, next_term_base_log_position=next_base, next_log_position=next_position,
+            leadership_term_id=self.leadership_term_id, term_base_log_position=self.term_base_log_position,
+            log_position=self.read_append_position(), leader_recording_id=self.log_recording_id,
+            timestamp=self.cluster_time(), leader_member_id=self.member_id, log_session_id=self.log_session_id,
+            app_version=self.context.app_version, is_startup=False)
+
+    def on_request_vote(self, log_leadership_term_id: int, log_position: int, candidate_term_id: int,
+                        candidate_member_id: int, protocol_version: int) -> None:
+        election = self._inner_election()
+        if election is None and candidate_term_id > self.leadership_term_id:
+            self.start_election(f"member {candidate_member_id} asks for votes in term {candidate_term_id}")
+            election = self.election.start_now()
+        if election:
+            election.on_request_vote(log_leadership_term_id, log_position, candidate_term_id, candidate_member_id,
+                                     protocol_version)
+
+    def on_vote(self, candidate_term_id: int, log_leadership_term_id: int, log_position: int,
+                candidate_member_id: int, follower_member_id: int, vote: bool) -> None:
+        election = self._inner_election()
+        if election:
+            election.on_vote(candidate_term_id, log_leadership_term_id, log_position, candidate_member_id,
+                             follower_member_id, vote)
+
+    def on_new_leadership_term(self, log_leadership_term_id: int, next_leadership_term_id: int,
+                               next_term_base_log_position: int, next_log_position: int, leadership_term_id: int,
+                               term_base_log_position: int, log_position: int, leader_recording_id: int,
+                               timestamp: int, leader_member_id: int, log_session_id: int, app_version: int,
+                               is_startup: bool) -> None:
+        election = self._inner_election()
+        if election is None:
+            if leadership_term_id > self.leadership_term_id:
+                self.start_election(f"member {leader_member_id} leads a newer term {leadership_term_id}")
+                election = self.election.start_now()
+            elif leadership_term_id == self.leadership_term_id and leader_member_id == self.leader_member_id:
+                self._time_of_last_leader_message_ns = self._now_ns
+        if election:
+            election.on_new_leadership_term(
+                log_leadership_term_id, next_leadership_term_id, next_term_base_log_position, next_log_position,
+                leadership_term_id, term_base_log_position, log_position, leader_recording_id, timestamp,
+                leader_member_id, log_session_id, app_version, is_startup)
+
+    def on_append_position(self, leadership_term_id: int, log_position: int, follower_member_id: int,
+                           flags: int) -> None:
+        election = self._inner_election()
+        if election:
+            election.on_append_position(leadership_term_id, log_position, follower_member_id, flags)
+        elif election is None and self.role is ClusterRole.LEADER and leadership_term_id == self.leadership_term_id:
+            state = self._follower_state.setdefault(follower_member_id, [NULL_POSITION, 0, NULL_VALUE])
+            state[0] = max(state[0], log_position)
+            state[1] = self._now_ns
+
+    def on_commit_position(self, leadership_term_id: int, log_position: int, leader_member_id: int) -> None:
+        election = self._inner_election()
+        if election is None and leadership_term_id > self.leadership_term_id:
+            self.start_election(f"member {leader_member_id} commits in a newer term {leadership_term_id}")
+            election = self.election.start_now()
+        if election:
+            election.on_commit_position(leadership_term_id, log_position, leader_member_id)
+        elif election is None and self.role is ClusterRole.FOLLOWER and leadership_term_id == self.leadership_term_id \
+                and leader_member_id == self.leader_member_id:
+            self.notify_commit_position(log_position)
+
+    def on_catchup_position(self, leadership_term_id: int, log_position: int, follower_member_id: int,
+                            catchup_endpoint: str) -> None:
+        """Seed 001: replay this leader's log recording from the follower's position
+        to its catchup endpoint, under the live log's session id (replay merge)."""
+        if self.role is not ClusterRole.LEADER or leadership_term_id != self.leadership_term_id \
+                or not self._leader_services_joined:
+            return  # not (yet) leading this term: the follower asks again after its timeout
+        state = self._follower_state.setdefault(follower_member_id, [NULL_POSITION, self._now_ns, NULL_VALUE])
+        if state[2] != NULL_VALUE:
+            return  # already replaying (a repeated request)
+        channel = f"aeron:udp?endpoint={catchup_endpoint}|session-id={self.log_session_id}"
+        try:
+            state[2] = self.archive.start_replay(self.log_recording_id, channel, self.context.log_stream_id,
+                                                 log_position)
+        except FulmarError as error:
+            self._error(f"catchup of member {follower_member_id} from {log_position}: {error}")
+            return
+        state[1] = self._now_ns
+        self.log_event(f"member {follower_member_id} catches up from {log_position} (replay to {catchup_endpoint})")
+
+    def on_stop_catchup(self, leadership_term_id: int, follower_member_id: int) -> None:
+        election = self._inner_election()
+        if election:
+            election.on_stop_catchup(leadership_term_id, follower_member_id)
+
+    def on_termination_position(self, leadership_term_id: int, log_position: int) -> None:
+        """The leader stops the cluster at ``log_position`` (after a snapshot, for a
+        SHUTDOWN): this follower's services stop there, then it says so and stops."""
+        if self.election is not None or self.role is not ClusterRole.FOLLOWER \
+                or leadership_term_id != self.leadership_term_id or self.state is ConsensusModuleState.TERMINATING:
+            return
+        self._termination_position = log_position
+        self._termination_ack_id = self.next_ack_id()
+        self.service_proxy.termination_position(log_position)
+        self._set_state(ConsensusModuleState.TERMINATING)
+        self.log_event(f"the leader stops the cluster at log position {log_position}")
+
+    def _check_follower_termination(self) -> int:
+        if self.state is not ConsensusModuleState.TERMINATING or self.log_position < self._termination_position:
+            return 0
+        if self.services_acked(self._termination_ack_id) is None:
+            return 0
+        assert self.consensus_publisher is not None
+        self.consensus_publisher.termination_ack(self.leader_member_id, leadership_term_id=self.leadership_term_id,
+                                                 log_position=self._termination_position, member_id=self.member_id)
+        self.terminated = True
+        self.termination_reason = f"stopped by the leader at log position {self._termination_position}"
+        self._set_state(ConsensusModuleState.CLOSED)
+        return 1
+
+    def on_termination_ack(self, leadership_term_id: int, log_position: int, member_id: int) -> None:
+        if self.state is ConsensusModuleState.TERMINATING and self.role is ClusterRole.LEADER \
+                and log_position == self._termination_position:
+            self._termination_acks.add(member_id)
+
+    def _check_cluster_termination(self, now_ns: int) -> int:
+        """The leader stops once its services have and every follower acknowledged
+        (or the termination timeout passed: a follower that is down cannot)."""
+        if not self._services_terminated:
+            if self.services_acked(self._termination_ack_id) is None:
+                return 0
+            self._services_terminated = True
+        followers = {member.id for member in self.members if member.id != self.member_id}
+        if not followers <= self._termination_acks and now_ns < self._termination_deadline_ns:
+            return 0
+        missing = sorted(followers - self._termination_acks)
+        self.recording_log.commit_log_position(self.leadership_term_id, self._termination_position)
+        self.terminated = True
+        action = self._termination_action.name if self._termination_action else "stop"
+        self.termination_reason = f"{action} of the cluster at log position {self._termination_position}" + (
+            f" (no acknowledgement from members {missing})" if missing else "")
+        self._set_state(ConsensusModuleState.CLOSED)
+        return 1
+
+    # -- what the election tells the node -------------------------------------------------------
+
+    def persist_candidate_term_id(self, candidate_term_id: int) -> None:
+        if self.mark_file is not None and candidate_term_id > self.mark_file.candidate_term_id:
+            self.mark_file.candidate_term_id = candidate_term_id
+
+    def set_role(self, role: ClusterRole) -> None:
+        self.role = role
+        self.role_counter.set(int(role))
+
+    def set_leadership_term_id(self, leadership_term_id: int) -> None:
+        self.leadership_term_id = leadership_term_id
+        self.leadership_term_counter.set(leadership_term_id)
+
+    def on_multi_member_election_complete(self, role: ClusterRole, leader_member_id: int,
+                                          leadership_term_id: int) -> None:
+        self.leader_member_id = leader_member_id
+        self.set_leadership_term_id(leadership_term_id)
+        self.set_role(role)
+        self._time_of_last_leader_message_ns = self._now_ns
+        self._last_append_position_sent = NULL_POSITION
+        self.log_event(f"election complete: {role.name} of term {leadership_term_id} (leader member "
+                       f"{leader_member_id}), log at {self.read_append_position()}")
+        if role is ClusterRole.LEADER:
+            self.term_base_log_position = self.election.election.term_base_log_position
+            for member in self.members:
+                if member.id != self.member_id:
+                    state = self._follower_state.setdefault(member.id, [NULL_POSITION, self._now_ns, NULL_VALUE])
+                    state[1] = self._now_ns
+            self.on_election_complete()
+            for session in self.sessions.values():
+                session.has_new_leader_event_pending = True  # a new term: clients learn its id
+        else:
+            self.term_base_log_position = self.election.election.term_base_log_position
+            self.election = None
+            self._set_state(ConsensusModuleState.ACTIVE)
+            for session in self.sessions.values():
+                session.disconnect()  # the leader answers clients, not a follower
 
     # ----------------------------------------------------------------- misc
 
     def _error(self, text: str) -> None:
         self.error_counter.increment()
         self.record_error(f"consensus module: {text}")
+        if self.is_multi_member:
+            self.log_event(f"error: {text}")
 
     def close(self) -> None:
         for session in list(self.sessions.values()) + self.pending_sessions + self.rejected_sessions + self.redirect_sessions:
@@ -944,6 +1711,56 @@ _INGRESS_HANDLERS: dict[int, Callable[[ConsensusModuleAgent, Any], bool]] = {
 }
 
 
+class LogReplay:
+    """Seed 002: replay the local log recording from ``from_position`` to
+    ``to_position`` through the module and its services.  ``do_work`` is
+    called every duty cycle until ``is_done``."""
+
+    def __init__(self, agent: "ConsensusModuleAgent", from_position: int, to_position: int, now_ns: int) -> None:
+        self.agent = agent
+        self.from_position = from_position
+        self.to_position = to_position
+        self._ack_id = NULL_VALUE
+        self._services_ready = False
+        self._deadline_ns = now_ns + agent.context.service_ack_timeout_ns
+        self.is_done = from_position >= to_position
+
+    def do_work(self, now_ns: int) -> int:
+        if self.is_done:
+            return 0
+        agent = self.agent
+        if self._ack_id == NULL_VALUE:
+            session_id = agent.start_log_replay(self.from_position, self.to_position)
+            self._ack_id = agent.next_ack_id()
+            agent.service_proxy.join_log(self.from_position, self.to_position, agent.member_id, session_id,
+                                         agent.context.replay_stream_id, False, int(ClusterRole.FOLLOWER),
+                                         agent.context.replay_channel)
+            return 1
+        if not self._services_ready:
+            if agent.services_acked(self._ack_id, self.from_position) is None:
+                self._check_deadline(now_ns, "waiting for the services to join the log replay")
+                return 0
+            self._services_ready = True
+        work = agent.poll_log(self.to_position)
+        if agent.log_position >= self.to_position:
+            agent.close_log_replay()
+            self.is_done = True
+            return 1
+        if work:
+            self._deadline_ns = now_ns + agent.context.service_ack_timeout_ns
+        else:
+            self._check_deadline(now_ns, f"replaying the log (at {agent.log_position} of {self.to_position})")
+        return work
+
+    def _check_deadline(self, now_ns: int, what: str) -> None:
+        if now_ns > self._deadline_ns:
+            raise ClusterTerminationError(f"log replay: timed out {what}")
+
+    def close(self) -> None:
+        if not self.is_done:
+            self.agent.close_log_replay()
+
+
 class SingleNodeElection:
     """The election of a one-member cluster (seed 001's single-node path):
     INIT -> LEADER_LOG_REPLICATION -> LEADER_REPLAY -> LEADER_INIT ->
@@ -955,7 +1772,7 @@ class SingleNodeElection:
         self.state = ElectionState.INIT
         self.deadline_ns = 0
         self._ack_id = NULL_VALUE
-        self._replay_to = NULL_POSITION
+        self._replay: LogReplay | None = None
         self._joined = False
 
     def set_state(self, state: ElectionState, now_ns: int) -> None:
@@ -993,32 +1810,13 @@ class SingleNodeElection:
 
     def leader_replay(self, now_ns: int) -> int:
         agent = self.agent
-        if agent.log_position >= agent.append_position:
+        if self._replay is None:
+            self._replay = LogReplay(agent, agent.log_position, agent.append_position, now_ns)
+        work = self._replay.do_work(now_ns)
+        if self._replay.is_done:
+            self._replay = None
             self.set_state(ElectionState.LEADER_INIT, now_ns)
             return 1
-        if not self._joined:
-            session_id = agent.start_log_replay(agent.log_position, agent.append_position)
-            self._ack_id = agent.next_ack_id()
-            agent.service_proxy.join_log(agent.log_position, agent.append_position, agent.member_id, session_id,
-                                         agent.context.replay_stream_id, False, int(ClusterRole.FOLLOWER),
-                                         agent.context.replay_channel)
-            self._joined = True
-            self._services_ready = False
-            return 1
-        if not self._services_ready:
-            if agent.services_acked(self._ack_id, agent.log_position) is None:
-                self._check_deadline(now_ns, "waiting for the services to join the log replay")
-                return 0
-            self._services_ready = True
-        work = agent.poll_log(agent.append_position)
-        if agent.log_position >= agent.append_position:
-            agent.close_log_replay()
-            self.set_state(ElectionState.LEADER_INIT, now_ns)
-            return 1
-        if not work:
-            self._check_deadline(now_ns, f"replaying the log (at {agent.log_position} of {agent.append_position})")
-        else:
-            self.deadline_ns = now_ns + agent.context.service_ack_timeout_ns
         return work
 
     def leader_init(self, now_ns: int) -> int:
@@ -1052,3 +1850,42 @@ class SingleNodeElection:
     def closed(self, now_ns: int) -> int:
         return 0
 
+
+
+class MemberElection:
+    """The election of a member of a multi-member cluster: on start-up it first
+    waits for the services to have loaded the same snapshot as the module (their
+    first acknowledgement), then runs ``election.Election`` with this node as its
+    host.  ``state`` is the election state (INIT until it runs)."""
+
+    def __init__(self, agent: ConsensusModuleAgent, is_startup: bool) -> None:
+        self.agent = agent
+        self.is_startup = is_startup
+        self.election: Any = None
+        self._ack_id = agent.next_ack_id() if is_startup else NULL_VALUE
+        self._deadline_ns = 0
+
+    @property
+    def state(self) -> ElectionState:
+        return ElectionState(self.election.state_value) if self.election is not None else ElectionState.INIT
+
+    def start_now(self) -> Any:
+        """Begin at once (a peer's message that starts the election is handed to it)."""
+        if self.election is None and self._ack_id == NULL_VALUE:
+            self.election = self.agent.new_election(self.is_startup)
+            self.election.do_work(self.agent.now_ns)
+        return self.election
+
+    def do_work(self, now_ns: int) -> int:
+        agent = self.agent
+        if self.election is None:
+            if self._ack_id != NULL_VALUE:
+                if self._deadline_ns == 0:
+                    self._deadline_ns = now_ns + agent.context.service_ack_timeout_ns
+                if agent.services_acked(self._ack_id, agent.log_position) is None:
+                    if now_ns > self._deadline_ns:
+                        raise ClusterTerminationError("election INIT: timed out waiting for the services to start")
+                    return 0
+                self._ack_id = NULL_VALUE
+            self.election = agent.new_election(self.is_startup)
+        return int(self.election.do_work(now_ns))

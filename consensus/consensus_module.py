@@ -91,6 +91,7 @@ class ConsensusModule:
             recording_log = RecordingLog.open(cluster_dir)
             error_log = mark_file.error_log(epoch_ms)
             agent = ConsensusModuleAgent(context, aeron, archive, recording_log, epoch_ms, error_log.record)
+            agent.mark_file = mark_file
             stop_active_log_recording(archive, recording_log)
             plan = recording_log.create_recovery_plan(context.service_count, _extent_lookup(archive))
             recover(agent, plan)
@@ -122,7 +123,7 @@ class ConsensusModule:
         while not agent.terminated:
             if self._stop.is_set() and not stop_requested_at:
                 stop_requested_at = time.monotonic()
-                if agent.election is not None:
+                if agent.election is not None and not agent.is_multi_member:
                     return  # nothing running yet to stop in order
                 agent.request_shutdown(getattr(self, "_stop_action", ControlToggle.SHUTDOWN))
             if stop_requested_at and time.monotonic() - stop_requested_at > 30:

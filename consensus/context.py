@@ -46,3 +46,25 @@ class ConsensusModuleContext:
     app_version: int = 0
     authenticator: Authenticator = field(default_factory=AllowAllAuthenticator)
     mark_file_liveness_timeout_ms: int = 10_000
+    # -- a cluster of several members (seed 001) ----------------------------------
+    # Aeron's cluster members string (``id,ingress,consensus,log,catchup,archive|...``);
+    # empty: this member alone (the single-node path).  With members, the
+    # ingress subscription binds this member's ingress endpoint, the log is
+    # ``log_channel``'s parameters on UDP (a multi-destination publication from
+    # the leader to each follower's log endpoint), and the member talks to the
+    # others on the consensus stream at their consensus endpoints.
+    cluster_members: str = ""
+    appointed_leader_id: int = protocol.NULL_VALUE
+    consensus_channel: str = "aeron:udp?term-length=64k"
+    consensus_stream_id: int = protocol.CONSENSUS_STREAM_ID
+    election_timeout_ns: int = 1_000_000_000
+    election_status_interval_ns: int = 100_000_000
+    startup_canvass_timeout_ns: int = 60_000_000_000
+    leader_heartbeat_timeout_ns: int = protocol.LEADER_HEARTBEAT_TIMEOUT_NS
+    # How long a leader stopping the cluster waits for the followers' TerminationAck.
+    termination_timeout_ns: int = 10_000_000_000
+    # The leader's archive (a follower replicates and catches up from it):
+    # the control channel's endpoint comes from the member's archive endpoint.
+    archive_remote_control_channel: str = "aeron:udp"
+    # Where this member's archive receives a replication's replay (port 0: any).
+    replication_channel: str = "aeron:udp?endpoint=127.0.0.1:0"

@@ -587,7 +587,9 @@ class Election:
         return work + self._check_follower_progress(now_ns)
 
     def follower_replay(self, now_ns: int) -> int:
-        work = self._follower_heartbeat(now_ns, APPEND_POSITION_FLAG_NONE)
+        # No AppendPosition yet: the leader's LEADER_READY counts only members
+        # that follow its log (or are catching up to it), not ones replaying.
+        work = 0
         if self.host.replay_done():
             if self.catchup_join_position != NULL_POSITION and self.append_position < self.catchup_join_position:
                 self.state(ElectionState.FOLLOWER_CATCHUP_INIT, now_ns, "behind in the current term")

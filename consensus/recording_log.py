@@ -943,6 +943,40 @@ class RecordingLog:
         self._write(entry.file_offset + LOG_POSITION_OFFSET, _I64.pack(log_position))
         self._replace(replace(entry, log_position=log_position))
 
+    def truncate_terms_to(self, position: int) -> list[Entry]:
+        """The log is cut back to ``position`` (a follower drops uncommitted entries
+        its new leader does not have): terms starting after it are invalidated, as
+        are snapshots beyond it, and the term holding ``position`` is open again
+        (no end).  Returns the entries invalidated."""
+        _check_int("position", position, 0, _INT64_MAX)
+        dropped = []
+        for entry in list(self._entries):
+            if not entry.is_valid:
+                continue
+            beyond = (entry.term_base_log_position > position if entry.entry_type == ENTRY_TYPE_TERM
+                      else entry.log_position > position)
+            if beyond:
+                dropped.append(self.invalidate_entry(entry.entry_index))
+        last = self.find_last_term()
+        if last is not None and last.log_position != NULL_POSITION:
+            self._write(last.file_offset + LOG_POSITION_OFFSET, _I64.pack(NULL_POSITION))
+            self._replace(replace(last, log_position=NULL_POSITION))
+        return dropped
+
+    def drop_last_term(self, leadership_term_id: int) -> bool:
+        """Forget the last term if it is ``leadership_term_id`` and holds no entry
+        beyond its base (its new leader never had it); the term before it is open
+        again.  False if there was nothing to drop."""
+        last = self.find_last_term()
+        if last is None or last.leadership_term_id != leadership_term_id:
+            return False
+        self.invalidate_entry(last.entry_index, leadership_term_id)
+        previous = self.find_last_term()
+        if previous is not None and previous.log_position != NULL_POSITION:
+            self._write(previous.file_offset + LOG_POSITION_OFFSET, _I64.pack(NULL_POSITION))
+            self._replace(replace(previous, log_position=NULL_POSITION))
+        return True
+
     def invalidate_entry(self, entry_index: int, leadership_term_id: int | None = None) -> Entry:
         """Mark an entry invalid (sets bit 31 of its type word); returns the updated entry.
 

@@ -297,14 +297,22 @@ class DriverConductor:
         client.heartbeat.set(self.epoch_clock_ms())
         return client
 
-    def _parse_channel(self, channel: str) -> ChannelUri:
+    def _parse_channel(self, channel: str, subscription: bool = False) -> ChannelUri:
+        """A UDP subscription (not a spy) may name nothing but a channel tag
+        (``aeron:udp?tags=7``): it uses the receive endpoint of that tag."""
         try:
             uri = ChannelUri.parse(channel)
         except InvalidChannelError as error:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
         if uri.is_spy and not uri.is_udp:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"channel '{channel}': spies watch UDP publications")
-        if uri.is_udp and uri.endpoint() is None and uri.control() is None and uri.control_mode() != "manual":
+        if (
+            uri.is_udp
+            and uri.endpoint() is None
+            and uri.control() is None
+            and uri.control_mode() != "manual"
+            and not (subscription and not uri.is_spy and uri.channel_tag() is not None)
+        ):
             raise ControlProtocolError(
                 ErrorCode.INVALID_CHANNEL, f"channel '{channel}': UDP needs an endpoint, a control address or control-mode=manual"
             )
@@ -535,20 +543,15 @@ class DriverConductor:
         client_id, correlation_id = command.client_id, command.correlation_id  # type: ignore[attr-defined]
         stream_id, channel = command.stream_id, command.channel  # type: ignore[attr-defined]
         self._client(client_id)
-        uri = self._parse_channel(channel)
+        uri = self._parse_channel(channel, subscription=True)
         subscription = SubscriptionLink(correlation_id, client_id, stream_id, channel, self._session_id_filter(uri))
         status_id = NULL_VALUE
         if uri.is_spy:
             subscription.spy_key = self._endpoint_key(uri)
         elif uri.is_udp:
-            if uri.endpoint() is None and uri.control_mode() != "manual":
-                raise ControlProtocolError(
-                    ErrorCode.INVALID_CHANNEL,
-                    f"channel '{channel}': a UDP subscription needs an endpoint or control-mode=manual",
-                )
-            # A multi-destination subscription owns its endpoint: its destinations are its own.
-            key = f"mds:{correlation_id}" if uri.control_mode() == "manual" else self._endpoint_key(uri)
-            subscription.endpoint = self._receive_endpoint(uri, channel, key)
+            subscription.endpoint = self._receive_endpoint(uri, channel, correlation_id)
+            # Each subscription counts once on its stream: the endpoint closes
+            # when the last subscription of its last stream goes, whoever opened it.
             subscription.endpoint.add_stream(stream_id)
             status_id = self.channel_status[id(subscription.endpoint)][0].id
         self.subscriptions.append(subscription)
@@ -571,21 +574,76 @@ class DriverConductor:
                 continue
             self._link(subscription, source)
 
-    def _receive_endpoint(self, uri: ChannelUri, channel: str, key: str) -> ReceiveChannelEndpoint:
-        endpoint = self.receive_endpoints.get(key)
-        if endpoint is None:
-            try:
-                endpoint = ReceiveChannelEndpoint(uri, self.loss_injector, self._invalid_packet, self._on_setup)
-            except ChannelEndpointError as error:
-                raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
-            self.receive_endpoints[key] = endpoint
-            status = self.counters.new_counter(f"rcv-channel: {channel}", RECEIVE_CHANNEL_STATUS_TYPE_ID)
-            status.set(CHANNEL_ENDPOINT_ACTIVE)
-            self.channel_status[id(endpoint)] = (status, {})
-            for transport in endpoint.transports:
-                if transport is not None:
-                    self._on_transport_bound(endpoint, transport)
+    def _receive_endpoint(self, uri: ChannelUri, channel: str, registration_id: int) -> ReceiveChannelEndpoint:
+        """The receive endpoint a UDP subscription uses: an open one it names
+        (by channel tag or by address), else a new one."""
+        endpoint = self._find_receive_endpoint(uri, channel)
+        if endpoint is not None:
+            return endpoint
+        # An untagged multi-destination subscription owns its endpoint: its
+        # destinations are its own.  A tagged one is found by its tag, not its key.
+        key = f"mds:{registration_id}" if uri.control_mode() == "manual" else self._endpoint_key(uri)
+        try:
+            endpoint = ReceiveChannelEndpoint(uri, self.loss_injector, self._invalid_packet, self._on_setup)
+        except ChannelEndpointError as error:
+            raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
+        self.receive_endpoints[key] = endpoint
+        status = self.counters.new_counter(f"rcv-channel: {channel}", RECEIVE_CHANNEL_STATUS_TYPE_ID)
+        status.set(CHANNEL_ENDPOINT_ACTIVE)
+        self.channel_status[id(endpoint)] = (status, {})
+        for transport in endpoint.transports:
+            if transport is not None:
+                self._on_transport_bound(endpoint, transport)
         return endpoint
+
+    def _find_receive_endpoint(self, uri: ChannelUri, channel: str) -> ReceiveChannelEndpoint | None:
+        """As Aeron's ``findExistingReceiveChannelEndpoint``: a tagged channel
+        first looks for the endpoint opened with its tag (``tags=N``), which lets
+        subscriptions of other clients share a multi-destination endpoint;
+        otherwise the endpoint of the same addresses is shared."""
+        tag = uri.channel_tag()
+        if tag is not None:
+            for endpoint in self.receive_endpoints.values():
+                if endpoint.tag == tag:
+                    self._check_tag_match(uri, channel, endpoint)
+                    return endpoint
+        if uri.control_mode() == "manual":
+            return None
+        if uri.endpoint() is None:
+            if tag is not None:
+                raise ControlProtocolError(
+                    ErrorCode.INVALID_CHANNEL, f"channel '{channel}': no receive channel endpoint has tag {tag}"
+                )
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': a UDP subscription needs an endpoint or control-mode=manual"
+            )
+        by_address = self.receive_endpoints.get(self._endpoint_key(uri))
+        if by_address is not None and tag is not None and by_address.tag is not None:
+            # Same address, another tag: Aeron would open a second socket on the
+            # port, which cannot bind; say why instead.
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL,
+                f"channel '{channel}': its endpoint is already open with tag {by_address.tag} ({by_address.channel})",
+            )
+        return by_address
+
+    @staticmethod
+    def _check_tag_match(uri: ChannelUri, channel: str, endpoint: ReceiveChannelEndpoint) -> None:
+        """A channel naming an open endpoint's tag must not contradict it (Aeron's
+        ``UdpChannel.matchesTag``): the same control mode or none, and no
+        addresses or the same ones."""
+        opened = endpoint.channel
+        if uri.control_mode() is not None and uri.control_mode() != opened.control_mode():
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL,
+                f"channel '{channel}': tag {endpoint.tag} names '{opened}', whose control-mode differs",
+            )
+        addresses = (uri.endpoint(), uri.control())
+        if addresses != (None, None) and addresses != (opened.endpoint(), opened.control()):
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL,
+                f"channel '{channel}': tag {endpoint.tag} names '{opened}', whose endpoint or control differs",
+            )
 
     def _on_transport_bound(self, endpoint: ReceiveChannelEndpoint, transport: UdpTransport) -> None:
         self.on_socket_opened(transport.fileno())

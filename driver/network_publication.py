@@ -130,9 +130,20 @@ class NetworkPublication:
             if self.timing.heartbeat_due(now_ns):
                 self._send_heartbeat()
                 work += 1
-            self.sender_limit = self.flow_control.on_idle(
-                now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream_sent()
-            )
+            if self.spies_simulate_connection and self.subscribers and not self.timing.has_receivers:
+                # Spies alone connect it (ssc), and no receiver sends status
+                # messages to open the window: as Aeron, the sender follows
+                # the fastest spy, so the publisher limit (slowest spy plus a
+                # window) keeps moving.
+                position = max([self.sender_position] + [spy.position.get() for spy in self.subscribers])
+                if position != self.sender_position:
+                    self.sender_position = position
+                    self.sender_position_counter.set(position)
+                self.sender_limit = self.flow_control.on_idle(now_ns, position, position, self.is_end_of_stream_sent())
+            else:
+                self.sender_limit = self.flow_control.on_idle(
+                    now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream_sent()
+                )
             self.timing.on_idle(now_ns)
             self._update_connected()
         work += self.retransmit_handler.process_timeouts(now_ns, self._resend)

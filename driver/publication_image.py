@@ -60,7 +60,14 @@ class PublicationImage:
         return str(self.log.path)
 
     def join_position(self) -> int:
-        return self.state.rebuild_position
+        """A late subscriber starts where the slowest subscriber is (Aeron's
+        PublicationImage.joinPosition): what is still in the term buffers for
+        the others is its too.  A cluster follower relies on it: its services
+        subscribe to the log image after the consensus module has."""
+        position = self.state.rebuild_position
+        for link in self.subscribers:
+            position = min(position, link.position.get())
+        return position
 
     def do_work(self, now_ns: int) -> int:
         """The receiver's duty cycle for this image: rebuild, NAK, status messages."""

@@ -62,6 +62,8 @@ class ReceiveChannelEndpoint:
         self.control_address = UdpAddress.resolve(control.host, control.port) if control is not None else None
         # A receiver in a flow-control group says so in every status message (gtag).
         self.group_tag = channel.group_tag()
+        # tags=N: later subscriptions naming the tag share this endpoint (and its destinations).
+        self.tag = channel.channel_tag()
         self._next_announce_ns = 0
         self.stream_refs: dict[int, int] = {}
         self.images: dict[tuple[int, int], PublicationImage] = {}

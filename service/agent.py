@@ -129,6 +129,7 @@ class ClusteredServiceAgent:
         self.record_error = record_error
         self.service_id = context.service_id
         self.member_id = context.member_id
+        self.consensus_module_pid: int | None = None  # the module this service follows (found at start)
         self.role = Role.FOLLOWER
         self.leadership_term_id = protocol.NULL_VALUE
         self.time = 0
@@ -183,6 +184,7 @@ class ClusteredServiceAgent:
             try:
                 contents = read_cluster_mark_file(path)
                 if contents.is_ready and contents.is_active(time.time_ns() // 1_000_000):
+                    self.consensus_module_pid = contents.header.pid
                     return
             except FulmarError:
                 pass  # not there yet, or being written

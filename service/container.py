@@ -114,6 +114,7 @@ class ServiceContainer:
         agent.idle_strategy = idle
         next_slow_ns = 0
         next_mark_ms = 0
+        next_module_check_ns = time.monotonic_ns() + 1_000_000_000
         while not agent.terminated:
             now_ns = time.monotonic_ns()
             try:
@@ -138,6 +139,13 @@ class ServiceContainer:
                     return "the media driver went away"
                 if self._stop.is_set() and not _consensus_module_alive(Path(self.context.cluster_dir)):
                     return "stopped (no consensus module to stop it in order)"
+                if now_ns >= next_module_check_ns:
+                    # As Aeron's service: without its consensus module (dead, or
+                    # replaced by a restarted one) the service has no log to
+                    # follow; it exits and starts again with the module.
+                    next_module_check_ns = now_ns + 1_000_000_000
+                    if not _consensus_module_alive(Path(self.context.cluster_dir), agent.consensus_module_pid):
+                        return "the consensus module went away"
             idle.idle(work)
         return f"terminated at log position {agent.log_position}"
 
@@ -153,15 +161,17 @@ class ServiceContainer:
             self.aeron.close()
 
 
-def _consensus_module_alive(cluster_dir: Path) -> bool:
-    """Whether this node's consensus module is up (its mark file fresh and its
-    process alive): a service stopped by a signal waits for the module's
-    orderly stop, but not for a module that is gone."""
+def _consensus_module_alive(cluster_dir: Path, pid: int | None = None) -> bool:
+    """Whether this node's consensus module (process ``pid``, if given) is up:
+    its mark file fresh and its process alive.  A service stopped by a signal
+    waits for the module's orderly stop, but not for a module that is gone."""
     from fulmar.consensus.mark_file import read_cluster_mark_file
 
     try:
         contents = read_cluster_mark_file(cluster_dir / "cluster-mark.dat")
     except FulmarError:
+        return False
+    if pid is not None and contents.header.pid != pid:
         return False
     return contents.is_active(epoch_ms())
 

@@ -1,6 +1,10 @@
-"""A one-member cluster of real processes for tests: media driver, archive,
-consensus module and service container, each started with ``cluster-node``,
-all reaped and their directories removed."""
+"""Clusters of real processes for tests: the media driver, archive,
+consensus module and service container of each member, each started with
+``cluster-node``, all reaped and their directories removed.
+
+``SingleNodeCluster`` is one member; ``LocalCluster`` is N members on
+127.0.0.1 with the ports and members string ``cluster-node start --local N``
+would generate, each process started (and killed) on its own."""
 
 from __future__ import annotations
 
@@ -9,7 +13,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from driver_support import (
     DriverProcess,
@@ -23,22 +30,39 @@ from driver_support import (
 
 from archive_support import ArchiveProcess
 from fulmar.aeron import Aeron
+from fulmar.cli import supervisor
+from fulmar.consensus.client import ClusterClient
 
 
 class NodeProcess:
-    """A ``cluster-node`` subcommand; ready once it printed ``ready_text``."""
+    """A ``cluster-node`` subcommand; ready once it printed ``ready_text``.
 
-    def __init__(self, args: list[str], ready_text: str, log_path: Path) -> None:
+    With ``wait=False`` the constructor returns at once (call ``wait_ready``):
+    the caller holds the object, so it can reap the process whatever happens.
+    """
+
+    def __init__(self, args: list[str], ready_text: str, log_path: Path, *, wait: bool = True) -> None:
+        self.args = args
+        self.ready_text = ready_text
         self.log_path = log_path
         self._log = open(log_path, "a")
         self._start = log_path.stat().st_size  # a restart appends: only what it prints counts
         self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", *args],
                                         stdout=self._log, stderr=subprocess.STDOUT, text=True)
-        wait_for(lambda: self._ready(ready_text), 30, f"{args[0]} to start (log {log_path})")
+        if wait:
+            self.wait_ready(30)
+
+    def wait_ready(self, timeout_s: float) -> "NodeProcess":
+        wait_for(lambda: self._ready(self.ready_text), timeout_s, f"{self.args[0]} to start (log {self.log_path})")
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
     def _ready(self, text: str) -> bool:
         if self.process.poll() is not None:
-            raise AssertionError(f"{self.process.args[3]} exited with {self.process.returncode}: {self.output()}")
+            raise AssertionError(f"{self.args[0]} exited with {self.process.returncode}: {self.output()}")
         return text in self.output()
 
     def output(self) -> str:
@@ -139,4 +163,239 @@ class SingleNodeCluster:
             shutil.rmtree(self.base, ignore_errors=True)
 
 
-__all__ = ["SingleNodeCluster", "NodeProcess", "free_udp_port"]
+KEY_VALUE_SERVICE = supervisor.DEFAULT_LOCAL_SERVICE
+KINDS = ("driver", "archive", "consensus", "service")
+_READY = {"driver": "media driver pid", "archive": "archive pid", "consensus": "consensus module pid",
+          "service": "service 0 ("}
+# Small cnc.dat buffers (as DriverProcess uses): N drivers share one /dev/shm.
+_DRIVER_ARGS = ("--to-driver-buffer", "256k", "--to-clients-buffer", "256k", "--counters-buffer", "256k",
+                "--error-buffer", "256k")
+# Election timing for tests: an election within seconds, not the minute of
+# the start-up canvass default.  Flags a test appends win (click keeps the last).
+FAST_ELECTION_ARGS = ("--startup-canvass-timeout", "2s", "--election-timeout", "500ms",
+                      "--election-status-interval", "50ms", "--leader-heartbeat-timeout", "3s",
+                      "--leader-heartbeat-interval", "100ms")
+
+
+class LocalCluster:
+    """N members on 127.0.0.1, each member's four processes started on its own.
+
+    The ports, members string and channels are those ``cluster-node start
+    --local N`` generates (``supervisor.allocate_local_ports`` and friends).
+    Member i lives in ``base/node<i>/`` (archive/, cluster/, logs/<kind>.log),
+    its driver in a directory of its own (under /dev/shm when there is one).
+    Clients get a driver of their own (``connect()``), as a client machine
+    would.  ``close`` reaps every process and removes every directory,
+    whatever state the cluster is in.
+    """
+
+    def __init__(self, members: int = 3, service: str = KEY_VALUE_SERVICE, *,
+                 extra_consensus_args: Sequence[str] = FAST_ELECTION_ARGS, extra_archive_args: Sequence[str] = (),
+                 extra_driver_args: Sequence[str] = (), ready_timeout_s: float = 60) -> None:
+        self.size = members
+        self.service_name = service
+        # Lists, so that a test may change them before (re)starting a process.
+        self.extra_consensus_args = list(extra_consensus_args)
+        self.extra_archive_args = list(extra_archive_args)
+        self.extra_driver_args = list(extra_driver_args)
+        self.ready_timeout_s = ready_timeout_s
+        self.ports = supervisor.allocate_local_ports(members)
+        self.cluster_members = supervisor.local_members_string(self.ports)
+        self.ingress_endpoints = supervisor.local_ingress_endpoints(self.ports)
+        self.base = Path(tempfile.mkdtemp(prefix="fulmar-local-"))
+        self.driver_dirs = [new_driver_dir() for _ in range(members)]
+        self.client_driver_dir = new_driver_dir()
+        self.processes: list[dict[str, NodeProcess]] = [{} for _ in range(members)]
+        self.client_driver: NodeProcess | None = None
+        self.aerons: list[Aeron] = []
+        self.clients: list[ClusterClient] = []
+        for member in range(members):
+            (self.member_dir(member) / "logs").mkdir(parents=True)
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- where things are
+
+    def member_dir(self, member: int) -> Path:
+        return self.base / f"node{member}"
+
+    def cluster_dir(self, member: int) -> Path:
+        return self.member_dir(member) / "cluster"
+
+    def archive_dir(self, member: int) -> Path:
+        return self.member_dir(member) / "archive"
+
+    def driver_dir(self, member: int) -> Path:
+        return self.driver_dirs[member]
+
+    def log_path(self, member: int, kind: str) -> Path:
+        return self.member_dir(member) / "logs" / f"{kind}.log"
+
+    def ingress_channel(self, member: int) -> str:
+        return f"aeron:udp?endpoint={self.ports[member].endpoint('ingress')}"
+
+    def archive_control_channel(self, member: int) -> str:
+        return f"aeron:udp?endpoint={self.ports[member].endpoint('archive')}"
+
+    def command(self, member: int, kind: str) -> list[str]:
+        """The ``cluster-node`` arguments of one process of ``member``."""
+        driver_dir = str(self.driver_dir(member))
+        if kind == "driver":
+            return ["driver", "--dir", driver_dir, *_DRIVER_ARGS, *self.extra_driver_args]
+        if kind == "archive":
+            return ["archive", "--dir", str(self.archive_dir(member)), "--driver-dir", driver_dir,
+                    "--control-channel", self.archive_control_channel(member),
+                    "--replication-channel", "aeron:udp?endpoint=127.0.0.1:0", *self.extra_archive_args]
+        if kind == "consensus":
+            return ["consensus", "--cluster-dir", str(self.cluster_dir(member)), "--driver-dir", driver_dir,
+                    "--member-id", str(member), "--ingress-channel", self.ingress_channel(member),
+                    "--log-channel", supervisor.LOCAL_LOG_CHANNEL, "--cluster-members", self.cluster_members,
+                    *self.extra_consensus_args]
+        if kind == "service":
+            return ["service", "--cluster-dir", str(self.cluster_dir(member)), "--driver-dir", driver_dir,
+                    "--service", self.service_name, "--member-id", str(member)]
+        raise ValueError(f"no process kind {kind!r} (kinds: {', '.join(KINDS)})")
+
+    # -- processes
+
+    def process(self, member: int, kind: str) -> NodeProcess | None:
+        return self.processes[member].get(kind)
+
+    def is_running(self, member: int, kind: str) -> bool:
+        process = self.process(member, kind)
+        return process is not None and process.alive
+
+    def launch(self, member: int, kind: str, extra_args: Sequence[str] = ()) -> NodeProcess:
+        """Start one process of ``member`` without waiting for it to be ready."""
+        previous = self.process(member, kind)
+        if previous is not None:
+            if previous.alive:
+                raise AssertionError(f"member {member}'s {kind} (pid {previous.process.pid}) is still running")
+            previous.kill()  # reaped already; this closes its log file
+        process = NodeProcess([*self.command(member, kind), *extra_args], _READY[kind], self.log_path(member, kind),
+                              wait=False)
+        self.processes[member][kind] = process  # held before waiting: close() reaps it whatever happens
+        return process
+
+    def start_process(self, member: int, kind: str, extra_args: Sequence[str] = ()) -> NodeProcess:
+        """(Re)start one process of ``member`` and wait until it is ready."""
+        return self.launch(member, kind, extra_args).wait_ready(self.ready_timeout_s)
+
+    def start(self) -> "LocalCluster":
+        """Start every process that is not running, one kind at a time across
+        the members (every driver, then every archive, ...): a consensus
+        module may wait for the other members before it says it is ready, so
+        no member's is awaited before the others are launched."""
+        for kind in KINDS:
+            launched = [self.launch(member, kind) for member in range(self.size) if not self.is_running(member, kind)]
+            for process in launched:
+                process.wait_ready(self.ready_timeout_s)
+        return self
+
+    def start_member(self, member: int) -> None:
+        """Start whatever of ``member`` is not running, in order, each once ready."""
+        for kind in KINDS:
+            if not self.is_running(member, kind):
+                self.start_process(member, kind)
+
+    def kill_process(self, member: int, kind: str) -> None:
+        """SIGKILL one process of ``member`` and reap it."""
+        process = self.process(member, kind)
+        if process is not None:
+            process.kill()
+
+    def kill_member(self, member: int) -> None:
+        """SIGKILL all four processes of ``member`` at once (a crashed machine;
+        its files stay), then reap them."""
+        running = [process for process in self.processes[member].values() if process.alive]
+        for process in running:
+            process.process.send_signal(signal.SIGKILL)
+        for process in running:
+            process.kill()
+
+    def stop_process(self, member: int, kind: str, timeout_s: float = 30) -> int:
+        """SIGTERM one process (a consensus module: its orderly stop), SIGKILL
+        after ``timeout_s``; the exit code."""
+        process = self.process(member, kind)
+        if process is None:
+            raise AssertionError(f"member {member}'s {kind} was never started")
+        return process.stop(timeout_s)
+
+    # -- clients
+
+    def connect(self, member: int | None = None) -> Aeron:
+        """An Aeron client on ``member``'s driver, or (None) on the clients' own
+        driver, started on first use."""
+        if member is None:
+            if self.client_driver is None or not self.client_driver.alive:
+                if self.client_driver is not None:
+                    self.client_driver.kill()  # reaped already; closes its log file
+                self.client_driver = NodeProcess(["driver", "--dir", str(self.client_driver_dir), *_DRIVER_ARGS],
+                                                 _READY["driver"], self.base / "client-driver.log", wait=False)
+                self.client_driver.wait_ready(self.ready_timeout_s)
+            directory = self.client_driver_dir
+        else:
+            directory = self.driver_dir(member)
+        aeron = Aeron.connect(directory)
+        self.aerons.append(aeron)
+        return aeron
+
+    def connect_client(self, member: int | None = None, **options: Any) -> ClusterClient:
+        """A client session given every member's ingress endpoint (the client
+        finds the leader), through ``connect(member)``."""
+        options.setdefault("egress_channel", "aeron:udp?endpoint=127.0.0.1:0")
+        options.setdefault("message_timeout_ns", 20_000_000_000)
+        client = ClusterClient.connect(self.connect(member), "aeron:udp", self.ingress_endpoints, **options)
+        self.clients.append(client)
+        return client
+
+    # -- the end
+
+    def close(self, timeout_s: float = 5) -> None:
+        """Close the clients, reap every process (SIGTERM, then SIGKILL after
+        ``timeout_s``) and remove every directory, even when a step fails."""
+        try:
+            closeables: list[ClusterClient | Aeron] = [*self.clients, *self.aerons]
+            for closeable in closeables:
+                try:
+                    closeable.close()
+                except Exception:  # noqa: BLE001 - a client of a dead cluster may fail to close; reap anyway
+                    pass
+            self.clients.clear()
+            self.aerons.clear()
+        finally:
+            try:
+                # The cluster's processes first (a module stopping in order
+                # still needs its archive and driver), then the rest.
+                cluster = [p for member in self.processes for kind, p in member.items() if kind in ("consensus", "service")]
+                rest = [p for member in self.processes for kind, p in member.items() if kind in ("archive", "driver")]
+                try:
+                    self._terminate(cluster, timeout_s)
+                finally:
+                    self._terminate([*rest, *([self.client_driver] if self.client_driver else [])], timeout_s)
+            finally:
+                for directory in [*self.driver_dirs, self.client_driver_dir]:
+                    remove_driver_dir(directory)
+                shutil.rmtree(self.base, ignore_errors=True)
+
+    @staticmethod
+    def _terminate(processes: list[NodeProcess], timeout_s: float) -> None:
+        """SIGTERM to all at once, then each is waited for until one shared
+        deadline and killed if still there; all reaped."""
+        for process in processes:
+            if process.alive:
+                process.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in processes:
+            try:
+                process.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            process.kill()  # SIGKILL if it is still there; reaps; closes its log file
+
+
+__all__ = ["FAST_ELECTION_ARGS", "KINDS", "LocalCluster", "NodeProcess", "SingleNodeCluster", "free_udp_port"]

@@ -242,10 +242,10 @@ def run_start(*args: str, env: dict[str, str] | None = None) -> Any:
     return CliRunner().invoke(cluster_node.start, list(args), env=env, catch_exceptions=False)
 
 
-def test_local_three_is_refused() -> None:
-    result = run_start("--local", "3")
+def test_local_sizes_other_than_one_three_five_are_refused() -> None:
+    result = run_start("--local", "2")
     assert result.exit_code == 2
-    assert "multi-member clusters come with elections; use --local 1" in result.output
+    assert "--local 2: a local cluster has 1, 3 or 5 members" in result.output
 
 
 # ---------------------------------------------------------------------- configuration errors

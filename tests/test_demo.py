@@ -1,6 +1,7 @@
-"""`make run`'s demo: a one-node cluster started with ``cluster-node start
---local 1``, a verified key-value workload, a snapshot on SIGTERM, a restart
-that recovers the state, and nothing left behind."""
+"""`make run`'s demo: a three-member cluster started with ``cluster-node start
+--local 3``, a verified key-value workload, the leader's consensus module
+killed (a new leader elected while the client re-sends unanswered requests),
+the killed node restarted and caught up, and nothing left behind."""
 
 from __future__ import annotations
 
@@ -10,32 +11,34 @@ import subprocess
 import sys
 
 
-def test_demo_runs_a_cluster_snapshots_restarts_and_recovers_the_state() -> None:
+def test_demo_fails_over_and_rejoins_a_killed_leader() -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "fulmar.demo", "--requests", "20000"],
+        [sys.executable, "-m", "fulmar.demo", "--requests", "6000", "--after-failover", "50"],
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     out = completed.stdout
-    # The node came up through the supervisor, twice (the start and the restart).
-    assert out.count("node 0 ready: ingress aeron:udp?endpoint=127.0.0.1:") == 2
-    assert "workload: 20,000 requests (10,000 puts, 10,000 gets over 1,000 keys" in out
-    assert "20,000 requests answered, every reply verified against the model" in out
-    assert re.search(r"request/response, one at a time: 1,000 gets, every reply verified", out)
-    # SIGTERM: the consensus module snapshots first, then everything stops in order.
-    stops = re.findall(r"cluster stopped cleanly \(exit 0\): snapshot taken at log position ([\d,]+)", out)
-    assert len(stops) == 2
-    assert out.count("consensus module stopped: SHUTDOWN at log position") == 2
-    assert out.count("node 0 stopped cleanly") == 2
-    assert "the service's snapshot is recording" in out
-    assert "state recovered after restart: 1,000 of 1,000 keys read back, every value as before the stop" in out
-    assert "the restarted cluster takes new writes" in out
-    assert "nothing left behind:" in out and "was left behind" not in out
+    assert out.count(" ready: ingress aeron:udp?endpoint=127.0.0.1:") == 4  # three nodes, one restart
+    assert "local cluster ready: 3 of 3 nodes running" in out
+    first = re.search(r"cluster ready: member (\d) leads \(term 0\)", out)
+    assert first is not None, out
+    assert "workload: 6,000 requests (3,000 puts, 3,000 gets over 1,000 keys, 64 in flight) -> 6,000 replies" in out
+    killed = re.search(r"SIGKILL to the leader's consensus module \(member (\d), pid \d+, term 0\)", out)
+    assert killed is not None and killed.group(1) == first.group(1), out
+    new = re.search(r"new leader: member (\d) \(term (\d+)\);.* first answer from it ([\d.]+) s after the kill", out)
+    assert new is not None and new.group(1) != killed.group(1) and int(new.group(2)) >= 1, out
+    assert "every answer verified against the model" in out
+    assert "start it again on its own with: cluster-node start --config" in out
+    assert re.search(rf"member {killed.group(1)} rejoined as a follower of term {new.group(2)} .*the leader's", out)
+    assert "final read: 1,000 keys, every value as the model says" in out
+    assert "stopped: exit codes 1 (the cluster supervisor: a node had failed), 0 (node" in out
+    assert out.count("stopped cleanly") == 3  # the two nodes of the local cluster and the restarted one
     # This run's own directories (other runs may be going on at the same time).
-    base = re.search(r"starting a one-node cluster under (\S+)", out)
-    gone = re.search(r"nothing left behind: (\S+) and (\S+) removed", out)
-    assert base is not None and gone is not None, out
-    for path in (base.group(1), gone.group(1), gone.group(2)):
-        assert not os.path.exists(path), f"the demo left {path} behind"
+    base = re.search(r"cluster under (\S+) \(", out)
+    assert base is not None and f"nothing left behind: {base.group(1)} and 4 driver directories removed" in out
+    assert "was left behind" not in out
+    assert not os.path.exists(base.group(1))
+    for driver_dir in re.findall(r"driver directory (\S+?)[;,\s]", out):
+        assert not os.path.exists(driver_dir), f"the demo left {driver_dir} behind"

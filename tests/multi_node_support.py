@@ -1,0 +1,194 @@
+"""What the multi-member tests look at: each member's role, term and commit
+position (its consensus module's counters, as cluster-tool reads them), the
+log each member's archive holds, and a client workload that records what the
+cluster acknowledged."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from driver_support import wait_for
+
+from cluster_support import LocalCluster
+from fulmar.archive.segment import segment_base_of_file
+from fulmar.cli.cluster_tool import ClusterNode, cluster_member_node
+from fulmar.clock import epoch_ms
+from fulmar.consensus.client import ClusterClient
+from fulmar.consensus.recording_log import RecordingLog
+from fulmar.errors import FulmarError
+
+COUNTER_SERVICE = "fulmar.service.samples:CounterService"
+LEADER = 2
+_FRAME = struct.Struct("<iBBHii")  # frame length, version, flags, type, term offset, session id
+
+
+@dataclass
+class MemberView:
+    member: int
+    running: bool
+    role: int | None
+    leadership_term_id: int | None
+    commit_position: int | None
+
+
+def member_view(cluster: LocalCluster, member: int) -> MemberView:
+    try:
+        node = cluster_member_node(ClusterNode(f"node{member}", cluster.cluster_dir(member)), epoch_ms())
+    except FulmarError:
+        return MemberView(member, False, None, None, None)
+    return MemberView(member, bool(node["running"]) and node["role"] is not None, node["role"],
+                      node["leadership_term_id"], node["commit_position"])
+
+
+def leaders(cluster: LocalCluster) -> list[MemberView]:
+    views = [member_view(cluster, m) for m in range(cluster.size) if cluster.is_running(m, "consensus")]
+    return [v for v in views if v.running and v.role == LEADER]
+
+
+def wait_for_leader(cluster: LocalCluster, timeout_s: float, *, not_member: int | None = None,
+                    min_term: int = 0) -> MemberView:
+    """The one leader (a member other than ``not_member``, in a term >= ``min_term``);
+    two leaders of one term fail the test at once."""
+    found: list[MemberView] = []
+
+    def one() -> bool:
+        current = leaders(cluster)
+        terms = [v.leadership_term_id for v in current]
+        assert len(terms) == len(set(terms)), f"two leaders in one term: {current}"
+        current = [v for v in current if v.member != not_member and (v.leadership_term_id or 0) >= min_term]
+        if len(current) == 1:
+            found[:] = current
+            return True
+        return False
+
+    wait_for(one, timeout_s, f"one leader (not {not_member}, term >= {min_term})")
+    return found[0]
+
+
+def wait_for_commit(cluster: LocalCluster, members: list[int], position: int, timeout_s: float) -> None:
+    def reached() -> bool:
+        return all((member_view(cluster, m).commit_position or -1) >= position for m in members)
+
+    wait_for(reached, timeout_s, f"members {members} to commit {position}: "
+             f"{[member_view(cluster, m) for m in members]}")
+
+
+# ----------------------------------------------------------------------------- logs
+
+
+def log_frames(cluster: LocalCluster, member: int, limit: int) -> list[tuple[int, int, bytes]]:
+    """(type, flags, payload) of each frame of the member's log recording up to
+    ``limit``: what every member must hold alike (session ids differ where a
+    term was replicated or caught up from a replay)."""
+    log = RecordingLog.open(cluster.cluster_dir(member), create=False)
+    try:
+        recording_id = log.find_last_term_recording_id()
+    finally:
+        log.close()
+    segments = sorted(cluster.archive_dir(member).glob(f"{recording_id}-*.rec"), key=lambda p: segment_base_of_file(p.name))
+    data = b"".join(p.read_bytes() for p in segments)
+    assert segments and segment_base_of_file(segments[0].name) == 0, f"member {member}: no log from position 0"
+    frames = []
+    offset = 0
+    while offset < limit:
+        length, _, flags, frame_type, _, _ = _FRAME.unpack_from(data, offset)
+        assert length > 0, f"member {member}: no frame at {offset} (limit {limit})"
+        frames.append((frame_type, flags, data[offset + 32 : offset + length]))
+        offset += (length + 31) & ~31
+    return frames
+
+
+def assert_same_logs(cluster: LocalCluster, members: list[int], limit: int) -> None:
+    reference = log_frames(cluster, members[0], limit)
+    for member in members[1:]:
+        frames = log_frames(cluster, member, limit)
+        assert len(frames) == len(reference), f"member {member} holds {len(frames)} frames, member {members[0]} " \
+                                              f"{len(reference)}"
+        for index, (mine, theirs) in enumerate(zip(frames, reference)):
+            assert mine == theirs, f"frame {index} differs between members {member} and {members[0]}"
+
+
+# ----------------------------------------------------------------------------- workload
+
+
+@dataclass
+class CounterWorkload:
+    """One client adding one at a time (b"+"), no retries: each answer is the
+    counter's value.  An answer is an acknowledged write; a request without an
+    answer (the leader died with it) may or may not have been applied."""
+
+    cluster: LocalCluster
+    request_timeout_s: float = 2.0
+    acked: list[int] = field(default_factory=list)
+    unknown_before: list[int] = field(default_factory=list)  # requests without answer before each ack
+    unknown: int = 0
+    errors: list[str] = field(default_factory=list)
+    ack_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="workload", daemon=True)
+        self.client: ClusterClient | None = None
+
+    def start(self) -> "CounterWorkload":
+        self.client = self.cluster.connect_client()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        pending_unknown = 0
+        while not self._stop.is_set():
+            client = self.client
+            assert client is not None
+            try:
+                reply = client.request(b"+", timeout_s=self.request_timeout_s)
+            except FulmarError as error:
+                pending_unknown += 1
+                self.unknown += 1
+                self.errors.append(f"{type(error).__name__}: {error}")
+                if client.is_closed:
+                    try:
+                        self.client = self.cluster.connect_client()
+                    except FulmarError as connect_error:
+                        self.errors.append(f"reconnect: {connect_error}")
+                        time.sleep(0.2)
+                continue
+            self.acked.append(struct.unpack_from("<q", reply, 0)[0])
+            self.unknown_before.append(pending_unknown)
+            self.ack_times.append(time.monotonic())
+            pending_unknown = 0
+
+    def wait_for_acks(self, count: int, timeout_s: float) -> None:
+        target = len(self.acked) + count
+        wait_for(lambda: len(self.acked) >= target, timeout_s,
+                 f"{count} more acknowledged writes (errors: {self.errors[-3:]})")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        assert not self._thread.is_alive(), "the workload did not stop"
+
+    def check(self, final_value: int) -> None:
+        """No acknowledged write lost, none applied twice: the answers climb by one,
+        or by one more for each unanswered request between them (each applied at
+        most once), and the final value accounts for every answer."""
+        assert self.acked, "no write was acknowledged"
+        previous = 0
+        for value, unknown in zip(self.acked, self.unknown_before):
+            assert previous < value <= previous + 1 + unknown, \
+                f"the counter went from {previous} to {value} with {unknown} unanswered requests between"
+            previous = value
+        assert self.acked[-1] <= final_value <= self.acked[-1] + (self.unknown - sum(self.unknown_before)), \
+            f"final value {final_value} after last answer {self.acked[-1]}"
+
+
+def read_counter(client: ClusterClient) -> int:
+    return struct.unpack_from("<q", client.request(b"?", timeout_s=10), 0)[0]
+
+
+def member_log_path(cluster: LocalCluster, member: int) -> Path:
+    return cluster.log_path(member, "consensus")
