@@ -301,10 +301,21 @@ class ConsensusModuleAgent:
     def has_work(self) -> bool:
         """A cheap check before sleeping: is a message already waiting?"""
         image = self._log_image
-        consensus = self._consensus_subscription if self.is_multi_member else None
-        return (self.ingress.is_data_available() or self.from_services.is_data_available()
-                or (image is not None and image.is_data_available())
-                or (consensus is not None and consensus.is_data_available()))
+        if self.ingress.is_data_available() or self.from_services.is_data_available():
+            return True
+        # A follower's log image holds what is not yet committed: that is no work
+        # until the commit position moves (a replay is bounded by its end instead).
+        if image is not None and image.is_data_available() and (
+                self.election is not None or image.position < self.commit_position):
+            return True
+        if not self.is_multi_member:
+            return False
+        if self._consensus_subscription.is_data_available():
+            return True
+        # The archive recorded more of the log: a follower reports it, a leader may commit.
+        counter_id = self._recording_position_counter_id
+        return counter_id != NULL_VALUE and \
+            self.aeron.counters_reader.counter_value(counter_id) != self.append_position
 
     def cluster_time(self) -> int:
         """Cluster time, in its unit (milliseconds since the epoch)."""
@@ -335,6 +346,7 @@ class ConsensusModuleAgent:
 
     def _leader_work(self, now_ns: int) -> int:
         work = 0
+        appended_from = self._log_publication.position if self.is_multi_member and self._log_publication else 0
         if self.state is ConsensusModuleState.ACTIVE:
             work += self.timers.poll(self.cluster_time(), self._on_timer_expired)
             work += self._append_pending_service_messages()
@@ -342,6 +354,10 @@ class ConsensusModuleAgent:
         elif self.state is ConsensusModuleState.SUSPENDED:
             work += self._poll_ingress(session_control_only=True)
         if self.is_multi_member:
+            if self._log_publication is not None and self._log_publication.position > appended_from:
+                # A UDP publication rings the driver's doorbell (its sender), not
+                # the data doorbell: the archive's spy would sleep on the append.
+                self._wake()
             work += self._check_follower_snapshot()  # (one replayed in its election)
             work += self._update_quorum_commit_position(now_ns)
             if self.election is not None:

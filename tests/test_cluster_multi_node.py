@@ -76,6 +76,10 @@ def test_three_members_elect_one_leader_and_hold_the_same_log(cluster: LocalClus
     assert all(node["commit_position"] >= position for node in document["nodes"])
     is_leader = CliRunner().invoke(cluster_tool.main, ["is-leader", "--dir", str(cluster.base / f"node{leader.member}")])
     assert is_leader.exit_code == 0, is_leader.output
+    described = CliRunner().invoke(cluster_tool.main, ["describe", "--dir", str(cluster.base)])
+    assert described.exit_code == 0, described.output
+    assert described.output.count("role LEADER") == 1 and described.output.count("role FOLLOWER") == 2, \
+        described.output
 
 
 def test_a_client_that_knows_only_a_follower_is_redirected_to_the_leader(cluster: LocalCluster) -> None:
