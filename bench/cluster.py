@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hdrh.histogram import HdrHistogram
@@ -358,6 +359,35 @@ def latency(aeron: Aeron, node: Ingress, rate: int, seconds: float) -> tuple[Hdr
                        "achieved_rate": total / elapsed_s}
 
 
+def echo_results(aeron: Aeron, target: Any, prefix: str, windows: Sequence[int], rates: Sequence[int],
+                 count: int, seconds: float) -> list[dict[str, Any]]:
+    """Windowed echo throughput for each size and window, then round-trip
+    percentiles at each rate: the rows both cluster modules report."""
+    results: list[dict[str, Any]] = []
+    throughput(aeron, target, 32, 64, min(count, 2_000))  # warm-up: imports, first log terms, JIT-free caches
+    for size in SIZES:
+        for window in windows:
+            elapsed = throughput(aeron, target, size, window, count)
+            label = f"{prefix} echo {size} B, window {window}"
+            results.append({"name": label, "value": count / elapsed, "unit": "msgs/s", "reference": None})
+            results.append({"name": f"{label} MB/s", "value": count * size / elapsed / 1e6,
+                            "unit": "MB/s", "reference": None})
+    for rate in rates:
+        histogram, info = latency(aeron, target, rate, seconds)
+        label = f"{prefix} echo RTT at {rate:,}/s"
+        for percentile in PERCENTILES:
+            results.append({"name": f"{label} p{percentile}",
+                            "value": histogram.get_value_at_percentile(percentile) / 1000,
+                            "unit": "us", "reference": None})
+        results.append({"name": f"{label} max", "value": histogram.get_max_value() / 1000,
+                        "unit": "us", "reference": None})
+        results.append({"name": f"{label}, achieved", "value": info["achieved_rate"],
+                        "unit": "msgs/s", "reference": None})
+        results.append({"name": f"{label}, sends >1 interval late", "value": info["late_sends"],
+                        "unit": "msgs", "reference": None})
+    return results
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     global _announced
     count = 5_000 if quick else 50_000
@@ -374,27 +404,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
                   f"driver {node.driver_dir}; {count:,} msgs per throughput case, "
                   f"{seconds:g} s (+{WARMUP_S:g} s warm-up) per rate", flush=True)
         with Aeron.connect(node.driver_dir) as aeron:
-            throughput(aeron, node, 32, 64, min(count, 2_000))  # warm-up: imports, first log terms, JIT-free caches
-            for size in SIZES:
-                for window in WINDOWS:
-                    elapsed = throughput(aeron, node, size, window, count)
-                    label = f"cluster echo {size} B, window {window}"
-                    results.append({"name": label, "value": count / elapsed, "unit": "msgs/s", "reference": None})
-                    results.append({"name": f"{label} MB/s", "value": count * size / elapsed / 1e6,
-                                    "unit": "MB/s", "reference": None})
-            for rate in RATES:
-                histogram, info = latency(aeron, node, rate, seconds)
-                label = f"cluster echo RTT at {rate:,}/s"
-                for percentile in PERCENTILES:
-                    results.append({"name": f"{label} p{percentile}",
-                                    "value": histogram.get_value_at_percentile(percentile) / 1000,
-                                    "unit": "us", "reference": None})
-                results.append({"name": f"{label} max", "value": histogram.get_max_value() / 1000,
-                                "unit": "us", "reference": None})
-                results.append({"name": f"{label}, achieved", "value": info["achieved_rate"],
-                                "unit": "msgs/s", "reference": None})
-                results.append({"name": f"{label}, sends >1 interval late", "value": info["late_sends"],
-                                "unit": "msgs", "reference": None})
+            results += echo_results(aeron, node, "cluster", WINDOWS, RATES, count, seconds)
     except Exception as error:
         raise RuntimeError(f"bench.cluster failed: {error}\n{node.log_tails()}") from error
     finally:

@@ -65,15 +65,13 @@ import psutil
 from bench.cluster import (
     DISK_PARENT,
     EGRESS_CHANNEL,
-    PERCENTILES,
     SERVICE,
     SHM_PARENT,
     WARMUP_S,
     NodeProcess,
     _idle_strategies,
     _wait_doorbell,
-    latency,
-    throughput,
+    echo_results,
 )
 from fulmar.aeron import Aeron
 from fulmar.cli.cluster_tool import ClusterNode, ClusterReadError, ModuleCounters, cluster_member_node
@@ -89,7 +87,6 @@ REFERENCE_MODULE = "cluster"
 MEMBERS = 3
 LEADER_HEARTBEAT_TIMEOUT = "1s"
 WINDOWS = (64, 256, 1024)
-SIZES = (32, 256)
 RATES = (500, 1_000, 2_000)  # 1,000/s is also bench.cluster's
 QUICK_RATES = (1_000,)
 FAILOVERS = 3
@@ -526,27 +523,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
         assert cluster.client_driver is not None
         first_term = cluster.wait_for_leader()["leadership_term_id"]
         with Aeron.connect(cluster.client_driver_dir) as aeron:
-            throughput(aeron, cluster, 32, 64, min(count, 2_000))  # warm-up
-            for size in SIZES:
-                for window in windows:
-                    elapsed = throughput(aeron, cluster, size, window, count)
-                    label = f"cluster3 echo {size} B, window {window}"
-                    results.append({"name": label, "value": count / elapsed, "unit": "msgs/s", "reference": None})
-                    results.append({"name": f"{label} MB/s", "value": count * size / elapsed / 1e6,
-                                    "unit": "MB/s", "reference": None})
-            for rate in rates:
-                histogram, info = latency(aeron, cluster, rate, seconds)
-                label = f"cluster3 echo RTT at {rate:,}/s"
-                for percentile in PERCENTILES:
-                    results.append({"name": f"{label} p{percentile}",
-                                    "value": histogram.get_value_at_percentile(percentile) / 1000,
-                                    "unit": "us", "reference": None})
-                results.append({"name": f"{label} max", "value": histogram.get_max_value() / 1000,
-                                "unit": "us", "reference": None})
-                results.append({"name": f"{label}, achieved", "value": info["achieved_rate"],
-                                "unit": "msgs/s", "reference": None})
-                results.append({"name": f"{label}, sends >1 interval late", "value": info["late_sends"],
-                                "unit": "msgs", "reference": None})
+            results += echo_results(aeron, cluster, "cluster3", windows, rates, count, seconds)
             term = cluster.wait_for_leader()["leadership_term_id"]
             if term != first_term:  # said, not hidden: the figures above went through elections
                 print(f"bench.cluster3: {term - first_term} election(s) nobody asked for during the throughput and "
