@@ -6,11 +6,13 @@ Each benchmark module exposes ``run(quick: bool) -> list[dict]``; a dict is
 ``{"name", "value", "unit", "reference"}`` where ``reference`` (or None) is
 the figure of the physical reference for the same work.
 
-A module may instead compare itself with another module of the same run: it
-names it in ``REFERENCE_MODULE`` and maps its row names to that module's with
-``reference_name(name) -> str | None`` (``cluster3``: the 1-node cluster's
-figure for the same work, ratio 3-node/1-node).  Rows given no reference
-either way show none.
+A module may instead compare itself with modules that ran before it in the
+same run: it names them in ``REFERENCE_MODULES``, in order of preference, and
+maps its row names to theirs with ``reference_name(name, module) -> str |
+None``; a row's reference is the first of those modules that ran and has the
+row (``cluster3``: PySyncObj's 3-node figure for the same work, ratio
+fulmar/PySyncObj; without ``pysyncobj_peer`` in the run, the 1-node cluster's,
+ratio 3-node/1-node).  Rows given no reference either way show none.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive", "cluster", "cluster3"]
+MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive", "cluster", "pysyncobj_peer",
+           "cluster3"]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -45,8 +48,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for module_name in sorted(args.only or MODULES, key=MODULES.index):
         module = importlib.import_module(f"bench.{module_name}")
-        reference_module = getattr(module, "REFERENCE_MODULE", None)
-        earlier = {row["name"]: row for row in rows if row["module"] == reference_module}
+        reference_modules: tuple[str, ...] = getattr(module, "REFERENCE_MODULES", ())
+        earlier = {(row["module"], row["name"]): row for row in rows if row["module"] in reference_modules}
         samples: dict[str, list[dict[str, Any]]] = {}
         for _ in range(repeat):
             for result in module.run(args.quick):
@@ -56,10 +59,11 @@ def main() -> None:
             references = [r["reference"] for r in runs if r.get("reference")]
             reference = statistics.median(references) if references else None
             reference_kind = "C" if reference else None
-            if reference is None and earlier:
-                other = earlier.get(module.reference_name(name) or "")
+            for reference_module in reference_modules if reference is None else ():
+                other = earlier.get((reference_module, module.reference_name(name, reference_module) or ""))
                 if other is not None:
                     reference, reference_kind = other["median"], reference_module
+                    break
             median = statistics.median(values)
             rows.append(
                 {
@@ -98,7 +102,12 @@ def main() -> None:
     )
     kinds = sorted({row["reference_kind"] for row in rows if row["reference_kind"]})
     if kinds:
-        notes = {"C": "the same loop in C, measured in this run"}
+        notes = {"C": "the same loop in C, measured in this run",
+                 "pysyncobj_peer": "cluster3 rows: PySyncObj's 3-node cluster doing the same work in this run "
+                                   "(ratio = fulmar / PySyncObj: above 1 is better for fulmar in msgs/s and MB/s, "
+                                   "below 1 in us and ms)",
+                 "cluster": "cluster3 rows without a PySyncObj figure in this run: the 1-node cluster's median "
+                            "for the same work (ratio = 3-node / 1-node)"}
         print("reference: " + "; ".join(notes.get(kind, f"the {kind} module's median for the same work in this run "
                                                    f"(ratio = this / that)") for kind in kinds))
     print(f"\nresults: {out}")

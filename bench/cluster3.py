@@ -16,10 +16,11 @@ go away with their nodes), connecting with the cluster's ingress endpoints
 Throughput and latency are ``bench.cluster``'s measurements (see there),
 against the leader of this cluster instead of a single node: 32 B and 256 B
 payloads with windows of 64, 256 and 1024 (quick: 64 and 1024), round trips
-at 500, 1,000 and 2,000 per second (quick: 1,000).  When ``bench.cluster``
-ran in the same ``python -m bench`` run, its figure for the same work (same
-name after the module prefix) is this module's reference: the table's ratio
-is then 3-node / 1-node.
+at 500, 1,000 and 2,000 per second (quick: 1,000).  When
+``bench.pysyncobj_peer`` ran in the same ``python -m bench`` run, its figure
+for the same work (same name after the module prefix) is this module's
+reference: the table's ratio is then fulmar / PySyncObj.  Otherwise, when
+``bench.cluster`` ran, its figure is: the ratio is then 3-node / 1-node.
 
 Failover: one request at a time (32-byte payload: sequence number, attempt),
 each given ``REQUEST_TIMEOUT_S`` to be echoed, sent again on timeout.  After
@@ -83,7 +84,7 @@ from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.log_writer import CLOSED, MAX_POSITION_EXCEEDED
 
-REFERENCE_MODULE = "cluster"
+REFERENCE_MODULES = ("pysyncobj_peer", "cluster")  # in order of preference: see reference_name
 MEMBERS = 3
 LEADER_HEARTBEAT_TIMEOUT = "1s"
 WINDOWS = (64, 256, 1024)
@@ -102,9 +103,14 @@ _NODE_READY = re.compile(r"node (\d+) ready: .*; pids ([^;]*);")
 _announced = False
 
 
-def reference_name(name: str) -> str | None:
-    """``bench.cluster``'s name for the work of this module's row ``name`` (failover: none)."""
-    if name.startswith("cluster3 echo"):
+def reference_name(name: str, module: str) -> str | None:
+    """``module``'s name for the work of this module's row ``name``: the
+    PySyncObj peer's (``bench.pysyncobj_peer``: same prefix-less names, the
+    failover's kill to first answer included), else the 1-node cluster's
+    (``bench.cluster``: echo rows only)."""
+    if module == "pysyncobj_peer" and name.startswith("cluster3 "):
+        return "pysyncobj " + name[len("cluster3 "):]
+    if module == "cluster" and name.startswith("cluster3 echo"):
         return "cluster " + name[len("cluster3 "):]
     return None
 

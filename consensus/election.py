@@ -511,14 +511,16 @@ class Election:
     def candidate_ballot(self, now_ns: int) -> int:
         votes_for = sum(1 for m in self.members.values()
                         if m.candidate_term_id == self.candidate_term_id and m.vote is True)
+        # Seed 001: "in a 3 node cluster, it only needs one more vote to win" --
+        # a majority of FOR votes in this term makes the one leader of the term.
         if votes_for == len(self.members):
             self.state(ElectionState.LEADER_LOG_REPLICATION, now_ns, "unanimous vote")
             return 1
+        if votes_for >= self.quorum:
+            self.state(ElectionState.LEADER_LOG_REPLICATION, now_ns, "quorum vote")
+            return 1
         if now_ns >= self.state_change_ns + self.timeouts.election_timeout_ns:
-            if votes_for >= self.quorum:
-                self.state(ElectionState.LEADER_LOG_REPLICATION, now_ns, "quorum vote")
-            else:
-                self.state(ElectionState.CANVASS, now_ns, "election timeout")
+            self.state(ElectionState.CANVASS, now_ns, "election timeout")
             return 1
         work = 0
         for member_id in self.others:

@@ -1,0 +1,559 @@
+"""The peer: PySyncObj (from PyPI, the optional ``bench`` extra) as a 3-node
+cluster doing fulmar's echo work, side by side in the same run.
+
+Three node processes on 127.0.0.1 (free TCP ports), each ``python -m
+bench.pysyncobj_peer node SELF OTHER OTHER STATUS``: a ``SyncObj`` subclass
+whose one ``@replicated`` method ``append(payload)`` appends the payload to
+a list and returns the count (the state machine's work for fulmar's echo:
+a replicated append of the same payload).  Each node writes its Raft state
+to a small JSON file every 50 ms, which is how this process sees leaders and
+commit indexes.
+
+The client is a fourth process, ``python -m bench.pysyncobj_peer client
+NODE NODE NODE``: a read-only ``SyncObj`` (``selfNode=None``: PySyncObj's
+non-member; it votes in no election and is in no quorum) whose calls
+``append(payload, callback=...)`` are forwarded to the leader and answered
+once committed and applied, like a fulmar client's ingress -> log -> egress
+round trip.  (The leader also streams its log to a read-only node: one more
+follower's worth of sending than fulmar's leader has.)  It ticks PySyncObj
+itself (``autoTick=False``) from one thread and takes commands from this
+process one JSON line at a time.
+
+Measurements are ``bench.cluster``'s: 32 B and 256 B payloads with windows
+of 64, 256 and 1024 calls in flight (quick: 64 and 1024); round trips at
+500, 1,000 and 2,000 per second (quick: 1,000), open loop, each from its
+intended send time, in an HdrHistogram; failover: one call at a time (each
+given ``REQUEST_TIMEOUT_S``, sent again on timeout or error), the leader's
+process gets SIGKILL, and the time to the first answer to a call sent after
+the kill is taken; ``FAILOVERS`` runs (quick: one), the killed node started
+again (empty log: PySyncObj keeps it in memory here) and caught up between
+runs.
+
+Timeouts, matched to ``bench.cluster3``'s 1 s leader heartbeat timeout:
+``raftMinTimeout=1.0``, ``raftMaxTimeout=1.5`` (a follower that hears nothing
+from the leader for a random 1.0-1.5 s stands for election: PySyncObj's one
+timer is both the heartbeat timeout and the election timeout, and its spread
+is what keeps votes from splitting); ``appendEntriesPeriod`` is left at
+PySyncObj's 0.1 s default (its leader's heartbeat interval, fulmar's is
+200 ms).  ``appendEntriesUseBatch=False``: PySyncObj's documented setting for
+"single request speed" (the leader sends each entry at once); with its
+default (True) the leader sends new entries only every
+``appendEntriesPeriod``, which on this machine gave round trips of 100-400 ms
+and fewer calls per second at a window of 64 (set
+``FULMAR_BENCH_PYSYNCOBJ_BATCH=1`` to measure that).  Everything else is
+PySyncObj's default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+PREFIX = "pysyncobj"
+MEMBERS = 3
+WINDOWS = (64, 256, 1024)
+SIZES = (32, 256)
+RATES = (500, 1_000, 2_000)
+QUICK_RATES = (1_000,)
+PERCENTILES = (50, 90, 99, 99.9)
+WARMUP_S = 1.0
+FAILOVERS = 3
+REQUEST_TIMEOUT_S = 0.2
+STEADY_S = 1.0
+RAFT_MIN_TIMEOUT_S = 1.0
+RAFT_MAX_TIMEOUT_S = 1.5
+APPEND_ENTRIES_USE_BATCH = os.environ.get("FULMAR_BENCH_PYSYNCOBJ_BATCH", "0") == "1"
+START_TIMEOUT_S = 60
+COMMAND_TIMEOUT_S = 300
+FAILOVER_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 10
+STATUS_PERIOD_S = 0.05
+INSTALL_HINT = "pip install .[bench]"
+
+
+def available() -> bool:
+    try:
+        import pysyncobj  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _conf(**extra: Any) -> Any:
+    from pysyncobj import SyncObjConf
+
+    return SyncObjConf(raftMinTimeout=RAFT_MIN_TIMEOUT_S, raftMaxTimeout=RAFT_MAX_TIMEOUT_S,
+                       appendEntriesUseBatch=APPEND_ENTRIES_USE_BATCH, **extra)
+
+
+def _appender_class() -> Any:
+    """The replicated state machine (defined lazily: pysyncobj is optional)."""
+    from pysyncobj import SyncObj, replicated
+
+    class Appender(SyncObj):
+        def __init__(self, self_node: str | None, others: list[str], conf: Any) -> None:
+            super().__init__(self_node, others, conf)
+            self.payloads: list[bytes] = []
+
+        @replicated
+        def append(self, payload: bytes) -> int:
+            self.payloads.append(payload)
+            return len(self.payloads)
+
+    return Appender
+
+
+# ------------------------------------------------------------------ node process
+
+
+def node_main(self_node: str, others: list[str], status_path: Path) -> None:
+    """One cluster member until SIGTERM, its Raft state in ``status_path``."""
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    node = _appender_class()(self_node, others, _conf())
+    temp = status_path.with_suffix(".tmp")
+    try:
+        while not stopping:
+            status = node.getStatus()
+            leader = status["leader"]
+            temp.write_text(json.dumps({"state": status["state"], "term": status["raft_term"],
+                                        "commit": status["commit_idx"], "applied": status["last_applied"],
+                                        "leader": leader.address if leader is not None else None,
+                                        "pid": os.getpid()}))
+            os.replace(temp, status_path)
+            time.sleep(STATUS_PERIOD_S)
+    finally:
+        node.destroy()
+
+
+# ---------------------------------------------------------------- client process
+
+
+class Client:
+    """A read-only SyncObj ticked from this thread; every call's answer
+    arrives through ``tick``."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.obj = _appender_class()(None, nodes, _conf(autoTick=False))
+
+    def tick(self, wait_s: float) -> None:
+        self.obj.doTick(wait_s)
+
+    def leader(self) -> str | None:
+        leader = self.obj._getLeader()
+        return str(leader.address) if leader is not None else None
+
+    def call(self, payload: bytes, callback: Callable[[Any, Any], None]) -> None:
+        self.obj.append(payload, callback=callback)
+
+    def until(self, what: str, timeout_s: float, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within {timeout_s:g} s")
+            self.tick(0.001)
+
+    def ready(self) -> None:
+        """A leader known and one call answered."""
+        from pysyncobj import FAIL_REASON
+
+        answered: list[Any] = []
+        self.until("a leader", START_TIMEOUT_S, lambda: self.leader() is not None)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not answered or answered[-1] != FAIL_REASON.SUCCESS:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no call answered in {START_TIMEOUT_S} s: {answered[-1:]}")
+            answered.clear()
+            self.call(b"ready", lambda result, error: answered.append(error))
+            self.until("an answer", START_TIMEOUT_S, lambda: bool(answered))
+            if answered[-1] != FAIL_REASON.SUCCESS:
+                time.sleep(0.05)
+
+    def throughput(self, size: int, window: int, count: int) -> dict[str, Any]:
+        from pysyncobj import FAIL_REASON
+
+        filler = bytes(range(256)) * (size // 256 + 1)
+        payload = filler[:size]
+        state = {"answered": 0, "failed": 0}
+
+        def done(result: Any, error: Any) -> None:
+            state["answered"] += 1
+            if error != FAIL_REASON.SUCCESS:
+                state["failed"] += 1
+
+        sent = 0
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        start = time.perf_counter()
+        while state["answered"] < count:
+            while sent < count and sent - state["answered"] < window:
+                self.call(payload, done)
+                sent += 1
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{state['answered']} of {count} answers after {COMMAND_TIMEOUT_S} s")
+            self.tick(0.001)
+        elapsed = time.perf_counter() - start
+        if state["failed"]:
+            raise RuntimeError(f"{state['failed']} of {count} calls failed (window {window}, {size} B)")
+        return {"elapsed": elapsed}
+
+    def latency(self, rate: int, seconds: float) -> dict[str, Any]:
+        from hdrh.histogram import HdrHistogram
+        from pysyncobj import FAIL_REASON
+
+        histogram = HdrHistogram(1, 100_000_000_000, 3)
+        interval_ns = 1_000_000_000 // rate
+        warmup = int(WARMUP_S * rate)
+        total = warmup + int(seconds * rate)
+        clock = time.perf_counter_ns
+        state = {"answered": 0, "failed": 0}
+        padding = b"\0" * 16
+
+        def answer(sequence: int, intended: int) -> Callable[[Any, Any], None]:
+            def done(result: Any, error: Any) -> None:
+                now = clock()
+                state["answered"] += 1
+                if error != FAIL_REASON.SUCCESS:
+                    state["failed"] += 1
+                elif sequence >= warmup:
+                    histogram.record_value(max(1, now - intended))
+            return done
+
+        late_sends = 0
+        sent = 0
+        start = clock() + 10_000_000
+        deadline = time.monotonic() + seconds + WARMUP_S + 120
+        while state["answered"] < total:
+            now = clock()
+            if sent < total:
+                intended = start + sent * interval_ns
+                if now >= intended:
+                    self.call(sent.to_bytes(8, "little") + intended.to_bytes(8, "little") + padding,
+                              answer(sent, intended))
+                    if clock() - intended > interval_ns:
+                        late_sends += 1
+                    sent += 1
+                    continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{state['answered']} of {total} answers at {rate}/s")
+            wait_ns = (start + sent * interval_ns - clock()) if sent < total else 1_000_000
+            self.tick(max(0, min(wait_ns, 1_000_000)) / 1e9)
+        elapsed_s = (clock() - start) / 1e9
+        if state["failed"]:
+            raise RuntimeError(f"{state['failed']} of {total} calls failed at {rate}/s")
+        values = {f"p{p}": histogram.get_value_at_percentile(p) / 1000 for p in PERCENTILES}
+        values["max"] = histogram.get_max_value() / 1000
+        return {"us": values, "achieved": total / elapsed_s, "late_sends": late_sends}
+
+    def failover(self, pids: dict[str, int]) -> dict[str, Any]:
+        """One call at a time; SIGKILL to the leader after ``STEADY_S``;
+        the time to the first answer to a call sent after the kill."""
+        from pysyncobj import FAIL_REASON
+
+        clock = time.perf_counter_ns
+        old_leader = self.leader()
+        if old_leader not in pids:
+            raise RuntimeError(f"leader {old_leader} is none of {sorted(pids)}")
+        answers: list[tuple[int, int, Any]] = []  # (arrival ns, sequence, error)
+
+        def answer(sequence: int) -> Callable[[Any, Any], None]:
+            return lambda result, error: answers.append((clock(), sequence, error))
+
+        sequence = resent = 0
+        sent_ns = 0
+        kill_ns = 0
+        started = clock()
+        timeout_ns = int(REQUEST_TIMEOUT_S * 1e9)
+        deadline = time.monotonic() + STEADY_S + FAILOVER_TIMEOUT_S
+        while True:
+            now = clock()
+            if not kill_ns and now - started >= STEADY_S * 1e9:
+                kill_ns = clock()
+                os.kill(pids[old_leader], signal.SIGKILL)
+            if sent_ns and now - sent_ns >= timeout_ns:
+                resent += 1 if kill_ns else 0
+                sequence += 1  # a late answer to the old call is ignored
+                sent_ns = 0
+            if not sent_ns:
+                self.call(b"\0" * 32, answer(sequence))
+                sent_ns = clock()
+            self.tick(0.001)
+            for arrival, answered, error in answers:
+                if answered != sequence:
+                    continue
+                if error == FAIL_REASON.SUCCESS and kill_ns and sent_ns >= kill_ns:
+                    return {"killed": old_leader, "new_leader": self.leader(), "answered_ms": (arrival - kill_ns) / 1e6,
+                            "resent": resent}
+                if error != FAIL_REASON.SUCCESS:
+                    resent += 1 if kill_ns else 0
+                    time.sleep(0.001)
+                sequence += 1
+                sent_ns = 0
+            answers.clear()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from a new leader {FAILOVER_TIMEOUT_S} s after killing {old_leader} "
+                                   f"(client's leader now {self.leader()}, {resent} calls re-sent)")
+
+
+def client_main(nodes: list[str]) -> None:
+    """Commands on stdin, one JSON object per line; one JSON answer each on stdout."""
+    client = Client(nodes)
+    client.ready()
+    print(json.dumps({"ready": True, "leader": client.leader()}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        try:
+            kind = command.pop("cmd")
+            if kind == "ready":
+                client.ready()
+                answer: dict[str, Any] = {"leader": client.leader()}
+            else:
+                answer = getattr(client, kind)(**command)
+        except Exception as error:  # told to the bench, which raises it
+            answer = {"error": f"{type(error).__name__}: {error}"}
+        print(json.dumps(answer), flush=True)
+    client.obj.destroy()
+
+
+# ------------------------------------------------------------------ the bench side
+
+
+def _free_tcp_ports(count: int) -> list[int]:
+    probes = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
+class Process:
+    """One child (``python -m bench.pysyncobj_peer ...``), output in a log file."""
+
+    def __init__(self, args: list[str], log_path: Path, pipe: bool = False) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "a")
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.pysyncobj_peer", *args],
+                                        stdin=subprocess.PIPE if pipe else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE if pipe else self._log, stderr=self._log,
+                                        text=True, start_new_session=True)
+
+    def tail(self, lines: int = 10) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return ""
+        return f"--- {self.log_path.name} (pid {self.process.pid}, exit {self.process.poll()}):\n" + "\n".join(text)
+
+    def stop(self) -> None:
+        """SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``; reaped either way."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(STOP_TIMEOUT_S)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
+        self._log.close()
+
+
+class PeerCluster:
+    """Three nodes and the client, under a temporary directory; ``close``
+    reaps every process and removes the directory whatever state it is in."""
+
+    def __init__(self) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="fulmar-bench-pysyncobj-"))
+        self.addresses = [f"127.0.0.1:{port}" for port in _free_tcp_ports(MEMBERS)]
+        self.nodes: dict[int, Process] = {}
+        self.client: Process | None = None
+        try:
+            for member in range(MEMBERS):
+                self.start_node(member)
+            self.client = Process(["client", *self.addresses], self.base / "client.log", pipe=True)
+            self._read_answer(START_TIMEOUT_S)
+        except BaseException as error:
+            logs = self.log_tails()
+            self.close()
+            if isinstance(error, Exception):
+                raise RuntimeError(f"the PySyncObj cluster did not start: {error}\n{logs}") from error
+            raise
+
+    def start_node(self, member: int) -> None:
+        others = [a for i, a in enumerate(self.addresses) if i != member]
+        status = self.base / f"node{member}.json"
+        status.unlink(missing_ok=True)
+        self.nodes[member] = Process(["node", self.addresses[member], *others, str(status)],
+                                     self.base / f"node{member}.log")
+
+    def statuses(self) -> dict[int, dict[str, Any]]:
+        found = {}
+        for member, node in self.nodes.items():
+            if node.process.poll() is not None:
+                continue
+            try:
+                found[member] = json.loads((self.base / f"node{member}.json").read_text())
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def settled(self) -> bool:
+        """All members run, one leads, every one has its commit index applied."""
+        statuses = self.statuses()
+        if len(statuses) < MEMBERS:
+            return False
+        leader_names = {s["leader"] for s in statuses.values()}
+        if len(leader_names) != 1 or None in leader_names:
+            return False
+        leader = statuses[self.addresses.index(next(iter(leader_names)))]
+        return all(s["term"] == leader["term"] and s["applied"] >= leader["commit"] for s in statuses.values())
+
+    def wait_settled(self, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.settled():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within {START_TIMEOUT_S} s: {self.statuses()}")
+            time.sleep(0.05)
+
+    def _read_answer(self, timeout_s: float) -> dict[str, Any]:
+        assert self.client is not None and self.client.process.stdout is not None
+        stdout = self.client.process.stdout
+        ready, _, _ = select.select([stdout], [], [], timeout_s)
+        if not ready:
+            raise TimeoutError(f"the client did not answer in {timeout_s:g} s")
+        line = stdout.readline()
+        if not line:
+            raise RuntimeError(f"the client exited ({self.client.process.wait(STOP_TIMEOUT_S)})")
+        answer: dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"the client: {answer['error']}")
+        return answer
+
+    def command(self, cmd: str, timeout_s: float = COMMAND_TIMEOUT_S + 30, **args: Any) -> dict[str, Any]:
+        assert self.client is not None and self.client.process.stdin is not None
+        self.client.process.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
+        self.client.process.stdin.flush()
+        return self._read_answer(timeout_s)
+
+    def pids(self) -> dict[str, int]:
+        return {self.addresses[m]: node.process.pid for m, node in self.nodes.items()}
+
+    def reap_killed(self, address: str) -> int:
+        member = self.addresses.index(address)
+        self.nodes.pop(member).stop()
+        return member
+
+    def log_tails(self) -> str:
+        processes = [*self.nodes.values()] + ([self.client] if self.client is not None else [])
+        return "\n".join(p.tail() for p in processes)
+
+    def close(self) -> None:
+        try:
+            if self.client is not None:
+                self.client.stop()
+            for node in self.nodes.values():
+                if node.process.poll() is None:
+                    node.process.send_signal(signal.SIGTERM)
+            for node in self.nodes.values():
+                node.stop()
+        finally:
+            self.nodes.clear()
+            self.client = None
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _rows(cluster: PeerCluster, windows: tuple[int, ...], rates: tuple[int, ...], count: int,
+          seconds: float) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    cluster.command("throughput", size=32, window=64, count=min(count, 1_000))  # warm-up
+    for size in SIZES:
+        for window in windows:
+            elapsed = cluster.command("throughput", size=size, window=window, count=count)["elapsed"]
+            label = f"{PREFIX} echo {size} B, window {window}"
+            results.append({"name": label, "value": count / elapsed, "unit": "msgs/s", "reference": None})
+            results.append({"name": f"{label} MB/s", "value": count * size / elapsed / 1e6, "unit": "MB/s",
+                            "reference": None})
+    for rate in rates:
+        answer = cluster.command("latency", rate=rate, seconds=seconds)
+        label = f"{PREFIX} echo RTT at {rate:,}/s"
+        for key, value in answer["us"].items():
+            results.append({"name": f"{label} {key}", "value": value, "unit": "us", "reference": None})
+        results.append({"name": f"{label}, achieved", "value": answer["achieved"], "unit": "msgs/s",
+                        "reference": None})
+        results.append({"name": f"{label}, sends >1 interval late", "value": answer["late_sends"], "unit": "msgs",
+                        "reference": None})
+    return results
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    if not available():
+        print(f"bench.pysyncobj_peer: pysyncobj is not installed, no PySyncObj figures (install the bench extra: "
+              f"{INSTALL_HINT})", flush=True)
+        return []
+    from pysyncobj.version import VERSION
+
+    count = 2_000 if quick else 20_000
+    seconds = 2.0 if quick else 5.0
+    rates = QUICK_RATES if quick else RATES
+    windows = (64, 1024) if quick else WINDOWS
+    failovers = 1 if quick else FAILOVERS
+    load_before = os.getloadavg()[0]
+    began = time.monotonic()
+    cluster = PeerCluster()
+    try:
+        print(f"bench.pysyncobj_peer: PySyncObj {VERSION}, 3 node processes {cluster.pids()} + a client process "
+              f"(pid {cluster.client.process.pid if cluster.client else '-'}) that is a read-only SyncObj "
+              f"(PySyncObj's non-member: calls forwarded to the leader, answered once applied; a client hop "
+              f"like fulmar's); raftMinTimeout {RAFT_MIN_TIMEOUT_S:g} s, raftMaxTimeout {RAFT_MAX_TIMEOUT_S:g} s "
+              f"(election after 1.0-1.5 s without the leader, vs fulmar's 1 s heartbeat timeout), "
+              f"appendEntriesPeriod 0.1 s (default), appendEntriesUseBatch {APPEND_ENTRIES_USE_BATCH} "
+              f"(FULMAR_BENCH_PYSYNCOBJ_BATCH=1 for True, PySyncObj's default); {count:,} calls per throughput case, {seconds:g} s "
+              f"(+{WARMUP_S:g} s warm-up) per rate, {failovers} failover(s)", flush=True)
+        cluster.wait_settled("a leader and two followers")
+        results = _rows(cluster, windows, rates, count, seconds)
+        for index in range(failovers):
+            if index:
+                cluster.wait_settled("the killed node caught up")
+                cluster.command("ready", timeout_s=START_TIMEOUT_S + 10)
+            sample = cluster.command("failover", timeout_s=STEADY_S + FAILOVER_TIMEOUT_S + 10, pids=cluster.pids())
+            member = cluster.reap_killed(sample["killed"])
+            print(f"bench.pysyncobj_peer: failover {index + 1}: SIGKILL to node {member} (the leader); first answer "
+                  f"after {sample['answered_ms']:,.0f} ms from {sample['new_leader']}; {sample['resent']} calls "
+                  f"re-sent", flush=True)
+            results.append({"name": f"{PREFIX} failover, kill to first answer", "value": sample["answered_ms"],
+                            "unit": "ms", "reference": None})
+            cluster.start_node(member)
+    except Exception as error:
+        raise RuntimeError(f"bench.pysyncobj_peer failed: {error}\n{cluster.log_tails()}") from error
+    finally:
+        cluster.close()
+    print(f"bench.pysyncobj_peer: run of {time.monotonic() - began:.0f} s, 1-minute load average "
+          f"{load_before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    return results
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["node"]:
+        node_main(argv[1], argv[2:-1], Path(argv[-1]))
+    elif argv[:1] == ["client"]:
+        client_main(argv[1:])
+    else:
+        for row in run("--quick" in argv):
+            print(f"{row['name']}: {row['value']:,.2f} {row['unit']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
