@@ -105,7 +105,7 @@ def main() -> None:
         notes = {"C": "the same loop in C, measured in this run",
                  "pysyncobj_peer": "cluster3 rows: PySyncObj's 3-node cluster doing the same work in this run "
                                    "(ratio = fulmar / PySyncObj: above 1 is better for fulmar in msgs/s and MB/s, "
-                                   "below 1 in us and ms)",
+                                   "below 1 in us, ms, cores and MiB)",
                  "cluster": "cluster3 rows without a PySyncObj figure in this run: the 1-node cluster's median "
                             "for the same work (ratio = 3-node / 1-node)"}
         print("reference: " + "; ".join(notes.get(kind, f"the {kind} module's median for the same work in this run "

@@ -22,6 +22,11 @@ for the same work (same name after the module prefix) is this module's
 reference: the table's ratio is then fulmar / PySyncObj.  Otherwise, when
 ``bench.cluster`` ran, its figure is: the ratio is then 3-node / 1-node.
 
+Resource use (``bench.resources``), before the failovers: each node's four
+processes summed, CPU in cores and RSS in MiB, median and max over the
+nodes, over a 3 s idle window (no client) and during a 1,000/s echo run;
+the leader's processes one by one are printed.
+
 Failover: one request at a time (32-byte payload: sequence number, attempt),
 each given ``REQUEST_TIMEOUT_S`` to be echoed, sent again on timeout.  After
 ``STEADY_S`` of that, the leader's consensus module gets SIGKILL (its
@@ -63,6 +68,7 @@ from typing import Any
 
 import psutil
 
+from bench import resources
 from bench.cluster import (
     DISK_PARENT,
     EGRESS_CHANNEL,
@@ -73,6 +79,7 @@ from bench.cluster import (
     _idle_strategies,
     _wait_doorbell,
     echo_results,
+    latency,
 )
 from fulmar.aeron import Aeron
 from fulmar.cli.cluster_tool import ClusterNode, ClusterReadError, ModuleCounters, cluster_member_node
@@ -494,6 +501,25 @@ def failover(aeron: Aeron, cluster: LocalCluster) -> Failover:
             client.close()
 
 
+def resource_use(aeron: Aeron, cluster: LocalCluster) -> list[dict[str, Any]]:
+    """Each node's processes summed (``bench.resources``): a window of
+    ``IDLE_S`` with the cluster up and no client, then one during an echo
+    run at ``LOAD_RATE``/s (``LOAD_S`` after its 1 s warm-up: the client
+    connects and sends in the window); the leader's processes one by one
+    under load printed."""
+    leader = int(cluster.wait_for_leader()["member_id"])
+    nodes = {f"node{member}": dict(pids) for member, pids in sorted(cluster.pids.items())}
+    idle = resources.measure(nodes, resources.idle())
+    achieved: list[float] = []
+    load = resources.measure(nodes, lambda: achieved.append(
+        latency(aeron, cluster, resources.LOAD_RATE, resources.LOAD_S)[1]["achieved_rate"]))
+    print(f"bench.cluster3: resource use, leader node {leader} during the {resources.LOAD_RATE:,}/s echo run "
+          f"(achieved {achieved[0]:,.0f}/s): {resources.breakdown(load[f'node{leader}'], nodes[f'node{leader}'])}",
+          flush=True)
+    label = f"during {resources.LOAD_RATE:,}/s echo"
+    return resources.rows("cluster3", "idle", idle) + resources.rows("cluster3", label, load)
+
+
 def _election_settings() -> str:
     context = ConsensusModuleContext
 
@@ -534,6 +560,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
             if term != first_term:  # said, not hidden: the figures above went through elections
                 print(f"bench.cluster3: {term - first_term} election(s) nobody asked for during the throughput and "
                       f"latency runs (term {first_term} -> {term})", flush=True)
+            results += resource_use(aeron, cluster)
             samples: list[Failover] = []
             for index in range(failovers):
                 if index:

@@ -27,7 +27,8 @@ given ``REQUEST_TIMEOUT_S``, sent again on timeout or error), the leader's
 process gets SIGKILL, and the time to the first answer to a call sent after
 the kill is taken; ``FAILOVERS`` runs (quick: one), the killed node started
 again (empty log: PySyncObj keeps it in memory here) and caught up between
-runs.
+runs.  Before the failovers, each node process's CPU (cores) and RSS over
+a 3 s idle window and during a 1,000/s echo run (``bench.resources``).
 
 Timeouts, matched to ``bench.cluster3``'s 1 s leader heartbeat timeout:
 ``raftMinTimeout=1.0``, ``raftMaxTimeout=1.5`` (a follower that hears nothing
@@ -58,6 +59,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from bench import resources
 
 PREFIX = "pysyncobj"
 MEMBERS = 3
@@ -498,6 +501,26 @@ def _rows(cluster: PeerCluster, windows: tuple[int, ...], rates: tuple[int, ...]
     return results
 
 
+def resource_use(cluster: PeerCluster) -> list[dict[str, Any]]:
+    """Each node process (``bench.resources``): a window of ``IDLE_S`` with
+    the client connected and sending nothing, then one during an echo run at
+    ``LOAD_RATE``/s (``LOAD_S`` after its 1 s warm-up), as ``bench.cluster3``
+    measures fulmar's nodes."""
+    cluster.wait_settled("a leader and two followers")
+    nodes = {f"node{member}": {"node": node.process.pid} for member, node in sorted(cluster.nodes.items())}
+    idle = resources.measure(nodes, resources.idle())
+    answers: list[dict[str, Any]] = []
+    load = resources.measure(nodes, lambda: answers.append(
+        cluster.command("latency", rate=resources.LOAD_RATE, seconds=resources.LOAD_S)))
+    total = {name: resources.Usage(sum(u.cores for u in named.values()), sum(u.rss_mib for u in named.values()))
+             for name, named in load.items()}
+    each = resources.breakdown(total, {name: pids["node"] for name, pids in nodes.items()}, total=None)
+    print(f"bench.pysyncobj_peer: resource use during the {resources.LOAD_RATE:,}/s echo run (achieved "
+          f"{answers[0]['achieved']:,.0f}/s): {each}", flush=True)
+    label = f"during {resources.LOAD_RATE:,}/s echo"
+    return resources.rows(PREFIX, "idle", idle) + resources.rows(PREFIX, label, load)
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     if not available():
         print(f"bench.pysyncobj_peer: pysyncobj is not installed, no PySyncObj figures (install the bench extra: "
@@ -524,6 +547,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
               f"(+{WARMUP_S:g} s warm-up) per rate, {failovers} failover(s)", flush=True)
         cluster.wait_settled("a leader and two followers")
         results = _rows(cluster, windows, rates, count, seconds)
+        results += resource_use(cluster)
         for index in range(failovers):
             if index:
                 cluster.wait_settled("the killed node caught up")
