@@ -32,7 +32,14 @@ from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
-from fulmar.consensus.cluster_member import find_member, ingress_endpoints, parse_cluster_members, quorum_threshold
+from fulmar.consensus.cluster_member import (
+    ClusterMember,
+    find_member,
+    ingress_endpoints,
+    parse_cluster_members,
+    quorum_position,
+    quorum_threshold,
+)
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionAction, ClusterSessionState, SessionProxy
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
 from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, ConsensusPublisher
@@ -189,7 +196,8 @@ class ConsensusModuleAgent:
         self._last_append_position_sent = NULL_POSITION
         self._time_of_last_commit_position_sent_ns = 0
         self._last_commit_position_sent = NULL_POSITION
-        self._follower_state: dict[int, list[int]] = {}  # member id -> [append position, time heard, catchup replay]
+        # The others, with what this member (as leader) learns of them.
+        self._followers: dict[int, ClusterMember] = {m.id: m for m in self.members if m.id != self.member_id}
         # What the leader appended and may lose if it steps down before a quorum has it.
         self._uncommitted_timers: deque[tuple[int, int]] = deque()
         self._uncommitted_service_messages: deque[tuple[int, int, bytes]] = deque()
@@ -731,7 +739,7 @@ class ConsensusModuleAgent:
                 if ack.log_position != log_position:
                     raise ClusterTerminationError(
                         f"service {ack.service_id} acknowledged position {ack.log_position}, expected {log_position}")
-        self._forget_acks_to(ack_id)
+        del self._service_acks[ack_id]
         return list(acks.values())
 
     def _services_acked_since(self, ack_id: int, log_position: int | None) -> list[Any] | None:
@@ -756,11 +764,6 @@ class ConsensusModuleAgent:
         del self._ack_issued_at[ack_id]
         self._service_acks.clear()
         return [ack for _, ack in found.values()]
-
-    def _forget_acks_to(self, ack_id: int) -> None:
-        """Acks up to ``ack_id`` are answered: older ones are stale from now on."""
-        for stale in [candidate for candidate in self._service_acks if candidate <= ack_id]:
-            del self._service_acks[stale]
 
     # ---------------------------------------------------------- log replay
 
@@ -1062,11 +1065,9 @@ class ConsensusModuleAgent:
             self._termination_acks = set()
             self._termination_deadline_ns = self._now_ns + self.context.termination_timeout_ns
             assert self.consensus_publisher is not None
-            for member in self.members:
-                if member.id != self.member_id:
-                    self.consensus_publisher.termination_position(
-                        member.id, leadership_term_id=self.leadership_term_id,
-                        log_position=self._termination_position)
+            for member_id in self._followers:
+                self.consensus_publisher.termination_position(
+                    member_id, leadership_term_id=self.leadership_term_id, log_position=self._termination_position)
 
     def request_shutdown(self, action: ControlToggle = ControlToggle.SHUTDOWN) -> None:
         """What SIGTERM asks for: a snapshot and an orderly stop (or ABORT: no snapshot).
@@ -1105,7 +1106,7 @@ class ConsensusModuleAgent:
         self._consensus_publications = {
             member.id: self.aeron.add_exclusive_publication(
                 str(base.with_param("endpoint", member.consensus_endpoint)), context.consensus_stream_id)
-            for member in self.members if member.id != self.member_id}
+            for member in self._followers.values()}
         self.consensus_publisher = ConsensusPublisher(self._consensus_publications)
         self.consensus_adapter = ConsensusAdapter(
             self, self._consensus_subscription, error_handler=lambda text: self._error(f"consensus stream: {text}"))
@@ -1137,8 +1138,8 @@ class ConsensusModuleAgent:
 
     def _multi_member_election_work(self, now_ns: int) -> int:
         election = self.election
-        before = election.state
         inner = getattr(election, "election", None)
+        seen = inner.transition_count if inner is not None else 0
         if inner is not None and inner.state_value is ElectionState.FOLLOWER_CATCHUP:
             # Before the election reports its position: the leader stops the
             # catchup once that reaches its own, and the live log must flow by then.
@@ -1154,10 +1155,10 @@ class ConsensusModuleAgent:
             self.election = MemberElection(self, is_startup=False)
             return 1
         inner = getattr(election, "election", None)
-        if inner is not None and inner.state_value != before and inner.transitions:
-            for _, old, new, reason in list(inner.transitions)[-3:]:
-                if old == before or new == inner.state_value:
-                    self.log_event(f"election {ElectionState(old).name} -> {ElectionState(new).name}: {reason}")
+        if inner is not None:
+            new = min(inner.transition_count - seen, len(inner.transitions))
+            for _, old_state, new_state, reason in list(inner.transitions)[len(inner.transitions) - new:]:
+                self.log_event(f"election {ElectionState(old_state).name} -> {ElectionState(new_state).name}: {reason}")
         if inner is not None and self.election is election and not inner.is_closed:
             if inner.state_value in (ElectionState.FOLLOWER_CATCHUP, ElectionState.FOLLOWER_READY):
                 work += self._apply_follower_log()
@@ -1248,11 +1249,8 @@ class ConsensusModuleAgent:
     def _update_quorum_commit_position(self, now_ns: int) -> int:
         """Seed 000: the commit position is the highest position a quorum of members
         has recorded, once that includes an entry of this term (Raft's rule)."""
-        own = self.read_append_position()
-        positions = [own] + [state[0] for state in self._follower_state.values()]
-        positions += [NULL_POSITION] * (len(self.members) - len(positions))
-        ranked = sorted(positions, reverse=True)
-        quorum = ranked[quorum_threshold(len(self.members)) - 1]
+        quorum = quorum_position([self.read_append_position()] +
+                                 [follower.log_position for follower in self._followers.values()])
         work = 0
         if quorum > self.term_base_log_position and quorum > self.commit_position:
             self.commit_position = quorum
@@ -1263,17 +1261,16 @@ class ConsensusModuleAgent:
         if self.commit_position != self._last_commit_position_sent or \
                 now_ns >= self._time_of_last_commit_position_sent_ns + self.context.leader_heartbeat_interval_ns:
             assert self.consensus_publisher is not None
-            for member in self.members:
-                if member.id != self.member_id:
-                    self.consensus_publisher.commit_position(
-                        member.id, leadership_term_id=self.leadership_term_id, log_position=self.commit_position,
-                        leader_member_id=self.member_id)
+            for member_id in self._followers:
+                self.consensus_publisher.commit_position(
+                    member_id, leadership_term_id=self.leadership_term_id, log_position=self.commit_position,
+                    leader_member_id=self.member_id)
             self._last_commit_position_sent = self.commit_position
             self._time_of_last_commit_position_sent_ns = now_ns
             work += 1
         work += self._check_catchups()
-        active = 1 + sum(1 for state in self._follower_state.values()
-                         if now_ns - state[1] < self.context.leader_heartbeat_timeout_ns)
+        active = 1 + sum(1 for follower in self._followers.values()
+                         if now_ns - follower.time_of_last_append_position_ns < self.context.leader_heartbeat_timeout_ns)
         if active < quorum_threshold(len(self.members)) and self.state is not ConsensusModuleState.TERMINATING:
             self.start_election("inactive follower quorum")
             return work + 1
@@ -1354,14 +1351,14 @@ class ConsensusModuleAgent:
             descriptor.mtu_length if descriptor else None, descriptor.initial_term_id if descriptor else None,
             log_position)
         publication = self.aeron.add_exclusive_publication(channel, self.context.log_stream_id)
-        for member in self.members:
-            if member.id != self.member_id:
-                publication.add_destination(f"aeron:udp?endpoint={member.log_endpoint}")
+        for follower in self._followers.values():
+            publication.add_destination(f"aeron:udp?endpoint={follower.log_endpoint}")
         self._log_publication = publication
         self.log_publisher.publication = publication
         self.log_session_id = publication.session_id
         self._recording_position_counter_id = NULL_VALUE
-        self._follower_state = {}
+        for follower in self._followers.values():
+            follower.log_position = NULL_POSITION  # only reports of this term count
         self._leader_services_ack_id = NULL_VALUE
         self._leader_services_joined = False
         return publication.session_id
@@ -1422,10 +1419,10 @@ class ConsensusModuleAgent:
         """Leave the role this member had: a leader closes its log publication (once
         its own archive has what it published, bounded) and forgets what it appended
         that a quorum has not confirmed; its state is then the committed log's."""
-        for member_id, state in self._follower_state.items():
-            if state[2] != NULL_VALUE:
-                self._stop_catchup_replay(member_id)
-        self._follower_state = {}
+        for follower in self._followers.values():
+            if follower.catchup_replay_session_id != NULL_VALUE:
+                self._stop_catchup_replay(follower)
+            follower.log_position = NULL_POSITION
         publication = self._log_publication
         if publication is not None:
             deadline = time.monotonic() + 1.0
@@ -1473,23 +1470,22 @@ class ConsensusModuleAgent:
         if self._log_publication is None:
             return 0
         position = self._log_publication.position
-        for member_id, state in self._follower_state.items():
-            if state[2] != NULL_VALUE and state[0] >= position:
-                self._stop_catchup_replay(member_id)
+        for follower in self._followers.values():
+            if follower.catchup_replay_session_id != NULL_VALUE and follower.log_position >= position:
+                self._stop_catchup_replay(follower)
                 assert self.consensus_publisher is not None
-                self.consensus_publisher.stop_catchup(member_id, leadership_term_id=self.leadership_term_id,
-                                                      follower_member_id=member_id)
-                self.log_event(f"member {member_id} caught up at {state[0]}")
+                self.consensus_publisher.stop_catchup(follower.id, leadership_term_id=self.leadership_term_id,
+                                                      follower_member_id=follower.id)
+                self.log_event(f"member {follower.id} caught up at {follower.log_position}")
                 work += 1
         return work
 
-    def _stop_catchup_replay(self, member_id: int) -> None:
-        state = self._follower_state[member_id]
+    def _stop_catchup_replay(self, follower: ClusterMember) -> None:
         try:
-            self.archive.stop_replay(state[2])
+            self.archive.stop_replay(follower.catchup_replay_session_id)
         except FulmarError as error:
-            self.log_event(f"stopping the catchup replay of member {member_id}: {error}")
-        state[2] = NULL_VALUE
+            self.log_event(f"stopping the catchup replay of member {follower.id}: {error}")
+        follower.catchup_replay_session_id = NULL_VALUE
 
     # -- the consensus stream (ConsensusListener) -----------------------------------------
 
@@ -1572,9 +1568,10 @@ class ConsensusModuleAgent:
         if election:
             election.on_append_position(leadership_term_id, log_position, follower_member_id, flags)
         elif election is None and self.role is ClusterRole.LEADER and leadership_term_id == self.leadership_term_id:
-            state = self._follower_state.setdefault(follower_member_id, [NULL_POSITION, 0, NULL_VALUE])
-            state[0] = max(state[0], log_position)
-            state[1] = self._now_ns
+            follower = self._followers.get(follower_member_id)
+            if follower is not None:
+                follower.log_position = max(follower.log_position, log_position)
+                follower.time_of_last_append_position_ns = self._now_ns
 
     def on_commit_position(self, leadership_term_id: int, log_position: int, leader_member_id: int) -> None:
         election = self._inner_election()
@@ -1594,17 +1591,17 @@ class ConsensusModuleAgent:
         if self.role is not ClusterRole.LEADER or leadership_term_id != self.leadership_term_id \
                 or not self._leader_services_joined:
             return  # not (yet) leading this term: the follower asks again after its timeout
-        state = self._follower_state.setdefault(follower_member_id, [NULL_POSITION, self._now_ns, NULL_VALUE])
-        if state[2] != NULL_VALUE:
-            return  # already replaying (a repeated request)
+        follower = self._followers.get(follower_member_id)
+        if follower is None or follower.catchup_replay_session_id != NULL_VALUE:
+            return  # not a member, or already replaying to it (a repeated request)
         channel = f"aeron:udp?endpoint={catchup_endpoint}|session-id={self.log_session_id}"
         try:
-            state[2] = self.archive.start_replay(self.log_recording_id, channel, self.context.log_stream_id,
-                                                 log_position)
+            follower.catchup_replay_session_id = self.archive.start_replay(
+                self.log_recording_id, channel, self.context.log_stream_id, log_position)
         except FulmarError as error:
             self._error(f"catchup of member {follower_member_id} from {log_position}: {error}")
             return
-        state[1] = self._now_ns
+        follower.time_of_last_append_position_ns = self._now_ns
         self.log_event(f"member {follower_member_id} catches up from {log_position} (replay to {catchup_endpoint})")
 
     def on_stop_catchup(self, leadership_term_id: int, follower_member_id: int) -> None:
@@ -1649,7 +1646,7 @@ class ConsensusModuleAgent:
             if self.services_acked(self._termination_ack_id) is None:
                 return 0
             self._services_terminated = True
-        followers = {member.id for member in self.members if member.id != self.member_id}
+        followers = set(self._followers)
         if not followers <= self._termination_acks and now_ns < self._termination_deadline_ns:
             return 0
         missing = sorted(followers - self._termination_acks)
@@ -1686,10 +1683,8 @@ class ConsensusModuleAgent:
                        f"{leader_member_id}), log at {self.read_append_position()}")
         if role is ClusterRole.LEADER:
             self.term_base_log_position = self.election.election.term_base_log_position
-            for member in self.members:
-                if member.id != self.member_id:
-                    state = self._follower_state.setdefault(member.id, [NULL_POSITION, self._now_ns, NULL_VALUE])
-                    state[1] = self._now_ns
+            for follower in self._followers.values():
+                follower.time_of_last_append_position_ns = self._now_ns  # each has a timeout from now
             self.on_election_complete()
             for session in self.sessions.values():
                 session.has_new_leader_event_pending = True  # a new term: clients learn its id

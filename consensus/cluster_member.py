@@ -40,6 +40,8 @@ class ClusterMember:
     log_position: int = field(default=NULL_POSITION, compare=False)
     leadership_term_id: int = field(default=-1, compare=False)
     time_of_last_append_position_ns: int = field(default=0, compare=False)
+    # The leader's archive replay feeding this member's catchup, if one runs.
+    catchup_replay_session_id: int = field(default=-1, compare=False)
 
     def encode(self) -> str:
         return ",".join((str(self.id), self.ingress_endpoint, self.consensus_endpoint, self.log_endpoint,

@@ -369,6 +369,7 @@ class Election:
         self.last_progress_position = NULL_POSITION
         self.now_ns = 0
         self.transitions: deque[tuple[int, ElectionState, ElectionState, str]] = deque(maxlen=64)
+        self.transition_count = 0  # all so far (``transitions`` keeps the latest)
         self._started = False
 
     # ------------------------------------------------------------------ driving
@@ -391,6 +392,7 @@ class Election:
         old = self.state_value
         self._exit(old, new_state)
         self.transitions.append((now_ns, old, new_state, reason))
+        self.transition_count += 1
         self.state_value = new_state
         self.state_change_ns = now_ns
         self.last_progress_ns = now_ns

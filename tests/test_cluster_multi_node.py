@@ -218,9 +218,11 @@ def test_uncommitted_entries_of_a_deposed_leader_are_truncated_when_it_rejoins(c
     try:
         workload.wait_for_acks(50, 60)
         committed = member_view(cluster, old.member).commit_position or 0
+        unanswered = workload.unknown
         for member in followers:
             cluster.kill_member(member)
-        time.sleep(1.0)  # requests reach the lone leader's log, uncommitted
+        # A request the lone leader appended but could not commit goes unanswered.
+        wait_for(lambda: workload.unknown > unanswered, 15, "a request to the lone leader to go unanswered")
         cluster.kill_member(old.member)
         for member in followers:
             cluster.start_member(member)
