@@ -115,7 +115,13 @@ def main() -> None:
     type=Duration(min_ns=1_000),
     default=format_duration(_DEFAULTS.timer_interval_ns),
     help="Interval of the driver's slow work (liveness checks, lingering resources); "
-    "also the longest an idle driver sleeps.",
+    "also the longest an idle driver sleeps while data is in flight.",
+)
+@click.option(
+    "--idle-max-wait",
+    type=Duration(min_ns=1_000),
+    default=format_duration(_DEFAULTS.idle_max_wait_ns),
+    help="The longest an idle driver sleeps with nothing in flight (unless a client or a datagram wakes it).",
 )
 @click.option(
     "--idle-strategy",
@@ -162,6 +168,7 @@ def driver(
     ipc_mtu: int,
     publication_linger: int,
     timer_interval: int,
+    idle_max_wait: int,
     idle_strategy: str,
     terminate_token: str | None,
     keep_files: bool,
@@ -197,6 +204,7 @@ def driver(
         ipc_mtu=ipc_mtu,
         publication_linger_timeout_ns=publication_linger,
         timer_interval_ns=timer_interval,
+        idle_max_wait_ns=idle_max_wait,
         idle_strategy=idle_strategy,
         terminate_token=None if terminate_token is None else terminate_token.encode("utf-8"),
         delete_dir_on_shutdown=not keep_files,

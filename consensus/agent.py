@@ -44,7 +44,17 @@ from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionActio
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
 from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, ConsensusPublisher
 from fulmar.consensus.context import ConsensusModuleContext
-from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE, CloseReason, ClusterAction, EventCode
+from fulmar.consensus.protocol import (
+    CLUSTER_SCHEMA_ID,
+    NULL_POSITION,
+    NULL_VALUE,
+    SESSION_MESSAGE_BLOCK_LENGTH,
+    SESSION_MESSAGE_FRAME,
+    SESSION_MESSAGE_TEMPLATE_ID,
+    CloseReason,
+    ClusterAction,
+    EventCode,
+)
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.consensus.timer_service import TimerService
@@ -329,6 +339,14 @@ class ConsensusModuleAgent:
         """Cluster time, in its unit (milliseconds since the epoch)."""
         return self.epoch_ms()
 
+    def idle_wait_ns(self, max_wait_ns: int) -> int:
+        """How long an idle module may sleep: ``max_wait_ns``, or less when a
+        cluster timer falls due sooner (timers fire on the module's clock)."""
+        deadline = self.timers.next_deadline()
+        if deadline is None or self.role is not ClusterRole.LEADER:
+            return max_wait_ns
+        return max(1, min(max_wait_ns, (deadline - self.cluster_time()) * 1_000_000))
+
     def _slow_tick_work(self, now_ns: int) -> int:
         work = self.aeron.do_work(now_ns)
         if not self.archive.proxy.publication.is_connected:
@@ -425,6 +443,17 @@ class ConsensusModuleAgent:
 
     def _dispatch_ingress(self, buffer: memoryview, offset: int, length: int) -> bool:
         """Act on one ingress message; False to be retried (log back pressure)."""
+        if length >= SESSION_HEADER_LENGTH:
+            # The hot path, a client's message: its frame unpacked in one go.
+            block_length, template, schema, _version, term_id, session_id, _timestamp = (
+                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset))
+            if (template == SESSION_MESSAGE_TEMPLATE_ID and schema == CLUSTER_SCHEMA_ID
+                    and block_length == SESSION_MESSAGE_BLOCK_LENGTH):
+                if self.role is not ClusterRole.LEADER:
+                    return True  # not for a follower
+                if self._ingress_control_only:
+                    return False  # suspended: messages wait in the ingress
+                return self._on_ingress_session_message(term_id, session_id, buffer, offset, length)
         try:
             header = codecs.read_header(buffer, offset, length)
         except CodecError:
@@ -441,7 +470,8 @@ class ConsensusModuleAgent:
             except CodecError:
                 self.invalid_requests_counter.increment()
                 return True
-            return self._on_ingress_session_message(session_header, buffer, offset, length)
+            return self._on_ingress_session_message(session_header.leadership_term_id,
+                                                    session_header.cluster_session_id, buffer, offset, length)
         try:
             message = codecs.decode(buffer, offset, length)
         except CodecError:
@@ -453,10 +483,11 @@ class ConsensusModuleAgent:
             return True
         return handler(self, message)
 
-    def _on_ingress_session_message(self, message: Any, buffer: memoryview, offset: int, length: int) -> bool:
-        session = self.sessions.get(message.cluster_session_id)
+    def _on_ingress_session_message(self, leadership_term_id: int, cluster_session_id: int, buffer: memoryview,
+                                    offset: int, length: int) -> bool:
+        session = self.sessions.get(cluster_session_id)
         if (session is None or session.state is not ClusterSessionState.OPEN
-                or message.leadership_term_id != self.leadership_term_id):
+                or leadership_term_id != self.leadership_term_id):
             self.invalid_requests_counter.increment()
             return True
         payload = buffer[offset + SESSION_HEADER_LENGTH : offset + length]
@@ -785,6 +816,13 @@ class ConsensusModuleAgent:
         return count
 
     def _on_log_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
+        if length >= SESSION_HEADER_LENGTH:
+            block_length, template, schema, _version, _term_id, session_id, timestamp = (
+                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset))
+            if (template == SESSION_MESSAGE_TEMPLATE_ID and schema == CLUSTER_SCHEMA_ID
+                    and block_length == SESSION_MESSAGE_BLOCK_LENGTH):
+                self._on_replay_session_message(session_id, timestamp)
+                return
         try:
             message_header = codecs.read_header(buffer, offset, length)
             if message_header.template_id == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
@@ -1093,7 +1131,9 @@ class ConsensusModuleAgent:
     def log_event(self, text: str) -> None:
         """A line in the module's output (the node's consensus.log): elections,
         roles, catchups, truncations: what an operator reads after a failover."""
-        print(f"{time.strftime('%H:%M:%S')} member {self.member_id}: {text}", file=sys.stdout, flush=True)
+        now = time.time()  # milliseconds: a failover's steps take tens of them
+        stamp = f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now * 1000) % 1000:03d}"
+        print(f"{stamp} member {self.member_id}: {text}", file=sys.stdout, flush=True)
 
     def _open_consensus_streams(self) -> None:
         """Stream 108: a subscription at this member's consensus endpoint and an

@@ -143,6 +143,8 @@ class ConsensusModule:
                 next_mark_ms = now_ms + 1000
             if self.aeron.is_closed:
                 raise ClusterTerminationError("the media driver went away")
+            if not work:
+                idle.max_wait_ns = agent.idle_wait_ns(self.context.idle_max_wait_ns)
             idle.idle(work)
 
     def close(self) -> None:

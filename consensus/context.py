@@ -42,7 +42,10 @@ class ConsensusModuleContext:
     service_ack_timeout_ns: int = 30_000_000_000
     slow_tick_interval_ns: int = 10_000_000
     cycle_threshold_ns: int = 1_000_000_000
-    idle_max_wait_ns: int = 1_000_000
+    # Longest idle sleep: the data doorbell wakes the module for ingress,
+    # consensus messages and recording progress; cluster timers due sooner
+    # shorten it (see ConsensusModuleAgent.idle_wait_ns).
+    idle_max_wait_ns: int = 10_000_000
     app_version: int = 0
     authenticator: Authenticator = field(default_factory=AllowAllAuthenticator)
     mark_file_liveness_timeout_ms: int = 10_000

@@ -10,10 +10,29 @@ seeds and Aeron's ``ConsensusModule.Configuration`` /
 
 from __future__ import annotations
 
+import struct
+
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.semantic_version import compose_version, version_text
 
 NULL_VALUE = -1
+
+# A client message's frame on ingress, in the log and on egress: the SBE
+# message header (block length, template id, schema id, version) and the
+# SessionMessageHeader body (leadership term id, cluster session id,
+# timestamp), 32 bytes before the payload.  The per-message hot paths pack
+# and unpack it whole instead of going through the generic codec.
+SESSION_MESSAGE_FRAME = struct.Struct("<HHHHqqq")
+SESSION_MESSAGE_TEMPLATE_ID = codecs.SessionMessageHeaderEncoder.TEMPLATE_ID
+SESSION_MESSAGE_BLOCK_LENGTH = codecs.SessionMessageHeaderEncoder.BLOCK_LENGTH
+CLUSTER_SCHEMA_ID = codecs.SCHEMA_ID
+CLUSTER_SCHEMA_VERSION = codecs.SCHEMA_VERSION
+
+
+def session_message_frame(leadership_term_id: int, cluster_session_id: int, timestamp: int) -> bytes:
+    """The 32 bytes that precede a client message's payload."""
+    return SESSION_MESSAGE_FRAME.pack(SESSION_MESSAGE_BLOCK_LENGTH, SESSION_MESSAGE_TEMPLATE_ID, CLUSTER_SCHEMA_ID,
+                                      CLUSTER_SCHEMA_VERSION, leadership_term_id, cluster_session_id, timestamp)
 NULL_POSITION = -1
 NULL_SESSION_ID = -1
 NULL_MEMBER_ID = -1

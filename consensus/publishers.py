@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
+from fulmar.consensus.protocol import session_message_frame
 from fulmar.log_writer import ADMIN_ACTION
 
 if TYPE_CHECKING:
@@ -39,7 +40,6 @@ class LogPublisher(_Encoding):
     def __init__(self) -> None:
         super().__init__()
         self.publication: "Publication | None" = None
-        self._session_header = bytearray(SESSION_HEADER_LENGTH)
 
     @property
     def position(self) -> int:
@@ -49,12 +49,11 @@ class LogPublisher(_Encoding):
     def append_message(self, leadership_term_id: int, cluster_session_id: int, timestamp: int,
                        payload: memoryview | bytes) -> int:
         assert self.publication is not None
-        header = self._session_header  # encoded in place: the offer copies it into the log at once
-        codecs.SessionMessageHeaderEncoder.encode(header, 0, leadership_term_id=leadership_term_id,
-                                                  cluster_session_id=cluster_session_id, timestamp=timestamp)
-        result = self.publication.offer_parts([header, payload])
+        # One bytes object: the publication's native fast path takes it whole.
+        message = session_message_frame(leadership_term_id, cluster_session_id, timestamp) + payload
+        result = self.publication.offer(message)
         if result == ADMIN_ACTION:
-            result = self.publication.offer_parts([header, payload])
+            result = self.publication.offer(message)
         return int(result)
 
     def append(self, encoder: Any, **fields: Any) -> int:

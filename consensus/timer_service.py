@@ -34,6 +34,14 @@ class TimerService:
     def deadline(self, correlation_id: int) -> int | None:
         return self._deadlines.get(correlation_id)
 
+    def next_deadline(self) -> int | None:
+        """The earliest deadline of a live timer (None without timers): how
+        long the module may sleep.  Drops cancelled and moved entries on the way."""
+        heap = self._heap
+        while heap and self._deadlines.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
     def poll(self, now: int, on_expiry: Callable[[int], bool], limit: int = 64) -> int:
         """Fire timers whose deadline has passed, oldest first.  ``on_expiry``
         returns False when it could not act (e.g. the log is back pressured):

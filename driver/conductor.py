@@ -194,6 +194,19 @@ class DriverConductor:
                 work += image.do_work(now_ns)
         return work
 
+    def idle_wait_ns(self) -> int:
+        """How long the driver may sleep when a duty cycle found nothing:
+        the timer interval while anything is in flight, else the idle wait."""
+        for publication in self.publications:
+            if publication.readers_behind or publication.state is not PublicationState.ACTIVE:
+                return self.context.timer_interval_ns
+            if isinstance(publication, NetworkPublication) and publication.retransmit_handler.active_count:
+                return self.context.timer_interval_ns
+        for image in self.images:
+            if image.needs_prompt_cycles or image.status is not PublicationState.ACTIVE:
+                return self.context.timer_interval_ns
+        return max(self.context.timer_interval_ns, self.context.idle_max_wait_ns)
+
     def sockets(self) -> list[int]:
         """The UDP sockets the driver reads, for the media driver's watcher."""
         return [e.fileno() for e in self.send_endpoints.values()] + [

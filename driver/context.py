@@ -35,8 +35,15 @@ class DriverContext:
     publication_linger_timeout_ns: int = 5_000_000_000
     # A freed counter id is not reused for this long, so readers notice.
     counter_free_to_reuse_timeout_ms: int = 1_000
-    # Slow work (liveness checks, lingering resources) runs at this interval.
+    # Slow work (liveness checks, lingering resources) runs at this interval,
+    # and an idle driver wakes at least this often while anything is in
+    # flight (a reader behind its publication, a gap to NAK, a retransmit).
     timer_interval_ns: int = 1_000_000
+    # With nothing in flight an idle driver sleeps up to this long unless a
+    # client or a datagram rings it: its timers (heartbeats every 100 ms,
+    # status messages every 200 ms, liveness in seconds) tolerate that, and
+    # a dozen idle processes on two cores stop waking a thousand times a second.
+    idle_max_wait_ns: int = 20_000_000
     # A duty cycle longer than this counts as a stall.
     conductor_cycle_threshold_ns: int = 1_000_000_000
     # TERMINATE_DRIVER is honoured only with this token (None: never).

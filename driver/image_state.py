@@ -260,6 +260,11 @@ class ImageReceiveState:
             # Subscribers' images see the end of the stream through the log.
             self.log.end_of_stream_position = end_position
 
+    @property
+    def has_gap(self) -> bool:
+        """Loss is being NAKed (its timer runs)."""
+        return self._loss_detector.active_gap is not None
+
     def request_status_message(self) -> None:
         self._sm_pending = True
 

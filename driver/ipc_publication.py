@@ -69,6 +69,9 @@ class IpcPublication:
         self.client_refs: list[int] = [client_id]
         self.state = PublicationState.ACTIVE
         self.linger_deadline_ns = 0
+        # Set each duty cycle: a subscriber has yet to read what was
+        # published, so the limit will move (the driver must not doze).
+        self.readers_behind = False
         # For spotting a publisher that died mid-append: the slowest
         # subscriber's position and when it last moved.
         self._last_consumer_position = -1
@@ -105,10 +108,13 @@ class IpcPublication:
         subscriber, cleaning what every subscriber has passed.  Without
         subscribers the limit stops where the consumers were."""
         work = 0
-        self.publisher_position.set(self.producer_position())
+        producer_position = self.producer_position()
+        self.publisher_position.set(producer_position)
+        self.readers_behind = False
         if self.subscribers:
             positions = [link.position.get() for link in self.subscribers]
             min_position = min(positions)
+            self.readers_behind = min_position < producer_position
             self.consumer_position = max(self.consumer_position, max(positions))
             proposed = min_position + self.term_window_length
             if proposed > self.trip_limit:

@@ -24,7 +24,7 @@ from fulmar.cnc import CncError, CncFile
 from fulmar.counters import CountersManager
 from fulmar.error_log import DistinctErrorLog
 from fulmar.errors import FulmarError
-from fulmar.idle import Doorbell, idle_strategy_from_name
+from fulmar.idle import Doorbell, DoorbellIdleStrategy, idle_strategy_from_name
 from fulmar.ring_buffer import ManyToOneRingBuffer
 
 from fulmar.driver.conductor import DriverConductor
@@ -155,9 +155,12 @@ class MediaDriver:
         )
         conductor = self.conductor
         clock = time.monotonic_ns
+        doze = idle if isinstance(idle, DoorbellIdleStrategy) else None
         while not self._stop.is_set() and not conductor.termination_requested:
             try:
                 work = conductor.do_work(clock())
+                if doze is not None and not work:
+                    doze.max_wait_ns = conductor.idle_wait_ns()
             except Exception as error:  # the conductor answers command errors itself; this is a bug
                 conductor.record_error(f"driver conductor: {type(error).__name__}: {error}")
                 work = 0

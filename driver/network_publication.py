@@ -90,6 +90,8 @@ class NetworkPublication:
         self.spies_simulate_connection = bool(uri.spies_simulate_connection())
         self.state = PublicationState.ACTIVE
         self.linger_deadline_ns = 0
+        # Set each duty cycle: unsent data, or a spy behind (see IpcPublication).
+        self.readers_behind = False
         self.timing = SenderTiming(now_ns)
         self.sender_position = start
         self.sender_limit = start
@@ -299,12 +301,15 @@ class NetworkPublication:
 
     def update_publisher_limit(self) -> int:
         """Publishers may run a term window ahead of what has been sent, while connected."""
-        self.publisher_position.set(self.log.producer_position())
+        producer_position = self.log.producer_position()
+        self.publisher_position.set(producer_position)
+        self.readers_behind = False
         if self._connected:
             # Spies read this log directly: publishers must not lap them either.
             consumer_position = self.sender_position
             for spy in self.subscribers:
                 consumer_position = min(consumer_position, spy.position.get())
+            self.readers_behind = consumer_position < producer_position
             proposed = consumer_position + self.term_window_length
             if proposed > self.trip_limit:
                 self.log.clean_to(consumer_position - self._term_length)

@@ -50,6 +50,7 @@ class PublicationImage:
         self.subscribers: list[SubscriberLink] = []
         self.status = PublicationState.ACTIVE
         self.linger_deadline_ns = 0
+        self.needs_prompt_cycles = False
 
     @property
     def path(self) -> Path:
@@ -73,6 +74,10 @@ class PublicationImage:
         """The receiver's duty cycle for this image: rebuild, NAK, status messages."""
         positions = [link.position.get() for link in self.subscribers]
         work = self.state.rebuild(now_ns, positions)
+        # Subscribers still reading will want a status message sent on
+        # time; a gap has a NAK timer: either way the driver must not doze.
+        self.needs_prompt_cycles = self.state.has_gap or (
+            bool(positions) and min(positions) < self.state.rebuild_position)
         message = self.state.poll_status_message(now_ns)
         if message is not None:
             for transport_index, source in self.sources.items():

@@ -132,9 +132,24 @@ def _resolve(host: str, port: int, family: int) -> UdpAddress:
     raise ChannelEndpointError(f"cannot resolve UDP address {_format(host, port)}: no IPv4 or IPv6 address")
 
 
+# Source addresses of received datagrams, by (family, address, port, scope):
+# the same few peers send every datagram, and building a UdpAddress (with its
+# native copy) for each one showed in the receive path's profile.  Bounded:
+# cleared when it grows past what any real set of peers needs.
+_SOURCE_CACHE: dict[tuple[int, bytes, int, int], UdpAddress] = {}
+_SOURCE_CACHE_LIMIT = 4096
+
+
 def _native_address(source: Any) -> UdpAddress:
-    packed = bytes(ffi.buffer(source.address, 4 if source.family == socket.AF_INET else 16))
-    return UdpAddress(int(source.family), packed, int(source.port), int(source.scope_id))
+    family = int(source.family)
+    packed = bytes(ffi.buffer(source.address, 4 if family == socket.AF_INET else 16))
+    key = (family, packed, int(source.port), int(source.scope_id))
+    address = _SOURCE_CACHE.get(key)
+    if address is None:
+        if len(_SOURCE_CACHE) >= _SOURCE_CACHE_LIMIT:
+            _SOURCE_CACHE.clear()
+        address = _SOURCE_CACHE[key] = UdpAddress(*key)
+    return address
 
 
 class ReceivedBatch:

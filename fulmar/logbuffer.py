@@ -163,6 +163,7 @@ class LogBuffers:
         self.log = whole
         self.address = whole.address
         self.metadata = mapped.buffer(PARTITION_COUNT * term_length, LOG_META_DATA_LENGTH)
+        self._metadata_address = self.metadata.address
         self.page_size = self.metadata.get_int32(PAGE_SIZE_OFFSET)
         check_page_size(self.page_size)
         if compute_log_length(term_length, self.page_size) != length:
@@ -285,13 +286,8 @@ class LogBuffers:
 
     def producer_position(self) -> int:
         """Position just after the last claimed byte of the active term."""
-        raw = self.raw_tail(index_by_term_count(self.active_term_count()))
-        return compute_position(
-            tail_term_id(raw),
-            tail_term_offset(raw, self.term_length),
-            self.position_bits_to_shift,
-            self.initial_term_id,
-        )
+        return int(lib.fulmar_log_producer_position(
+            self._metadata_address, self.term_length, self.position_bits_to_shift, self.initial_term_id))
 
     @property
     def is_connected(self) -> bool:

@@ -23,6 +23,13 @@ from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
+from fulmar.consensus.protocol import (
+    CLUSTER_SCHEMA_ID,
+    SESSION_MESSAGE_BLOCK_LENGTH,
+    SESSION_MESSAGE_FRAME,
+    SESSION_MESSAGE_TEMPLATE_ID,
+    session_message_frame,
+)
 from fulmar.consensus.mark_file import read_cluster_mark_file
 from fulmar.consensus.snapshot import (
     SERVICE_SNAPSHOT_TYPE_ID,
@@ -80,7 +87,6 @@ class ClientSessionHandle:
         self.response_channel = response_channel
         self.encoded_principal = encoded_principal
         self.publication: "Publication | None" = None
-        self._header = bytearray(_SESSION_HEADER_LENGTH)
 
     def connect(self, aeron: "Aeron") -> None:
         if self.publication is None:
@@ -96,12 +102,11 @@ class ClientSessionHandle:
             return 1  # followers' replies are not sent: the leader's are
         if self.publication is None:
             return -1
-        codecs.SessionMessageHeaderEncoder.encode(
-            self._header, 0, leadership_term_id=self._agent.leadership_term_id, cluster_session_id=self.id,
-            timestamp=self._agent.time)
-        result = self.publication.offer_parts([self._header, payload])
+        # One bytes object: the publication's native fast path takes it whole.
+        message = session_message_frame(self._agent.leadership_term_id, self.id, self._agent.time) + payload
+        result = self.publication.offer(message)
         if result == ADMIN_ACTION:
-            result = self.publication.offer_parts([self._header, payload])
+            result = self.publication.offer(message)
         return int(result)
 
     def close(self) -> bool:
@@ -324,6 +329,16 @@ class ClusteredServiceAgent:
 
     def _on_log_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         self.log_position = header.position
+        if length >= _SESSION_HEADER_LENGTH:
+            # The hot path, a client's message: its frame unpacked in one go.
+            block_length, template, schema, _version, _term_id, session_id, timestamp = (
+                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset))
+            if (template == SESSION_MESSAGE_TEMPLATE_ID and schema == CLUSTER_SCHEMA_ID
+                    and block_length == SESSION_MESSAGE_BLOCK_LENGTH):
+                self.time = timestamp
+                self.service.on_session_message(self.sessions.get(session_id), timestamp, buffer,
+                                                offset + _SESSION_HEADER_LENGTH, length - _SESSION_HEADER_LENGTH)
+                return
         try:
             message_header = codecs.read_header(buffer, offset, length)
             if message_header.template_id == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:

@@ -27,5 +27,7 @@ class ServiceContext:
     archive_control_channel: str = archive_protocol.LOCAL_CONTROL_CHANNEL
     archive_control_stream_id: int = archive_protocol.CONTROL_STREAM_ID
     archive_response_stream_id: int = 130  # plus the service id
-    idle_max_wait_ns: int = 1_000_000
+    # Longest idle sleep: the consensus module rings the data doorbell when
+    # the commit position moves, and the driver when messages arrive.
+    idle_max_wait_ns: int = 10_000_000
     mark_file_liveness_timeout_ms: int = 10_000

@@ -217,6 +217,20 @@ static void rotate_log(char *metadata, int32_t term_count, int32_t term_id)
     fa_cas_i32(metadata + ACTIVE_TERM_COUNT_OFFSET, term_count, next_term_count);
 }
 
+int64_t fulmar_log_producer_position(
+    const char *metadata, int32_t term_length, int32_t position_bits_to_shift, int32_t initial_term_id)
+{
+    int32_t term_count = fa_load_i32(metadata + ACTIVE_TERM_COUNT_OFFSET);
+    int64_t raw_tail = fa_load_i64(metadata + TERM_TAIL_COUNTERS_OFFSET + partition_index(term_count) * 8);
+    int64_t term_offset = tail_term_offset(raw_tail);
+    if (term_offset > term_length)
+    {
+        term_offset = term_length; /* a tail past the end: the term is full */
+    }
+    uint32_t tail_term_count = (uint32_t)term_count_of(tail_term_id(raw_tail), initial_term_id);
+    return (int64_t)((uint64_t)tail_term_count << position_bits_to_shift) + term_offset;
+}
+
 void fulmar_log_writer_init(
     fulmar_log_writer_t *w, char *log, int32_t term_length, int32_t mtu, int32_t initial_term_id,
     char *position_limit, int32_t session_id, int32_t stream_id)

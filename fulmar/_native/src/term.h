@@ -101,6 +101,12 @@ int64_t fulmar_bench_exclusive_append_scan(
     fulmar_log_writer_t *writer, int32_t message_length, int64_t message_count,
     fulmar_fragment_batch_t *batch);
 
+/* The position just after the last claimed byte of the active term: the
+ * producer position the driver reads for every publication on every duty
+ * cycle, in one call (two atomic loads and the arithmetic). */
+int64_t fulmar_log_producer_position(
+    const char *metadata, int32_t term_length, int32_t position_bits_to_shift, int32_t initial_term_id);
+
 /* Zeroes the log between two positions (already consumed by every reader)
  * so the space can be written again when the partitions come round. */
 void fulmar_log_clean(char *log, int32_t term_length, int64_t from_position, int64_t to_position);
