@@ -1596,6 +1596,9 @@ class ConsensusModuleAgent:
                 election = self.election.start_now()
             elif leadership_term_id == self.leadership_term_id and leader_member_id == self.leader_member_id:
                 self._time_of_last_leader_message_ns = self._now_ns
+                # The leader of our term is still in its election (LEADER_READY
+                # waits for a fresh AppendPosition from us): send one now.
+                self._time_of_last_append_position_sent_ns = 0
         if election:
             election.on_new_leadership_term(
                 log_leadership_term_id, next_leadership_term_id, next_term_base_log_position, next_log_position,

@@ -453,6 +453,9 @@ class Election:
             for member in self.members.values():  # LEADER_READY needs fresh reports (seed 001)
                 member.append_term_id = NULL_VALUE
                 member.append_position = NULL_POSITION
+                # Ask for them now: a follower answers a NewLeadershipTerm of its
+                # term with its AppendPosition, instead of on its next heartbeat.
+                member.new_leadership_term_due = True
             host.start_replay(host.processed_position(), self.append_position)
         elif new == ElectionState.FOLLOWER_LOG_REPLICATION:
             self.replication = host.replicate(self.leader_member_id, self.leader_recording_id,

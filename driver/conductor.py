@@ -196,11 +196,13 @@ class DriverConductor:
 
     def idle_wait_ns(self) -> int:
         """How long the driver may sleep when a duty cycle found nothing:
-        the timer interval while anything is in flight, else the idle wait."""
+        the timer interval while anything is in flight (or a new publication's
+        first SETUPs are going out), else the idle wait."""
         for publication in self.publications:
             if publication.readers_behind or publication.state is not PublicationState.ACTIVE:
                 return self.context.timer_interval_ns
-            if isinstance(publication, NetworkPublication) and publication.retransmit_handler.active_count:
+            if isinstance(publication, NetworkPublication) and (
+                    publication.retransmit_handler.active_count or publication.timing.setup_backing_off):
                 return self.context.timer_interval_ns
         for image in self.images:
             if image.needs_prompt_cycles or image.status is not PublicationState.ACTIVE:
@@ -521,6 +523,7 @@ class DriverConductor:
             self.system,
             self.context.term_window_length(log.term_length),
             self._now_ns,
+            self.context.initial_setup_interval_ns,
         )
         self.publications.append(publication)
         self.system[SystemCounter.ACTIVE_PUBLICATIONS].set(len(self.publications))

@@ -44,6 +44,11 @@ class DriverContext:
     # status messages every 200 ms, liveness in seconds) tolerate that, and
     # a dozen idle processes on two cores stop waking a thousand times a second.
     idle_max_wait_ns: int = 20_000_000
+    # A new UDP publication sends SETUP again after this long while no
+    # receiver has answered, doubling up to Aeron's 100 ms setup timeout: a
+    # receiver that subscribes a moment after the publication (a follower
+    # joining a new leader's log) connects within milliseconds.
+    initial_setup_interval_ns: int = 5_000_000
     # A duty cycle longer than this counts as a stall.
     conductor_cycle_threshold_ns: int = 1_000_000_000
     # TERMINATE_DRIVER is honoured only with this token (None: never).

@@ -62,6 +62,7 @@ class NetworkPublication:
         system: SystemCounters,
         term_window_length: int,
         now_ns: int,
+        initial_setup_interval_ns: int | None = None,
     ) -> None:
         self.registration_id = registration_id
         self.session_id = session_id
@@ -92,7 +93,7 @@ class NetworkPublication:
         self.linger_deadline_ns = 0
         # Set each duty cycle: unsent data, or a spy behind (see IpcPublication).
         self.readers_behind = False
-        self.timing = SenderTiming(now_ns)
+        self.timing = SenderTiming(now_ns, initial_setup_interval_ns=initial_setup_interval_ns)
         self.sender_position = start
         self.sender_limit = start
         self._connected = False

@@ -99,9 +99,17 @@ class SenderTiming:
         connection_timeout_ns: int = PUBLICATION_CONNECTION_TIMEOUT_DEFAULT_NS,
         setup_timeout_ns: int = PUBLICATION_SETUP_TIMEOUT_NS,
         heartbeat_timeout_ns: int = PUBLICATION_HEARTBEAT_TIMEOUT_NS,
+        initial_setup_interval_ns: int | None = None,
     ) -> None:
         self.connection_timeout_ns = connection_timeout_ns
         self.setup_timeout_ns = setup_timeout_ns
+        # Until a first status message, SETUP goes again after this interval,
+        # doubling up to the setup timeout (None: the setup timeout, Aeron's
+        # pace).  A receiver that subscribes just after the first SETUP (a
+        # follower joining a new leader's log) then connects in milliseconds
+        # rather than a setup timeout later; the extra SETUPs are harmless.
+        self._setup_interval_ns = min(initial_setup_interval_ns or setup_timeout_ns, setup_timeout_ns)
+        self._initial_setups_sent = 0
         self.heartbeat_timeout_ns = heartbeat_timeout_ns
         # Both are due at once on the first check.
         self.time_of_last_setup_ns = now_ns - setup_timeout_ns - 1
@@ -142,13 +150,26 @@ class SenderTiming:
         """Is a SETUP frame due now?  If so the caller sends one; the send is recorded here."""
         if self.has_initial_connection and not self.is_setup_elicited:
             return SetupDue.NO
-        if self.time_of_last_setup_ns + self.setup_timeout_ns - now_ns >= 0:
+        # (A destination added to a manual MDC publication elicits SETUP too:
+        # the fast pace holds whatever asked, until a first status message.)
+        backing_off = not self.has_initial_connection
+        interval = self._setup_interval_ns if backing_off else self.setup_timeout_ns
+        if self.time_of_last_setup_ns + interval - now_ns >= 0:
             return SetupDue.NO
         self.time_of_last_setup_ns = now_ns
         due = SetupDue.ELICITED if self.is_setup_elicited else SetupDue.INITIAL
+        if backing_off:
+            if self._initial_setups_sent:
+                self._setup_interval_ns = min(2 * self._setup_interval_ns, self.setup_timeout_ns)
+            self._initial_setups_sent += 1
         if self.is_setup_elicited and self.has_receivers:
             self.is_setup_elicited = False
         return due
+
+    @property
+    def setup_backing_off(self) -> bool:
+        """SETUPs still go faster than the setup timeout (no receiver has answered yet)."""
+        return not self.has_initial_connection and self._setup_interval_ns < self.setup_timeout_ns
 
     def heartbeat_due(self, now_ns: int) -> bool:
         """Is a heartbeat due (asked only when no data went out)?  If so the caller sends one; recorded here."""

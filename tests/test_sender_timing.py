@@ -269,3 +269,33 @@ def test_packing_never_splits_a_frame_nor_exceeds_the_mtu(
     if following is not None and (max_datagrams is None or len(datagrams) < max_datagrams):
         needed = HEADER_LENGTH if following.is_padding else align(following.frame_length, FRAME_ALIGNMENT)
         assert needed > min(mtu, budget)
+
+
+def test_an_initial_setup_interval_backs_off_to_the_setup_timeout_until_a_status_message() -> None:
+    initial = 5_000_000
+    timing = SenderTiming(T0, initial_setup_interval_ns=initial)
+    sent = [t for t in range(T0, T0 + 400_000_000, 1_000_000) if timing.setup_due(t) is SetupDue.INITIAL]
+    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    # 5, 10, 20, 40, 80 ms (each strictly after its interval, on a 1 ms clock), then Aeron's 100 ms.
+    assert gaps[:5] == [6_000_000, 11_000_000, 21_000_000, 41_000_000, 81_000_000]
+    assert set(gaps[5:]) == {SETUP + 1_000_000}
+    # Once a receiver has answered, SETUP is sent only when elicited, at the setup timeout's pace.
+    timing.on_status_message(1, False, T0 + 400_000_000)
+    assert timing.setup_due(T0 + 500_000_000) is SetupDue.NO
+    timing.on_trigger_send_setup(T0 + 500_000_000)
+    assert timing.setup_due(T0 + 500_000_001) is SetupDue.ELICITED
+    assert timing.setup_due(T0 + 500_000_001 + initial + 1) is SetupDue.NO
+
+
+def test_setup_backing_off_only_until_the_setup_timeout_pace_or_a_receiver() -> None:
+    timing = SenderTiming(T0, initial_setup_interval_ns=10_000_000)
+    assert timing.setup_backing_off
+    t = T0
+    while timing.setup_backing_off:
+        timing.setup_due(t)
+        t += 1_000_000
+    assert t - T0 < SETUP * 3  # the fast SETUPs are over within a few hundred ms
+    assert not SenderTiming(T0).setup_backing_off  # Aeron's pace from the start
+    answered = SenderTiming(T0, initial_setup_interval_ns=10_000_000)
+    answered.on_status_message(1, False, T0)
+    assert not answered.setup_backing_off
