@@ -69,12 +69,12 @@ from typing import Any
 import psutil
 
 from bench import resources
+from bench.openloop import EchoSettings
 from bench.cluster import (
     DISK_PARENT,
     EGRESS_CHANNEL,
     SERVICE,
     SHM_PARENT,
-    WARMUP_S,
     NodeProcess,
     _idle_strategies,
     _wait_doorbell,
@@ -94,9 +94,6 @@ from fulmar.log_writer import CLOSED, MAX_POSITION_EXCEEDED
 REFERENCE_MODULES = ("pysyncobj_peer", "cluster")  # in order of preference: see reference_name
 MEMBERS = 3
 LEADER_HEARTBEAT_TIMEOUT = "1s"
-WINDOWS = (64, 256, 1024)
-RATES = (500, 1_000, 2_000)  # 1,000/s is also bench.cluster's
-QUICK_RATES = (1_000,)
 FAILOVERS = 3
 REQUEST_TIMEOUT_S = 0.2
 STEADY_S = 1.0
@@ -534,10 +531,7 @@ def _election_settings() -> str:
 
 def run(quick: bool) -> list[dict[str, Any]]:
     global _announced
-    count = 2_000 if quick else 20_000
-    seconds = 2.0 if quick else 5.0
-    rates = QUICK_RATES if quick else RATES
-    windows = (64, 1024) if quick else WINDOWS
+    settings = EchoSettings(quick, 2_000 if quick else 20_000)
     failovers = 1 if quick else FAILOVERS
     results: list[dict[str, Any]] = []
     load_before = os.getloadavg()[0]
@@ -549,18 +543,19 @@ def run(quick: bool) -> list[dict[str, Any]]:
             print(f"bench.cluster3: 3-node local cluster (cluster-node start --local 3, {SERVICE}), processes "
                   f"{cluster.all_pids()} + this client, {os.cpu_count()} cores (all share them, and other jobs "
                   f"share the machine); {_election_settings()}; idle strategies (defaults): {_idle_strategies()}; "
-                  f"base {cluster.base}; {count:,} msgs per throughput case, {seconds:g} s (+{WARMUP_S:g} s "
-                  f"warm-up) per rate, {failovers} failover(s), request timeout {REQUEST_TIMEOUT_S * 1000:g} ms",
+                  f"base {cluster.base}; {settings.describe()}; {failovers} failover(s), request timeout "
+                  f"{REQUEST_TIMEOUT_S * 1000:g} ms",
                   flush=True)
         assert cluster.client_driver is not None
         first_term = cluster.wait_for_leader()["leadership_term_id"]
         with Aeron.connect(cluster.client_driver_dir) as aeron:
-            results += echo_results(aeron, cluster, "cluster3", windows, rates, count, seconds)
+            # Resource use first: the overloaded open-loop runs may leave a backlog behind them.
+            results += resource_use(aeron, cluster)
+            results += echo_results(aeron, cluster, "cluster3", settings)
             term = cluster.wait_for_leader()["leadership_term_id"]
             if term != first_term:  # said, not hidden: the figures above went through elections
                 print(f"bench.cluster3: {term - first_term} election(s) nobody asked for during the throughput and "
                       f"latency runs (term {first_term} -> {term})", flush=True)
-            results += resource_use(aeron, cluster)
             samples: list[Failover] = []
             for index in range(failovers):
                 if index:

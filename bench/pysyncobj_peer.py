@@ -61,15 +61,23 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench import resources
+from bench.openloop import (
+    PING_WARMUP,
+    SETTLE_QUIET_S,
+    EchoSettings,
+    OpenLoop,
+    describe,
+    latency_rows,
+    new_histogram,
+    ping_rows,
+    throughput_rows,
+)
 
 PREFIX = "pysyncobj"
 MEMBERS = 3
-WINDOWS = (64, 256, 1024)
-SIZES = (32, 256)
-RATES = (500, 1_000, 2_000)
-QUICK_RATES = (1_000,)
-PERCENTILES = (50, 90, 99, 99.9)
-WARMUP_S = 1.0
+WARMUP_S = 1.0  # defaults of Client.latency (the resource-use run); the echo runs use EchoSettings
+DRAIN_S = 2.0
+SETTLE_S = 5.0
 FAILOVERS = 3
 REQUEST_TIMEOUT_S = 0.2
 STEADY_S = 1.0
@@ -209,53 +217,70 @@ class Client:
             raise RuntimeError(f"{state['failed']} of {count} calls failed (window {window}, {size} B)")
         return {"elapsed": elapsed}
 
-    def latency(self, rate: int, seconds: float) -> dict[str, Any]:
-        from hdrh.histogram import HdrHistogram
+    def latency(self, rate: int, seconds: float, warmup_s: float = WARMUP_S, drain_s: float = DRAIN_S,
+                settle_s: float = SETTLE_S) -> dict[str, Any]:
+        """Open loop at ``rate`` (``bench.openloop``, as ``bench.cluster.latency``):
+        the summary, and the histogram encoded (HdrHistogram's base64 form)."""
         from pysyncobj import FAIL_REASON
 
-        histogram = HdrHistogram(1, 100_000_000_000, 3)
-        interval_ns = 1_000_000_000 // rate
-        warmup = int(WARMUP_S * rate)
-        total = warmup + int(seconds * rate)
         clock = time.perf_counter_ns
-        state = {"answered": 0, "failed": 0}
         padding = b"\0" * 16
+        loop = OpenLoop(rate, warmup_s, seconds, drain_s, clock() + 10_000_000)
 
-        def answer(sequence: int, intended: int) -> Callable[[Any, Any], None]:
+        callbacks = [0]  # every answer, also those after the drain deadline (not counted by loop)
+
+        def answer(sequence: int) -> Callable[[Any, Any], None]:
             def done(result: Any, error: Any) -> None:
-                now = clock()
-                state["answered"] += 1
-                if error != FAIL_REASON.SUCCESS:
-                    state["failed"] += 1
-                elif sequence >= warmup:
-                    histogram.record_value(max(1, now - intended))
+                callbacks[0] += 1
+                loop.on_answer(sequence, clock(), error == FAIL_REASON.SUCCESS)
             return done
 
-        late_sends = 0
-        sent = 0
-        start = clock() + 10_000_000
-        deadline = time.monotonic() + seconds + WARMUP_S + 120
-        while state["answered"] < total:
-            now = clock()
-            if sent < total:
-                intended = start + sent * interval_ns
-                if now >= intended:
-                    self.call(sent.to_bytes(8, "little") + intended.to_bytes(8, "little") + padding,
-                              answer(sent, intended))
-                    if clock() - intended > interval_ns:
-                        late_sends += 1
-                    sent += 1
-                    continue
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{state['answered']} of {total} answers at {rate}/s")
-            wait_ns = (start + sent * interval_ns - clock()) if sent < total else 1_000_000
-            self.tick(max(0, min(wait_ns, 1_000_000)) / 1e9)
-        elapsed_s = (clock() - start) / 1e9
-        if state["failed"]:
-            raise RuntimeError(f"{state['failed']} of {total} calls failed at {rate}/s")
-        values = {f"p{p}": histogram.get_value_at_percentile(p) / 1000 for p in PERCENTILES}
-        values["max"] = histogram.get_max_value() / 1000
-        return {"us": values, "achieved": total / elapsed_s, "late_sends": late_sends}
+        while not loop.done(clock()):
+            sequence = loop.due(clock())
+            if sequence is not None:
+                self.call(sequence.to_bytes(8, "little") + loop.intended(sequence).to_bytes(8, "little") + padding,
+                          answer(sequence))
+                loop.on_sent(sequence, clock())
+                continue
+            self.tick(min(loop.wait_ns(clock()), 1_000_000) / 1e9)
+        if loop.unanswered:
+            # Unrecorded: until the answers stop (at most settle_s), so the next run starts without a backlog.
+            deadline = time.monotonic() + settle_s
+            quiet_since = time.monotonic()
+            seen = callbacks[0]
+            while time.monotonic() < deadline and time.monotonic() - quiet_since < SETTLE_QUIET_S:
+                self.tick(0.01)
+                if callbacks[0] != seen:
+                    seen = callbacks[0]
+                    quiet_since = time.monotonic()
+        return {**loop.summary(), "histogram": loop.histogram.encode().decode("ascii")}
+
+    def ping(self, count: int, max_s: float) -> dict[str, Any]:
+        """One call at a time (32 B): call, tick until its callback, call the
+        next; each round trip from just before the call to the callback.
+        ``PING_WARMUP`` first ones not recorded; ``count`` recorded, or fewer
+        when ``max_s`` is up first."""
+        from pysyncobj import FAIL_REASON
+
+        clock = time.perf_counter_ns
+        histogram = new_histogram()
+        answers: list[tuple[int, Any]] = []  # (arrival ns, error)
+        end = time.monotonic() + max_s
+        for sequence in range(PING_WARMUP + count):
+            if sequence == PING_WARMUP:
+                end = time.monotonic() + max_s
+            elif sequence > PING_WARMUP and time.monotonic() > end:
+                break
+            sent_ns = clock()
+            self.call(sequence.to_bytes(8, "little") + b"\0" * 24,
+                      lambda result, error: answers.append((clock(), error)))
+            self.until(f"the answer to ping {sequence}", 60, lambda: bool(answers))
+            arrival_ns, error = answers.pop()
+            if error != FAIL_REASON.SUCCESS:
+                raise RuntimeError(f"ping {sequence} failed: {error}")
+            if sequence >= PING_WARMUP:
+                histogram.record_value(max(1, arrival_ns - sent_ns))
+        return {"histogram": histogram.encode().decode("ascii")}
 
     def failover(self, pids: dict[str, int]) -> dict[str, Any]:
         """One call at a time; SIGKILL to the leader after ``STEADY_S``;
@@ -478,26 +503,23 @@ class PeerCluster:
             shutil.rmtree(self.base, ignore_errors=True)
 
 
-def _rows(cluster: PeerCluster, windows: tuple[int, ...], rates: tuple[int, ...], count: int,
-          seconds: float) -> list[dict[str, Any]]:
+def _rows(cluster: PeerCluster, settings: EchoSettings) -> list[dict[str, Any]]:
+    """``bench.cluster.echo_results``'s work and rows, by the client process."""
+    from hdrh.histogram import HdrHistogram
+
     results: list[dict[str, Any]] = []
-    cluster.command("throughput", size=32, window=64, count=min(count, 1_000))  # warm-up
-    for size in SIZES:
-        for window in windows:
-            elapsed = cluster.command("throughput", size=size, window=window, count=count)["elapsed"]
-            label = f"{PREFIX} echo {size} B, window {window}"
-            results.append({"name": label, "value": count / elapsed, "unit": "msgs/s", "reference": None})
-            results.append({"name": f"{label} MB/s", "value": count * size / elapsed / 1e6, "unit": "MB/s",
-                            "reference": None})
-    for rate in rates:
-        answer = cluster.command("latency", rate=rate, seconds=seconds)
-        label = f"{PREFIX} echo RTT at {rate:,}/s"
-        for key, value in answer["us"].items():
-            results.append({"name": f"{label} {key}", "value": value, "unit": "us", "reference": None})
-        results.append({"name": f"{label}, achieved", "value": answer["achieved"], "unit": "msgs/s",
-                        "reference": None})
-        results.append({"name": f"{label}, sends >1 interval late", "value": answer["late_sends"], "unit": "msgs",
-                        "reference": None})
+    cluster.command("throughput", size=32, window=64, count=min(settings.count, 1_000))  # warm-up
+    for size, window in settings.cases:
+        elapsed = cluster.command("throughput", size=size, window=window, count=settings.count)["elapsed"]
+        results += throughput_rows(PREFIX, size, window, settings.count, elapsed)
+    answer = cluster.command("ping", count=settings.pings, max_s=settings.ping_max_s)
+    results += ping_rows(PREFIX, HdrHistogram.decode(answer["histogram"]))
+    for rate in settings.rates:
+        answer = cluster.command("latency", rate=rate, seconds=settings.seconds, warmup_s=settings.warmup_s,
+                                 drain_s=settings.drain_s, settle_s=settings.settle_s)
+        if answer["unanswered"]:
+            print(describe(f"bench.{PREFIX}_peer", rate, answer), flush=True)
+        results += latency_rows(PREFIX, rate, HdrHistogram.decode(answer.pop("histogram")), answer)
     return results
 
 
@@ -516,7 +538,7 @@ def resource_use(cluster: PeerCluster) -> list[dict[str, Any]]:
              for name, named in load.items()}
     each = resources.breakdown(total, {name: pids["node"] for name, pids in nodes.items()}, total=None)
     print(f"bench.pysyncobj_peer: resource use during the {resources.LOAD_RATE:,}/s echo run (achieved "
-          f"{answers[0]['achieved']:,.0f}/s): {each}", flush=True)
+          f"{answers[0]['achieved_rate']:,.0f}/s): {each}", flush=True)
     label = f"during {resources.LOAD_RATE:,}/s echo"
     return resources.rows(PREFIX, "idle", idle) + resources.rows(PREFIX, label, load)
 
@@ -528,10 +550,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
         return []
     from pysyncobj.version import VERSION
 
-    count = 2_000 if quick else 20_000
-    seconds = 2.0 if quick else 5.0
-    rates = QUICK_RATES if quick else RATES
-    windows = (64, 1024) if quick else WINDOWS
+    settings = EchoSettings(quick, 2_000 if quick else 20_000)
     failovers = 1 if quick else FAILOVERS
     load_before = os.getloadavg()[0]
     began = time.monotonic()
@@ -543,11 +562,12 @@ def run(quick: bool) -> list[dict[str, Any]]:
               f"like fulmar's); raftMinTimeout {RAFT_MIN_TIMEOUT_S:g} s, raftMaxTimeout {RAFT_MAX_TIMEOUT_S:g} s "
               f"(election after 1.0-1.5 s without the leader, vs fulmar's 1 s heartbeat timeout), "
               f"appendEntriesPeriod 0.1 s (default), appendEntriesUseBatch {APPEND_ENTRIES_USE_BATCH} "
-              f"(FULMAR_BENCH_PYSYNCOBJ_BATCH=1 for True, PySyncObj's default); {count:,} calls per throughput case, {seconds:g} s "
-              f"(+{WARMUP_S:g} s warm-up) per rate, {failovers} failover(s)", flush=True)
+              f"(FULMAR_BENCH_PYSYNCOBJ_BATCH=1 for True, PySyncObj's default); {settings.describe()}; "
+              f"{failovers} failover(s)", flush=True)
         cluster.wait_settled("a leader and two followers")
-        results = _rows(cluster, windows, rates, count, seconds)
-        results += resource_use(cluster)
+        # Resource use first, as bench.cluster3: the overloaded open-loop runs may leave a backlog behind them.
+        results = resource_use(cluster)
+        results += _rows(cluster, settings)
         for index in range(failovers):
             if index:
                 cluster.wait_settled("the killed node caught up")
