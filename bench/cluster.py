@@ -14,22 +14,31 @@ client.  (The process-starting code is a copy of the small part of
 ``tests/cluster_support.py`` it needs, so the bench does not import the
 tests package.)
 
-Throughput: a window of ``W`` messages outstanding (sent, not yet echoed);
-``N`` messages of a ``P``-byte payload (an 8-byte sequence number, then
-filler; the 32-byte session header is extra); timed from the first offer
-until the last echo.  Every echo is checked: byte for byte the message sent,
-in order.  MB/s counts the payload bytes echoed (one direction), 10^6 bytes
-per MB.
+What is run, and its counts (quick and full), is ``bench.openloop``'s
+(shared with ``bench.cluster3`` and ``bench.pysyncobj_peer``).
 
-Latency: messages sent on a fixed schedule (``rate`` per second, 32-byte
+Throughput: payloads of 32, 288 and 1344 bytes (an 8-byte sequence number,
+then filler; the 32-byte session header is extra) with a window of 1000
+messages outstanding (sent, not yet echoed; full runs add 32 B with a window
+of 64); ``N`` messages timed from the first offer until the last echo.
+Every echo is checked: byte for byte the message sent, in order.  MB/s
+counts the payload bytes echoed (one direction), 10^6 bytes per MB.
+
+Ping: one 32-byte message at a time, the next sent when its echo is back;
+each round trip timed from just before the offer.
+
+Latency: open loop at 1,000, 10,000 and 50,000 messages per second (32-byte
 payload holding the sequence number and the *intended* send time); each
 round trip is the time from the intended send time to the echo's arrival,
 so a late send (the client stuck behind back pressure or a slow echo) counts
-in full: no coordinated omission.  The first second is warm-up and not
-recorded.  Values go into an HdrHistogram (1 ns .. 100 s, 3 digits).  The
-client waits on the driver's data doorbell until an echo lands or the next
-send is due (it does not spin: on 2 cores a spinning client takes the CPU
-from the node's processes).
+in full: no coordinated omission.  The first part is warm-up and not
+recorded.  A rate the cluster cannot sustain still ends in bounded time: the
+answers are waited for a bounded drain time after the schedule, the rest
+counted as unanswered (a row), the achieved rate given.  Values go into an
+HdrHistogram (1 ns .. 100 s, 3 digits), handed to ``__main__`` with the rows
+(``.hgrm`` files, plots).  The client waits on the driver's data doorbell
+until an echo lands or the next send is due (it does not spin: on 2 cores a
+spinning client takes the CPU from the node's processes).
 """
 
 from __future__ import annotations

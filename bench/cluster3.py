@@ -13,16 +13,16 @@ This process is the client, on a media driver of its own (the nodes' drivers
 go away with their nodes), connecting with the cluster's ingress endpoints
 (``0=127.0.0.1:p0,...``) and following the leader.
 
-Throughput and latency are ``bench.cluster``'s measurements (see there),
-against the leader of this cluster instead of a single node: 32 B and 256 B
-payloads with windows of 64, 256 and 1024 (quick: 64 and 1024), round trips
-at 500, 1,000 and 2,000 per second (quick: 1,000).  When
-``bench.pysyncobj_peer`` ran in the same ``python -m bench`` run, its figure
-for the same work (same name after the module prefix) is this module's
-reference: the table's ratio is then fulmar / PySyncObj.  Otherwise, when
-``bench.cluster`` ran, its figure is: the ratio is then 3-node / 1-node.
+Throughput, ping and latency are ``bench.cluster``'s measurements (see
+there; counts in ``bench.openloop``), against the leader of this cluster
+instead of a single node.  When ``bench.pysyncobj_peer`` ran in the same
+``python -m bench`` run, its figure for the same work (same name after the
+module prefix) is this module's reference: the table's ratio is then
+fulmar / PySyncObj.  Otherwise, when ``bench.cluster`` ran, its figure is:
+the ratio is then 3-node / 1-node.
 
-Resource use (``bench.resources``), before the failovers: each node's four
+Resource use (``bench.resources``), first (an overloaded open-loop run may
+leave a backlog behind it): each node's four
 processes summed, CPU in cores and RSS in MiB, median and max over the
 nodes, over a 3 s idle window (no client) and during a 1,000/s echo run;
 the leader's processes one by one are printed.

@@ -19,16 +19,18 @@ follower's worth of sending than fulmar's leader has.)  It ticks PySyncObj
 itself (``autoTick=False``) from one thread and takes commands from this
 process one JSON line at a time.
 
-Measurements are ``bench.cluster``'s: 32 B and 256 B payloads with windows
-of 64, 256 and 1024 calls in flight (quick: 64 and 1024); round trips at
-500, 1,000 and 2,000 per second (quick: 1,000), open loop, each from its
-intended send time, in an HdrHistogram; failover: one call at a time (each
-given ``REQUEST_TIMEOUT_S``, sent again on timeout or error), the leader's
-process gets SIGKILL, and the time to the first answer to a call sent after
-the kill is taken; ``FAILOVERS`` runs (quick: one), the killed node started
-again (empty log: PySyncObj keeps it in memory here) and caught up between
-runs.  Before the failovers, each node process's CPU (cores) and RSS over
-a 3 s idle window and during a 1,000/s echo run (``bench.resources``).
+Measurements are ``bench.cluster``'s (counts in ``bench.openloop``):
+first each node process's CPU (cores) and RSS over a 3 s idle window and
+during a 1,000/s echo run (``bench.resources``); then 32, 288 and 1344 B
+payloads with 1000 calls in flight; one call at a time (ping: the next call
+made once the previous one's callback ran); round trips at 1,000, 10,000 and 50,000 per
+second open loop, each from its intended send time, in an HdrHistogram
+(sent back encoded; unanswered calls counted after a bounded drain);
+failover: one call at a time (each given ``REQUEST_TIMEOUT_S``, sent again
+on timeout or error), the leader's process gets SIGKILL, and the time to
+the first answer to a call sent after the kill is taken; ``FAILOVERS`` runs
+(quick: one), the killed node started again (empty log: PySyncObj keeps it
+in memory here) and caught up between runs.
 
 Timeouts, matched to ``bench.cluster3``'s 1 s leader heartbeat timeout:
 ``raftMinTimeout=1.0``, ``raftMaxTimeout=1.5`` (a follower that hears nothing
