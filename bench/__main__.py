@@ -62,13 +62,7 @@ def main() -> None:
             for result in module.run(args.quick):
                 samples.setdefault(result["name"], []).append(result)
         for name, runs in samples.items():
-            # A latency row may carry its histogram: the repeats' are merged into one (copied: add() mutates).
-            for run in runs:
-                if run.get("histogram") is not None:
-                    key = (module_name, run["histogram_id"])
-                    if key not in histograms:
-                        histograms[key] = _empty_like(run["histogram"])
-                    histograms[key].add(run["histogram"])
+            report.merge_histograms(histograms, module_name, runs)
             # None: no figure in that run (e.g. percentiles of an open-loop run with no answer after its warm-up).
             values = [r["value"] for r in runs if r["value"] is not None]
             references = [r["reference"] for r in runs if r.get("reference")]
@@ -126,14 +120,6 @@ def main() -> None:
     files += report.write_hgrm(RESULTS_DIR, stamp, histograms)
     files += report.write_plots(RESULTS_DIR, stamp, rows, histograms)
     print("results:\n" + "\n".join(f"  {path}" for path in files))
-
-
-def _empty_like(histogram: Any) -> Any:
-    """A new empty HdrHistogram with ``histogram``'s range and precision."""
-    from hdrh.histogram import HdrHistogram
-
-    return HdrHistogram(histogram.lowest_trackable_value, histogram.highest_trackable_value,
-                        histogram.significant_figures)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,21 @@ def write_markdown(path: Path, rows: list[Mapping[str, Any]], heading: str) -> P
     return path
 
 
+def merge_histograms(into: dict[tuple[str, str], HdrHistogram], module: str,
+                     runs: Iterable[Mapping[str, Any]]) -> None:
+    """The histograms the repeats of one row carry (``"histogram"``, ``"histogram_id"``),
+    added into ``into[(module, id)]``: a new histogram, the rows' own are left as they are."""
+    for run in runs:
+        histogram = run.get("histogram")
+        if histogram is None:
+            continue
+        key = (module, str(run["histogram_id"]))
+        if key not in into:
+            into[key] = HdrHistogram(histogram.lowest_trackable_value, histogram.highest_trackable_value,
+                                     histogram.significant_figures)
+        into[key].add(histogram)
+
+
 def write_hgrm(directory: Path, stamp: str, histograms: Mapping[tuple[str, str], HdrHistogram]) -> list[Path]:
     """HdrHistogram's percentile distribution of each histogram, values in us,
     as ``bench-STAMP-MODULE-ID.hgrm``."""

@@ -101,3 +101,15 @@ def test_no_plots_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert report.write_plots(tmp_path, "S", rows, {("cluster", "ping"): _histogram([1, 2, 3])}) == []
     assert list(tmp_path.iterdir()) == []
     assert "matplotlib is not installed" in capsys.readouterr().out
+
+
+def test_merge_histograms_of_repeats() -> None:
+    first, second = _histogram([100] * 3), _histogram([300] * 1)
+    runs = [{"name": "x p50", "value": 0.1, "histogram": first, "histogram_id": "ping"},
+            {"name": "x p50", "value": 0.3, "histogram": second, "histogram_id": "ping"}, {"name": "x p50", "value": 1}]
+    merged: dict[tuple[str, str], HdrHistogram] = {}
+    report.merge_histograms(merged, "cluster3", runs)
+    assert list(merged) == [("cluster3", "ping")]
+    histogram = merged[("cluster3", "ping")]
+    assert histogram.get_total_count() == 4 and histogram.get_max_value() == pytest.approx(300_000, rel=1e-3)
+    assert first.get_total_count() == 3  # the runs' own histograms untouched
