@@ -588,4 +588,4 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     for row in run("--quick" in sys.argv):
-        print(f"{row['name']}: {row['value']:,.2f} {row['unit']}")
+        print(f"{row['name']}: {'n/a' if row['value'] is None else format(row['value'], ',.2f')} {row['unit']}")

@@ -140,6 +140,8 @@ def percentile_rows(label: str, histogram: HdrHistogram, histogram_id: str) -> l
 def throughput_rows(prefix: str, size: int, window: int, count: int, elapsed_s: float) -> list[dict[str, Any]]:
     label = f"{prefix} echo {size} B, window {window}"
     plot = {"size": size} if window == WINDOW else {}  # the throughput bars: the main window only
+    if count <= 0 or elapsed_s <= 0:  # nothing answered (PySyncObj's calls can be lost): no figure
+        return [_row(label, None, "msgs/s", throughput_plot=plot or None), _row(f"{label} MB/s", None, "MB/s")]
     return [_row(label, count / elapsed_s, "msgs/s", throughput_plot=plot or None),
             _row(f"{label} MB/s", count * size / elapsed_s / 1e6, "MB/s")]
 
