@@ -77,10 +77,11 @@ class OpenLoop:
         if self.closed:
             return
         self.answered += 1
-        self.last_answer_ns = now_ns
         if not ok:
             self.failed += 1
-        elif sequence >= self.warmup:
+            return
+        self.last_answer_ns = now_ns
+        if sequence >= self.warmup:
             self.histogram.record_value(max(1, now_ns - self.intended(sequence)))
 
     def done(self, now_ns: int) -> bool:
@@ -105,10 +106,11 @@ class OpenLoop:
         return self.total - self.answered + self.failed
 
     def achieved_rate(self) -> float:
-        """Answers per second, from the first intended send to the last answer."""
-        if not self.answered or self.last_answer_ns <= self.start_ns:
+        """Good answers (errors not counted) per second, from the first intended send to the last one."""
+        good = self.answered - self.failed
+        if not good or self.last_answer_ns <= self.start_ns:
             return 0.0
-        return self.answered / ((self.last_answer_ns - self.start_ns) / 1e9)
+        return good / ((self.last_answer_ns - self.start_ns) / 1e9)
 
     def summary(self) -> dict[str, Any]:
         return {"total": self.total, "sent": self.sent, "answered": self.answered, "failed": self.failed,

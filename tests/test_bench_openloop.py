@@ -46,6 +46,7 @@ def test_overload_counts_unanswered_and_measures_from_intended_time() -> None:
     summary = loop.summary()
     assert summary["answered"] == 2 and summary["failed"] == 1
     assert summary["unanswered"] == 100 - 2 + 1
+    assert summary["achieved_rate"] == pytest.approx(1 / 0.031)  # one good answer by 31 ms; the error not counted
     assert loop.due(151 * MS) is None  # nothing sent after the deadline
     assert loop.histogram.get_total_count() == 1
 
