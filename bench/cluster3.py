@@ -21,8 +21,9 @@ module prefix) is this module's reference: the table's ratio is then
 fulmar / PySyncObj.  Otherwise, when ``bench.cluster`` ran, its figure is:
 the ratio is then 3-node / 1-node.
 
-Resource use (``bench.resources``), first (an overloaded open-loop run may
-leave a backlog behind it): each node's four
+Resource use (``bench.resources``), first, then the failovers, then the
+echo runs (an overloaded open-loop run may leave a backlog behind it):
+each node's four
 processes summed, CPU in cores and RSS in MiB, median and max over the
 nodes, over a 3 s idle window (no client) and during a 1,000/s echo run;
 the leader's processes one by one are printed.
@@ -48,7 +49,8 @@ that timeout (printed) is the floor of every failover figure.  Between runs
 the killed node is started again with ``cluster-node start --config
 BASE/node<i>/node.toml`` (the file ``--local`` wrote) and the next run waits
 until it has rejoined as a follower of the current term with the leader's
-commit position, so that every kill leaves two live, caught-up members.
+commit position, so that every kill leaves two live, caught-up members; the
+same after the last run, so that the echo runs have three.
 """
 
 from __future__ import annotations
@@ -547,15 +549,11 @@ def run(quick: bool) -> list[dict[str, Any]]:
                   f"{REQUEST_TIMEOUT_S * 1000:g} ms",
                   flush=True)
         assert cluster.client_driver is not None
-        first_term = cluster.wait_for_leader()["leadership_term_id"]
         with Aeron.connect(cluster.client_driver_dir) as aeron:
-            # Resource use first: the overloaded open-loop runs may leave a backlog behind them.
+            # Resource use and failovers before the echo runs: an overloaded
+            # open-loop run may leave a backlog behind it, which would be
+            # measured as idle use or slow a failover.
             results += resource_use(aeron, cluster)
-            results += echo_results(aeron, cluster, "cluster3", settings)
-            term = cluster.wait_for_leader()["leadership_term_id"]
-            if term != first_term:  # said, not hidden: the figures above went through elections
-                print(f"bench.cluster3: {term - first_term} election(s) nobody asked for during the throughput and "
-                      f"latency runs (term {first_term} -> {term})", flush=True)
             samples: list[Failover] = []
             for index in range(failovers):
                 if index:
@@ -576,6 +574,15 @@ def run(quick: bool) -> list[dict[str, Any]]:
                                      ("to first answer", sample.answered_ms)):
                     results.append({"name": f"cluster3 failover, kill {label}", "value": value, "unit": "ms",
                                     "reference": None})
+            if samples:  # the echo runs are a three-member cluster's: the last killed node back and caught up
+                cluster.restart(samples[-1].killed)
+                cluster.wait_for_leader(rejoining=samples[-1].killed)
+            first_term = cluster.wait_for_leader()["leadership_term_id"]
+            results += echo_results(aeron, cluster, "cluster3", settings)
+            term = cluster.wait_for_leader()["leadership_term_id"]
+            if term != first_term:  # said, not hidden: the figures above went through elections
+                print(f"bench.cluster3: {term - first_term} election(s) nobody asked for during the throughput and "
+                      f"latency runs (term {first_term} -> {term})", flush=True)
     except Exception as error:
         raise RuntimeError(f"bench.cluster3 failed: {error}\n{cluster.describe(30)}") from error
     finally:

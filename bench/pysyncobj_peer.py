@@ -19,8 +19,8 @@ follower's worth of sending than fulmar's leader has.)  It ticks PySyncObj
 itself (``autoTick=False``) from one thread and takes commands from this
 process one JSON line at a time.
 
-Measurements are ``bench.cluster``'s (counts in ``bench.openloop``):
-first each node process's CPU (cores) and RSS over a 3 s idle window and
+Measurements are ``bench.cluster``'s (counts in ``bench.openloop``), in
+``bench.cluster3``'s order (resources, failovers, echo): first each node process's CPU (cores) and RSS over a 3 s idle window and
 during a 1,000/s echo run (``bench.resources``); then 32, 288 and 1344 B
 payloads with 1000 calls in flight; one call at a time (ping: the next call
 made once the previous one's callback ran); round trips at 1,000, 10,000 and 50,000 per
@@ -88,7 +88,7 @@ RAFT_MAX_TIMEOUT_S = 1.5
 APPEND_ENTRIES_USE_BATCH = os.environ.get("FULMAR_BENCH_PYSYNCOBJ_BATCH", "0") == "1"
 START_TIMEOUT_S = 60
 COMMAND_TIMEOUT_S = 300
-STALL_S = 10.0  # a throughput run without an answer for this long is over (calls lost)
+STALL_S = 5.0  # a throughput run without an answer for this long is over (calls lost)
 PING_TIMEOUT_S = 5.0  # a ping without an answer for this long is lost (counted, the next one sent)
 FAILOVER_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 10
@@ -602,9 +602,8 @@ def run(quick: bool) -> list[dict[str, Any]]:
               f"(FULMAR_BENCH_PYSYNCOBJ_BATCH=1 for True, PySyncObj's default); {settings.describe()}; "
               f"{failovers} failover(s)", flush=True)
         cluster.wait_settled("a leader and two followers")
-        # Resource use first, as bench.cluster3: the overloaded open-loop runs may leave a backlog behind them.
+        # Resource use and failovers first, as bench.cluster3: the overloaded open-loop runs may leave a backlog.
         results = resource_use(cluster)
-        results += _rows(cluster, settings)
         for index in range(failovers):
             if index:
                 cluster.wait_settled("the killed node caught up")
@@ -617,6 +616,10 @@ def run(quick: bool) -> list[dict[str, Any]]:
             results.append({"name": f"{PREFIX} failover, kill to first answer", "value": sample["answered_ms"],
                             "unit": "ms", "reference": None})
             cluster.start_node(member)
+        if failovers:  # the echo runs are a three-member cluster's: the last killed node caught up
+            cluster.wait_settled("the killed node caught up")
+            cluster.command("ready", timeout_s=START_TIMEOUT_S + 10)
+        results += _rows(cluster, settings)
     except Exception as error:
         raise RuntimeError(f"bench.pysyncobj_peer failed: {error}\n{cluster.log_tails()}") from error
     finally:
