@@ -70,8 +70,12 @@ def main() -> None:
             reference_kind = "C" if reference else None
             for reference_module in reference_modules if reference is None else ():
                 other = earlier.get((reference_module, module.reference_name(name, reference_module) or ""))
-                if other is not None and other["median"] is not None:
-                    reference, reference_kind = other["median"], reference_module
+                if other is not None:
+                    # The first module that has the row decides, even when its row has no figure
+                    # (PySyncObj's percentiles when it answered nothing): no ratio then, rather
+                    # than one against the next module's figure in a column of fulmar / PySyncObj.
+                    if other["median"] is not None:
+                        reference, reference_kind = other["median"], reference_module
                     break
             median = statistics.median(values) if values else None
             rows.append(
