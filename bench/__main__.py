@@ -13,6 +13,15 @@ None``; a row's reference is the first of those modules that ran and has the
 row (``cluster3``: PySyncObj's 3-node figure for the same work, ratio
 fulmar/PySyncObj; without ``pysyncobj_peer`` in the run, the 1-node cluster's,
 ratio 3-node/1-node).  Rows given no reference either way show none.
+
+A row's value may be None (no figure in that run: shown as n/a).  A latency
+row may carry ``"histogram"`` (an HdrHistogram of nanoseconds) and
+``"histogram_id"`` (``rtt-RATE``, ``ping``); a throughput row may carry
+``"throughput_plot": {"size": B}``.  Besides the JSON, each run writes
+(``bench.report``) ``bench-STAMP.md`` (the table in Markdown, also printed),
+``bench-STAMP-MODULE-ID.hgrm`` per histogram (repeats merged; HdrHistogram's
+percentile distribution in us) and PNG plots (latency percentiles per rate
+and for ping, one curve per system; throughput bars per payload size).
 """
 
 from __future__ import annotations
@@ -20,21 +29,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from bench import report
+
 MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive", "cluster", "pysyncobj_peer",
            "cluster3"]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-
-
-def _format(value: float) -> str:
-    if value >= 100:
-        return f"{value:,.0f}"
-    return f"{value:,.2f}"
 
 
 def main() -> None:
@@ -46,6 +52,7 @@ def main() -> None:
     repeat = 1 if args.quick else max(1, args.repeat)
 
     rows: list[dict[str, Any]] = []
+    histograms: dict[tuple[str, str], Any] = {}  # (module, histogram id) -> HdrHistogram, repeats merged
     for module_name in sorted(args.only or MODULES, key=MODULES.index):
         module = importlib.import_module(f"bench.{module_name}")
         reference_modules: tuple[str, ...] = getattr(module, "REFERENCE_MODULES", ())
@@ -55,28 +62,35 @@ def main() -> None:
             for result in module.run(args.quick):
                 samples.setdefault(result["name"], []).append(result)
         for name, runs in samples.items():
-            values = [r["value"] for r in runs]
+            report.merge_histograms(histograms, module_name, runs)
+            # None: no figure in that run (e.g. percentiles of an open-loop run with no answer after its warm-up).
+            values = [r["value"] for r in runs if r["value"] is not None]
             references = [r["reference"] for r in runs if r.get("reference")]
             reference = statistics.median(references) if references else None
             reference_kind = "C" if reference else None
             for reference_module in reference_modules if reference is None else ():
                 other = earlier.get((reference_module, module.reference_name(name, reference_module) or ""))
                 if other is not None:
-                    reference, reference_kind = other["median"], reference_module
+                    # The first module that has the row decides, even when its row has no figure
+                    # (PySyncObj's percentiles when it answered nothing): no ratio then, rather
+                    # than one against the next module's figure in a column of fulmar / PySyncObj.
+                    if other["median"] is not None:
+                        reference, reference_kind = other["median"], reference_module
                     break
-            median = statistics.median(values)
+            median = statistics.median(values) if values else None
             rows.append(
                 {
                     "module": module_name,
                     "name": name,
                     "unit": runs[0]["unit"],
                     "median": median,
-                    "min": min(values),
-                    "max": max(values),
+                    "min": min(values) if values else None,
+                    "max": max(values) if values else None,
                     "reference": reference,
                     "reference_kind": reference_kind,
-                    "ratio": median / reference if reference else None,
+                    "ratio": median / reference if reference and median is not None else None,
                     "runs": len(values),
+                    **({"throughput_plot": runs[0]["throughput_plot"]} if runs[0].get("throughput_plot") else {}),
                 }
             )
 
@@ -84,12 +98,10 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for row in rows:
-        spread = f"{_format(row['min'])}-{_format(row['max'])}"
-        reference = _format(row["reference"]) if row["reference"] else "-"
+        reference = report.format_value(row["reference"]) if row["reference"] else "-"
         ratio = f"{row['ratio']:.3f}" if row["ratio"] else "-"
-        print(
-            f"{row['name']:<52} {_format(row['median']):>14} {spread:>25} {row['unit']:<8} {reference:>14} {ratio:>7}"
-        )
+        print(f"{row['name']:<52} {report.format_value(row['median']):>14} {report.spread(row):>25} "
+              f"{row['unit']:<8} {reference:>14} {ratio:>7}")
 
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -102,15 +114,16 @@ def main() -> None:
     )
     kinds = sorted({row["reference_kind"] for row in rows if row["reference_kind"]})
     if kinds:
-        notes = {"C": "the same loop in C, measured in this run",
-                 "pysyncobj_peer": "cluster3 rows: PySyncObj's 3-node cluster doing the same work in this run "
-                                   "(ratio = fulmar / PySyncObj: above 1 is better for fulmar in msgs/s and MB/s, "
-                                   "below 1 in us, ms, cores and MiB)",
-                 "cluster": "cluster3 rows without a PySyncObj figure in this run: the 1-node cluster's median "
-                            "for the same work (ratio = 3-node / 1-node)"}
-        print("reference: " + "; ".join(notes.get(kind, f"the {kind} module's median for the same work in this run "
-                                                   f"(ratio = this / that)") for kind in kinds))
-    print(f"\nresults: {out}")
+        print("reference: " + report.reference_notes(kinds))
+
+    heading = (f"python -m bench{' --quick' if args.quick else ''}, {stamp}: {repeat} repetition(s), median and "
+               f"min-max; {platform.node()}, {os.cpu_count()} cores")
+    markdown = report.write_markdown(RESULTS_DIR / f"bench-{stamp}.md", rows, heading)
+    print("\n" + markdown.read_text())
+    files = [out, markdown]
+    files += report.write_hgrm(RESULTS_DIR, stamp, histograms)
+    files += report.write_plots(RESULTS_DIR, stamp, rows, histograms)
+    print("results:\n" + "\n".join(f"  {path}" for path in files))
 
 
 if __name__ == "__main__":

@@ -14,22 +14,31 @@ client.  (The process-starting code is a copy of the small part of
 ``tests/cluster_support.py`` it needs, so the bench does not import the
 tests package.)
 
-Throughput: a window of ``W`` messages outstanding (sent, not yet echoed);
-``N`` messages of a ``P``-byte payload (an 8-byte sequence number, then
-filler; the 32-byte session header is extra); timed from the first offer
-until the last echo.  Every echo is checked: byte for byte the message sent,
-in order.  MB/s counts the payload bytes echoed (one direction), 10^6 bytes
-per MB.
+What is run, and its counts (quick and full), is ``bench.openloop``'s
+(shared with ``bench.cluster3`` and ``bench.pysyncobj_peer``).
 
-Latency: messages sent on a fixed schedule (``rate`` per second, 32-byte
+Throughput: payloads of 32, 288 and 1344 bytes (an 8-byte sequence number,
+then filler; the 32-byte session header is extra) with a window of 1000
+messages outstanding (sent, not yet echoed; full runs add 32 B with a window
+of 64); ``N`` messages timed from the first offer until the last echo.
+Every echo is checked: byte for byte the message sent, in order.  MB/s
+counts the payload bytes echoed (one direction), 10^6 bytes per MB.
+
+Ping: one 32-byte message at a time, the next sent when its echo is back;
+each round trip timed from just before the offer.
+
+Latency: open loop at 1,000, 10,000 and 50,000 messages per second (32-byte
 payload holding the sequence number and the *intended* send time); each
 round trip is the time from the intended send time to the echo's arrival,
 so a late send (the client stuck behind back pressure or a slow echo) counts
-in full: no coordinated omission.  The first second is warm-up and not
-recorded.  Values go into an HdrHistogram (1 ns .. 100 s, 3 digits).  The
-client waits on the driver's data doorbell until an echo lands or the next
-send is due (it does not spin: on 2 cores a spinning client takes the CPU
-from the node's processes).
+in full: no coordinated omission.  The first part is warm-up and not
+recorded.  A rate the cluster cannot sustain still ends in bounded time: the
+answers are waited for a bounded drain time after the schedule, the rest
+counted as unanswered (a row), the achieved rate given.  Values go into an
+HdrHistogram (1 ns .. 100 s, 3 digits), handed to ``__main__`` with the rows
+(``.hgrm`` files, plots).  The client waits on the driver's data doorbell
+until an echo lands or the next send is due (it does not spin: on 2 cores a
+spinning client takes the CPU from the node's processes).
 """
 
 from __future__ import annotations
@@ -44,11 +53,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hdrh.histogram import HdrHistogram
 
+from bench.openloop import (
+    PING_WARMUP,
+    SETTLE_QUIET_S,
+    EchoSettings,
+    OpenLoop,
+    describe,
+    latency_rows,
+    new_histogram,
+    ping_rows,
+    throughput_rows,
+)
 from fulmar.aeron import Aeron
 from fulmar.cnc import CncError, CncFile
 from fulmar.consensus.client import ClusterClient
@@ -56,11 +75,9 @@ from fulmar.log_writer import CLOSED, MAX_POSITION_EXCEEDED
 
 SERVICE = "fulmar.service.samples:EchoService"
 EGRESS_CHANNEL = "aeron:udp?endpoint=127.0.0.1:0"
-WINDOWS = (64, 256, 1024)
-SIZES = (32, 256)
-RATES = (1_000, 5_000)
-PERCENTILES = (50, 90, 99, 99.9)
-WARMUP_S = 1.0
+WARMUP_S = 1.0  # defaults of latency() (the resource-use runs); the echo runs use EchoSettings
+DRAIN_S = 2.0
+SETTLE_S = 5.0
 DISK_PARENT = "/var/tmp"
 SHM_PARENT = "/dev/shm"
 START_TIMEOUT_S = 60
@@ -296,102 +313,141 @@ def throughput(aeron: Aeron, node: Ingress, size: int, window: int, count: int) 
     return elapsed
 
 
-def latency(aeron: Aeron, node: Ingress, rate: int, seconds: float) -> tuple[HdrHistogram, dict[str, float]]:
-    """Round trips at ``rate`` messages per second for ``seconds`` (after the warm-up),
-    each from its intended send time."""
-    histogram = HdrHistogram(1, 100_000_000_000, 3)
-    interval_ns = 1_000_000_000 // rate
-    warmup = int(WARMUP_S * rate)
-    total = warmup + int(seconds * rate)
+def latency(aeron: Aeron, node: Ingress, rate: int, seconds: float, warmup_s: float = WARMUP_S,
+            drain_s: float = DRAIN_S, settle_s: float = SETTLE_S) -> tuple[HdrHistogram, dict[str, Any]]:
+    """Round trips at ``rate`` messages per second, open loop (``bench.openloop``):
+    ``warmup_s`` not recorded, then ``seconds`` recorded, each from its
+    intended send time; answers waited for ``drain_s`` after the schedule,
+    the rest counted unanswered.  Then, unrecorded, the client stays until
+    the echoes stop (at most ``settle_s``), so that the next run does not
+    start behind this one's backlog."""
     clock = time.perf_counter_ns
-    state = {"received": 0, "bad": 0}
+    state = {"expected": 0, "bad": 0}
     padding = b"\0" * 16
+    loop: OpenLoop | None = None
 
     def on_message(session_id: int, timestamp: int, payload: memoryview) -> None:
         now = clock()
-        seq, intended = _STAMP.unpack_from(payload, 0)
-        if seq != state["received"]:
+        seq = _STAMP.unpack_from(payload, 0)[0]
+        if seq != state["expected"]:
             state["bad"] += 1
-        state["received"] += 1
-        if seq >= warmup:
-            histogram.record_value(max(1, now - intended))
+        state["expected"] = seq + 1
+        assert loop is not None
+        loop.on_answer(seq, now)
 
     client = _connect(aeron, node, on_message)
-    late_sends = 0
-    max_send_lag_ns = 0
     try:
         poll = client.poll_egress
         offer = client.offer
-        start = clock() + 10_000_000
-        sent = 0
-        deadline = time.monotonic() + seconds + WARMUP_S + 120
+        loop = OpenLoop(rate, warmup_s, seconds, drain_s, clock() + 10_000_000)
         term = client.leadership_term_id
         last_progress = time.monotonic()
-        while state["received"] < total:
-            now = clock()
-            if sent < total:
-                intended = start + sent * interval_ns
-                if now >= intended:
-                    result = offer(_STAMP.pack(sent, intended) + padding)
-                    if result > 0:
-                        lag = clock() - intended
-                        if lag > interval_ns:
-                            late_sends += 1
-                        max_send_lag_ns = max(max_send_lag_ns, lag)
-                        sent += 1
-                        continue
-                    _check_offer(result)
+        while not loop.done(clock()):
+            seq = loop.due(clock())
+            refused = False
+            if seq is not None:
+                result = offer(_STAMP.pack(seq, loop.intended(seq)) + padding)
+                if result > 0:
+                    loop.on_sent(seq, clock())
+                    continue
+                _check_offer(result)
+                refused = True  # back pressure: wait a little for the echoes rather than spin
             if poll(256):
                 last_progress = time.monotonic()
                 continue
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{state['received']} of {total} echoes at {rate}/s")
             _check_leader(client, term, last_progress)
-            wait_ns = (start + sent * interval_ns - clock()) if sent < total else 1_000_000
-            if wait_ns > 0:
-                _wait_doorbell(aeron, client, min(wait_ns, 1_000_000))
-        elapsed_s = (clock() - start) / 1e9
+            _wait_doorbell(aeron, client, 100_000 if refused else min(loop.wait_ns(clock()), 1_000_000))
+        if loop.unanswered:
+            _settle(aeron, client, settle_s)
         if state["bad"]:
             raise AssertionError(f"{state['bad']} echoes out of order at {rate}/s")
     finally:
         client.close()
-    return histogram, {"late_sends": late_sends, "max_send_lag_us": max_send_lag_ns / 1000,
-                       "achieved_rate": total / elapsed_s}
+    return loop.histogram, loop.summary()
 
 
-def echo_results(aeron: Aeron, target: Any, prefix: str, windows: Sequence[int], rates: Sequence[int],
-                 count: int, seconds: float) -> list[dict[str, Any]]:
-    """Windowed echo throughput for each size and window, then round-trip
-    percentiles at each rate: the rows both cluster modules report."""
+def _settle(aeron: Aeron, client: ClusterClient, settle_s: float) -> None:
+    """Poll (answers no longer counted) until none came for ``SETTLE_QUIET_S``, at most ``settle_s``."""
+    deadline = time.monotonic() + settle_s
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < SETTLE_QUIET_S:
+        if client.poll_egress(256):
+            quiet_since = time.monotonic()
+        else:
+            _wait_doorbell(aeron, client, 1_000_000)
+
+
+def ping(aeron: Aeron, node: Ingress, count: int, max_s: float) -> HdrHistogram:
+    """One message at a time (32 B): send, wait for its echo, send the next;
+    each round trip from just before the offer to the echo's arrival.
+    ``PING_WARMUP`` first ones not recorded; ``count`` recorded, or fewer
+    when ``max_s`` is up first."""
+    histogram = new_histogram()
+    clock = time.perf_counter_ns
+    arrivals: list[tuple[int, int]] = []  # (sequence, arrival ns)
+    padding = b"\0" * 16
+
+    def on_message(session_id: int, timestamp: int, payload: memoryview) -> None:
+        arrivals.append((_STAMP.unpack_from(payload, 0)[0], clock()))
+
+    client = _connect(aeron, node, on_message)
+    try:
+        term = client.leadership_term_id
+        end = time.monotonic() + max_s
+        for seq in range(PING_WARMUP + count):
+            if seq == PING_WARMUP:
+                end = time.monotonic() + max_s
+            elif seq > PING_WARMUP and time.monotonic() > end:
+                break
+            message = _STAMP.pack(seq, 0) + padding
+            deadline = time.monotonic() + 60
+            sent_ns = clock()
+            while (result := client.offer(message)) <= 0:
+                _check_offer(result)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ping {seq}: offer refused for 60 s ({result})")
+                client.poll_egress(16)
+                _wait_doorbell(aeron, client, 100_000)
+            last_progress = time.monotonic()
+            while not arrivals:
+                if client.poll_egress(16):
+                    continue
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ping {seq}: no echo in 60 s")
+                _check_leader(client, term, last_progress)
+                _wait_doorbell(aeron, client, 1_000_000)
+            answered, arrival_ns = arrivals.pop(0)
+            if answered != seq or arrivals:
+                raise AssertionError(f"ping {seq}: echo of {answered}, {len(arrivals)} more")
+            if seq >= PING_WARMUP:
+                histogram.record_value(max(1, arrival_ns - sent_ns))
+    finally:
+        client.close()
+    return histogram
+
+
+def echo_results(aeron: Aeron, target: Any, prefix: str, settings: EchoSettings) -> list[dict[str, Any]]:
+    """Windowed echo throughput for each (size, window) case, one-at-a-time
+    pings, then round-trip percentiles at each offered rate (lowest first:
+    the overloaded runs last): the rows both fulmar cluster modules report."""
     results: list[dict[str, Any]] = []
-    throughput(aeron, target, 32, 64, min(count, 2_000))  # warm-up: imports, first log terms, JIT-free caches
-    for size in SIZES:
-        for window in windows:
-            elapsed = throughput(aeron, target, size, window, count)
-            label = f"{prefix} echo {size} B, window {window}"
-            results.append({"name": label, "value": count / elapsed, "unit": "msgs/s", "reference": None})
-            results.append({"name": f"{label} MB/s", "value": count * size / elapsed / 1e6,
-                            "unit": "MB/s", "reference": None})
-    for rate in rates:
-        histogram, info = latency(aeron, target, rate, seconds)
-        label = f"{prefix} echo RTT at {rate:,}/s"
-        for percentile in PERCENTILES:
-            results.append({"name": f"{label} p{percentile}",
-                            "value": histogram.get_value_at_percentile(percentile) / 1000,
-                            "unit": "us", "reference": None})
-        results.append({"name": f"{label} max", "value": histogram.get_max_value() / 1000,
-                        "unit": "us", "reference": None})
-        results.append({"name": f"{label}, achieved", "value": info["achieved_rate"],
-                        "unit": "msgs/s", "reference": None})
-        results.append({"name": f"{label}, sends >1 interval late", "value": info["late_sends"],
-                        "unit": "msgs", "reference": None})
+    throughput(aeron, target, 32, 64, min(settings.count, 2_000))  # warm-up: imports, first log terms, caches
+    for size, window in settings.cases:
+        elapsed = throughput(aeron, target, size, window, settings.count)
+        results += throughput_rows(prefix, size, window, settings.count, elapsed)
+    results += ping_rows(prefix, ping(aeron, target, settings.pings, settings.ping_max_s))
+    for rate in settings.rates:
+        histogram, summary = latency(aeron, target, rate, settings.seconds, settings.warmup_s, settings.drain_s,
+                                     settings.settle_s)
+        if summary["unanswered"]:
+            print(describe(f"bench.{prefix}", rate, summary), flush=True)
+        results += latency_rows(prefix, rate, histogram, summary)
     return results
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
     global _announced
-    count = 5_000 if quick else 50_000
-    seconds = 2.0 if quick else 5.0
+    settings = EchoSettings(quick, 3_000 if quick else 50_000)
     results: list[dict[str, Any]] = []
     load_before = os.getloadavg()[0]
     began = time.monotonic()
@@ -401,10 +457,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
             _announced = True
             print(f"bench.cluster: 1-node cluster, processes {node.pids()} + this client, {os.cpu_count()} cores "
                   f"(all share them); idle strategies (defaults): {_idle_strategies()}; cluster dir {node.base}, "
-                  f"driver {node.driver_dir}; {count:,} msgs per throughput case, "
-                  f"{seconds:g} s (+{WARMUP_S:g} s warm-up) per rate", flush=True)
+                  f"driver {node.driver_dir}; {settings.describe()}", flush=True)
         with Aeron.connect(node.driver_dir) as aeron:
-            results += echo_results(aeron, node, "cluster", WINDOWS, RATES, count, seconds)
+            results += echo_results(aeron, node, "cluster", settings)
     except Exception as error:
         raise RuntimeError(f"bench.cluster failed: {error}\n{node.log_tails()}") from error
     finally:
@@ -417,4 +472,4 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     for row in run("--quick" in sys.argv):
-        print(f"{row['name']}: {row['value']:,.2f} {row['unit']}")
+        print(f"{row['name']}: {'n/a' if row['value'] is None else format(row['value'], ',.2f')} {row['unit']}")
