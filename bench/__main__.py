@@ -39,7 +39,7 @@ from typing import Any
 from bench import report
 
 MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive", "cluster", "pysyncobj_peer",
-           "cluster3"]
+           "cluster3", "stages"]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 

@@ -226,7 +226,8 @@ def _idle_strategies() -> str:
     def ms(ns: int) -> str:
         return f"{ns / 1e6:g} ms"
 
-    return (f"driver {DriverContext.idle_strategy} (max wait {ms(DriverContext.timer_interval_ns)}), "
+    return (f"driver {DriverContext.idle_strategy} (max wait {ms(DriverContext.timer_interval_ns)} while data is in "
+            f"flight, {ms(DriverContext.idle_max_wait_ns)} otherwise), "
             f"archive doorbell (max wait {ms(ArchiveContext.idle_max_wait_ns)}, "
             f"{ms(ArchiveContext.busy_idle_max_wait_ns)} while busy), "
             f"consensus module doorbell (max wait {ms(ConsensusModuleContext.idle_max_wait_ns)}), "

@@ -29,7 +29,9 @@ nodes, over a 3 s idle window (no client) and during a 1,000/s echo run;
 the leader's processes one by one are printed.
 
 Failover: one request at a time (32-byte payload: sequence number, attempt),
-each given ``REQUEST_TIMEOUT_S`` to be echoed, sent again on timeout.  After
+each given ``REQUEST_TIMEOUT_S`` to be echoed, sent again on timeout and at
+once on a NewLeaderEvent (the old leader's unanswered request died with it;
+PySyncObj's client is told of a lost call by an error callback).  After
 ``STEADY_S`` of that, the leader's consensus module gets SIGKILL (its
 supervisor then stops the rest of that node, as it does for any process that
 dies).  Three times are taken from the kill:
@@ -96,6 +98,11 @@ from fulmar.log_writer import CLOSED, MAX_POSITION_EXCEEDED
 REFERENCE_MODULES = ("pysyncobj_peer", "cluster")  # in order of preference: see reference_name
 MEMBERS = 3
 LEADER_HEARTBEAT_TIMEOUT = "1s"
+# The canvass after a leader is lost lasts an election timeout (seed 001: a
+# member that has not heard from every other waits that long); Aeron's 1 s
+# default would double a 1 s heartbeat timeout.  200 ms is two election
+# status intervals (100 ms): every live member canvasses at least once.
+ELECTION_TIMEOUT = "200ms"
 FAILOVERS = 3
 REQUEST_TIMEOUT_S = 0.2
 STEADY_S = 1.0
@@ -188,7 +195,7 @@ class Failover:
     election_ms: float
     notified_ms: float
     answered_ms: float
-    resent: int  # requests sent again after REQUEST_TIMEOUT_S without an echo
+    resent: int  # requests sent again (after REQUEST_TIMEOUT_S without an echo, or on a NewLeaderEvent)
     refused: int  # offers refused (not connected, back pressured) while the leader was gone
 
 
@@ -208,7 +215,8 @@ class LocalCluster:
         self.client_driver: NodeProcess | None = None
         try:
             self.local = self._supervise(["--local", str(MEMBERS), "--dir", str(self.base), "--service",
-                                          SERVICE, "--consensus-leader-heartbeat-timeout", LEADER_HEARTBEAT_TIMEOUT],
+                                          SERVICE, "--consensus-leader-heartbeat-timeout", LEADER_HEARTBEAT_TIMEOUT,
+                                          "--consensus-election-timeout", ELECTION_TIMEOUT],
                                          "local-cluster.log")
             ready = _wait("the local cluster's ready line", START_TIMEOUT_S, self._local_ready, details=self.log_tails)
             self.ingress_endpoints = ready
@@ -255,6 +263,13 @@ class LocalCluster:
             pids[name] = int(pid)
         self.pids[member] = pids
         return True
+
+    def driver_dir(self, member: int) -> Path:
+        """The member's media driver directory, from the node.toml ``--local`` wrote."""
+        import tomllib
+
+        with open(self.base / f"node{member}" / "node.toml", "rb") as config:
+            return Path(tomllib.load(config)["node"]["driver_dir"])
 
     def node(self, member: int) -> ClusterNode:
         return ClusterNode(f"node{member}", self.base / f"node{member}" / "cluster")
@@ -445,9 +460,19 @@ def failover(aeron: Aeron, cluster: LocalCluster) -> Failover:
         sent_ns = 0  # when the current attempt went out; 0: not sent yet
         seen = 0  # answers looked at
         answered_ns = 0
+        handled_notices = 0
         deadline = time.monotonic() + STEADY_S + FAILOVER_TIMEOUT_S
         while not (answered_ns and elected_ns):
             now = clock()
+            if len(notified) > handled_notices:
+                # A new leader: what the old one had not answered is lost with
+                # it (only a leader replies), so send it again now, as a client
+                # would, rather than at the end of its timeout.
+                handled_notices = len(notified)
+                if sent_ns and not answered_ns:
+                    resent += 1
+                    attempt += 1
+                    sent_ns = 0
             if not kill_ns and now - started >= STEADY_S * 1e9:
                 kill_ns = clock()
                 cluster.kill_consensus(leader)
@@ -526,9 +551,10 @@ def _election_settings() -> str:
         return f"{ns / 1e6:g} ms"
 
     return (f"leader heartbeat timeout {LEADER_HEARTBEAT_TIMEOUT} (--consensus-leader-heartbeat-timeout; default "
-            f"{ms(context.leader_heartbeat_timeout_ns)}), heartbeat interval "
-            f"{ms(context.leader_heartbeat_interval_ns)}, election timeout {ms(context.election_timeout_ns)}, "
-            f"election status interval {ms(context.election_status_interval_ns)} (defaults)")
+            f"{ms(context.leader_heartbeat_timeout_ns)}), election timeout {ELECTION_TIMEOUT} "
+            f"(--consensus-election-timeout; default {ms(context.election_timeout_ns)}), heartbeat interval "
+            f"{ms(context.leader_heartbeat_interval_ns)}, election status interval "
+            f"{ms(context.election_status_interval_ns)} (defaults)")
 
 
 def run(quick: bool) -> list[dict[str, Any]]:

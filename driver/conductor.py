@@ -167,10 +167,19 @@ class DriverConductor:
         for publication in self.publications:
             if publication.state is PublicationState.ACTIVE:
                 work += publication.update_publisher_limit()
-        work += self._sender_work(now_ns) + self._receiver_work(now_ns)
+        work += self._sender_work(now_ns)
+        received = 0
+        for endpoint in self.receive_endpoints.values():
+            received += endpoint.poll(now_ns)
+        work += received + self._image_work(now_ns)
         if now_ns >= self._next_timer_ns:
             self._next_timer_ns = now_ns + self.context.timer_interval_ns
             work += self._on_timer(now_ns)
+        if received:
+            # Subscribers of the images may be asleep.  Rung last: waking them
+            # can hand them this core at once, and the cycle's own sends
+            # (status messages, NAKs) should not wait behind them.
+            self._ring_data_doorbell()
         self._track_cycle_time(time.perf_counter_ns() - start)
         return work
 
@@ -183,12 +192,9 @@ class DriverConductor:
                 work += publication.send(now_ns)
         return work
 
-    def _receiver_work(self, now_ns: int) -> int:
+    def _image_work(self, now_ns: int) -> int:
+        """The receiver's per-image work: rebuild positions, NAKs, status messages."""
         work = 0
-        for endpoint in self.receive_endpoints.values():
-            work += endpoint.poll(now_ns)
-        if work:
-            self._ring_data_doorbell()  # subscribers of the images may be asleep
         for image in self.images:
             if image.status is PublicationState.ACTIVE:
                 work += image.do_work(now_ns)

@@ -40,6 +40,9 @@ from fulmar.driver.udp_transport import UdpAddress
 MAX_DATAGRAMS_PER_SEND = 64
 
 
+# The sender's timed work for a publication runs at most this often (see send).
+TIMED_WORK_INTERVAL_NS = 1_000_000
+
 class NetworkPublication:
     def __init__(
         self,
@@ -94,6 +97,7 @@ class NetworkPublication:
         # Set each duty cycle: unsent data, or a spy behind (see IpcPublication).
         self.readers_behind = False
         self.timing = SenderTiming(now_ns, initial_setup_interval_ns=initial_setup_interval_ns)
+        self._next_timed_work_ns = now_ns
         self.sender_position = start
         self.sender_limit = start
         self._connected = False
@@ -117,20 +121,26 @@ class NetworkPublication:
 
     def send(self, now_ns: int) -> int:
         work = 0
-        due = self.timing.setup_due(now_ns)
-        if due is not SetupDue.NO:
-            if due is SetupDue.ELICITED:
-                self.sender_limit = self.flow_control.on_setup(
-                    self.sender_limit, self.sender_position, self._bits, now_ns
-                )
-            self._send_setup()
-            work += 1
+        # The timed part (SETUP, heartbeats, receiver liveness, connection)
+        # runs at most once per TIMED_WORK_INTERVAL_NS: its timers are tens of
+        # milliseconds and more, and in Python it cost more than sending.
+        timed = now_ns - self._next_timed_work_ns >= 0
+        if timed:
+            self._next_timed_work_ns = now_ns + TIMED_WORK_INTERVAL_NS
+            due = self.timing.setup_due(now_ns)
+            if due is not SetupDue.NO:
+                if due is SetupDue.ELICITED:
+                    self.sender_limit = self.flow_control.on_setup(
+                        self.sender_limit, self.sender_position, self._bits, now_ns
+                    )
+                self._send_setup()
+                work += 1
         sent = self._send_data()
         if sent:
             self.timing.on_data_sent(now_ns)
             work += 1
         else:
-            if self.timing.heartbeat_due(now_ns):
+            if timed and self.timing.heartbeat_due(now_ns):
                 self._send_heartbeat()
                 work += 1
             if self.spies_simulate_connection and self.subscribers and not self.timing.has_receivers:
@@ -143,13 +153,15 @@ class NetworkPublication:
                     self.sender_position = position
                     self.sender_position_counter.set(position)
                 self.sender_limit = self.flow_control.on_idle(now_ns, position, position, self.is_end_of_stream_sent())
-            else:
+            elif timed:
                 self.sender_limit = self.flow_control.on_idle(
                     now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream_sent()
                 )
-            self.timing.on_idle(now_ns)
-            self._update_connected()
-        work += self.retransmit_handler.process_timeouts(now_ns, self._resend)
+            if timed:
+                self.timing.on_idle(now_ns)
+                self._update_connected()
+        if self.retransmit_handler.active_count:
+            work += self.retransmit_handler.process_timeouts(now_ns, self._resend)
         return work
 
     def _update_connected(self) -> None:

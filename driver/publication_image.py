@@ -51,6 +51,9 @@ class PublicationImage:
         self.status = PublicationState.ACTIVE
         self.linger_deadline_ns = 0
         self.needs_prompt_cycles = False
+        # What the rcv-hwm and rcv-pos counters last got (written on change only).
+        self._published_hwm = -1
+        self._published_position = -1
 
     @property
     def path(self) -> Path:
@@ -90,8 +93,13 @@ class PublicationImage:
                 self.endpoint.send_nak(nak, source, transport_index)
             self.system[SystemCounter.NAK_MESSAGES_SENT].increment()
             work += 1
-        self.receiver_hwm.set(self.state.hwm_position)
-        self.receiver_position.set(self.state.rebuild_position)
+        state = self.state
+        if state.hwm_position != self._published_hwm:
+            self._published_hwm = state.hwm_position
+            self.receiver_hwm.set(self._published_hwm)
+        if state.rebuild_position != self._published_position:
+            self._published_position = state.rebuild_position
+            self.receiver_position.set(self._published_position)
         return work
 
     def is_drained(self) -> bool:
