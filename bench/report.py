@@ -95,6 +95,12 @@ def write_hgrm(directory: Path, stamp: str, histograms: Mapping[tuple[str, str],
         path = directory / f"bench-{stamp}-{module}-{histogram_id}.hgrm"
         with open(path, "wb") as out:  # the package writes bytes
             histogram.output_percentile_distribution(out, NS_PER_US)
+        # hdrhistogram 0.10 scales every value of the file but the footer's
+        # standard deviation (left in ns): write that one in us as well.
+        text = path.read_text()
+        wrong = f"StdDeviation   = {histogram.get_stddev():12.3f}"
+        if wrong in text:
+            path.write_text(text.replace(wrong, f"StdDeviation   = {histogram.get_stddev() / NS_PER_US:12.3f}"))
         written.append(path)
     return written
 

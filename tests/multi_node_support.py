@@ -119,7 +119,10 @@ def assert_same_logs(cluster: LocalCluster, members: list[int], limit: int) -> N
 class CounterWorkload:
     """One client adding one at a time (b"+"), no retries: each answer is the
     counter's value.  An answer is an acknowledged write; a request without an
-    answer (the leader died with it) may or may not have been applied."""
+    answer (the leader died with it, or it waited out a lost quorum) may or may
+    not have been applied, at any time later; its answer may then arrive late
+    and be taken for the next request's (``ClusterClient.request`` takes the
+    next message), which ``check`` allows for."""
 
     cluster: LocalCluster
     request_timeout_s: float = 2.0
@@ -173,17 +176,25 @@ class CounterWorkload:
         assert not self._thread.is_alive(), "the workload did not stop"
 
     def check(self, final_value: int) -> None:
-        """No acknowledged write lost, none applied twice: the answers climb by one,
-        or by one more for each unanswered request between them (each applied at
-        most once), and the final value accounts for every answer."""
+        """No acknowledged write lost, none applied twice.  Each answer is the
+        value after a distinct write and answers come in log order, so the i-th
+        answer (from 1) is at least i, and at most the number of requests sent
+        by then (one at a time: no later one existed).  An unanswered request
+        may be applied later and its late answer taken for a later request's,
+        so the climb may lag, never exceed: the final value is at least the
+        last answer and at most the number of requests sent."""
         assert self.acked, "no write was acknowledged"
         previous = 0
-        for value, unknown in zip(self.acked, self.unknown_before):
-            assert previous < value <= previous + 1 + unknown, \
-                f"the counter went from {previous} to {value} with {unknown} unanswered requests between"
+        sent = 0
+        for index, (value, unknown) in enumerate(zip(self.acked, self.unknown_before), start=1):
+            sent += unknown + 1
+            assert previous < value, f"the counter went back from {previous} to {value}"
+            assert index <= value <= sent, \
+                f"answer {index} was {value}, with {sent} requests sent by then: a write lost or applied twice"
             previous = value
-        assert self.acked[-1] <= final_value <= self.acked[-1] + (self.unknown - sum(self.unknown_before)), \
-            f"final value {final_value} after last answer {self.acked[-1]}"
+        assert self.acked[-1] <= final_value <= len(self.acked) + self.unknown, \
+            f"final value {final_value} after last answer {self.acked[-1]}, {len(self.acked)} answered and " \
+            f"{self.unknown} unanswered requests"
 
 
 def read_counter(client: ClusterClient) -> int:

@@ -68,6 +68,10 @@ def test_hgrm_files_in_microseconds(tmp_path: Path) -> None:
     assert 5_000 <= median <= 5_600  # the first line at or past the 50th percentile
     footer = next(line for line in lines if line.startswith("#[Max"))
     assert float(footer.split("=")[1].split(",")[0]) == pytest.approx(10_000, rel=1e-3)
+    # Mean and standard deviation in us too (100..10,000 us evenly: sd about 2,887 us).
+    mean_line = next(line for line in lines if line.startswith("#[Mean"))
+    mean, deviation = (float(part.split("=")[1].strip(" ]")) for part in mean_line[2:].split(","))
+    assert mean == pytest.approx(5_050, rel=1e-2) and deviation == pytest.approx(2_887, rel=2e-2)
 
 
 def test_percentile_curve() -> None:
