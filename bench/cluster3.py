@@ -590,8 +590,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
                 print(f"bench.cluster3: failover {index + 1}: SIGKILL to node {sample.killed}'s consensus module; "
                       f"node {sample.new_leader} LEADER after {sample.election_ms:,.0f} ms, client told (term "
                       f"{sample.new_term}) after {sample.notified_ms:,.0f} ms, first answer after "
-                      f"{sample.answered_ms:,.0f} ms; {sample.resent} requests re-sent after "
-                      f"{REQUEST_TIMEOUT_S * 1000:g} ms, {sample.refused} offers refused", flush=True)
+                      f"{sample.answered_ms:,.0f} ms; {sample.resent} requests re-sent (after "
+                      f"{REQUEST_TIMEOUT_S * 1000:g} ms without an echo, or on the NewLeaderEvent), "
+                      f"{sample.refused} offers refused", flush=True)
             # One row per failover under one name: the table's median and
             # min-max are then those of every failover of every repetition.
             for sample in samples:

@@ -38,10 +38,9 @@ from fulmar.driver.sender_timing import SenderTiming, SetupDue
 from fulmar.driver.udp_transport import UdpAddress
 
 MAX_DATAGRAMS_PER_SEND = 64
-
-
 # The sender's timed work for a publication runs at most this often (see send).
 TIMED_WORK_INTERVAL_NS = 1_000_000
+
 
 class NetworkPublication:
     def __init__(
