@@ -25,6 +25,7 @@ from fulmar.archive.context import ArchiveContext
 from fulmar.archive.mark_file import ArchiveMarkFile
 from fulmar.clock import epoch_ms
 from fulmar.idle import DoorbellIdleStrategy
+from fulmar.permissions import make_directory
 
 
 
@@ -51,7 +52,7 @@ class Archive:
     def launch(cls, context: ArchiveContext) -> "Archive":
         context.validate()
         archive_dir = Path(context.archive_dir)
-        archive_dir.mkdir(parents=True, exist_ok=True)
+        make_directory(archive_dir)
         aeron = Aeron.connect(context.driver_dir)
         mark_file = catalog = None
         try:

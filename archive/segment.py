@@ -33,6 +33,7 @@ from fulmar.frames import (
 from fulmar.logbuffer import TERM_MAX_LENGTH, TERM_MIN_LENGTH, check_term_length, to_int32
 
 from fulmar._native import ffi, lib
+from fulmar.permissions import FILE_MODE
 
 from .errors import SegmentError, describe_os_error
 
@@ -255,7 +256,7 @@ class SegmentWriter:
         base = segment_file_base_position(self.start_position, self._position, self.term_length, self.segment_length)
         path = self.archive_dir / segment_file_name(self.recording_id, base)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
             created = True
         except FileExistsError:
             created = False

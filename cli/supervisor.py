@@ -87,6 +87,7 @@ from fulmar.channel_uri import ChannelUri
 from fulmar.cli.options import Duration, format_duration, format_size, Size
 from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, parse_cluster_members
 from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
+from fulmar.permissions import make_directory
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a process died, or could not start
@@ -731,7 +732,7 @@ def _check_port_free(option: str, channel: str, fixed: bool = False) -> None:
 
 def _ensure_dir(what: str, path: Path) -> None:
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        make_directory(path)
     except OSError as error:
         raise ConfigError(f"{what} {path}: cannot create it: {error.strerror or error}") from None
     if not path.is_dir():

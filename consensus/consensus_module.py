@@ -33,6 +33,7 @@ from fulmar.consensus.recording_log import RecordingExtent, RecordingLog, Recove
 from fulmar.consensus.snapshot import CONSENSUS_MODULE_SNAPSHOT_TYPE_ID, decode_snapshot, read_snapshot
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.idle import DoorbellIdleStrategy
+from fulmar.permissions import make_directory
 
 # Aeron's RecoveryState counter key: what the services need to recover.
 _RECOVERY_STATE_HEAD = struct.Struct("<qqqiii")  # term id, log position, timestamp, replay flag, cluster id, service count
@@ -69,7 +70,7 @@ class ConsensusModule:
     @classmethod
     def launch(cls, context: ConsensusModuleContext) -> "ConsensusModule":
         cluster_dir = Path(context.cluster_dir)
-        cluster_dir.mkdir(parents=True, exist_ok=True)
+        make_directory(cluster_dir)
         aeron = Aeron.connect(context.driver_dir, use_conductor_thread=False)
         mark_file = archive = recording_log = None
         try:

@@ -56,6 +56,7 @@ from fulmar.driver.retransmit_handler import RetransmitHandler
 from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
 from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress, UdpTransport
 from fulmar.frames import SetupFrame
+from fulmar.permissions import make_directory
 
 ErrorCode = protocol.ErrorCode
 NULL_VALUE = -1
@@ -430,7 +431,7 @@ class DriverConductor:
             )
         if session_id is None:
             session_id = self._allocate_session_id(stream_id)
-        context.publications_dir.mkdir(parents=True, exist_ok=True)
+        make_directory(context.publications_dir)
         try:
             log = LogBuffers.create(
                 context.publications_dir / f"{registration_id}.logbuffer",
@@ -704,7 +705,7 @@ class DriverConductor:
         """A new sender on a subscribed stream: create its image and tell the subscribers."""
         correlation_id = self.to_driver.next_correlation_id()
         context = self.context
-        context.images_dir.mkdir(parents=True, exist_ok=True)
+        make_directory(context.images_dir)
         try:
             log = LogBuffers.create(
                 context.images_dir / f"{correlation_id}.logbuffer",

@@ -29,6 +29,7 @@ from fulmar.idle import DoorbellIdleStrategy
 from fulmar.service.agent import ClusteredServiceAgent
 from fulmar.service.clustered_service import ClusteredService
 from fulmar.service.context import ServiceContext
+from fulmar.permissions import make_directory
 
 
 class ServiceLoadError(FulmarError):
@@ -74,7 +75,7 @@ class ServiceContainer:
     def launch(cls, context: ServiceContext, service: ClusteredService | None = None) -> "ServiceContainer":
         service = service if service is not None else load_service(context.service_name)
         cluster_dir = Path(context.cluster_dir)
-        cluster_dir.mkdir(parents=True, exist_ok=True)
+        make_directory(cluster_dir)
         aeron = Aeron.connect(context.driver_dir, use_conductor_thread=False)
         mark_file = archive = None
         try:
