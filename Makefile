@@ -8,8 +8,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NATIVE_SOURCES := $(wildcard fulmar/_native/src/*.c fulmar/_native/src/*.h) fulmar/_native/build.py
 PYTEST_ARGS ?=
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.py,%,$(wildcard tests/fuzz/fuzz_*.py))
 
-.PHONY: install bytecode run test test-all soak lint typecheck codecs bench bench-quick clean
+.PHONY: install bytecode run test test-all soak lint typecheck codecs bench bench-quick fuzz clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +51,32 @@ typecheck: $(STAMP)
 
 codecs: $(STAMP)
 	$(PY) -m fulmar.codecs.generate
+
+# Coverage-guided fuzzing (atheris, the optional 'fuzz' extra) of every decoder,
+# the frame scanner, the channel-URI parser, the recording log and the catalog:
+# FUZZ_SECONDS per target.  New inputs go to a temporary directory; those that
+# reach new code are merged into tests/fuzz/corpus/<target>, which make test
+# replays (tests/test_fuzz_corpus.py).  A crash leaves its input in
+# tests/fuzz/crashes/<target>/ and fails the run after the other targets.
+# libFuzzer re-executes a harness by its path (for -merge), hence the PATH.
+FUZZ_RUN = PATH=$(abspath $(VENV))/bin:$$PATH $(PY) tests/fuzz/fuzz_$$target.py
+
+fuzz: $(STAMP) bytecode
+	$(PY) -m pip install --quiet 'atheris>=2.3'
+	@status=0; for target in $(FUZZ_TARGETS); do \
+		echo "== fuzz $$target ($(FUZZ_SECONDS)s)"; \
+		out=$$(mktemp -d /tmp/fulmar-fuzz-XXXXXX); \
+		mkdir -p tests/fuzz/crashes/$$target; \
+		$(FUZZ_RUN) $$out tests/fuzz/corpus/$$target -max_total_time=$(FUZZ_SECONDS) \
+			-timeout=10 -rss_limit_mb=2048 -artifact_prefix=tests/fuzz/crashes/$$target/ \
+			-print_final_stats=1 2>&1 | grep -aE '^(#[0-9]+.*(INITED|DONE)|stat::|Done)' || true; \
+		if [ -n "$$(find tests/fuzz/crashes/$$target -newer $$out -type f)" ]; then \
+			echo "fuzz $$target: FOUND a crash, input saved in tests/fuzz/crashes/$$target/"; status=1; \
+		fi; \
+		$(FUZZ_RUN) -merge=1 -use_counters=0 -set_cover_merge=1 tests/fuzz/corpus/$$target $$out > /dev/null 2>&1 || true; \
+		rm -rf $$out; \
+		rmdir tests/fuzz/crashes/$$target tests/fuzz/crashes 2>/dev/null || true; \
+	done; exit $$status
 
 bench: $(STAMP) bytecode
 	$(PY) -m bench $(BENCH_ARGS)

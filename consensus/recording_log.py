@@ -413,6 +413,10 @@ def decode_entries(data: bytes | memoryview, path: str = RECORDING_LOG_FILE_NAME
                 f"dropped {size - offset} trailing bytes at file offset {offset} "
                 f"(entry index {index}): {decoded.reason}"
             )
+            # The entries kept must be a valid log on their own: a torn tail is
+            # repaired only if what remains would load again (found by fuzzing:
+            # the check used to run on untorn logs only).
+            _check_term_recording_ids(entries, path)
             return DecodeResult(entries, index, offset, torn)
         if decoded.entry is not None:
             entries.append(decoded.entry)
