@@ -4,26 +4,11 @@
 Run: .venv/bin/python tests/fuzz/fuzz_codec_cluster_mark.py tests/fuzz/corpus/codec_cluster_mark -max_total_time=60
 """
 
-from __future__ import annotations
-
-import contextlib
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-if __name__ == "__main__":
-    import atheris
+from _codec_harness import codec_harness  # noqa: E402  (the directory is on the path only now)
 
-    _instrumented = atheris.instrument_imports()  # coverage of everything imported below
-else:
-    _instrumented = contextlib.nullcontext()
-
-with _instrumented:
-    from _codec_harness import make_test_one_input
-
-    test_one_input = make_test_one_input("cluster_mark")  # imports fulmar.codecs.generated.cluster_mark
-
-if __name__ == "__main__":
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
+test_one_input = codec_harness("cluster_mark", fuzzing=__name__ == "__main__")
