@@ -147,11 +147,24 @@ def test_a_silent_session_times_out(cluster_of: Any) -> None:
 
 def test_credentials_are_required_when_the_authenticator_is_on(cluster_of: Any) -> None:
     cluster = cluster_of("fulmar.service.samples:EchoService", "--authenticator-secret", "s3cret")
+    aeron = cluster.connect()
+    commit = _cluster_counter(aeron, "Cluster commit-pos")
+    # The election's NewLeadershipTermEvent is the log's first entry: committed first.
+    deadline = time.monotonic() + 10
+    while aeron.counters_reader.counter_value(commit) <= 0:
+        assert time.monotonic() < deadline, "the new term's event was not committed"
+        time.sleep(0.005)
+    before = aeron.counters_reader.counter_value(commit)
+    with pytest.raises(AuthenticationRejectedError):
+        connect(cluster)  # no credentials at all
     with pytest.raises(AuthenticationRejectedError):
         connect(cluster, credentials=b"wrong")
     with pytest.raises(AuthenticationRejectedError):
         connect(cluster, on_challenge=lambda challenge: b"still wrong")
+    # A rejected session never reaches the log: no SessionOpenEvent was appended.
+    assert aeron.counters_reader.counter_value(commit) == before
     good = connect(cluster, credentials=b"alice:s3cret")
+    assert aeron.counters_reader.counter_value(commit) > before  # an accepted one does
     assert good.request(b"hello", 10) == b"hello"
     good.close()
     challenged = connect(cluster, on_challenge=lambda challenge: b"s3cret")
