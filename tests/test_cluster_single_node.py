@@ -164,7 +164,11 @@ def test_credentials_are_required_when_the_authenticator_is_on(cluster_of: Any) 
     # A rejected session never reaches the log: no SessionOpenEvent was appended.
     assert aeron.counters_reader.counter_value(commit) == before
     good = connect(cluster, credentials=b"alice:s3cret")
-    assert aeron.counters_reader.counter_value(commit) > before  # an accepted one does
+    # An accepted one does (its SessionOpenEvent, committed soon after the client is told).
+    deadline = time.monotonic() + 10
+    while aeron.counters_reader.counter_value(commit) <= before:
+        assert time.monotonic() < deadline, "the accepted session's open event was not committed"
+        time.sleep(0.005)
     assert good.request(b"hello", 10) == b"hello"
     good.close()
     challenged = connect(cluster, on_challenge=lambda challenge: b"s3cret")
