@@ -66,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -266,8 +267,6 @@ class LocalCluster:
 
     def driver_dir(self, member: int) -> Path:
         """The member's media driver directory, from the node.toml ``--local`` wrote."""
-        import tomllib
-
         with open(self.base / f"node{member}" / "node.toml", "rb") as config:
             return Path(tomllib.load(config)["node"]["driver_dir"])
 

@@ -5,8 +5,10 @@ An agent's duty cycle calls ``idle_strategy.idle(work_count)`` after every
 ``IdleStrategy`` semantics).  On the machines fulmar targets (2 cores, a
 dozen processes per 3-node cluster) spinning starves the process that has
 the work, and sleeping adds latency, so the default for every agent is
-:class:`DoorbellIdleStrategy`: a few empty spins, then a futex sleep that the
-writer ends with :meth:`Doorbell.ring` the moment it publishes, bounded by the
+:class:`DoorbellIdleStrategy`: a futex sleep as soon as a duty cycle finds
+nothing (no empty spins by default: a Python duty cycle costs tens to
+hundreds of microseconds, which a spin spends for nothing), which the writer
+ends with :meth:`Doorbell.ring` the moment it publishes, bounded by the
 agent's periodic-work interval.
 
 Measured on the target VM (Linux 6.18, 2 vCPUs, 250 Hz kernel with
@@ -251,7 +253,7 @@ class BackoffIdleStrategy(IdleStrategy):
 
 
 class DoorbellIdleStrategy(IdleStrategy):
-    """Spin a few empty cycles, then sleep on a doorbell for up to ``max_wait_ns``.
+    """Sleep on a doorbell for up to ``max_wait_ns`` after ``spins`` empty cycles (default none).
 
     ``max_wait_ns`` is the agent's periodic-work interval: an idle agent
     costs one wake-up per interval and no CPU in between, and a ring ends the
