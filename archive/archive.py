@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -71,7 +72,11 @@ class Archive:
                 liveness_timeout_ms=context.mark_file_liveness_timeout_ms,
                 now_ms=epoch_ms(),
             )
-            catalog = Catalog.open(archive_dir, file_sync_level=context.catalog_file_sync_level)
+            # With the record checksum each catalog descriptor carries a CRC-32
+            # too, so garbage in a descriptor (a stop position, a length) is
+            # refused at start rather than trusted.
+            catalog = Catalog.open(archive_dir, file_sync_level=context.catalog_file_sync_level,
+                                   checksum=zlib.crc32 if context.record_checksum else None)
             recovered = recover(catalog, archive_dir, epoch_ms(), verify_crc=context.record_checksum)
             error_log = mark_file.error_log(epoch_ms)
             data_doorbell = aeron.conductor.data_doorbell

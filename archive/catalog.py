@@ -50,7 +50,7 @@ from fulmar.codecs.generated.archive import (
 from fulmar.errors import CodecError
 from fulmar.frames import FRAME_ALIGNMENT, align
 from fulmar.semantic_version import major_version, version_text
-from fulmar.permissions import FILE_MODE
+from fulmar.permissions import open_new_file
 
 from . import segment as _segment
 from .errors import CatalogError, RecordingUnknownError, describe_os_error
@@ -177,7 +177,7 @@ class Catalog:
         if not exists and not create:
             raise CatalogError(f"{path}: catalog does not exist")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+            fd = open_new_file(path, os.O_RDWR | os.O_CREAT)
         except OSError as ex:
             raise CatalogError(f"{path}: cannot open catalog: {describe_os_error(ex)}") from ex
         catalog = cls(path, fd, file_sync_level, checksum)

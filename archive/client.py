@@ -223,6 +223,7 @@ class AeronArchive:
         self.proxy = ArchiveProxy(request_publication)
         self.poller = ControlResponsePoller(response_subscription)
         self.signals: deque[RecordingSignalEvent] = deque()
+        self.last_correlation_id = NULL_VALUE
         self._closed = False
 
     # ------------------------------------------------------------------ connect
@@ -302,6 +303,9 @@ class AeronArchive:
                                     correlation_id=correlation_id, **fields),
             deadline, self.aeron, f"could not send {encoder.NAME} to the archive",
         )
+        # Lets a caller match a later asynchronous ERROR (a replay that failed
+        # midway answers with its request's correlation id) to its request.
+        self.last_correlation_id = correlation_id
         return correlation_id
 
     def _await(self, correlation_id: int) -> Any:

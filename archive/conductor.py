@@ -705,6 +705,7 @@ class ArchiveConductor:
             self.context.connect_timeout_ns,
             self.context.block_length,
             limit_counter,
+            verify_checksum=self.context.replay_checksum,
         )
         self.replays[replay_session_id] = replay
         session.send_ok(correlation_id, replay_session_id)

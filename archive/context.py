@@ -32,8 +32,11 @@ class ArchiveContext:
     # (data and metadata).  The catalog follows catalog_file_sync_level.
     file_sync_level: int = 0
     catalog_file_sync_level: int = 0
-    # Write a CRC32 of each fragment's payload in its reserved value as it is
-    # recorded, verify it on recovery (and, with replay_checksum, on replay).
+    # Aeron's record/replay checksum: the CRC-32 of each recorded DATA frame's
+    # payload goes into the frame's session id field of the recorded copy and
+    # is verified on crash recovery (record_checksum) and before each replayed
+    # frame is sent (replay_checksum).  Off here as in Aeron's Archive.Context;
+    # ``cluster-node archive`` turns both on.
     record_checksum: bool = False
     replay_checksum: bool = False
     max_concurrent_recordings: int = 20

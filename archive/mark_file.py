@@ -34,7 +34,6 @@ from fulmar.codecs.generated.archive_mark import (
 )
 from fulmar.errors import CodecError
 from fulmar.error_log import CorruptErrorLogError, DistinctErrorLog, EpochClock, ErrorObservation, read_error_log
-from fulmar.permissions import FILE_MODE
 
 from .catalog import CATALOG_VERSION
 from .errors import ArchiveAlreadyActiveError, ArchiveError
@@ -110,7 +109,7 @@ class ArchiveMarkFile:
         if path.exists():
             previous_errors = _check_not_active(path, now_ms, liveness_timeout_ms)
 
-        mapped = MappedFile.create(path, HEADER_LENGTH + error_buffer_length, FILE_MODE)
+        mapped = MappedFile.create(path, HEADER_LENGTH + error_buffer_length)
         try:
             header = mapped.buffer(0, HEADER_LENGTH)
             try:

@@ -16,19 +16,25 @@ counter (e.g. a commit position).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from fulmar.archive.errors import ArchiveError
+from fulmar.archive.errors import ArchiveError, SegmentError
 from fulmar.errors import InvalidFrameBlockError
 from fulmar.archive.protocol import NULL_LENGTH, NULL_POSITION
-from fulmar.archive.segment import SegmentReader
+from fulmar.archive.segment import SegmentReader, checksum_mismatch
+from fulmar.frames import FRAME_ALIGNMENT, FrameType, align
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 from fulmar.publication import ExclusivePublication
 
 if TYPE_CHECKING:
     from fulmar.archive.control_session import ControlSession
+
+_LENGTH_AND_TYPE = struct.Struct("<i2xH")
+_DATA = int(FrameType.DATA)
+_PAD = int(FrameType.PAD)
 
 
 class ReplayState(Enum):
@@ -54,11 +60,14 @@ class ReplaySession:
         connect_timeout_ns: int,
         block_length: int,
         limit_counter: Callable[[], int] | None = None,
+        verify_checksum: bool = False,
     ) -> None:
         """``recorded_limit()`` is how far the recording is on disk now (its
         position counter while live, else its stop position);
         ``stop_position()`` is the recording's stop position, NULL_POSITION
-        while it is live.  ``limit_counter()`` bounds a bounded replay."""
+        while it is live.  ``limit_counter()`` bounds a bounded replay.
+        ``verify_checksum`` (the archive's replay checksum) checks each DATA
+        frame's recorded checksum before it is sent."""
         self.replay_session_id = replay_session_id
         self.recording_id = recording_id
         self.correlation_id = correlation_id
@@ -70,6 +79,7 @@ class ReplaySession:
         self.recorded_limit = recorded_limit
         self.stop_position = stop_position
         self.limit_counter = limit_counter
+        self.verify_checksum = verify_checksum
         self.block_length = block_length
         self.state = ReplayState.INIT
         self.connect_deadline_ns = now_ns + connect_timeout_ns
@@ -125,6 +135,8 @@ class ReplaySession:
                 return 0  # the next frame is longer than the room the subscriber left: wait
             if not len(block):
                 return 0
+            if self.verify_checksum:
+                self._verify(block)
         result = self.publication.offer_frames(block)
         if result == ADMIN_ACTION:
             result = self.publication.offer_frames(block)
@@ -140,6 +152,29 @@ class ReplaySession:
             return 1
         self._pending = block
         return 0
+
+    def _verify(self, block: memoryview) -> None:
+        """Aeron's ReplaySession.verifyChecksum: a frame whose bytes do not match
+        the checksum recorded with them ends the replay before it is sent.  The
+        frame type is checked on the way (the checksum covers only the payload,
+        and the publication checks only term ids and offsets)."""
+        offset = 0
+        while offset < len(block):
+            position = self.position + offset
+            frame_length, frame_type = _LENGTH_AND_TYPE.unpack_from(block, offset)
+            if frame_type not in (_DATA, _PAD):
+                raise SegmentError(
+                    f"recording {self.recording_id}: the frame at position {position} "
+                    f"({self.reader.describe(position)}) has type {frame_type}, neither DATA nor PAD"
+                )
+            mismatch = checksum_mismatch(block, offset)
+            if mismatch is not None:
+                recorded, computed = mismatch
+                raise SegmentError(
+                    f"recording {self.recording_id}: CRC checksum mismatch in the frame at position {position} "
+                    f"({self.reader.describe(position)}): recorded checksum={recorded}, computed checksum={computed}"
+                )
+            offset += align(frame_length, FRAME_ALIGNMENT)
 
     def _limit(self) -> int:
         limit = self.recorded_limit()

@@ -26,14 +26,13 @@ from typing import TYPE_CHECKING, Protocol
 from fulmar.frames import (
     FRAME_ALIGNMENT,
     HEADER_LENGTH,
-    RESERVED_VALUE_OFFSET,
     FrameType,
     align,
 )
 from fulmar.logbuffer import TERM_MAX_LENGTH, TERM_MIN_LENGTH, check_term_length, to_int32
 
 from fulmar._native import ffi, lib
-from fulmar.permissions import FILE_MODE
+from fulmar.permissions import open_new_file
 
 from .errors import SegmentError, describe_os_error
 
@@ -49,11 +48,38 @@ SEGMENT_LENGTH_DEFAULT = 128 * 1024 * 1024  # Archive.Configuration.SEGMENT_FILE
 # frame_length i32 @0, version u8 @4, flags u8 @5, type u16 @6, term_offset @8,
 # session_id @12, stream_id @16, term_id @20 (reserved_value @24 read separately).
 _FRAME_HEADER = struct.Struct("<iBBHiiii")
+_FRAME_HEADER_START = struct.Struct("<iBBH")
 _I32 = struct.Struct("<i")
 _ZERO_CHUNK = bytes(1024 * 1024)
 
 _PAD = int(FrameType.PAD)
 _DATA = int(FrameType.DATA)
+
+# Aeron's record checksum (Archive.Context recordChecksum, "aeron.archive.record.checksum"):
+# RecordingWriter.computeChecksum stores the CRC-32 of the bytes after a frame's
+# 32-byte header, up to its aligned end, in the frame's session id field of the
+# recorded copy. A replay rewrites the session id anyway, so nothing downstream
+# sees it; ReplaySession.verifyChecksum and ArchiveTool verify -checksum check it.
+SESSION_ID_OFFSET = 12
+
+
+def frame_checksum(buffer: memoryview | bytes | bytearray | mmap.mmap, offset: int, aligned_length: int) -> int:
+    """CRC-32 (zlib's, i.e. java.util.zip.CRC32's) of a frame's bytes after its header, as an int32."""
+    with memoryview(buffer) as view:
+        return to_int32(zlib.crc32(view[offset + HEADER_LENGTH : offset + aligned_length]))
+
+
+def checksum_mismatch(buffer: memoryview | bytes | bytearray | mmap.mmap, offset: int) -> tuple[int, int] | None:
+    """(recorded, computed) when the DATA frame at ``offset`` fails its checksum, else None.
+
+    PAD frames carry no checksum (Aeron records only the header of a padding frame).
+    """
+    frame_length, _version, _flags, frame_type = _FRAME_HEADER_START.unpack_from(buffer, offset)
+    if frame_type != _DATA:
+        return None
+    recorded = _I32.unpack_from(buffer, offset + SESSION_ID_OFFSET)[0]
+    computed = frame_checksum(buffer, offset, align(frame_length, FRAME_ALIGNMENT))
+    return None if recorded == computed else (recorded, computed)
 
 
 class RecordedPositionSink(Protocol):
@@ -256,7 +282,7 @@ class SegmentWriter:
         base = segment_file_base_position(self.start_position, self._position, self.term_length, self.segment_length)
         path = self.archive_dir / segment_file_name(self.recording_id, base)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            fd = open_new_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
             created = True
         except FileExistsError:
             created = False
@@ -327,7 +353,7 @@ class SegmentWriter:
             self._catalog.update_recorded_position(self.recording_id, self._position)
 
     def _with_checksums(self, view: memoryview) -> memoryview:
-        """A copy of the block with crc32(payload) in the low half of each DATA frame's reserved value."""
+        """A copy of the block with each DATA frame's checksum in its session id (see :func:`frame_checksum`)."""
         scratch = self._scratch
         if len(scratch) < len(view):
             scratch.extend(bytes(len(view) - len(scratch)))
@@ -340,11 +366,12 @@ class SegmentWriter:
                 raise ValueError(
                     f"recording {self.recording_id}: frame at block offset {offset} has length {frame_length}"
                 )
-            frame_type = struct.unpack_from("<H", out, offset + 6)[0]
-            if frame_type == _DATA:
-                crc = zlib.crc32(out[offset + HEADER_LENGTH : offset + frame_length])
-                _I32.pack_into(out, offset + RESERVED_VALUE_OFFSET, to_int32(crc))
-            offset += align(frame_length, FRAME_ALIGNMENT)
+            aligned = align(frame_length, FRAME_ALIGNMENT)
+            if offset + aligned > len(out):
+                break  # reported below
+            if struct.unpack_from("<H", out, offset + 6)[0] == _DATA:
+                _I32.pack_into(out, offset + SESSION_ID_OFFSET, frame_checksum(out, offset, aligned))
+            offset += aligned
         if offset != len(out):
             raise ValueError(f"recording {self.recording_id}: last frame runs past the end of the block")
         return out
@@ -393,6 +420,11 @@ class SegmentReader:
     @property
     def position(self) -> int:
         return self._position
+
+    def describe(self, position: int) -> str:
+        """Where ``position`` is on disk: segment file and offset in it (for error messages)."""
+        base = segment_file_base_position(self.start_position, position, self.term_length, self.segment_length)
+        return f"{self.archive_dir / segment_file_name(self.recording_id, base)} offset {position - base}"
 
     def _map_segment(self, base: int) -> mmap.mmap:
         self._release_map()
@@ -484,6 +516,85 @@ class SegmentReader:
 # --------------------------------------------------------------------------- recovery scan
 
 
+def _frame_problem(
+    memory: mmap.mmap, offset: int, size: int, position: int, descriptor: "RecordingDescriptor", verify_crc: bool
+) -> str | None:
+    """Why the frame at ``offset`` of a mapped segment (``position`` in the
+    recording) is not one the recording holds there, or None if it is."""
+    term_length = descriptor.term_buffer_length
+    frame_length, _version, _flags, frame_type, term_offset, session_id, stream_id, term_id = (
+        _FRAME_HEADER.unpack_from(memory, offset)
+    )
+    expected_term_offset = position & (term_length - 1)
+    expected_term_id = to_int32(descriptor.initial_term_id + (position >> (term_length.bit_length() - 1)))
+    if frame_length < HEADER_LENGTH:
+        return "a hole (zero length)" if frame_length == 0 else f"an invalid frame length {frame_length}"
+    aligned = align(frame_length, FRAME_ALIGNMENT)
+    if expected_term_offset + aligned > term_length or offset + aligned > size:
+        return f"a frame length {frame_length} that runs past the end of its term"
+    if frame_type not in (_DATA, _PAD):
+        return f"a frame type {frame_type}, neither DATA nor PAD"
+    if term_offset != expected_term_offset or term_id != expected_term_id:
+        return (f"term id {term_id} and term offset {term_offset} in the header, "
+                f"not {expected_term_id} and {expected_term_offset}")
+    if stream_id != descriptor.stream_id:
+        return f"stream id {stream_id}, not the recording's {descriptor.stream_id}"
+    if verify_crc or session_id != descriptor.session_id:
+        # With checksums the session id field holds the frame's checksum.
+        # Checked even without verify_crc, so an archive restarted with the
+        # option off still recovers such frames.
+        mismatch = checksum_mismatch(memory, offset)
+        if mismatch is not None:
+            recorded, computed = mismatch
+            if not verify_crc:
+                return f"session id {session_id}, neither the recording's {descriptor.session_id} nor a checksum"
+            return f"a CRC checksum mismatch: recorded checksum={recorded}, computed checksum={computed}"
+    return None
+
+
+def _walk_frames(
+    archive_dir: Path, descriptor: "RecordingDescriptor", from_position: int, stop_position: int | None,
+    verify_crc: bool,
+) -> tuple[int, str | None]:
+    """Walk the frames from ``from_position``: (end of the good run, why it ended;
+    None at ``stop_position`` or, without one, at a missing or short segment)."""
+    start, term_length = descriptor.start_position, descriptor.term_buffer_length
+    segment_length = descriptor.segment_file_length
+    position = from_position
+    while stop_position is None or position < stop_position:
+        base = segment_file_base_position(start, position, term_length, segment_length)
+        path = archive_dir / segment_file_name(descriptor.recording_id, base)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return position, None if stop_position is None else f"segment file {path} is missing"
+        except OSError as ex:
+            raise SegmentError(f"{describe_os_error(ex)} while opening {path}") from ex
+        try:
+            size = min(os.fstat(fd).st_size, segment_length)
+            if size <= position - base:
+                return position, None if stop_position is None else f"segment file {path} is short ({size} bytes)"
+            memory = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        except OSError as ex:
+            raise SegmentError(f"{describe_os_error(ex)} while mapping {path}") from ex
+        finally:
+            os.close(fd)
+        try:
+            offset = position - base
+            while offset + HEADER_LENGTH <= size and (stop_position is None or position < stop_position):
+                problem = _frame_problem(memory, offset, size, position, descriptor, verify_crc)
+                if problem is not None:
+                    return position, f"{path} offset {offset}: {problem}"
+                aligned = align(_I32.unpack_from(memory, offset)[0], FRAME_ALIGNMENT)
+                offset += aligned
+                position += aligned
+            if offset < segment_length and (stop_position is None or position < stop_position):
+                return position, None if stop_position is None else f"segment file {path} ends at offset {offset}"
+        finally:
+            memory.close()
+    return position, None
+
+
 def scan_complete_frames(
     archive_dir: str | os.PathLike[str],
     descriptor: "RecordingDescriptor",
@@ -495,62 +606,22 @@ def scan_complete_frames(
 
     A frame is accepted only if its length is at least a header and fits in the
     rest of the term, its type is DATA or PAD, its term offset and term id are
-    those of its position, its session and stream ids are the recording's, and
-    (``verify_crc``) a DATA frame's reserved value holds the crc32 of its payload.
+    those of its position, its stream id is the recording's, and
+    its session id field holds the frame's checksum (:func:`frame_checksum`)
+    or (only without ``verify_crc``) the recording's session id.
     The scan crosses terms and segments and stops at the first frame that fails,
     or where a segment file is missing.
     """
-    archive_dir = Path(archive_dir)
-    start, term_length = descriptor.start_position, descriptor.term_buffer_length
-    segment_length = descriptor.segment_file_length
-    shift = term_length.bit_length() - 1
-    position = from_position
-    while True:
-        base = segment_file_base_position(start, position, term_length, segment_length)
-        path = archive_dir / segment_file_name(descriptor.recording_id, base)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return position
-        except OSError as ex:
-            raise SegmentError(f"{describe_os_error(ex)} while opening {path}") from ex
-        try:
-            size = min(os.fstat(fd).st_size, segment_length)
-            if size <= position - base:
-                return position
-            memory = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-        except OSError as ex:
-            raise SegmentError(f"{describe_os_error(ex)} while mapping {path}") from ex
-        finally:
-            os.close(fd)
-        try:
-            offset = position - base
-            while offset + HEADER_LENGTH <= size:
-                frame_length, _version, _flags, frame_type, term_offset, session_id, stream_id, term_id = (
-                    _FRAME_HEADER.unpack_from(memory, offset)
-                )
-                expected_term_offset = position & (term_length - 1)
-                expected_term_id = to_int32(descriptor.initial_term_id + (position >> shift))
-                if (
-                    frame_length < HEADER_LENGTH
-                    or expected_term_offset + frame_length > term_length
-                    or offset + frame_length > size
-                    or frame_type not in (_DATA, _PAD)
-                    or term_offset != expected_term_offset
-                    or term_id != expected_term_id
-                    or session_id != descriptor.session_id
-                    or stream_id != descriptor.stream_id
-                ):
-                    return position
-                if verify_crc and frame_type == _DATA:
-                    stored = _I32.unpack_from(memory, offset + RESERVED_VALUE_OFFSET)[0]
-                    crc = zlib.crc32(memory[offset + HEADER_LENGTH : offset + frame_length])
-                    if stored != to_int32(crc):
-                        return position
-                aligned = align(frame_length, FRAME_ALIGNMENT)
-                offset += aligned
-                position += aligned
-            if offset < segment_length:
-                return position
-        finally:
-            memory.close()
+    return _walk_frames(Path(archive_dir), descriptor, from_position, None, verify_crc)[0]
+
+
+def first_bad_frame(
+    archive_dir: str | os.PathLike[str], descriptor: "RecordingDescriptor", *, verify_crc: bool
+) -> tuple[int, str] | None:
+    """(position, what is wrong and where) of the first frame between the
+    recording's start and stop that is not what was recorded, or None.  Frames
+    are checked as :func:`scan_complete_frames` does (``verify_crc``: every
+    DATA frame's checksum too)."""
+    position, problem = _walk_frames(
+        Path(archive_dir), descriptor, descriptor.start_position, descriptor.stop_position, verify_crc)
+    return None if problem is None else (position, problem)

@@ -44,6 +44,7 @@ from fulmar.driver.media_driver import (
 from fulmar.errors import FulmarError
 from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH
 from fulmar.logbuffer import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, TERM_MIN_LENGTH
+from fulmar.permissions import FILE_GROUP_ENV, FileGroupError, check_file_group
 from fulmar.ring_buffer import MAX_CAPACITY
 
 from fulmar.cli.options import (
@@ -75,11 +76,24 @@ _MAX_COUNTERS_BUFFER = 256 * 1024 * 1024
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-def main() -> None:
+@click.option("--file-group", envvar=FILE_GROUP_ENV, show_envvar=True, default=None, metavar="GROUP",
+              help="Let the members of this group use the node's files too: files group read-write (0660), "
+              "directories 2770, owned by the group (so that its members can attach clients to the driver "
+              "and read the archive).  Default: owner-only (0600 files, 0700 directories).  Goes before the "
+              "subcommand: cluster-node --file-group G start ...")
+def main(file_group: str | None) -> None:
     """Run the processes of a fulmar cluster node."""
     # SIGUSR1 prints every thread's stack to stderr: how to see what a stuck
     # node process is doing without stopping it.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if file_group:
+        try:
+            check_file_group(file_group)
+        except FileGroupError as error:
+            raise click.BadParameter(str(error), param_hint="'--file-group'") from None
+        # The files are created deep inside each component, which reads the
+        # setting from the environment; the supervisor's children inherit it.
+        os.environ[FILE_GROUP_ENV] = file_group
 
 
 @main.command()
@@ -255,8 +269,15 @@ _ARCHIVE_DEFAULTS = ArchiveContext
               help="0: leave writes to the OS; 1: fdatasync each segment write; 2: fsync (data and metadata).")
 @click.option("--catalog-file-sync-level", type=click.IntRange(0, 2), default=None,
               help="Sync level of catalog updates (at least --file-sync-level).  [default: --file-sync-level]")
-@click.option("--record-checksum/--no-record-checksum", default=False,
-              help="Store a CRC32 of each recorded fragment in its reserved value; verified on recovery.")
+@click.option("--record-checksum/--no-record-checksum", default=True,
+              help="Store a CRC-32 of each recorded frame's payload in the frame's session id field of the "
+                   "recorded copy (Aeron's aeron.archive.record.checksum); crash recovery checks it.  On by "
+                   "default: a cluster's log is recorded with it, so a flipped byte in a segment is found "
+                   "rather than replayed into the services.")
+@click.option("--replay-checksum/--no-replay-checksum", default=True,
+              help="Check each frame's recorded CRC-32 before it is replayed (Aeron's "
+                   "aeron.archive.replay.checksum): a mismatch ends the replay with an error naming the "
+                   "recording and position.  Needs recordings made with --record-checksum.")
 @click.option("--archive-id", type=int, default=-1, help="This archive's id (default: its driver client id).")
 def archive(
     archive_dir: str,
@@ -271,6 +292,7 @@ def archive(
     file_sync_level: int,
     catalog_file_sync_level: int | None,
     record_checksum: bool,
+    replay_checksum: bool,
     archive_id: int,
 ) -> None:
     """Run an archive in the foreground until SIGINT or SIGTERM.
@@ -291,6 +313,7 @@ def archive(
         file_sync_level=file_sync_level,
         catalog_file_sync_level=file_sync_level if catalog_file_sync_level is None else catalog_file_sync_level,
         record_checksum=record_checksum,
+        replay_checksum=replay_checksum,
         archive_id=archive_id,
     )
     try:
@@ -331,6 +354,9 @@ _CM_DEFAULTS = ConsensusModuleContext
 @click.option("--service-count", type=click.IntRange(0, 64), default=1)
 @click.option("--session-timeout", type=Duration(min_ns=1_000_000),
               default=format_duration(_CM_DEFAULTS.session_timeout_ns), help="A silent client session is closed.")
+@click.option("--max-concurrent-sessions", type=click.IntRange(min=1), default=_CM_DEFAULTS.max_concurrent_sessions,
+              help="Most client sessions open or being connected at once; a connect request beyond it is "
+              "rejected (SessionEvent ERROR) until one closes or times out.")
 @click.option("--authenticator-secret", envvar="FULMAR_CLUSTER_SECRET", default=None,
               help="Require clients to present this secret (credentials authenticator); default: allow all.")
 @click.option("--app-version", type=int, default=0)
@@ -360,6 +386,7 @@ _CM_DEFAULTS = ConsensusModuleContext
               help="Where this member's archive receives a log replicated from the leader's (port 0: any).")
 def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_id: int, ingress_channel: str,
               log_channel: str, archive_control_channel: str, service_count: int, session_timeout: int,
+              max_concurrent_sessions: int,
               authenticator_secret: str | None, app_version: int, cluster_members: str, appointed_leader_id: int,
               election_timeout: int, election_status_interval: int, startup_canvass_timeout: int,
               leader_heartbeat_timeout: int, leader_heartbeat_interval: int, consensus_channel: str,
@@ -380,7 +407,7 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
         cluster_dir=Path(cluster_dir), driver_dir=resolve_driver_dir(driver_dir), member_id=member_id,
         cluster_id=cluster_id, ingress_channel=ingress_channel, log_channel=log_channel,
         archive_control_channel=archive_control_channel, service_count=service_count,
-        session_timeout_ns=session_timeout, app_version=app_version,
+        session_timeout_ns=session_timeout, max_concurrent_sessions=max_concurrent_sessions, app_version=app_version,
         cluster_members=cluster_members.strip(), appointed_leader_id=appointed_leader_id,
         election_timeout_ns=election_timeout, election_status_interval_ns=election_status_interval,
         startup_canvass_timeout_ns=startup_canvass_timeout, leader_heartbeat_timeout_ns=leader_heartbeat_timeout,

@@ -50,9 +50,12 @@ from fulmar.archive.catalog import (
 )
 from fulmar.archive.errors import ArchiveError, CatalogError, describe_os_error
 from fulmar.archive.mark_file import LIVENESS_TIMEOUT_MS_DEFAULT, MARK_FILE_NAME, read_mark_file
-from fulmar.archive.segment import SEGMENT_SUFFIX
+from fulmar.archive.segment import SEGMENT_SUFFIX, first_bad_frame
 from fulmar.buffers import AtomicBuffer
 from fulmar.cnc import CncError, CncFile
+from fulmar.driver.counters import SystemCounter
+from fulmar.driver.loss_injection import PARTS_PER_MILLION, frame_type_mask
+from fulmar.frames import FrameType
 from fulmar.codecs.generated.archive import RecordingState
 from fulmar.codecs.generated.archive_mark import MarkFileHeaderDecoder
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
@@ -76,6 +79,7 @@ from fulmar.consensus.recording_log import (
     decode_entries,
 )
 from fulmar.consensus.recording_log import NULL_POSITION as LOG_NULL_POSITION
+from fulmar.consensus.log_rebuild import RecordingLogRebuildError, rebuild_recording_log
 from fulmar.counters import CountersReader, counter_offset
 from fulmar.error_log import CorruptErrorLogError, ErrorObservation, read_error_log
 from fulmar.errors import CodecError
@@ -300,6 +304,117 @@ def driver(directory: str | None, as_json: bool) -> None:
     click.echo(json.dumps(status) if as_json else format_driver(status))
     if not status["alive"]:
         sys.exit(EXIT_DRIVER_NOT_ALIVE)
+
+
+# ---------------------------------------------------------------------- loss injection
+#
+# The driver reads its loss-injection settings from three of its system
+# counters on every datagram (driver/loss_injection.py), so writing them in
+# cnc.dat partitions a running node, or makes its links lossy, at once.
+
+
+_LOSS_FRAME_TYPES = {frame_type.name.lower(): int(frame_type) for frame_type in FrameType if frame_type.value >= 0}
+
+
+def set_loss(directory: str | os.PathLike[str], receive_ppm: int | None = None, send_ppm: int | None = None,
+             frame_types: tuple[int, ...] | None = None) -> None:
+    """Set a running driver's loss injection (None leaves a setting as it is).
+
+    Parts per million of the received and sent datagrams to drop (1,000,000:
+    all of them, a partition); ``frame_types`` limits it to those frame
+    types, () to every datagram."""
+    for name, rate in (("receive", receive_ppm), ("send", send_ppm)):
+        if rate is not None and not 0 <= rate <= PARTS_PER_MILLION:
+            raise ValueError(f"{name} loss {rate} ppm is outside 0..{PARTS_PER_MILLION}")
+    with open_cnc(str(directory)) as cnc:
+        values = cnc.counters_values
+        if frame_types is not None:
+            values.put_int64_ordered(counter_offset(SystemCounter.LOSS_FRAME_TYPE_MASK), frame_type_mask(*frame_types))
+        if receive_ppm is not None:
+            values.put_int64_ordered(counter_offset(SystemCounter.LOSS_RECEIVE_RATE_PPM), receive_ppm)
+        if send_ppm is not None:
+            values.put_int64_ordered(counter_offset(SystemCounter.LOSS_SEND_RATE_PPM), send_ppm)
+
+
+def loss_document(directory: str) -> dict[str, Any]:
+    with open_cnc(directory) as cnc:
+        values = cnc.counters_values
+
+        def value(counter: SystemCounter) -> int:
+            return values.get_int64_volatile(counter_offset(counter))
+
+        mask = value(SystemCounter.LOSS_FRAME_TYPE_MASK)
+        return {
+            "dir": directory,
+            "driver_pid": cnc.pid,
+            "receive_ppm": value(SystemCounter.LOSS_RECEIVE_RATE_PPM),
+            "send_ppm": value(SystemCounter.LOSS_SEND_RATE_PPM),
+            "frame_types": [name for name, bit in _LOSS_FRAME_TYPES.items() if mask & (1 << bit)] if mask else "all",
+            "dropped": value(SystemCounter.DATAGRAMS_DROPPED_BY_LOSS_INJECTION),
+        }
+
+
+def format_loss(document: dict[str, Any]) -> str:
+    types = document["frame_types"]
+    return "\n".join([
+        f"loss injection of the driver pid {document['driver_pid']} in {document['dir']}:",
+        f"  receive   {document['receive_ppm'] / 10_000:g}% ({document['receive_ppm']} ppm)",
+        f"  send      {document['send_ppm'] / 10_000:g}% ({document['send_ppm']} ppm)",
+        f"  frames    {types if types == 'all' else ', '.join(types)}",
+        f"  dropped   {document['dropped']} datagrams so far",
+    ])
+
+
+def _parse_rate(value: str | None, option: str) -> int | None:
+    """``25%``, ``0.5%`` or parts per million (``250000``)."""
+    if value is None:
+        return None
+    try:
+        rate = round(float(value[:-1]) * 10_000) if value.endswith("%") else int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a percentage (25%) nor parts per million", param_hint=option)
+    if not 0 <= rate <= PARTS_PER_MILLION:
+        raise click.BadParameter(f"{value!r} is outside 0%..100%", param_hint=option)
+    return rate
+
+
+@main.command(short_help="Drop a share of a running driver's datagrams (partitions, lossy links).")
+@driver_dir_option
+@click.option("--receive", "receive", default=None, metavar="RATE",
+              help="Share of received datagrams to drop: 25%, or parts per million; 100% cuts the node off.")
+@click.option("--send", "send", default=None, metavar="RATE", help="Share of sent datagrams to drop.")
+@click.option("--frame-types", default=None, metavar="TYPES",
+              help=f"Only these frame types, comma separated ({', '.join(_LOSS_FRAME_TYPES)}), or 'all'.")
+@click.option("--heal", is_flag=True, help="Drop nothing any more (rates 0, every frame type).")
+@json_option
+def loss(directory: str | None, receive: str | None, send: str | None, frame_types: str | None, heal: bool,
+         as_json: bool) -> None:
+    """Show or set the driver's loss injection, while it runs.
+
+    Without options, show the rates and how many datagrams were dropped.
+    ``--receive 100% --send 100%`` isolates the node from every peer and
+    client (a partition); ``--send 100%`` alone is one-way loss; ``--heal``
+    undoes it.  Only UDP is affected: IPC within the node never drops.
+    """
+    path = str(resolve_driver_dir(directory))
+    receive_ppm, send_ppm = _parse_rate(receive, "--receive"), _parse_rate(send, "--send")
+    types: tuple[int, ...] | None = None
+    if frame_types is not None:
+        names = [name.strip().lower() for name in frame_types.split(",") if name.strip()]
+        unknown = [name for name in names if name not in _LOSS_FRAME_TYPES and name != "all"]
+        if unknown:
+            raise click.BadParameter(f"unknown frame type {unknown[0]!r} (types: {', '.join(_LOSS_FRAME_TYPES)})",
+                                     param_hint="--frame-types")
+        types = () if "all" in names else tuple(_LOSS_FRAME_TYPES[name] for name in names)
+    if heal:
+        receive_ppm, send_ppm, types = 0, 0, ()
+    try:
+        if receive_ppm is not None or send_ppm is not None or types is not None:
+            set_loss(path, receive_ppm, send_ppm, types)
+        document = loss_document(path)
+    except CncError as error:
+        _fail(str(error))
+    click.echo(json.dumps(document) if as_json else format_loss(document))
 
 
 # ---------------------------------------------------------------------- archive
@@ -691,8 +806,10 @@ def format_archive_recordings(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def archive_verify_document(archive_dir: Path, now_ms: int) -> dict[str, Any]:
-    """Check every VALID recording's segment files between start and stop exist."""
+def archive_verify_document(archive_dir: Path, now_ms: int, checksum: bool = False) -> dict[str, Any]:
+    """Check every VALID recording's segment files between start and stop exist;
+    with ``checksum`` also walk every frame, checking its header and the CRC-32
+    recorded with it (Aeron's ArchiveTool verify -checksum)."""
     _check_archive_dir(archive_dir)
     mark, mark_error = _liveness(archive_dir, now_ms)
     running = mark is not None and mark["running"]
@@ -717,10 +834,20 @@ def archive_verify_document(archive_dir: Path, now_ms: int) -> dict[str, Any]:
                     f"recovers it; its segment files are not checked"
                 )
             continue
-        for path in missing_segment_files(archive_dir, descriptor):
+        missing = missing_segment_files(archive_dir, descriptor)
+        for path in missing:
             problems.append(
                 {"recording_id": descriptor.recording_id, "problem": "missing segment file", "path": path}
             )
+        if checksum and not missing:
+            try:
+                bad = first_bad_frame(archive_dir, descriptor, verify_crc=True)
+            except ArchiveError as error:
+                bad = (descriptor.start_position, str(error))
+            if bad is not None:
+                position, problem = bad
+                problems.append({"recording_id": descriptor.recording_id, "position": position,
+                                 "problem": f"bad frame at position {position}:", "path": problem})
     valid_ids = {descriptor.recording_id for descriptor in valid}
     orphans = sum(len(files) for rid, files in _segment_files(archive_dir).items() if rid not in valid_ids)
     if orphans:
@@ -829,18 +956,25 @@ def archive_recordings(archive_dir: Path, recording_id: int | None, include_all:
 
 @archive_group.command(name="verify", short_help="Check that every recording's segment files exist.")
 @archive_dir_option
+@click.option("--checksum", is_flag=True,
+              help="Also read every frame: its header must be the one recorded there and its CRC-32 (recorded "
+                   "with --record-checksum) must match its payload.")
 @json_option
-def archive_verify(archive_dir: Path, as_json: bool) -> None:
+def archive_verify(archive_dir: Path, checksum: bool, as_json: bool) -> None:
     """Check that every valid, stopped recording has all its segment files
     between its start and stop position; list what is missing and exit 1 if
-    anything is.
+    anything is.  With --checksum, also check every frame between start and
+    stop (length, type, term id and offset, stream id, and the CRC-32 in its
+    session id field) and report the first bad frame of each recording: its
+    position, segment file and offset.  Nothing is changed: the repair is the
+    operator's (see the recovery notes).
 
     Read-only, so it runs on a live archive too (the output says so: files
     may change while they are checked).  Active or open recordings are not
     checked.
     """
     try:
-        document = archive_verify_document(archive_dir, epoch_ms())
+        document = archive_verify_document(archive_dir, epoch_ms(), checksum)
     except ArchiveReadError as error:
         _archive_fail(error)
     click.echo(json.dumps(document) if as_json else format_archive_verify(document))
@@ -1751,6 +1885,50 @@ def cluster_recording_log(directory: Path, as_json: bool) -> None:
     The file is only read: a torn tail is reported, not cut away."""
     document = _read_cluster(directory, cluster_recording_log_node)
     _cluster_emit(document, as_json, lambda d: _render_nodes(d, _render_recording_log_node))
+
+
+@cluster_group.command(name="rebuild-recording-log",
+                       short_help="Rewrite a stopped node's recording.log from its archive's log recording.")
+@click.option("--dir", "directory", required=True,
+              type=click.Path(file_okay=False, dir_okay=True, path_type=Path),
+              help="The node's cluster directory (recording.log, cluster-mark.dat).")
+@archive_dir_option
+@click.option("--log-stream-id", type=int, default=cluster_protocol.LOG_STREAM_ID, show_default=True,
+              help="The stream id of the cluster log in the archive.")
+@click.option("--recording-id", type=int, default=None,
+              help="The log recording to use, if the archive holds more than one of the log stream.")
+def cluster_rebuild_recording_log(directory: Path, archive_dir: Path, log_stream_id: int,
+                                  recording_id: int | None) -> None:
+    """The repair for a lost or damaged recording.log (the consensus module
+    refuses to start, saying the archive holds a log recording the recording
+    log does not name).
+
+    Reads the NewLeadershipTermEvent that opens each leadership term from the
+    log recording's segment files and writes a recording.log with one TERM
+    entry per term; the old file is kept as recording.log.damaged-<time>.  The
+    new log names no snapshot, so the next start replays the whole recording
+    (which must begin at position 0).  Run it with the consensus module and
+    service stopped; the archive may be running (its files are only read).
+    """
+    mark_path = directory / CLUSTER_MARK_FILE_NAME
+    if mark_path.exists():
+        try:
+            contents = read_cluster_mark_file(mark_path)
+        except (ClusterMarkFileError, CodecError, OSError):
+            contents = None  # unreadable: no module can be running on it
+        if contents is not None and contents.is_active(epoch_ms()):
+            _fail(f"{mark_path}: the consensus module (pid {contents.header.pid}) is running; stop it first",
+                  EXIT_CLUSTER_PROBLEM)
+    try:
+        result = rebuild_recording_log(directory, archive_dir, log_stream_id, recording_id)
+    except (RecordingLogRebuildError, RecordingLogError, OSError) as error:
+        _fail(f"cannot rebuild {directory / RECORDING_LOG_FILE_NAME}: {error}", EXIT_CLUSTER_PROBLEM)
+    if result.kept_damaged_file is not None:
+        click.echo(f"kept the old recording log as {result.kept_damaged_file}")
+    terms = ", ".join(f"{t.leadership_term_id}@{t.term_base_log_position}" for t in result.terms)
+    click.echo(f"rebuilt {directory / RECORDING_LOG_FILE_NAME} from log recording {result.recording_id} "
+               f"(positions 0..{result.stop_position}): {len(result.terms)} TERM entries (term@base: {terms}); "
+               f"the next start replays the whole recording")
 
 
 @cluster_group.command(name="errors", short_help="List the errors in the cluster mark files.")

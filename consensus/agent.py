@@ -27,7 +27,7 @@ from collections.abc import Callable
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from fulmar.archive.client import AeronArchive, RecordingSignal, SourceLocation
+from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
@@ -184,6 +184,7 @@ class ConsensusModuleAgent:
         self._log_publication: "ExclusivePublication | None" = None
         self._log_image: "Image | None" = None
         self._replay_subscription: "Subscription | None" = None
+        self._log_replay_correlation_id = NULL_VALUE
         self._recording_position_counter_id = NULL_VALUE
         self._snapshot_log_position = NULL_POSITION
         self._termination_position = NULL_POSITION
@@ -231,7 +232,9 @@ class ConsensusModuleAgent:
         self.service_proxy = ServiceProxy(
             aeron.add_exclusive_publication(context.control_channel, context.service_stream_id))
         self.from_services = aeron.add_subscription(context.control_channel, context.consensus_module_stream_id)
-        self._ingress_assembler = FragmentAssembler(self._on_ingress_message)
+        # Capped at each image's max message length: a publisher that never
+        # ends a message cannot grow the module's memory (see FragmentAssembler).
+        self._ingress_assembler = FragmentAssembler(self._on_ingress_message, on_dropped=self._on_ingress_dropped)
         self._service_assembler = FragmentAssembler(self._on_service_message)
         self._log_assembler = FragmentAssembler(self._on_log_message)
         # One flyweight for every session message (ingress and log): no decoder per message.
@@ -357,6 +360,15 @@ class ConsensusModuleAgent:
             self.archive.poll_for_signals()
         except FulmarError as error:
             self._error(f"archive: {error}")
+            if (self._replay_subscription is not None and isinstance(error, ArchiveResponseError)
+                    and error.correlation_id == self._log_replay_correlation_id):
+                # The archive could not read this member's own log (a corrupt
+                # segment, a failed checksum): what it committed cannot be
+                # rebuilt here, so stop at once with the archive's reason
+                # rather than wait out the replay timeout or serve less.
+                raise ClusterTerminationError(
+                    f"the replay of log recording {self.log_recording_id} failed, so this member cannot "
+                    f"recover its committed state: {error.archive_message}")
             if self.is_multi_member:
                 self.host.on_archive_error(str(error))
         if self.is_multi_member:
@@ -441,6 +453,13 @@ class ConsensusModuleAgent:
             # The log is back pressured: keep the message, in order, for the next cycle.
             self._pending_ingress.append(bytes(buffer[offset : offset + length]))
 
+    def _on_ingress_dropped(self, publication_session_id: int, length: int, max_length: int) -> None:
+        self.invalid_requests_counter.increment()
+        # The same text for every message of one publisher: the distinct error
+        # log counts repeats instead of filling up.
+        self._error(f"ingress: dropped a message from publication session {publication_session_id} "
+                    f"longer than its max message length {max_length}")
+
     def _dispatch_ingress(self, buffer: memoryview, offset: int, length: int) -> bool:
         """Act on one ingress message; False to be retried (log back pressure)."""
         if length >= SESSION_HEADER_LENGTH:
@@ -461,7 +480,12 @@ class ConsensusModuleAgent:
             return True
         template = header.template_id
         if self.role is not ClusterRole.LEADER and template != codecs.SessionConnectRequestEncoder.TEMPLATE_ID:
-            return True  # not the leader: a connect is redirected, the rest is not for this member
+            # Not the leader: a connect is redirected, a client's request is
+            # not for this member; a template no client sends is counted, as
+            # the leader counts it, rather than ignored unseen.
+            if template != codecs.SessionMessageHeaderEncoder.TEMPLATE_ID and template not in _INGRESS_HANDLERS:
+                self.invalid_requests_counter.increment()
+            return True
         if template == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
             if self._ingress_control_only:
                 return False  # suspended: messages wait in the ingress
@@ -875,6 +899,7 @@ class ConsensusModuleAgent:
         replay_session_id = self.archive.start_replay(
             self.log_recording_id, self.context.replay_channel, self.context.replay_stream_id,
             from_position, to_position - from_position)
+        self._log_replay_correlation_id = self.archive.last_correlation_id
         session_id = replay_session_id & 0xFFFF_FFFF
         session_id = session_id - (1 << 32) if session_id >= 1 << 31 else session_id
         channel = ChannelUri.parse(self.context.replay_channel).with_param("session-id", session_id)

@@ -29,6 +29,7 @@ from fulmar.consensus.agent import ClusterTerminationError, ConsensusModuleAgent
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionState
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.mark_file import ClusterMarkFile
+from fulmar.consensus.log_rebuild import log_recordings, unknown_log_recording_message
 from fulmar.consensus.recording_log import RecordingExtent, RecordingLog, RecoveryPlan
 from fulmar.consensus.snapshot import CONSENSUS_MODULE_SNAPSHOT_TYPE_ID, decode_snapshot, read_snapshot
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
@@ -94,6 +95,7 @@ class ConsensusModule:
             agent = ConsensusModuleAgent(context, aeron, archive, recording_log, epoch_ms, error_log.record)
             agent.mark_file = mark_file
             stop_active_log_recording(archive, recording_log)
+            refuse_unknown_log_recording(archive, recording_log, context.log_stream_id)
             plan = recording_log.create_recovery_plan(context.service_count, _extent_lookup(archive))
             recover(agent, plan)
             agent.recovery_state = aeron.add_counter(
@@ -191,6 +193,23 @@ def stop_active_log_recording(archive: AeronArchive, recording_log: RecordingLog
         if time.monotonic() > deadline:
             raise ClusterTerminationError(f"the archive did not stop the old log recording {recording_id}")
         time.sleep(0.001)
+
+
+def refuse_unknown_log_recording(archive: AeronArchive, recording_log: RecordingLog, log_stream_id: int) -> None:
+    """A recording log without a TERM entry means a node that never ran, or a
+    recording log that was lost or cut back (a torn tail dropped at open).  If
+    the archive holds a recording of the log stream it is the latter: starting
+    would begin a new, empty log and serve a state without the committed
+    entries in that recording, so refuse and name the repair."""
+    if recording_log.find_last_term() is not None:
+        return
+    for recording in log_recordings(archive.list_recordings(), log_stream_id):
+        stop = recording.stop_position
+        if stop == protocol.NULL_POSITION:
+            stop = archive.get_max_recorded_position(recording.recording_id)
+        if stop > recording.start_position:
+            raise ClusterTerminationError(
+                unknown_log_recording_message(recording_log.path, recording, stop, recording_log.repaired))
 
 
 def recover(agent: ConsensusModuleAgent, plan: RecoveryPlan) -> None:

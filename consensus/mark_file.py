@@ -49,7 +49,6 @@ from fulmar.codecs.generated.cluster_mark import (
 from fulmar.error_log import CorruptErrorLogError, DistinctErrorLog, EpochClock, ErrorObservation, read_error_log
 from fulmar.errors import CodecError, FulmarError
 from fulmar.semantic_version import compose_version, major_version
-from fulmar.permissions import FILE_MODE
 
 __all__ = [
     "FILENAME",
@@ -396,7 +395,7 @@ class ClusterMarkFile:
         if path.exists():
             previous = _check_previous(path, component_type, now_ms, liveness_timeout_ms)
 
-        mapped = MappedFile.create(path, HEADER_LENGTH + error_buffer_length, FILE_MODE)
+        mapped = MappedFile.create(path, HEADER_LENGTH + error_buffer_length)
         try:
             header = mapped.buffer(0, HEADER_LENGTH)
             MarkFileHeaderEncoder.encode(

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Callable
 
 from fulmar.errors import FulmarError
-from fulmar.permissions import FILE_MODE
+from fulmar.permissions import open_new_file
 
 __all__ = [
     "CONSENSUS_MODULE_SERVICE_ID",
@@ -522,7 +522,7 @@ class RecordingLog:
         if is_new and not create:
             raise FileNotFoundError(f"no recording log at {path}")
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        fd = os.open(path, flags, FILE_MODE)
+        fd = open_new_file(path, flags)
         log = cls(path, fd, fsync)
         try:
             if is_new:

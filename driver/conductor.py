@@ -280,6 +280,10 @@ class DriverConductor:
             handler(command)
         except ControlProtocolError as error:
             self._on_error(correlation_id, error.code, str(error))
+        except InvalidChannelError as error:
+            # A channel can be refused past the first parse (an endpoint's
+            # address or a parameter's value): the same answer as a parse error.
+            self._on_error(correlation_id, ErrorCode.INVALID_CHANNEL, str(error))
         except CodecError as error:
             self._on_error(correlation_id, ErrorCode.MALFORMED_COMMAND, f"malformed command {msg_type_id:#x}: {error}")
         except Exception as error:  # a bug must not stop the conductor: answer, record, go on
@@ -703,6 +707,14 @@ class DriverConductor:
         self, endpoint: ReceiveChannelEndpoint, setup: SetupFrame, source: UdpAddress, transport_index: int, now_ns: int
     ) -> None:
         """A new sender on a subscribed stream: create its image and tell the subscribers."""
+        if not any(s.endpoint is endpoint and s.stream_id == setup.stream_id
+                   and (s.session_id is None or s.session_id == setup.session_id) for s in self.subscriptions):
+            # Every subscription of the stream here wants one session only
+            # (a cluster follower's log): as in Aeron, a stranger gets no
+            # image (no log buffer, no status messages), and is counted.
+            self._invalid_packet(f"SETUP from {source} for session {setup.session_id} stream {setup.stream_id}, "
+                                 "which no subscription here takes")
+            return
         correlation_id = self.to_driver.next_correlation_id()
         context = self.context
         make_directory(context.images_dir)
@@ -719,6 +731,23 @@ class DriverConductor:
         except (InvalidLogBufferError, OSError) as error:
             self._invalid_packet(f"SETUP from {source}: {error}")
             return
+        try:
+            state = ImageReceiveState(
+                log,
+                setup.active_term_id,
+                setup.term_offset,
+                now_ns,
+                image_liveness_timeout_ns=context.image_liveness_timeout_ns,
+            )
+        except ValueError as error:
+            # A term offset or active term the log cannot hold: without this
+            # the error escaped the receive loop and left the new log buffer
+            # file behind, one per hostile SETUP.
+            path = log.path
+            log.close()
+            path.unlink(missing_ok=True)
+            self._invalid_packet(f"SETUP from {source}: {error}")
+            return
         key = registration_key(correlation_id, setup.session_id, setup.stream_id)
         suffix = f"{correlation_id} {setup.session_id} {setup.stream_id} {endpoint.channel}"
         image = PublicationImage(
@@ -726,13 +755,7 @@ class DriverConductor:
             setup.session_id,
             setup.stream_id,
             log,
-            ImageReceiveState(
-                log,
-                setup.active_term_id,
-                setup.term_offset,
-                now_ns,
-                image_liveness_timeout_ns=context.image_liveness_timeout_ns,
-            ),
+            state,
             endpoint,
             source,
             transport_index,
@@ -824,9 +847,14 @@ class DriverConductor:
         self._client(command.client_id)  # type: ignore[attr-defined]
 
     def _on_client_close(self, command: object) -> None:
-        client = self.clients.get(command.client_id)  # type: ignore[attr-defined]
-        if client is not None:
-            self._close_client(client)
+        client_id = command.client_id  # type: ignore[attr-defined]
+        client = self.clients.get(client_id)
+        if client is None:
+            # Nothing to release, but a close nobody can have sent (or one
+            # after a timeout) is recorded rather than ignored unseen.
+            self.record_error(f"client close from unknown client {client_id}")
+            return
+        self._close_client(client)
 
     def _on_client_timeout(self, client: AeronClient) -> None:
         self.system[SystemCounter.CLIENT_TIMEOUTS].increment()

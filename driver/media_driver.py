@@ -25,6 +25,7 @@ from fulmar.counters import CountersManager
 from fulmar.error_log import DistinctErrorLog
 from fulmar.errors import FulmarError
 from fulmar.idle import Doorbell, DoorbellIdleStrategy, idle_strategy_from_name
+from fulmar.permissions import make_directory
 from fulmar.ring_buffer import ManyToOneRingBuffer
 
 from fulmar.driver.conductor import DriverConductor
@@ -112,7 +113,7 @@ class MediaDriver:
         check_reclaimable(directory)
         if directory.exists():
             shutil.rmtree(directory)  # a dead driver's leftovers
-        directory.mkdir(parents=True, mode=0o700)
+        make_directory(directory)  # owner-only, or the file group's (fulmar.permissions)
         cnc = CncFile.create(directory, context.cnc_layout, context.client_liveness_timeout_ns, epoch_ms())
         doorbell = cnc.driver_doorbell()
         counters = CountersManager(

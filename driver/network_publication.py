@@ -24,6 +24,7 @@ from fulmar.frames import (
 )
 from fulmar.logbuffer import (
     LogBuffers,
+    compute_max_message_length,
     compute_position,
     compute_term_id_from_position,
     to_int32,
@@ -41,6 +42,16 @@ MAX_DATAGRAMS_PER_SEND = 64
 # The sender's timed work for a publication runs at most this often (see send).
 TIMED_WORK_INTERVAL_NS = 1_000_000
 
+
+
+def in_resend_window(position: int, sender_position: int, term_length: int) -> bool:
+    """Whether a NAKed position may be resent: below what was sent, and not
+    older than half a term plus one max message behind it (Aeron's bottom
+    resend window).  Older data's slot in the log may already hold a later
+    term, or be being cleaned for one: resending it would send whatever is
+    there now, so a stale or forged NAK gets nothing."""
+    bottom = sender_position - (term_length >> 1) - compute_max_message_length(term_length)
+    return bottom <= position < sender_position
 
 class NetworkPublication:
     def __init__(
@@ -212,6 +223,8 @@ class NetworkPublication:
 
     def _resend(self, term_id: int, term_offset: int, length: int) -> None:
         position = compute_position(term_id, term_offset, self._bits, self.log.initial_term_id)
+        if not in_resend_window(position, self.sender_position, self._term_length):
+            return
         length = min(length, self.sender_position - position)
         if length <= 0:
             return
@@ -285,12 +298,20 @@ class NetworkPublication:
 
     def on_nak(self, nak: NakFrame, now_ns: int) -> None:
         self.system[SystemCounter.NAK_MESSAGES_RECEIVED].increment()
+        stats = self.retransmit_handler.stats
+        invalid_before = stats.invalid_naks
         self.retransmit_handler.on_nak(
             nak.term_id, nak.term_offset, nak.length, self._term_length, self._mtu, now_ns, self._resend
         )
+        if stats.invalid_naks != invalid_before:
+            # The handler ignores a NAK outside the term; the operator sees it here.
+            self.system[SystemCounter.INVALID_PACKETS].increment()
 
     def on_rttm(self, rttm: RttmFrame, source: UdpAddress, now_ns: int) -> None:
         if rttm.flags & RTTM_REPLY_FLAG:
+            # This sender never asks for RTT measurements: a reply answers
+            # nothing of ours, so it is counted rather than dropped unseen.
+            self.system[SystemCounter.INVALID_PACKETS].increment()
             return
         length = encode_rttm(
             self._scratch,

@@ -15,12 +15,14 @@ from fulmar.frames import (
     SM_SEND_SETUP_FLAG,
     FrameType,
     SetupFrame,
+    decode_rttm,
     decode_setup,
     encode_nak,
     encode_status_message,
     frame_type_of,
 )
 
+from fulmar.driver.counters import SystemCounter
 from fulmar.driver.image_state import NakToSend, PacketVerdict, StatusMessageToSend
 from fulmar.driver.loss_injection import LossInjector
 from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress, UdpTransport
@@ -141,19 +143,28 @@ class ReceiveChannelEndpoint:
             term_offset, session_id, stream_id, term_id = _DATA_IDS.unpack_from(datagram, 8)
             image = self.images.get((session_id, stream_id))
             if image is None:
-                if stream_id in self.stream_refs:
-                    # Data from a sender we have no image for: ask it for a SETUP.
-                    self._send_setup_request(session_id, stream_id, term_id, term_offset, source, transport_index)
+                if stream_id not in self.stream_refs:
+                    # Counted, not ignored: a frame no subscriber can ever take
+                    # is either misdirected or hostile, and must show somewhere.
+                    raise CodecError(f"DATA for stream {stream_id}, which nobody subscribes here")
+                # Data from a sender we have no image for: ask it for a SETUP.
+                self._send_setup_request(session_id, stream_id, term_id, term_offset, source, transport_index)
                 return
             if transport_index not in image.sources:
                 image.sources[transport_index] = source  # one more source feeding this image
             verdict = image.state.insert_packet(term_id, term_offset, datagram, now_ns)
             if verdict is PacketVerdict.INVALID:
                 raise CodecError(f"malformed DATA for session {session_id} stream {stream_id}")
+            # Outside the receiver window: dropped, and counted as Aeron does
+            # (a sender that honours our status messages never gets there).
+            if verdict is PacketVerdict.OVER_RUN:
+                image.system[SystemCounter.FLOW_CONTROL_OVER_RUNS].increment()
+            elif verdict is PacketVerdict.UNDER_RUN:
+                image.system[SystemCounter.FLOW_CONTROL_UNDER_RUNS].increment()
         elif frame_type == FrameType.SETUP:
             setup = decode_setup(datagram)
             if setup.stream_id not in self.stream_refs:
-                return
+                raise CodecError(f"SETUP for stream {setup.stream_id}, which nobody subscribes here")
             image = self.images.get((setup.session_id, setup.stream_id))
             if image is None:
                 self._on_setup(self, setup, source, transport_index, now_ns)
@@ -161,7 +172,11 @@ class ReceiveChannelEndpoint:
                 image.sources[transport_index] = source
                 image.state.request_status_message()  # this sender has not heard us yet
         elif frame_type == FrameType.RTTM:
-            return  # RTT measurement is not used by the receiver yet
+            # This receiver never asks for RTT measurements, so a sender has
+            # nothing to answer: decoded (a malformed one is reported as
+            # such), then counted as unsolicited rather than dropped unseen.
+            rttm = decode_rttm(datagram)
+            raise CodecError(f"unsolicited RTTM for session {rttm.session_id} stream {rttm.stream_id}")
         else:
             raise CodecError(f"unexpected frame type {frame_type} on a receive channel")
 

@@ -178,26 +178,27 @@ class SendChannelEndpoint:
                 for publication in self.publications.values():
                     publication.on_status_message(sm, now_ns)
                 return
-            publication = self.publications.get((sm.session_id, sm.stream_id))
-            if publication is not None:
-                publication.on_status_message(sm, now_ns)
+            self._publication(sm.session_id, sm.stream_id, "SM").on_status_message(sm, now_ns)
         elif frame_type == FrameType.NAK:
             nak = decode_nak(datagram)
-            publication = self.publications.get((nak.session_id, nak.stream_id))
-            if publication is not None:
-                publication.on_nak(nak, now_ns)
+            self._publication(nak.session_id, nak.stream_id, "NAK").on_nak(nak, now_ns)
         elif frame_type == FrameType.RTTM:
             rttm = decode_rttm(datagram)
-            publication = self.publications.get((rttm.session_id, rttm.stream_id))
-            if publication is not None:
-                publication.on_rttm(rttm, source, now_ns)
+            self._publication(rttm.session_id, rttm.stream_id, "RTTM").on_rttm(rttm, source, now_ns)
         elif frame_type == FrameType.ERR:
             error = decode_error(datagram)
-            publication = self.publications.get((error.session_id, error.stream_id))
-            if publication is not None:
-                publication.on_error_frame(error, now_ns)
+            self._publication(error.session_id, error.stream_id, "ERR").on_error_frame(error, now_ns)
         else:
             raise CodecError(f"unexpected frame type {frame_type} on a send channel")
+
+    def _publication(self, session_id: int, stream_id: int, frame_name: str) -> "NetworkPublication":
+        """The publication a control frame is for.  A frame for none of ours
+        (a receiver that outlived its publication, or a forger) raises, so
+        that it is counted as an invalid packet instead of vanishing unseen."""
+        publication = self.publications.get((session_id, stream_id))
+        if publication is None:
+            raise CodecError(f"{frame_name} for session {session_id} stream {stream_id}, which is not sent here")
+        return publication
 
     def close(self) -> None:
         self.transport.close()

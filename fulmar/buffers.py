@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fulmar._native import ffi, lib
+from fulmar.permissions import open_new_file
 
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
@@ -133,12 +134,18 @@ class MappedFile:
         self._buffers: list[AtomicBuffer] = []
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str], length: int, mode: int = 0o600) -> "MappedFile":
-        """Create (or replace) a zero-filled file of ``length`` bytes and map it."""
+    def create(cls, path: str | os.PathLike[str], length: int, mode: int | None = None) -> "MappedFile":
+        """Create (or replace) a zero-filled file of ``length`` bytes and map it.
+
+        Without ``mode`` the file gets the node's permissions (owner-only, or
+        the file group's: see :mod:`fulmar.permissions`)."""
         path = Path(path)
         if length <= 0:
             raise ValueError(f"cannot map a file of {length} bytes")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
+        if mode is None:
+            fd = open_new_file(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
         try:
             os.ftruncate(fd, length)
             memory = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)

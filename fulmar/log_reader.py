@@ -81,6 +81,11 @@ class Header:
         return self._int32(20)
 
     @property
+    def term_length(self) -> int:
+        """The term length of the image the fragment is in."""
+        return 1 << self._bits
+
+    @property
     def reserved_value(self) -> int:
         return int.from_bytes(self._view[self.offset + 24 : self.offset + 32], "little", signed=True)
 

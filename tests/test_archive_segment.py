@@ -104,13 +104,14 @@ def blocks_until(start: int, end: int) -> list[tuple[int, bytes]]:
 
 
 def with_crc(block: bytes) -> bytes:
-    """What a checksum=True writer stores for ``block``."""
+    """What a checksum=True writer stores for ``block``: as Aeron's RecordingWriter, the
+    CRC-32 of each DATA frame's bytes after its header up to its aligned end, in its session id."""
     out = bytearray(block)
     offset = 0
     while offset < len(out):
         length, frame_type = struct.unpack_from("<i2xH", out, offset)
         if frame_type == FrameType.DATA:
-            struct.pack_into("<I", out, offset + 24, zlib.crc32(out[offset + 32 : offset + length]))
+            struct.pack_into("<I", out, offset + 12, zlib.crc32(out[offset + 32 : offset + align(length, 32)]))
         offset += align(length, 32)
     return bytes(out)
 
@@ -252,9 +253,9 @@ def test_writer_checksums_frames_without_touching_the_callers_buffer(tmp_path: P
     # And every DATA frame verifies.
     offset = checked = 0
     while offset < stop:
-        length, frame_type, reserved = struct.unpack_from("<i2xH16xi", data, offset)
+        length, frame_type, stored = struct.unpack_from("<i2xH4xi", data, offset)
         if frame_type == FrameType.DATA:
-            assert reserved == to_int32(zlib.crc32(data[offset + 32 : offset + length]))
+            assert stored == to_int32(zlib.crc32(data[offset + 32 : offset + align(length, 32)]))
             checked += 1
         offset += align(length, 32)
     assert checked > 100

@@ -439,3 +439,25 @@ def test_iso_utc() -> None:
     assert iso_utc(0) == "1970-01-01T00:00:00.000Z"
     assert iso_utc(1_700_000_000_123) == "2023-11-14T22:13:20.123Z"
     assert "invalid" in iso_utc(2**62)
+
+
+
+def test_loss_sets_shows_and_heals_a_running_drivers_loss_injection(workspace: Path) -> None:
+    """cluster-tool loss writes the driver's loss-injection counters (rates in
+    % or ppm, a frame-type filter), shows them back, and --heal clears them."""
+    directory = workspace / "node0"
+    with running_driver(directory):
+        document = tool_json("loss", "--dir", str(directory), "--receive", "100%", "--send", "2500",
+                             "--frame-types", "data,sm")
+        assert (document["receive_ppm"], document["send_ppm"], document["frame_types"]) == (1_000_000, 2500,
+                                                                                            ["data", "sm"])
+        counters = by_label(tool_json("counters", "--dir", str(directory)))
+        assert counters["Loss injection: incoming datagrams dropped per million"]["value"] == 1_000_000
+        shown = tool("loss", "--dir", str(directory))
+        assert "receive   100% (1000000 ppm)" in shown.output and "frames    data, sm" in shown.output
+        healed = tool_json("loss", "--dir", str(directory), "--heal")
+        assert (healed["receive_ppm"], healed["send_ppm"], healed["frame_types"]) == (0, 0, "all")
+        refused = tool("loss", "--dir", str(directory), "--send", "150%")
+        assert refused.exit_code == 2 and "outside 0%..100%" in refused.output
+        refused = tool("loss", "--dir", str(directory), "--frame-types", "bogus")
+        assert refused.exit_code == 2 and "unknown frame type 'bogus'" in refused.output

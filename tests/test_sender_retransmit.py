@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fulmar.driver.flow_control import MinFlowControl
+from fulmar.driver.network_publication import in_resend_window
 from fulmar.driver.retransmit_handler import (
     MAX_RESEND_DEFAULT,
     RETRANSMIT_UNICAST_LINGER_DEFAULT_NS,
@@ -281,3 +282,17 @@ def test_handler_invariants(group: bool, delay_ns: int, events: list[tuple[int, 
     stats = handler.stats
     assert stats.naks_received == len(events)
     assert stats.naks_received == stats.invalid_naks + stats.naks_suppressed + stats.retransmit_overflows + accepted
+
+
+def test_resend_window_is_below_the_sender_position_and_at_most_half_a_term_and_a_message_behind() -> None:
+    """A NAK for data older than that (stale, or forged) resends nothing: its
+    slot in the log may hold a later term by now."""
+    term = 64 * 1024
+    sender = 10 * term + 4096
+    bottom = sender - term // 2 - term // 8
+    assert in_resend_window(sender - 32, sender, term)
+    assert in_resend_window(bottom, sender, term)
+    assert not in_resend_window(bottom - 32, sender, term)
+    assert not in_resend_window(sender, sender, term)  # not sent yet
+    assert not in_resend_window(sender + term, sender, term)
+    assert not in_resend_window(-(1 << 40), sender, term)  # a NAK naming a term long gone
