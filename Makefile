@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.py,%,$(wildcard tests/fuzz/fuzz_*.py))
 
-.PHONY: install bytecode run test test-all soak lint typecheck codecs bench bench-quick fuzz clean
+.PHONY: install bytecode run test test-all soak test-slow chaos lint typecheck codecs bench bench-quick fuzz clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ bytecode: $(STAMP)
 run: $(STAMP) bytecode
 	$(PY) -m fulmar.demo
 
-# Everything except the runs marked slow (make soak runs those).
+# Everything except the runs marked slow (make test-slow runs those).
 # Each run gets its own temporary base directory (removed afterwards), so
 # concurrent runs on one machine never clean up each other's files.
 PYTEST = tmp=$$(mktemp -d /tmp/fulmar-test-XXXXXX); $(PY) -m pytest --basetemp=$$tmp
@@ -43,8 +43,29 @@ test: $(STAMP) bytecode
 	$(PY) -m mypy
 	$(PYTEST) -m 'not slow' $(PYTEST_ARGS) $(PYTEST_END)
 
-soak: $(STAMP) bytecode
+# The runs marked slow: a million messages over lossy UDP, 10,000 election
+# simulation seeds, chaos on 5 members.
+test-slow: $(STAMP) bytecode
 	$(PYTEST) -m slow $(PYTEST_ARGS) $(PYTEST_END)
+
+# Chaos (tests/chaos.py): a 3-member and a 5-member cluster under a seeded
+# schedule of faults while clients record a history, then every check.
+# CHAOS_SEED replays a schedule; a failure leaves its history, schedule and
+# logs in chaos-artifacts/.
+CHAOS_SECONDS ?= 120
+CHAOS_SEED ?=
+CHAOS = $(PY) tests/chaos.py $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+
+chaos: $(STAMP) bytecode
+	$(CHAOS) --members 3 --seconds $(CHAOS_SECONDS)
+	$(CHAOS) --members 5 --clients 5 --seconds $(CHAOS_SECONDS)
+
+# The chaos workload for a long time (SOAK_SECONDS, 10 minutes by default).
+SOAK_SECONDS ?= 600
+SOAK_MEMBERS ?= 3
+
+soak: $(STAMP) bytecode
+	$(CHAOS) --members $(SOAK_MEMBERS) --seconds $(SOAK_SECONDS)
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -209,6 +210,7 @@ class LocalCluster:
         self.client_driver: NodeProcess | None = None
         self.aerons: list[Aeron] = []
         self.clients: list[ClusterClient] = []
+        self._client_driver_lock = threading.Lock()
         for member in range(members):
             (self.member_dir(member) / "logs").mkdir(parents=True)
 
@@ -331,18 +333,22 @@ class LocalCluster:
         """An Aeron client on ``member``'s driver, or (None) on the clients' own
         driver, started on first use."""
         if member is None:
-            if self.client_driver is None or not self.client_driver.alive:
-                if self.client_driver is not None:
-                    self.client_driver.kill()  # reaped already; closes its log file
-                self.client_driver = NodeProcess(["driver", "--dir", str(self.client_driver_dir), *_DRIVER_ARGS],
-                                                 _READY["driver"], self.base / "client-driver.log", wait=False)
-                self.client_driver.wait_ready(self.ready_timeout_s)
+            with self._client_driver_lock:  # clients on several threads start one driver
+                self._start_client_driver()
             directory = self.client_driver_dir
         else:
             directory = self.driver_dir(member)
         aeron = Aeron.connect(directory)
         self.aerons.append(aeron)
         return aeron
+
+    def _start_client_driver(self) -> None:
+        if self.client_driver is None or not self.client_driver.alive:
+            if self.client_driver is not None:
+                self.client_driver.kill()  # reaped already; closes its log file
+            self.client_driver = NodeProcess(["driver", "--dir", str(self.client_driver_dir), *_DRIVER_ARGS],
+                                             _READY["driver"], self.base / "client-driver.log", wait=False)
+            self.client_driver.wait_ready(self.ready_timeout_s)
 
     def connect_client(self, member: int | None = None, **options: Any) -> ClusterClient:
         """A client session given every member's ingress endpoint (the client
