@@ -97,6 +97,7 @@ from fulmar.codecs.generated import cluster as cluster_codecs  # noqa: E402
 from fulmar.consensus.client import ClusterClient  # noqa: E402
 from fulmar.consensus.recording_log import RecordingLog  # noqa: E402
 from fulmar.errors import FulmarError  # noqa: E402
+from fulmar.fragment_assembler import FragmentAssembler  # noqa: E402
 from fulmar.frames import FrameType  # noqa: E402
 from fulmar.service.samples import KeyValueService  # noqa: E402
 
@@ -128,9 +129,11 @@ class ChaosConfig:
     key_epoch_s: float = 10.0
     request_timeout_s: float = 1.0
     pace_s: float = 0.02  # a client's mean pause between requests
+    reconnect_after_s: float = 8.0  # a client with no answer for this long opens a new session
     nemeses: tuple[str, ...] = ()  # default: every nemesis that fits the member count
     artifacts: Path = Path("chaos-artifacts")
     converge_timeout_s: float = 120.0
+    keep_artifacts: bool = False  # save history, schedule and logs even when nothing is wrong
 
     def nemesis_kinds(self) -> tuple[str, ...]:
         if self.nemeses:
@@ -156,6 +159,7 @@ class Op:
     outcome: str = "pending"  # then ok, fail or unknown
     reply: dict[str, Any] | None = None
     late: bool = False  # the reply came after the client had given up waiting
+    source: str = ""  # the egress it came on: which member's publication, which term
 
     def operation(self) -> linearizability.Operation:
         """As the checker takes it."""
@@ -187,8 +191,9 @@ class History:
         with self._lock:
             self.ops[op.id] = op
 
-    def on_reply(self, payload: bytes) -> None:
-        """A reply, whenever it comes: it completes the operation its id names."""
+    def on_reply(self, payload: bytes, source: str = "") -> None:
+        """A reply, whenever it comes: it completes the operation its id names.
+        ``source`` says where it came from (which member's egress, which term)."""
         now = time.monotonic_ns()
         try:
             reply = json.loads(payload)
@@ -199,9 +204,12 @@ class History:
             if op is None or "error" in reply:
                 self.strange_replies.append(payload.decode(errors="replace"))
             elif op.reply is not None:
-                self.strange_replies.append(f"a second reply to {op.id}: {payload.decode(errors='replace')}")
+                self.strange_replies.append(
+                    f"a second reply to {op.id} {(now - op.invoke) / 1e9:.3f} s after it was sent (the first after "
+                    f"{((op.complete or now) - op.invoke) / 1e9:.3f} s {op.source}), {source}: "
+                    f"{payload.decode(errors='replace')}")
             else:
-                op.reply, op.complete = reply, now
+                op.reply, op.complete, op.source = reply, now, source
                 op.late = op.outcome == "unknown"
                 op.outcome = "ok"
 
@@ -236,6 +244,7 @@ class KvClient(threading.Thread):
         self.sessions = 0
         self.connect_failures: list[str] = []
         self.crash: BaseException | None = None
+        self._source = ""  # where the egress fragment being handled came from
 
     def run(self) -> None:
         try:
@@ -244,17 +253,20 @@ class KvClient(threading.Thread):
             self.crash = error
 
     def _run(self) -> None:
-        silent = 0
+        answered = time.monotonic()
         while not self.stop_event.is_set():
             if self.client is None or self.client.is_closed:
                 self._connect()
+                answered = time.monotonic()
                 continue
             op = self._next_op()
-            outcome = self._perform(op)
-            silent = silent + 1 if outcome == "unknown" else 0
-            if silent >= 3:  # the session may have been lost with its leader: start afresh
+            if self._perform(op) == "ok":
+                answered = time.monotonic()
+            elif time.monotonic() - answered > self.config.reconnect_after_s:
+                # A leader change keeps the session (NewLeaderEvent), but the
+                # cluster may have closed it meanwhile without the client
+                # hearing: after a long silence, start a new one.
                 self._close()
-                silent = 0
             self.stop_event.wait(self.random.expovariate(1 / self.config.pace_s) if self.config.pace_s else 0)
         self._close()
 
@@ -265,7 +277,9 @@ class KvClient(threading.Thread):
             self.client = ClusterClient.connect(
                 self.aeron, "aeron:udp", self.cluster.ingress_endpoints,
                 egress_channel="aeron:udp?endpoint=127.0.0.1:0", message_timeout_ns=int(5e9),
-                on_message=lambda _session, _timestamp, payload: self.history.on_reply(bytes(payload)))
+                on_message=lambda _session, _timestamp, payload: self.history.on_reply(bytes(payload),
+                                                                                         self._source))
+            _note_reply_sources(self.client, self)
             self.sessions += 1
         except FulmarError as error:
             self.connect_failures.append(f"{type(error).__name__}: {error}")
@@ -330,6 +344,22 @@ class KvClient(threading.Thread):
             self.seen[op.key] = reply.get("value")
         else:
             self.seen[op.key] = op.value
+
+
+def _note_reply_sources(client: ClusterClient, owner: KvClient) -> None:
+    """Before the client handles an egress fragment, note which member's
+    publication (its source address and session) and which leadership term
+    it came from, so that a duplicate reply says who sent it."""
+    handle = client._on_fragment
+
+    def noting(buffer: memoryview, offset: int, length: int, header: Any) -> None:
+        term = int.from_bytes(buffer[offset + 8 : offset + 16], "little", signed=True) if length >= 16 else None
+        image = client.subscription.image_by_session_id(header.session_id)
+        where = image.source_identity if image is not None else "?"
+        owner._source = f"from {where} (publication session {header.session_id}, leadership term {term})"
+        handle(buffer, offset, length, header)
+
+    client._assembler = FragmentAssembler(noting)
 
 
 def _wait_for_egress(client: ClusterClient, timeout_ns: int) -> None:
@@ -846,7 +876,7 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
         report.late_replies = sum(1 for op in ops if op.late)
         report.anomalies += [f"a reply nobody asked for: {r[:120]}" for r in history.strange_replies]
         report.elapsed_s = time.monotonic() - began
-        if report.anomalies:
+        if report.anomalies or config.keep_artifacts:
             report.artifacts = str(_save_artifacts(config, cluster, history, report))
         cluster.close()
     return report
@@ -925,12 +955,13 @@ def _save_artifacts(config: ChaosConfig, cluster: LocalCluster, history: History
               help="Only these faults (repeatable); default every fault that fits the member count.")
 @click.option("--artifacts", type=click.Path(path_type=Path), default=Path("chaos-artifacts"),
               help="Where a failed run leaves its history, schedule and logs.")
+@click.option("--keep", is_flag=True, help="Leave the history, schedule and logs there even if nothing is wrong.")
 def main(members: int, seconds: float, seed: int | None, clients: int, nemeses: tuple[str, ...],
-         artifacts: Path) -> None:
+         artifacts: Path, keep: bool) -> None:
     """Run the chaos workload once and print its summary; exit 1 on any anomaly."""
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
     config = ChaosConfig(members=members, seconds=seconds, seed=seed, clients=clients, nemeses=nemeses,
-                         artifacts=artifacts)
+                         artifacts=artifacts, keep_artifacts=keep)
     report = run_chaos(config, progress=lambda text: click.echo(f"[chaos] {text}", err=True))
     click.echo(report.summary())
     sys.exit(1 if report.anomalies else 0)
