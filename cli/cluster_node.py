@@ -380,6 +380,11 @@ _CM_DEFAULTS = ConsensusModuleContext
 @click.option("--leader-heartbeat-interval", type=Duration(min_ns=1_000_000),
               default=format_duration(_CM_DEFAULTS.leader_heartbeat_interval_ns),
               help="How often an idle leader tells the followers it is alive (below the heartbeat timeout).")
+@click.option("--service-heartbeat-timeout", type=Duration(min_ns=2_000_000_000),
+              default=format_duration(_CM_DEFAULTS.service_heartbeat_timeout_ns),
+              help="A service whose mark file shows no activity for this long is taken for dead and the module "
+                   "stops, so that the node fails over rather than lead without answering.  At least 2s: a "
+                   "service marks its file once a second.")
 @click.option("--consensus-channel", default=_CM_DEFAULTS.consensus_channel,
               help="Channel of the messages between members (each member's consensus endpoint is added).")
 @click.option("--replication-channel", default=_CM_DEFAULTS.replication_channel,
@@ -389,8 +394,8 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
               max_concurrent_sessions: int,
               authenticator_secret: str | None, app_version: int, cluster_members: str, appointed_leader_id: int,
               election_timeout: int, election_status_interval: int, startup_canvass_timeout: int,
-              leader_heartbeat_timeout: int, leader_heartbeat_interval: int, consensus_channel: str,
-              replication_channel: str) -> None:
+              leader_heartbeat_timeout: int, leader_heartbeat_interval: int, service_heartbeat_timeout: int,
+              consensus_channel: str, replication_channel: str) -> None:
     """Run a consensus module in the foreground until SIGTERM (a snapshot
     and an orderly stop of the services) or SIGINT twice (abort).
 
@@ -412,7 +417,7 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
         election_timeout_ns=election_timeout, election_status_interval_ns=election_status_interval,
         startup_canvass_timeout_ns=startup_canvass_timeout, leader_heartbeat_timeout_ns=leader_heartbeat_timeout,
         leader_heartbeat_interval_ns=leader_heartbeat_interval, consensus_channel=consensus_channel,
-        replication_channel=replication_channel,
+        replication_channel=replication_channel, service_heartbeat_timeout_ns=service_heartbeat_timeout,
     )
     if authenticator_secret:
         context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())

@@ -44,6 +44,7 @@ from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionActio
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
 from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, ConsensusPublisher
 from fulmar.consensus.context import ConsensusModuleContext
+from fulmar.consensus.mark_file import read_activity_timestamp, service_mark_file_name
 from fulmar.consensus.protocol import (
     CLUSTER_SCHEMA_ID,
     NULL_POSITION,
@@ -185,6 +186,8 @@ class ConsensusModuleAgent:
         self._log_image: "Image | None" = None
         self._replay_subscription: "Subscription | None" = None
         self._log_replay_correlation_id = NULL_VALUE
+        self._next_service_check_ns = 0
+        self._service_heartbeat_since_ms = 0  # no older sign of life counts (set when checks begin or resume)
         self._recording_position_counter_id = NULL_VALUE
         self._snapshot_log_position = NULL_POSITION
         self._termination_position = NULL_POSITION
@@ -374,6 +377,7 @@ class ConsensusModuleAgent:
         if self.is_multi_member:
             while self.archive.signals:
                 self.host.on_recording_signal(self.archive.signals.popleft())
+        self._check_service_heartbeats(now_ns)
         work += self._process_redirect_and_rejected(now_ns)
         work += self._check_node_control_toggle()
         if self.election is None and self.role is ClusterRole.LEADER:
@@ -452,6 +456,35 @@ class ConsensusModuleAgent:
         if self._pending_ingress or not self._dispatch_ingress(buffer, offset, length):
             # The log is back pressured: keep the message, in order, for the next cycle.
             self._pending_ingress.append(bytes(buffer[offset : offset + length]))
+
+    def _check_service_heartbeats(self, now_ns: int) -> None:
+        """Once a second, each service's mark file must show activity within
+        the service heartbeat timeout (the container writes it every second);
+        a dead service stops the module (ClusterTerminationError), as Aeron's
+        checkServiceHeartbeats does.  Checked only while the module is up and
+        running (not while it recovers or stops), and not right after this
+        process itself stood still (SIGSTOP, a long GC-like stall): then the
+        services stood still too, and their clocks restart with ours."""
+        if now_ns < self._next_service_check_ns:
+            return
+        stalled = self._next_service_check_ns and now_ns - self._next_service_check_ns > 1_000_000_000
+        self._next_service_check_ns = now_ns + 1_000_000_000
+        if stalled:
+            self._service_heartbeat_since_ms = self.epoch_ms()
+            return
+        if self.state not in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
+            self._service_heartbeat_since_ms = self.epoch_ms()
+            return
+        now_ms = self.epoch_ms()
+        timeout_ms = self.context.service_heartbeat_timeout_ns // 1_000_000
+        for service_id in range(self.context.service_count):
+            path = self.context.cluster_dir / service_mark_file_name(service_id)
+            activity_ms = read_activity_timestamp(path) or 0
+            last_seen_ms = max(activity_ms, self._service_heartbeat_since_ms)
+            if now_ms - last_seen_ms > timeout_ms:
+                raise ClusterTerminationError(
+                    f"no heartbeat from service {service_id} for {now_ms - last_seen_ms} ms (timeout {timeout_ms} ms, "
+                    f"mark file {path}): the service is gone, so this member stops")
 
     def _on_ingress_dropped(self, publication_session_id: int, length: int, max_length: int) -> None:
         self.invalid_requests_counter.increment()

@@ -41,6 +41,10 @@ class ConsensusModuleContext:
     # log to join, a snapshot) before the module gives up with an error.
     service_ack_timeout_ns: int = 30_000_000_000
     slow_tick_interval_ns: int = 10_000_000
+    # A service whose mark file shows no sign of life for this long is taken
+    # for dead: the module stops, so that its node fails over instead of
+    # leading without answering (Aeron's service heartbeat timeout, 10 s).
+    service_heartbeat_timeout_ns: int = 10_000_000_000
     cycle_threshold_ns: int = 1_000_000_000
     # Longest idle sleep: the data doorbell wakes the module for ingress,
     # consensus messages and recording progress; cluster timers due sooner

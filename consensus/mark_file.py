@@ -218,6 +218,21 @@ def _read_errors(path: Path, decoder: MarkFileHeaderDecoder) -> list[ErrorObserv
         buffer.release()
 
 
+def read_activity_timestamp(path: str | os.PathLike[str]) -> int | None:
+    """The activity timestamp (epoch ms) in the mark file at ``path``: 0 after
+    a clean close, None if there is no readable mark file.  Reads the first
+    bytes only, so a consensus module can ask every second."""
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(MESSAGE_HEADER_LENGTH + _LIVENESS.size)
+    except OSError:
+        return None
+    offset = _body_offset(prefix)
+    if len(prefix) < offset + _LIVENESS.size:
+        return None
+    return int(_LIVENESS.unpack_from(prefix, offset)[2])
+
+
 def _is_live(activity_ms: int, pid: int, now_ms: int, liveness_timeout_ms: int) -> bool:
     # A garbage pid (a torn file) can exceed what the OS takes: such a pid is nobody.
     return activity_ms > 0 and now_ms - activity_ms < liveness_timeout_ms and 0 < pid < 2**31 and psutil.pid_exists(pid)

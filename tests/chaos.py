@@ -103,7 +103,10 @@ from fulmar.service.samples import KeyValueService  # noqa: E402
 
 # The leader heartbeat timeout the chaos cluster runs with: pauses last longer.
 HEARTBEAT_TIMEOUT_S = 2.0
-CHAOS_CONSENSUS_ARGS = (*FAST_ELECTION_ARGS, "--leader-heartbeat-timeout", f"{HEARTBEAT_TIMEOUT_S:g}s")
+# A module whose service died stops after 3 s, so that a dead service on the
+# leader fails over instead of leaving the cluster without answers.
+CHAOS_CONSENSUS_ARGS = (*FAST_ELECTION_ARGS, "--leader-heartbeat-timeout", f"{HEARTBEAT_TIMEOUT_S:g}s",
+                        "--service-heartbeat-timeout", "3s")
 # What a process kind cannot live without: killing the first means the others
 # of the member go down with it and start again.
 DEPENDENTS = {
@@ -956,12 +959,14 @@ def _save_artifacts(config: ChaosConfig, cluster: LocalCluster, history: History
 @click.option("--artifacts", type=click.Path(path_type=Path), default=Path("chaos-artifacts"),
               help="Where a failed run leaves its history, schedule and logs.")
 @click.option("--keep", is_flag=True, help="Leave the history, schedule and logs there even if nothing is wrong.")
+@click.option("--reconnect-after", type=click.FloatRange(min=0.5), default=ChaosConfig.reconnect_after_s,
+              help="Seconds without an answer before a client opens a new session.")
 def main(members: int, seconds: float, seed: int | None, clients: int, nemeses: tuple[str, ...],
-         artifacts: Path, keep: bool) -> None:
+         artifacts: Path, keep: bool, reconnect_after: float) -> None:
     """Run the chaos workload once and print its summary; exit 1 on any anomaly."""
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
     config = ChaosConfig(members=members, seconds=seconds, seed=seed, clients=clients, nemeses=nemeses,
-                         artifacts=artifacts, keep_artifacts=keep)
+                         artifacts=artifacts, keep_artifacts=keep, reconnect_after_s=reconnect_after)
     report = run_chaos(config, progress=lambda text: click.echo(f"[chaos] {text}", err=True))
     click.echo(report.summary())
     sys.exit(1 if report.anomalies else 0)

@@ -3,6 +3,7 @@ service container) serving sample services to real clients."""
 
 from __future__ import annotations
 
+import signal
 import struct
 from pathlib import Path
 import time
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from cluster_support import SingleNodeCluster
+from driver_support import wait_for
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.client import AuthenticationRejectedError, ClusterClient
 from fulmar.consensus.recording_log import RecordingLog, decode_entries
@@ -64,7 +66,8 @@ def test_snapshot_stop_and_restart_keeps_the_state(cluster_of: Any) -> None:
         assert value == expected
     client.close()
     cluster.stop_node()  # SIGTERM: a snapshot, then an orderly stop at one log position
-    assert "consensus module stopped: SHUTDOWN at log position" in cluster.consensus.output()
+    assert "consensus module stopped: SHUTDOWN at log position" in cluster.consensus.output(), \
+        f"consensus: {cluster.consensus.output()[-1500:]}\nservice: {cluster.service.output()[-1500:]}"
     with RecordingLog.open(cluster.cluster_dir, create=False) as recording_log:
         assert recording_log.get_latest_snapshot(-1) is not None  # the module's
         assert recording_log.get_latest_snapshot(0) is not None  # the service's
@@ -331,3 +334,43 @@ def test_a_failing_service_stops_and_says_where(cluster_of: Any, monkeypatch: py
     assert cluster.service.process.returncode == 1, output
     assert "service 0 failed at log position" in output and "RuntimeError: the service was asked to fail" in output
     client.close()
+
+
+def test_a_dead_service_stops_its_consensus_module_after_the_heartbeat_timeout(cluster_of: Any) -> None:
+    """As Aeron's checkServiceHeartbeats: a module whose service is gone stops
+    (its node then fails over), rather than go on without ever answering."""
+    cluster = cluster_of("fulmar.service.samples:EchoService", "--service-heartbeat-timeout", "2s")
+    client = connect(cluster)
+    assert client.request(b"alive", timeout_s=10) == b"alive"
+    assert cluster.service is not None and cluster.consensus is not None
+    killed_at = time.monotonic()
+    cluster.service.kill()
+    wait_for(lambda: not cluster.consensus.alive, 15, "the consensus module to stop without its service")
+    assert time.monotonic() - killed_at > 1.9  # not before the timeout
+    assert cluster.consensus.process.returncode != 0
+    assert "no heartbeat from service 0" in cluster.consensus.output()
+
+
+def test_a_node_paused_longer_than_the_service_heartbeat_timeout_goes_on(cluster_of: Any) -> None:
+    """SIGSTOP of the module and its service together (a stopped VM, a long
+    stall) is not a dead service: both resume, and the module keeps going."""
+    cluster = cluster_of("fulmar.service.samples:EchoService", "--service-heartbeat-timeout", "2s")
+    client = connect(cluster)
+    assert client.request(b"before", timeout_s=10) == b"before"
+    assert cluster.service is not None and cluster.consensus is not None
+    processes = [cluster.consensus.process, cluster.service.process]
+    for process in processes:
+        process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(3.5)  # the fault itself: a pause longer than the timeout
+    finally:
+        # The module first: the service's mark file is 3.5 s old when it looks.
+        for process in processes:
+            process.send_signal(signal.SIGCONT)
+            time.sleep(0.5)
+    assert client.request(b"after", timeout_s=10) == b"after"
+    # A few heartbeat checks later the module is still there.
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        assert cluster.consensus.alive, cluster.consensus.output()[-2000:]
+        assert client.request(b"still", timeout_s=10) == b"still"
