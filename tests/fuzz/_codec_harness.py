@@ -9,22 +9,19 @@ member is actually read.
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import Any, Callable
+
+from _fuzz_support import fuzz, instrumented
 
 
 def codec_harness(schema: str, fuzzing: bool) -> Callable[[bytes], None]:
     """One schema's ``test_one_input``; with ``fuzzing`` (run as a script), fuzz it
     with atheris instead, the codec modules imported under its instrumentation."""
-    if not fuzzing:
-        return make_test_one_input(schema)
-    import atheris
-
-    with atheris.instrument_imports():  # coverage of the codecs imported below
+    with instrumented(fuzzing):  # coverage of the codecs imported below
         test_one_input = make_test_one_input(schema)
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
-    raise SystemExit(0)  # (Fuzz does not return)
+    if fuzzing:
+        fuzz(test_one_input)
+    return test_one_input
 
 
 def make_test_one_input(schema: str) -> Callable[[bytes], None]:

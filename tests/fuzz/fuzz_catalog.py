@@ -10,19 +10,16 @@ Run: .venv/bin/python tests/fuzz/fuzz_catalog.py tests/fuzz/corpus/catalog -max_
 
 from __future__ import annotations
 
-import contextlib
+import os
 import sys
 import tempfile
 from pathlib import Path
 
-if __name__ == "__main__":
-    import atheris
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-    _instrumented = atheris.instrument_imports()  # coverage of everything imported below
-else:
-    _instrumented = contextlib.nullcontext()
+from _fuzz_support import fuzz, instrumented  # noqa: E402  (the directory is on the path only now)
 
-with _instrumented:
+with instrumented(__name__ == "__main__"):  # coverage of everything imported below
     from fulmar.archive.catalog import CATALOG_FILE_NAME, Catalog
     from fulmar.archive.errors import CatalogError
 
@@ -56,5 +53,4 @@ def _one_input(directory: Path, data: bytes) -> None:
 
 
 if __name__ == "__main__":
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
+    fuzz(test_one_input)

@@ -10,18 +10,15 @@ Run: .venv/bin/python tests/fuzz/fuzz_frames.py tests/fuzz/corpus/frames -max_to
 
 from __future__ import annotations
 
-import contextlib
+import os
 import sys
 from typing import Any, Callable
 
-if __name__ == "__main__":
-    import atheris
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-    _instrumented = atheris.instrument_imports()  # coverage of everything imported below
-else:
-    _instrumented = contextlib.nullcontext()
+from _fuzz_support import fuzz, instrumented  # noqa: E402  (the directory is on the path only now)
 
-with _instrumented:
+with instrumented(__name__ == "__main__"):  # coverage of everything imported below
     from fulmar import frames
     from fulmar.errors import CodecError
 
@@ -64,5 +61,4 @@ def test_one_input(data: bytes) -> None:
 
 
 if __name__ == "__main__":
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
+    fuzz(test_one_input)

@@ -11,21 +11,18 @@ Run: .venv/bin/python tests/fuzz/fuzz_log_scanner.py tests/fuzz/corpus/log_scann
 from __future__ import annotations
 
 import atexit
-import contextlib
+import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-if __name__ == "__main__":
-    import atheris
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-    _instrumented = atheris.instrument_imports()  # coverage of everything imported below
-else:
-    _instrumented = contextlib.nullcontext()
+from _fuzz_support import fuzz, instrumented  # noqa: E402  (the directory is on the path only now)
 
-with _instrumented:
+with instrumented(__name__ == "__main__"):  # coverage of everything imported below
     from fulmar.errors import CodecError
     from fulmar.log_reader import LogReader
     from fulmar.logbuffer import LogBuffers
@@ -81,5 +78,4 @@ def test_one_input(data: bytes) -> None:
 
 
 if __name__ == "__main__":
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
+    fuzz(test_one_input)

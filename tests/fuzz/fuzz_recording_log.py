@@ -10,20 +10,17 @@ Run: .venv/bin/python tests/fuzz/fuzz_recording_log.py tests/fuzz/corpus/recordi
 
 from __future__ import annotations
 
-import contextlib
+import os
 import logging
 import sys
 import tempfile
 from pathlib import Path
 
-if __name__ == "__main__":
-    import atheris
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-    _instrumented = atheris.instrument_imports()  # coverage of everything imported below
-else:
-    _instrumented = contextlib.nullcontext()
+from _fuzz_support import fuzz, instrumented  # noqa: E402  (the directory is on the path only now)
 
-with _instrumented:
+with instrumented(__name__ == "__main__"):  # coverage of everything imported below
     from fulmar.consensus.recording_log import (
         NULL_VALUE,
         RECORDING_LOG_FILE_NAME,
@@ -80,5 +77,4 @@ def _one_input(directory: Path, data: bytes) -> None:
 
 if __name__ == "__main__":
     logging.disable(logging.WARNING)  # "recording log repaired" for every torn input
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
+    fuzz(test_one_input)
