@@ -65,6 +65,8 @@ SESSION_ID_OFFSET = 12
 
 def frame_checksum(buffer: memoryview | bytes | bytearray | mmap.mmap, offset: int, aligned_length: int) -> int:
     """CRC-32 (zlib's, i.e. java.util.zip.CRC32's) of a frame's bytes after its header, as an int32."""
+    if type(buffer) is memoryview:  # the replay's blocks: no new view per frame
+        return to_int32(zlib.crc32(buffer[offset + HEADER_LENGTH : offset + aligned_length]))
     with memoryview(buffer) as view:
         return to_int32(zlib.crc32(view[offset + HEADER_LENGTH : offset + aligned_length]))
 
@@ -360,17 +362,20 @@ class SegmentWriter:
         out = memoryview(scratch)[: len(view)]
         out[:] = view
         offset = 0
-        while offset < len(out):
-            frame_length = _I32.unpack_from(out, offset)[0]
+        end = len(out)
+        # Inline rather than through frame_checksum: this runs for every frame recorded.
+        while offset < end:
+            frame_length, _version, _flags, frame_type = _FRAME_HEADER_START.unpack_from(out, offset)
             if frame_length < HEADER_LENGTH:
                 raise ValueError(
                     f"recording {self.recording_id}: frame at block offset {offset} has length {frame_length}"
                 )
-            aligned = align(frame_length, FRAME_ALIGNMENT)
-            if offset + aligned > len(out):
+            aligned = (frame_length + FRAME_ALIGNMENT - 1) & ~(FRAME_ALIGNMENT - 1)
+            if offset + aligned > end:
                 break  # reported below
-            if struct.unpack_from("<H", out, offset + 6)[0] == _DATA:
-                _I32.pack_into(out, offset + SESSION_ID_OFFSET, frame_checksum(out, offset, aligned))
+            if frame_type == _DATA:
+                crc = zlib.crc32(out[offset + HEADER_LENGTH : offset + aligned])
+                _I32.pack_into(out, offset + SESSION_ID_OFFSET, crc - (1 << 32) if crc >= 1 << 31 else crc)
             offset += aligned
         if offset != len(out):
             raise ValueError(f"recording {self.recording_id}: last frame runs past the end of the block")
