@@ -94,7 +94,7 @@ from fulmar.archive.catalog import Catalog  # noqa: E402
 from fulmar.archive.segment import list_segment_files, segment_base_of_file  # noqa: E402
 from fulmar.cli.cluster_tool import cluster_operate, set_loss  # noqa: E402
 from fulmar.codecs.generated import cluster as cluster_codecs  # noqa: E402
-from fulmar.consensus.client import ClusterClient  # noqa: E402
+from fulmar.consensus.client import ClusterClient, _wait_for_data  # noqa: E402
 from fulmar.consensus.recording_log import RecordingLog  # noqa: E402
 from fulmar.errors import FulmarError  # noqa: E402
 from fulmar.fragment_assembler import FragmentAssembler  # noqa: E402
@@ -367,14 +367,8 @@ def _note_reply_sources(client: ClusterClient, owner: KvClient) -> None:
 
 def _wait_for_egress(client: ClusterClient, timeout_ns: int) -> None:
     """Sleep on the client driver's data doorbell until egress may have arrived."""
-    if timeout_ns <= 0:
-        return
-    doorbell = client.aeron.conductor.data_doorbell
-    token = doorbell.prepare()
-    if client.subscription.is_data_available():
-        doorbell.cancel()
-        return
-    doorbell.wait(token, timeout_ns)
+    if timeout_ns > 0:
+        _wait_for_data(client.aeron, client.subscription.is_data_available, timeout_ns)
 
 
 # ----------------------------------------------------------------------------- nemesis
