@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cluster_support import SingleNodeCluster
+from driver_support import wait_for
 from fulmar.cli import cluster_tool
 from fulmar.cnc import CncFile
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
@@ -138,8 +139,15 @@ def test_read_commands_on_a_running_node(cluster_of: Any, tmp_path: Path) -> Non
     pid = cluster.consensus.process.pid
     node_dir = str(cluster.base)
 
-    code, document = tool_json("describe", "--dir", node_dir)
-    assert code == 0, document
+    def described_after_first_commit() -> Any:
+        # The module is ready before its archive has recorded (and so committed)
+        # the term's first event: wait for that, bounded, rather than race it.
+        code, document = tool_json("describe", "--dir", node_dir)
+        assert code == 0, document
+        counters = document["nodes"][0].get("counters") or {}
+        return document if (counters.get("commit_position") or 0) > 0 else None
+
+    document = wait_for(described_after_first_commit, 10, "the node's first committed position", poll_s=0.05)
     assert document["layout"] == "node-dir"
     [node] = document["nodes"]
     assert node["running"] is True
