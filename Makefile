@@ -18,7 +18,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 
 $(STAMP): $(PY) pyproject.toml setup.py $(NATIVE_SOURCES)
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[test,bench,spark]'
 	touch $(STAMP)
 
 install: $(STAMP) bytecode
@@ -28,7 +28,7 @@ install: $(STAMP) bytecode
 # which is slow and leaves each process ~15 MiB larger.  compileall writes
 # the caches whatever that variable says and skips files already compiled.
 bytecode: $(STAMP)
-	$(PY) -m compileall -q -j 0 fulmar/ codecs driver archive consensus service cli > /dev/null
+	$(PY) -m compileall -q -j 0 fulmar/ codecs driver archive consensus service cli analytics > /dev/null
 
 run: $(STAMP) bytecode
 	$(PY) -m fulmar.demo

@@ -4,7 +4,9 @@ run), and save the figures as JSON under ``bench/results/``.
 
 Each benchmark module exposes ``run(quick: bool) -> list[dict]``; a dict is
 ``{"name", "value", "unit", "reference"}`` where ``reference`` (or None) is
-the figure of the physical reference for the same work.
+the figure of the physical reference for the same work; a row whose
+reference is something else says what in ``"reference_kind"`` (a key of
+``report.REFERENCE_NOTES``).
 
 A module may instead compare itself with modules that ran before it in the
 same run: it names them in ``REFERENCE_MODULES``, in order of preference, and
@@ -39,7 +41,7 @@ from typing import Any
 from bench import report
 
 MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive", "cluster", "pysyncobj_peer",
-           "cluster3", "stages"]
+           "cluster3", "stages", "spark_decode"]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -67,7 +69,8 @@ def main() -> None:
             values = [r["value"] for r in runs if r["value"] is not None]
             references = [r["reference"] for r in runs if r.get("reference")]
             reference = statistics.median(references) if references else None
-            reference_kind = "C" if reference else None
+            # A row names what its reference is ("reference_kind"); by default the same loop in C.
+            reference_kind = runs[0].get("reference_kind", "C") if reference else None
             for reference_module in reference_modules if reference is None else ():
                 other = earlier.get((reference_module, module.reference_name(name, reference_module) or ""))
                 if other is not None:

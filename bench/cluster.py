@@ -150,10 +150,16 @@ class NodeProcess:
 class Node:
     """Driver, archive, consensus module, service: started in that order,
     stopped in the reverse one (the consensus module and the service
-    together, as the orderly stop needs both), every directory removed."""
+    together, as the orderly stop needs both), every directory removed but
+    ``archive_dir`` when the caller gives one (it keeps the recorded log past
+    close() and removes it itself); ``archive_segment_length`` is the
+    archive's ``--segment-length`` (None: its default)."""
 
-    def __init__(self, service: str = SERVICE) -> None:
+    def __init__(self, service: str = SERVICE, archive_dir: Path | None = None,
+                 archive_segment_length: int | None = None) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster-", dir=DISK_PARENT))
+        self.archive_dir = archive_dir if archive_dir is not None else self.base / "archive"
+        segment_args = [] if archive_segment_length is None else ["--segment-length", str(archive_segment_length)]
         self.driver_dir = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster-", dir=SHM_PARENT)) / "driver"
         self.ingress_channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
         self.ingress_endpoints: str | None = None
@@ -161,9 +167,9 @@ class Node:
         try:
             self.driver = self._start(["driver", "--dir", str(self.driver_dir)], "serving", "driver.log",
                                       ready=self._driver_ready)
-            self.archive = self._start(["archive", "--dir", str(self.base / "archive"), "--driver-dir",
+            self.archive = self._start(["archive", "--dir", str(self.archive_dir), "--driver-dir",
                                         str(self.driver_dir), "--control-channel", "none",
-                                        "--replication-channel", "aeron:udp?endpoint=127.0.0.1:0"],
+                                        "--replication-channel", "aeron:udp?endpoint=127.0.0.1:0", *segment_args],
                                        "serving", "archive.log")
             self.consensus = self._start(["consensus", "--cluster-dir", str(self.base / "cluster"), "--driver-dir",
                                           str(self.driver_dir), "--ingress-channel", self.ingress_channel],

@@ -95,6 +95,7 @@ from fulmar.cli.cnc_reader import (
     read_errors,
 )
 from fulmar.cli.options import driver_dir_option, resolve_driver_dir
+from fulmar.cli import analytics_commands
 
 EXIT_NO_DRIVER = 1
 EXIT_DRIVER_NOT_ALIVE = 3
@@ -2159,6 +2160,10 @@ def _is_cluster_dir(directory: Path) -> bool:
 for _name in ("describe", "pid", "list-members", "is-leader", "recording-log", "mark-file",
               "snapshot", "suspend", "resume", "shutdown", "abort"):
     main.add_command(cluster_group.commands[_name], _name)
+
+# The Spark jobs over archived logs (the spark extra; imported lazily inside).
+main.add_command(analytics_commands.analyze)
+main.add_command(analytics_commands.replay)
 
 
 if __name__ == "__main__":

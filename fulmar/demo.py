@@ -18,7 +18,12 @@
 4. The node is started again on its own (``cluster-node start --config``): it
    replays its log, catches up from the leader and rejoins as a follower.
    Every key is read back and checked against the model.
-5. SIGTERM stops every node in order; the temporary directories are removed.
+5. SIGTERM stops every node in order.
+6. Spark (local mode) reads the three members' recorded logs through the
+   ``fulmar-log`` data source: the ``cluster-tool analyze`` report (messages
+   per leadership term, per session, per second...), and member 0's log
+   replayed through KeyValueService's own apply must give the model's store.
+   The temporary directories are removed.
 """
 
 from __future__ import annotations
@@ -261,6 +266,39 @@ class Workload:
         raise AssertionError("unreachable")
 
 
+def analyse_logs(base: Path, model: dict[str, Any]) -> None:
+    """Step 6: the members' recorded logs in Spark (local mode): the analysis
+    ``cluster-tool analyze`` runs, and the log replayed through the service's
+    own apply, which must give the store the model holds."""
+    try:
+        from fulmar.analytics.analyze import analyze
+        from fulmar.analytics.replay import replay_state
+        from fulmar.analytics.session import spark_session, stop_spark
+        from fulmar.service.samples import key_value_apply, key_value_initial
+    except ImportError as error:
+        say(f"step 6 skipped: the Spark analysis needs the spark extra (pip install 'fulmar[spark]'): {error}")
+        return
+    archives = [str(base / f"node{member}" / "archive") for member in range(MEMBERS)]
+    say(f"step 6: Spark over the recorded logs: cluster-tool analyze --archive-dir {archives[0]} ... "
+        f"(the same job, in this process, local[*])")
+    started = time.monotonic()
+    spark = spark_session(app_name="fulmar demo")
+    try:
+        report = analyze(spark, archives, base / "analysis")
+        for line in report.text().splitlines():
+            say(f"    {line}")
+        replayed = replay_state(spark, archives[0], key_value_apply, key_value_initial())
+    finally:
+        stop_spark(spark)
+    if replayed.state["data"] != model:
+        differing = sorted(k for k in set(model) | set(replayed.state["data"])
+                           if model.get(k) != replayed.state["data"].get(k))
+        raise SystemExit(f"the log's replay differs from the model at {len(differing)} keys: {differing[:5]}")
+    say(f"replayed member 0's log ({replayed.messages:,} messages, to position {replayed.position:,}) through "
+        f"KeyValueService's apply in Spark: {len(model):,} keys, every value as the model says "
+        f"({time.monotonic() - started:.1f} s with Spark's start)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m fulmar.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=10_000, help="puts and gets in the workload")
@@ -391,6 +429,7 @@ def main() -> None:
             raise SystemExit(f"an unclean stop: exit codes {codes} (cluster, node {old_leader}, client driver)")
         say(f"stopped: exit codes {codes[0]} (the cluster supervisor: a node had failed), {codes[1]} (node "
             f"{old_leader}), {codes[2]} (client driver)")
+        analyse_logs(base, model)
     except BaseException as error:
         for log_path in sorted(base.glob("node*/logs/consensus.log")):  # before they are removed
             say(f"the demo failed; the last lines of {log_path}:")

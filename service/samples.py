@@ -157,3 +157,81 @@ class CounterService(ClusteredService):
 
     def on_take_snapshot(self, publication: SnapshotPublication) -> None:
         publication.offer(struct.pack("<qqq", self.value, self.ticks, self.timer_deadline))
+
+
+# ----------------------------------------------------------------------------- offline replay
+# CounterService as a pure function of the log, for fulmar.analytics.replay
+# (``cluster-tool replay --apply fulmar.service.samples:counter_apply``).  A
+# message is a row of the fulmar-log source.  The state adds the open client
+# sessions to what the snapshot holds, as the service container keeps them.
+
+
+def counter_initial() -> dict[str, Any]:
+    return {"value": 0, "ticks": 0, "timer_deadline": -1, "sessions": frozenset()}
+
+
+def counter_apply(state: dict[str, Any], message: Any) -> dict[str, Any]:
+    kind = message.message_type
+    if kind == "SessionOpenEvent":
+        deadline = state["timer_deadline"]
+        if deadline < 0:
+            deadline = message.timestamp + CounterService.PERIOD_MS
+        return {**state, "timer_deadline": deadline, "sessions": state["sessions"] | {message.cluster_session_id}}
+    if kind == "SessionCloseEvent":
+        # The container forgets the session before the service hears of the close.
+        sessions = state["sessions"] - {message.cluster_session_id}
+        deadline = -1 if not sessions else state["timer_deadline"]
+        return {**state, "timer_deadline": deadline, "sessions": sessions}
+    if kind == "TimerEvent" and message.correlation_id == CounterService.TIMER_ID:
+        return {**state, "ticks": state["ticks"] + 1, "timer_deadline": message.timestamp + CounterService.PERIOD_MS}
+    if kind == "SessionMessageHeader" and bytes(message.payload) == b"+":
+        # A client's increment, or the one the service offered for a client's b"!".
+        return {**state, "value": state["value"] + 1}
+    return state
+
+
+def counter_snapshot_state(records: list[bytes]) -> dict[str, Any]:
+    """What a CounterService snapshot holds, in counter_view's shape."""
+    value, ticks, deadline = struct.unpack("<qqq", records[-1]) if records else (0, 0, -1)
+    return {"value": value, "ticks": ticks, "timer_deadline": deadline}
+
+
+def counter_view(state: dict[str, Any]) -> dict[str, Any]:
+    """The part of counter_apply's state that a snapshot holds."""
+    return {key: state[key] for key in ("value", "ticks", "timer_deadline")}
+
+
+# KeyValueService the same way (``--apply fulmar.service.samples:key_value_apply``):
+# the service's own apply() on a copy of the data, for the messages of open
+# client sessions (the service ignores the rest).
+
+
+def key_value_initial() -> dict[str, Any]:
+    return {"data": {}, "sessions": frozenset()}
+
+
+def key_value_apply(state: dict[str, Any], message: Any) -> dict[str, Any]:
+    kind = message.message_type
+    if kind == "SessionOpenEvent":
+        return {**state, "sessions": state["sessions"] | {message.cluster_session_id}}
+    if kind == "SessionCloseEvent":
+        return {**state, "sessions": state["sessions"] - {message.cluster_session_id}}
+    if kind != "SessionMessageHeader" or message.cluster_session_id not in state["sessions"]:
+        return state
+    service = KeyValueService()
+    service.data = dict(state["data"])
+    service.apply(bytes(message.payload))
+    return {**state, "data": service.data}
+
+
+def key_value_snapshot_state(records: list[bytes]) -> dict[str, Any]:
+    """The data a KeyValueService snapshot holds (its ``[key, value]`` records)."""
+    data: dict[str, Any] = {}
+    for record in records:
+        key, value = json.loads(record)
+        data[key] = value
+    return data
+
+
+def key_value_view(state: dict[str, Any]) -> dict[str, Any]:
+    return dict(state["data"])

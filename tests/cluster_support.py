@@ -361,9 +361,11 @@ class LocalCluster:
 
     # -- the end
 
-    def close(self, timeout_s: float = 5) -> None:
+    def close(self, timeout_s: float = 5, *, copy_to: Path | None = None) -> None:
         """Close the clients, reap every process (SIGTERM, then SIGKILL after
-        ``timeout_s``) and remove every directory, even when a step fails."""
+        ``timeout_s``) and remove every directory, even when a step fails.
+        ``copy_to``: first copy the members' directories there, once every
+        process has stopped (what they wrote, as they left it)."""
         try:
             closeables: list[ClusterClient | Aeron] = [*self.clients, *self.aerons]
             for closeable in closeables:
@@ -384,9 +386,13 @@ class LocalCluster:
                 finally:
                     self._terminate([*rest, *([self.client_driver] if self.client_driver else [])], timeout_s)
             finally:
-                for directory in [*self.driver_dirs, self.client_driver_dir]:
-                    remove_driver_dir(directory)
-                shutil.rmtree(self.base, ignore_errors=True)
+                try:
+                    if copy_to is not None:
+                        shutil.copytree(self.base, copy_to, dirs_exist_ok=True)
+                finally:
+                    for directory in [*self.driver_dirs, self.client_driver_dir]:
+                        remove_driver_dir(directory)
+                    shutil.rmtree(self.base, ignore_errors=True)
 
     @staticmethod
     def _terminate(processes: list[NodeProcess], timeout_s: float) -> None:

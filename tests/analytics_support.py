@@ -1,0 +1,117 @@
+"""A cluster log recorded by a real 3-member cluster, for the analytics tests.
+
+``record_counter_cluster`` runs ``CounterService`` on three members, sends
+a known workload through one client session (increments, increments the
+service re-offers through the log, messages long enough to be fragmented),
+takes a snapshot, kills the leader so that a second leadership term begins,
+lets timers fire, closes the session, waits until every member has
+committed everything, stops the cluster and copies each member's archive
+and cluster directories out (the cluster's own directories are removed).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from driver_support import wait_for
+from multi_node_support import COUNTER_SERVICE, member_view, wait_for_commit, wait_for_leader
+
+from cluster_support import LocalCluster
+from fulmar.cli.cluster_tool import cluster_operate
+from fulmar.consensus.recording_log import RecordingLog
+
+FRAGMENTED_LENGTH = 5000  # over the default MTU (1408): fragmented in the log
+
+
+@dataclass
+class RecordedLog:
+    base: Path
+    members: int
+    client_session_id: int = -1
+    increments: int = 0  # b"+" acknowledged
+    offered_increments: int = 0  # b"!" acknowledged (the service offers b"+" into the log)
+    fragmented: list[bytes] = field(default_factory=list, repr=False)
+    first_leader: int = -1
+    second_leader: int = -1
+    final_value: int = -1
+    commit_position: int = -1
+
+    def archive_dir(self, member: int) -> Path:
+        return self.base / f"node{member}" / "archive"
+
+    def cluster_dir(self, member: int) -> Path:
+        return self.base / f"node{member}" / "cluster"
+
+    def snapshot_positions(self, member: int) -> list[int]:
+        log = RecordingLog.open(self.cluster_dir(member), create=False)
+        try:
+            return sorted({e.log_position for e in log.entries if e.is_valid_snapshot})
+        finally:
+            log.close()
+
+
+def _value(reply: bytes) -> int:
+    return int.from_bytes(reply[:8], "little", signed=True)
+
+
+def record_counter_cluster(base: Path, *, increments: int = 60) -> RecordedLog:
+    recorded = RecordedLog(base, 3)
+    with LocalCluster(3, COUNTER_SERVICE) as cluster:
+        cluster.start()
+        leader = wait_for_leader(cluster, 60)
+        recorded.first_leader = leader.member
+        client = cluster.connect_client()
+        recorded.client_session_id = client.cluster_session_id
+        for i in range(increments):
+            client.request(b"+", timeout_s=20)
+            recorded.increments += 1
+            if i % 10 == 0:
+                client.request(b"!", timeout_s=20)
+                recorded.offered_increments += 1
+        for i in range(3):
+            payload = bytes([65 + i]) * FRAGMENTED_LENGTH
+            client.request(payload, timeout_s=20)
+            recorded.fragmented.append(payload)
+        cluster_operate(cluster.base, "snapshot", 60)
+        # A second leadership term: the leader dies, the others elect one.
+        cluster.kill_member(leader.member)
+        second = wait_for_leader(cluster, 60, not_member=leader.member, min_term=1)
+        recorded.second_leader = second.member
+
+        def follows_new_leader() -> bool:
+            client.poll_egress()
+            return client.leader_member_id == second.member and client.leadership_term_id >= 1
+
+        wait_for(follows_new_leader, 30, f"the client to follow the new leader {second.member}")
+        for _ in range(increments // 2):
+            client.request(b"+", timeout_s=30)
+            recorded.increments += 1
+        cluster.start_member(leader.member)
+        # Let the timer tick a few times (once a second of cluster time while
+        # a session is open), then close the session.
+        deadline = time.monotonic() + 3.5
+        while time.monotonic() < deadline:
+            client.request(b"+", timeout_s=30)
+            recorded.increments += 1
+            time.sleep(0.1)
+        recorded.final_value = _value(client.request(b"?", timeout_s=30))
+        client.close()
+        cluster.clients.remove(client)
+        leader_now = wait_for_leader(cluster, 60)
+
+        def settled() -> bool:
+            # The session close is committed and every member has it.
+            view = member_view(cluster, leader_now.member)
+            position = view.commit_position or -1
+            time.sleep(0.2)
+            return position == (member_view(cluster, leader_now.member).commit_position or -1) and position > 0
+
+        wait_for(settled, 30, "the leader's commit position to settle")
+        recorded.commit_position = member_view(cluster, leader_now.member).commit_position or -1
+        wait_for_commit(cluster, [0, 1, 2], recorded.commit_position, 60)
+        # Stop in order (consensus and services first, then archives and
+        # drivers), and copy the files out before the cluster removes them.
+        cluster.close(timeout_s=20, copy_to=base)
+    return recorded
