@@ -37,6 +37,7 @@ from fulmar.codecs.generated import cluster as cluster_codecs
 from fulmar.consensus.protocol import LOG_STREAM_ID
 from fulmar.errors import FulmarError
 from fulmar.frames import FRAME_ALIGNMENT, align
+from fulmar.logbuffer import check_term_length
 
 BATCH_ROWS = 65536
 PAYLOAD_CAPACITY = 4 * 1024 * 1024
@@ -329,6 +330,13 @@ def decode_segment(
         columns["next_offset"] = np.array([resume], np.int64)
         return DecodedBatch(segment, columns, offsets, b"", corrupt=what)
 
+    try:
+        check_term_length(segment.term_length)
+    except ValueError as error:
+        # A catalog that passed its own checks should never say so; skip the
+        # file rather than walk it with an impossible term length.
+        yield corrupt(segment.start_offset, f"the catalog's term length is impossible ({error})", segment.end_offset)
+        return
     try:
         memory, size = _open_segment(segment)
     except FileNotFoundError:

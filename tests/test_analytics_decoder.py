@@ -105,9 +105,34 @@ def test_the_c_decoder_agrees_with_the_python_reference(tmp_path_factory: pytest
     assert all(r["archive_dir"] == str(tmp_path) and r["recording_id"] == 0 for r in rows)
 
 
-def three_terms(tmp_path: Path) -> tuple[bytes, list[bytes]]:
-    sent = [session_message(1, bytes([i]) * 50) for i in range(20)] + [session_message(1, b"x" * 5000)]
-    return write_messages(sent, TERM, 1376, terms=2), sent
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_garbage_never_crashes_the_decoder(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    """Random bytes, real frames with random bytes flipped, cut at any length:
+    FAILFAST raises LogCorruptError only, PERMISSIVE never raises."""
+    tmp_path = tmp_path_factory.mktemp("garbage")
+    real = write_messages(data.draw(st.lists(messages, max_size=12)), TERM, data.draw(st.sampled_from([32, 1376])),
+                          terms=1)
+    raw = bytearray(real if data.draw(st.booleans()) else data.draw(st.binary(min_size=1, max_size=4096)))
+    for _ in range(data.draw(st.integers(0, 8))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    raw = raw[: data.draw(st.integers(1, len(raw)))]
+    end = data.draw(st.integers(1, TERM))
+    segment = segment_file(tmp_path, bytes(raw), end=end, end_known=data.draw(st.booleans()))
+    try:
+        decoded_rows(segment)
+    except LogCorruptError as error:
+        assert error.path == segment.path and 0 <= error.position <= max(end, len(raw))
+    rows = decoded_rows(segment, permissive=True)
+    assert all(r["log_position"] < r["next_position"] <= end for r in rows)
+
+
+def test_an_impossible_term_length_is_named(tmp_path: Path) -> None:
+    data = write_messages([session_message(1, b"a")], TERM, 1376, terms=1)
+    segment = segment_file(tmp_path, data, end=used_length(data))
+    broken = LogSegment(**{**segment.__dict__, "term_length": 0})
+    with pytest.raises(LogCorruptError, match="the catalog's term length is impossible"):
+        decoded_rows(broken)
 
 
 def corrupt_at(data: bytes, offset: int, value: bytes) -> bytes:

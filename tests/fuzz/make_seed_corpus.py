@@ -116,6 +116,43 @@ def log_scanner_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def log_decode_seeds() -> dict[str, bytes]:
+    """Terms of a cluster log: the six log messages, one fragmented, then a pad."""
+    from fulmar.codecs.generated import cluster as codecs
+
+    def encoded(encoder: Any, tail: bytes = b"", **fields: Any) -> bytes:
+        buf = bytearray(512)
+        return bytes(buf[: encoder.encode(buf, 0, **fields)]) + tail
+
+    messages = [
+        encoded(codecs.NewLeadershipTermEventEncoder, leadership_term_id=0, log_position=0, timestamp=1,
+                term_base_log_position=0, leader_member_id=1, log_session_id=7, time_unit=0),
+        encoded(codecs.SessionOpenEventEncoder, leadership_term_id=0, correlation_id=3, cluster_session_id=1,
+                timestamp=2, response_stream_id=102, response_channel="aeron:udp?endpoint=127.0.0.1:0"),
+        encoded(codecs.SessionMessageHeaderEncoder, b"+", leadership_term_id=0, cluster_session_id=1, timestamp=3),
+        encoded(codecs.SessionMessageHeaderEncoder, b"x" * 3000, leadership_term_id=0, cluster_session_id=1,
+                timestamp=4),
+        encoded(codecs.TimerEventEncoder, leadership_term_id=0, correlation_id=1, timestamp=5),
+        encoded(codecs.ClusterActionRequestEncoder, leadership_term_id=0, log_position=4096, timestamp=6, action=2,
+                flags=0),
+        encoded(codecs.SessionCloseEventEncoder, leadership_term_id=0, cluster_session_id=1, timestamp=7,
+                close_reason=0),
+    ]
+    seeds: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        log = LogBuffers.create(Path(tmp) / "log.logbuffer", 64 * 1024, session_id=1, stream_id=100)
+        try:
+            writer = ExclusiveLogWriter(log)
+            for message in messages:
+                writer.offer(message)
+            view = log.view
+            end = len(bytes(view[: 64 * 1024]).rstrip(b"\0"))
+            seeds["messages"] = bytes(view[: (end + 31) & ~31])
+        finally:
+            log.close()
+    return seeds
+
+
 def channel_uri_seeds() -> dict[str, bytes]:
     uris = {
         "ipc": "aeron:ipc",
@@ -182,6 +219,7 @@ TARGETS: dict[str, Callable[[], dict[str, bytes]]] = {
     **{f"codec_{m}": _codec_target(m) for m in ("cluster", "archive", "driver", "cluster_mark", "archive_mark")},
     "frames": frame_seeds,
     "log_scanner": log_scanner_seeds,
+    "log_decode": log_decode_seeds,
     "channel_uri": channel_uri_seeds,
     "recording_log": recording_log_seeds,
     "catalog": catalog_seeds,

@@ -148,8 +148,20 @@ void fulmar_log_decode(
     int32_t status = FULMAR_LOG_DONE;
 
     cursor->skipped_pad = 0;
+    if (term_length <= 0)
+    {
+        cursor->count = 0;
+        cursor->status = FULMAR_LOG_BAD_FRAME;
+        return;
+    }
     while (offset < end_offset)
     {
+        if (end_offset - offset < FULMAR_HEADER_LENGTH)
+        {
+            /* Not even a frame header's worth of bytes left (a file cut short). */
+            status = FULMAR_LOG_BAD_FRAME;
+            break;
+        }
         int32_t frame_length = read_i32(segment + offset);
         if (frame_length == 0)
         {
