@@ -2,9 +2,14 @@
 
 ::
 
-    from fulmar.analytics.spark_source import register
-    register(spark)
     df = spark.read.format("fulmar-log").load("/var/fulmar/node0/archive")
+
+(Spark finds it through the top-level module ``pyspark_fulmar``; where that
+is not on Spark's Python path, e.g. an editable install, call
+``register(spark)`` first.)
+
+::
+
     df = spark.read.format("fulmar-log").option("messageTypes", "TimerEvent").load([dir0, dir1, dir2])
 
 Each segment file of each log recording is one partition, read by an

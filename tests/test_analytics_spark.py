@@ -189,6 +189,39 @@ def test_replay_reaches_the_final_state_and_every_snapshot_matches(recorded: Rec
                        samples.counter_initial(), samples.counter_snapshot_state, max_position=64)
 
 
+PLAIN_SESSION = """
+import os, sys
+from pyspark.sql import SparkSession
+os.environ["PYSPARK_PYTHON"] = sys.executable
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+         .config("spark.driver.extraJavaOptions", "-Djava.io.tmpdir=" + sys.argv[2]).getOrCreate())
+try:
+    print("rows", spark.read.format("fulmar-log").load(sys.argv[1]).count())
+finally:
+    spark.stop()
+"""
+
+
+def test_any_session_finds_the_source_once_fulmar_is_installed(recorded: RecordedLog, tmp_path: Path) -> None:
+    """Spark imports top-level pyspark_* modules and registers their
+    DefaultSource: with pyspark_fulmar on the path (where pip puts it), a
+    plain SparkSession reads format("fulmar-log") with no register()."""
+    import pyspark_fulmar
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "pyspark_fulmar").symlink_to(Path(pyspark_fulmar.__file__).parent)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    done = subprocess.run([sys.executable, "-c", PLAIN_SESSION, str(recorded.archive_dir(0)), str(scratch)],
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(site), "SPARK_LOCAL_IP": "127.0.0.1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = pa.Table.from_batches(list(read_log(str(recorded.archive_dir(0))))).num_rows
+    assert f"rows {expected}" in done.stdout
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLUSTER_TOOL, *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
