@@ -179,16 +179,20 @@ def analyze(spark: Any, archive_dirs: list[str], out_dir: str | os.PathLike[str]
     # A message a service offers to the cluster carries no client session:
     # the consensus module gives it an id counted up from Long.MIN_VALUE + 1
     # (Aeron's service session ids), which never opens or closes.
+    def offered_by_a_service(r: dict[str, Any]) -> bool:
+        return r["opened_s"] is None and r["closed_s"] is None and r["cluster_session_id"] < 0
+
     rows = [row.asDict() for row in sessions.collect()]
-    offered = [r for r in rows if r["opened_s"] is None and r["closed_s"] is None and r["cluster_session_id"] < 0]
-    report.sessions = [r for r in rows if r not in offered]
+    offered = [r for r in rows if offered_by_a_service(r)]
+    report.sessions = [r for r in rows if not offered_by_a_service(r)]
     report.service_messages = {"messages": sum(r["messages"] for r in offered),
                                "bytes": int(sum(r["bytes"] or 0 for r in offered))}
 
     timers = one.filter(F.col("message_type") == "TimerEvent")
+    per_term = {str(r["leadership_term_id"]): r["count"] for r in timers.groupBy("leadership_term_id").count().collect()}
     report.timers = {
-        "total": timers.count(),
-        "per_term": {str(r["leadership_term_id"]): r["count"] for r in timers.groupBy("leadership_term_id").count().collect()},
+        "total": sum(per_term.values()),
+        "per_term": per_term,
         "per_correlation_id": {str(r["correlation_id"]): r["count"] for r in timers.groupBy("correlation_id").count().collect()},
     }
     report.snapshots = [row.asDict() for row in one.filter(

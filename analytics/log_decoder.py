@@ -29,10 +29,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from fulmar._native import ffi, lib
-from fulmar.archive.catalog import NULL_POSITION, Catalog
-from fulmar.archive.segment import segment_file_base_position, segment_file_name
+from fulmar.archive.catalog import NULL_POSITION, Catalog, RecordingDescriptor
+from fulmar.archive.segment import (
+    list_segment_files,
+    segment_base_of_file,
+    segment_file_base_position,
+    segment_file_name,
+)
 from fulmar.codecs.generated import cluster as cluster_codecs
 from fulmar.consensus.protocol import LOG_STREAM_ID
 from fulmar.errors import FulmarError
@@ -59,11 +66,7 @@ LOG_MESSAGE_TYPES: dict[int, str] = {
         cluster_codecs.NewLeadershipTermEventDecoder,
     )
 }
-_CLUSTER_TEMPLATE_NAMES: dict[int, str] = {
-    value.TEMPLATE_ID: value.NAME
-    for value in vars(cluster_codecs).values()
-    if isinstance(value, type) and issubclass(value, cluster_codecs._Decoder) and hasattr(value, "TEMPLATE_ID")
-}
+_CLUSTER_TEMPLATE_NAMES: dict[int, str] = {template_id: d.NAME for template_id, d in cluster_codecs.DECODERS.items()}
 UNKNOWN_TYPE = "Unknown"
 CORRUPT_TYPE = "Corrupt"
 
@@ -187,7 +190,8 @@ def find_log_segments(
 
 
 def _recording_segments(
-    archive_dir: str, descriptor: Any, recorded_position: int, from_position: int | None, to_position: int | None
+    archive_dir: str, descriptor: RecordingDescriptor, recorded_position: int, from_position: int | None,
+    to_position: int | None,
 ) -> list[LogSegment]:
     start = descriptor.start_position
     term_length = descriptor.term_buffer_length
@@ -199,12 +203,9 @@ def _recording_segments(
     else:
         stop, end_known = None, False  # active, nothing reported: read every file there is
     if stop is None:
-        prefix = f"{descriptor.recording_id}-"
-        bases = sorted(
-            int(name[len(prefix) : -4]) for name in os.listdir(archive_dir)
-            if name.startswith(prefix) and name.endswith(".rec") and name[len(prefix) : -4].isdigit()
-        )
-        last_base = bases[-1] if bases else segment_file_base_position(start, start, term_length, segment_length)
+        names = list_segment_files(archive_dir, descriptor.recording_id)
+        last_base = (segment_base_of_file(names[-1]) if names
+                     else segment_file_base_position(start, start, term_length, segment_length))
         limit = last_base + segment_length
     else:
         limit = stop
@@ -235,16 +236,25 @@ def _recording_segments(
 
 @dataclass
 class DecodedBatch:
-    """Up to BATCH_ROWS decoded messages of one segment (numpy columns), or one corrupt region."""
+    """Up to BATCH_ROWS decoded messages of one segment (numpy columns)."""
 
     segment: LogSegment
     columns: dict[str, np.ndarray]
     payload_offsets: np.ndarray  # int32, rows + 1
     payload: bytes
-    corrupt: str | None = None  # a corrupt region (permissive mode): no rows in columns
 
     def __len__(self) -> int:
         return len(self.columns["template_id"])
+
+
+@dataclass
+class CorruptRegion:
+    """What PERMISSIVE mode skipped: file offsets [file_offset, resume) of the segment."""
+
+    segment: LogSegment
+    file_offset: int
+    resume: int
+    what: str  # the error and how much was skipped
 
 
 @dataclass
@@ -257,7 +267,7 @@ class DecodeStats:
 
 
 _I64_COLUMNS = ("offset", "next_offset", "leadership_term_id", "cluster_session_id", "correlation_id",
-                "timestamp", "log_position")
+                "timestamp")
 _I32_COLUMNS = ("template_id", "schema_id", "fragments", "code", "time_unit")
 
 
@@ -312,11 +322,11 @@ def decode_segment(
     stats: DecodeStats | None = None,
     batch_rows: int = BATCH_ROWS,
     payload_capacity: int = PAYLOAD_CAPACITY,
-) -> Iterator[DecodedBatch]:
+) -> Iterator[DecodedBatch | CorruptRegion]:
     """The segment's messages, in batches, in log order (see the module doc for errors)."""
     stats = stats if stats is not None else DecodeStats()
 
-    def corrupt(file_offset: int, reason: str, resume: int) -> DecodedBatch:
+    def corrupt(file_offset: int, reason: str, resume: int) -> CorruptRegion:
         error = LogCorruptError(segment.path, segment.position(file_offset), file_offset, reason)
         if not permissive:
             raise error
@@ -324,11 +334,7 @@ def decode_segment(
         what = f"{error}; skipped {resume - file_offset} bytes"
         if len(stats.problems) < 100:
             stats.problems.append(what)
-        empty = _ColumnBuffers(0, 0)
-        columns, offsets, _ = empty.take(0)
-        columns["offset"] = np.array([file_offset], np.int64)
-        columns["next_offset"] = np.array([resume], np.int64)
-        return DecodedBatch(segment, columns, offsets, b"", corrupt=what)
+        return CorruptRegion(segment, file_offset, resume, what)
 
     try:
         check_term_length(segment.term_length)
@@ -424,26 +430,20 @@ def _frames_reach(memory: mmap.mmap | None, at: int, end: int) -> bool:
 # --------------------------------------------------------------------------- to Arrow
 
 
-def _names(codes: np.ndarray, names: dict[int, str]) -> list[str | None]:
-    return [names.get(int(code)) for code in codes]
-
-
-def to_record_batch(batch: DecodedBatch, message_types: frozenset[str] | set[str] | None = None) -> Any:
-    """The batch as an Arrow RecordBatch of :data:`COLUMNS` (optionally only some message types)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+def to_record_batch(batch: DecodedBatch | CorruptRegion, message_types: frozenset[str] | set[str] | None = None
+                    ) -> pa.RecordBatch:
+    """The batch (or one Corrupt row) as an Arrow RecordBatch of :data:`COLUMNS`, optionally only some message types."""
     segment = batch.segment
-    if batch.corrupt is not None:
+    if isinstance(batch, CorruptRegion):
         if message_types is not None and CORRUPT_TYPE not in message_types:
             return _assemble({}, 0)
         return _assemble({
             "archive_dir": pa.array([segment.archive_dir]),
             "recording_id": pa.array([segment.recording_id], pa.int64()),
-            "log_position": pa.array([segment.position(int(batch.columns["offset"][0]))], pa.int64()),
-            "next_position": pa.array([segment.position(int(batch.columns["next_offset"][0]))], pa.int64()),
+            "log_position": pa.array([segment.position(batch.file_offset)], pa.int64()),
+            "next_position": pa.array([segment.position(batch.resume)], pa.int64()),
             "message_type": pa.array([CORRUPT_TYPE]),
-            "corrupt_record": pa.array([batch.corrupt]),
+            "corrupt_record": pa.array([batch.what]),
         }, 1)
     n = len(batch)
 
@@ -460,12 +460,16 @@ def to_record_batch(batch: DecodedBatch, message_types: frozenset[str] | set[str
     def where(codes: tuple[int, ...]) -> np.ndarray:
         return in_schema & np.isin(template, codes)
 
+    session_message = cluster_codecs.SessionMessageHeaderDecoder.TEMPLATE_ID
+    timer = cluster_codecs.TimerEventDecoder.TEMPLATE_ID
+    opened = cluster_codecs.SessionOpenEventDecoder.TEMPLATE_ID
+    closed = cluster_codecs.SessionCloseEventDecoder.TEMPLATE_ID
     has_term = where(tuple(LOG_MESSAGE_TYPES))
-    session = where((1, 21, 22))
-    correlated = where((20, 21))
-    new_term = where((24,))
-    action = where((23,))
-    close = where((22,))
+    session = where((session_message, opened, closed))
+    correlated = where((timer, opened))
+    new_term = where((cluster_codecs.NewLeadershipTermEventDecoder.TEMPLATE_ID,))
+    action = where((cluster_codecs.ClusterActionRequestDecoder.TEMPLATE_ID,))
+    close = where((closed,))
 
     def masked(values: np.ndarray, present: np.ndarray) -> Any:
         return pa.array(values, mask=~present)
@@ -507,10 +511,8 @@ def to_record_batch(batch: DecodedBatch, message_types: frozenset[str] | set[str
     return record_batch
 
 
-def _assemble(values: dict[str, Any], n: int) -> Any:
+def _assemble(values: dict[str, Any], n: int) -> pa.RecordBatch:
     """A RecordBatch of every column (nulls for those not in ``values``)."""
-    import pyarrow as pa
-
     arrays = []
     for name, kind in COLUMNS:
         arrow_type = _ARROW_TYPES[kind]
@@ -523,15 +525,7 @@ def _assemble(values: dict[str, Any], n: int) -> Any:
     return pa.RecordBatch.from_arrays(arrays, names=[name for name, _ in COLUMNS])
 
 
-def _arrow_types() -> dict[str, Any]:
-    try:
-        import pyarrow as pa
-    except ImportError:  # only the Arrow conversion needs it
-        return {}
-    return {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "binary": pa.binary()}
-
-
-_ARROW_TYPES = _arrow_types()
+_ARROW_TYPES = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "binary": pa.binary()}
 
 
 # --------------------------------------------------------------------------- reading in one process
@@ -595,8 +589,6 @@ class ReadOptions:
 
     def record_batches(self, segment: LogSegment, stats: DecodeStats | None = None) -> Iterator[Any]:
         """The segment's Arrow batches after every option is applied (to Corrupt rows too)."""
-        import pyarrow.compute as pc
-
         for batch in decode_segment(segment, permissive=self.permissive, stats=stats):
             record_batch = to_record_batch(batch, self.message_types)
             if self.from_position is not None or self.to_position is not None:

@@ -29,7 +29,7 @@ from typing import Any
 from fulmar.consensus.recording_log import RECORDING_LOG_FILE_NAME, Entry, decode_entries
 from fulmar.errors import FulmarError
 
-from .log_decoder import UNKNOWN_TYPE, read_log
+from .log_decoder import UNKNOWN_TYPE, find_log_segments, read_log
 
 Apply = Callable[[Any, Any], Any]
 
@@ -50,18 +50,20 @@ def replay_state(spark: Any, archive_dir: str | os.PathLike[str], apply: Apply, 
     """Fold ``apply`` over the log of ``archive_dir`` up to ``position`` (the whole log when None)."""
     from pyspark.sql import functions as F
 
+    # Which recording, and where it starts, the catalog says: no decoding needed.
+    segments = find_log_segments([archive_dir], recording_ids=None if recording_id is None else [recording_id])
+    recordings = sorted({s.recording_id for s in segments})
+    if len(recordings) > 1:
+        raise ReplayError(f"{archive_dir} holds {len(recordings)} log recordings ({recordings}); "
+                          "pick one with recording_id")
+    starts = min((s.position(s.start_offset) for s in segments), default=0)
+    if starts > 0:
+        raise ReplayError(f"the log in {archive_dir} starts at position {starts}, not 0: its state before that "
+                          "is in an earlier snapshot, which this replay does not load")
     reader = spark.read.format("fulmar-log")
     if recording_id is not None:
         reader = reader.option("recordingIds", str(recording_id))
     log = reader.load(os.path.abspath(archive_dir))
-    recordings = [row[0] for row in log.select("recording_id").distinct().collect()]
-    if len(recordings) > 1:
-        raise ReplayError(f"{archive_dir} holds {len(recordings)} log recordings ({sorted(recordings)}); "
-                          "pick one with recording_id")
-    starts = log.agg(F.min("log_position")).first()[0]
-    if starts is not None and starts > 0:
-        raise ReplayError(f"the log in {archive_dir} starts at position {starts}, not 0: its state before that "
-                          "is in an earlier snapshot, which this replay does not load")
     if position is not None:
         log = log.filter(F.col("next_position") <= position)
     state = initial
@@ -74,19 +76,26 @@ def replay_state(spark: Any, archive_dir: str | os.PathLike[str], apply: Apply, 
     return ReplayResult(state, last if position is None else position, count)
 
 
-def latest_service_snapshot(cluster_dir: str | os.PathLike[str], service_id: int = 0,
-                            max_position: int | None = None) -> Entry:
-    """The service's newest valid snapshot entry in ``recording.log`` (read only, never repaired)."""
+def _recording_log_entries(cluster_dir: str | os.PathLike[str]) -> list[Entry]:
+    """The entries of ``recording.log``, read only (never repaired)."""
     path = Path(cluster_dir) / RECORDING_LOG_FILE_NAME
     try:
         data = path.read_bytes()
     except OSError as error:
         raise ReplayError(f"cannot read {path}: {error.strerror or error}") from None
-    snapshots = [e for e in decode_entries(data, str(path)).entries
+    return decode_entries(data, str(path)).entries
+
+
+def latest_service_snapshot(cluster_dir: str | os.PathLike[str], service_id: int = 0,
+                            max_position: int | None = None, entries: list[Entry] | None = None) -> Entry:
+    """The service's newest valid snapshot entry in ``recording.log``."""
+    entries = _recording_log_entries(cluster_dir) if entries is None else entries
+    snapshots = [e for e in entries
                  if e.is_valid_snapshot and e.service_id == service_id
                  and (max_position is None or e.log_position <= max_position)]
     if not snapshots:
         where = "" if max_position is None else f" at or below position {max_position}"
+        path = Path(cluster_dir) / RECORDING_LOG_FILE_NAME
         raise ReplayError(f"{path} has no snapshot of service {service_id}{where}")
     return max(snapshots, key=lambda e: (e.log_position, e.entry_index))
 
@@ -127,10 +136,11 @@ def audit_snapshot(spark: Any, archive_dir: str | os.PathLike[str], cluster_dir:
                    view: Callable[[Any], Any] = lambda state: state, service_id: int = 0,
                    max_position: int | None = None) -> AuditResult:
     """Compare the member's latest service snapshot with the log replayed up to its position."""
-    entry = latest_service_snapshot(cluster_dir, service_id, max_position)
+    entries = _recording_log_entries(cluster_dir)
+    entry = latest_service_snapshot(cluster_dir, service_id, max_position, entries)
     snapshot_state = load_snapshot(snapshot_records(archive_dir, entry.recording_id))
-    term_recordings = {e.recording_id for e in decode_entries((Path(cluster_dir) / RECORDING_LOG_FILE_NAME)
-                                                               .read_bytes()).entries if e.is_valid_term}
+    # The member's log recording is the one its TERM entries name.
+    term_recordings = {e.recording_id for e in entries if e.is_valid_term}
     recording_id = min(term_recordings) if len(term_recordings) == 1 else None
     result = replay_state(spark, archive_dir, apply, initial, entry.log_position, recording_id=recording_id)
     return AuditResult(entry, snapshot_state, view(result.state), result.messages)

@@ -47,6 +47,8 @@ def _fail(message: str, code: int = EXIT_PROBLEM) -> NoReturn:
 @contextmanager
 def _spark(master: str, app_name: str) -> Iterator[Any]:
     try:
+        import pyspark  # noqa: F401 - the session module imports it only when a session starts
+
         from fulmar.analytics.session import spark_session, stop_spark
     except ImportError as error:
         _fail(f"the Spark jobs need the spark extra: pip install 'fulmar[spark]' ({error})", EXIT_NOT_INSTALLED)
@@ -56,7 +58,7 @@ def _spark(master: str, app_name: str) -> Iterator[Any]:
         _fail(f"cannot start Spark (master {master}): {spark_error_message(error)}", EXIT_NOT_INSTALLED)
     try:
         yield spark
-    except (click.exceptions.Exit, SystemExit):
+    except (click.exceptions.Exit, click.ClickException):  # click's own: a bad --view, an exit
         raise
     except Exception as error:  # noqa: BLE001 - Spark wraps what the workers raised
         _fail(spark_error_message(error))
@@ -145,26 +147,25 @@ def replay(archive_dir: Path, apply_spec: str, initial_spec: str, position: int 
     --cluster-dir and --load-snapshot, audit the node's latest snapshot: the
     state it holds must equal the replay up to its log position (exit 1 if
     they differ)."""
+    # Every callable is loaded before Spark starts: a bad spec fails at once.
     apply = _load(apply_spec, "--apply")
     initial = _load(initial_spec, "--initial")()
+    view = _load(view_spec, "--view") if view_spec else (lambda state: state)
     if cluster_dir is not None and load_spec is None:
         raise click.BadParameter("an audit (--cluster-dir) needs --load-snapshot", param_hint="--load-snapshot")
+    load_snapshot = _load(load_spec, "--load-snapshot") if load_spec else None
     with _spark(master, "fulmar replay") as spark:
         from fulmar.analytics import replay as replay_job
 
-        if cluster_dir is None:
+        if cluster_dir is None or load_snapshot is None:
             result = replay_job.replay_state(spark, archive_dir, apply, initial, position)
-            view = _load(view_spec, "--view") if view_spec else (lambda state: state)
             document = {"position": result.position, "messages": result.messages, "state": view(result.state)}
             click.echo(json.dumps(document, default=_jsonable) if as_json else
                        f"replayed {result.messages} messages up to log position {result.position}: "
                        f"{document['state']!r}")
             return
-        assert load_spec is not None
-        audit = replay_job.audit_snapshot(
-            spark, archive_dir, cluster_dir, apply, initial, _load(load_spec, "--load-snapshot"),
-            view=_load(view_spec, "--view") if view_spec else (lambda state: state),
-            service_id=service_id, max_position=position)
+        audit = replay_job.audit_snapshot(spark, archive_dir, cluster_dir, apply, initial, load_snapshot, view=view,
+                                          service_id=service_id, max_position=position)
     if as_json:
         click.echo(json.dumps({"matches": audit.matches, "snapshot_recording_id": audit.snapshot.recording_id,
                                "log_position": audit.snapshot.log_position, "messages": audit.messages,

@@ -11,14 +11,15 @@ and cluster directories out (the cluster's own directories are removed).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 from driver_support import wait_for
 from multi_node_support import COUNTER_SERVICE, member_view, wait_for_commit, wait_for_leader
 
 from cluster_support import LocalCluster
+from fulmar.analytics.log_decoder import read_log
 from fulmar.cli.cluster_tool import cluster_operate
 from fulmar.consensus.recording_log import RecordingLog
 
@@ -56,6 +57,10 @@ def _value(reply: bytes) -> int:
     return int.from_bytes(reply[:8], "little", signed=True)
 
 
+def _ticks(reply: bytes) -> int:
+    return int.from_bytes(reply[8:16], "little", signed=True)
+
+
 def record_counter_cluster(base: Path, *, increments: int = 60) -> RecordedLog:
     recorded = RecordedLog(base, 3)
     with LocalCluster(3, COUNTER_SERVICE) as cluster:
@@ -89,27 +94,29 @@ def record_counter_cluster(base: Path, *, increments: int = 60) -> RecordedLog:
             client.request(b"+", timeout_s=30)
             recorded.increments += 1
         cluster.start_member(leader.member)
-        # Let the timer tick a few times (once a second of cluster time while
-        # a session is open), then close the session.
-        deadline = time.monotonic() + 3.5
-        while time.monotonic() < deadline:
-            client.request(b"+", timeout_s=30)
+        # Increments until the timer has ticked three times (once a second
+        # of cluster time while a session is open: replies carry the ticks).
+        def ticked() -> bool:
+            reply = client.request(b"+", timeout_s=30)
             recorded.increments += 1
-            time.sleep(0.1)
+            return _ticks(reply) >= 3
+
+        wait_for(ticked, 30, "three timer ticks", poll_s=0.05)
         recorded.final_value = _value(client.request(b"?", timeout_s=30))
         client.close()
         cluster.clients.remove(client)
         leader_now = wait_for_leader(cluster, 60)
 
-        def settled() -> bool:
-            # The session close is committed and every member has it.
-            view = member_view(cluster, leader_now.member)
-            position = view.commit_position or -1
-            time.sleep(0.2)
-            return position == (member_view(cluster, leader_now.member).commit_position or -1) and position > 0
+        def close_committed() -> int:
+            # The leader's log ends with this session's close, and it commits it:
+            # after that, nothing is appended (no session, no timer).
+            rows = pa.Table.from_batches(list(read_log(str(cluster.archive_dir(leader_now.member)),
+                                                       {"messageTypes": "SessionCloseEvent"}))).to_pylist()
+            ends = [r["next_position"] for r in rows if r["cluster_session_id"] == recorded.client_session_id]
+            committed = member_view(cluster, leader_now.member).commit_position or -1
+            return ends[0] if ends and committed >= ends[0] else 0
 
-        wait_for(settled, 30, "the leader's commit position to settle")
-        recorded.commit_position = member_view(cluster, leader_now.member).commit_position or -1
+        recorded.commit_position = wait_for(close_committed, 30, "the session's close to be committed", poll_s=0.05)
         wait_for_commit(cluster, [0, 1, 2], recorded.commit_position, 60)
         # Stop in order (consensus and services first, then archives and
         # drivers), and copy the files out before the cluster removes them.

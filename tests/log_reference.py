@@ -24,10 +24,7 @@ _DECODERS = {
         codecs.TimerEventDecoder, codecs.ClusterActionRequestDecoder, codecs.NewLeadershipTermEventDecoder,
     )
 }
-_NAMES = {
-    v.TEMPLATE_ID: v.NAME for v in vars(codecs).values()
-    if isinstance(v, type) and issubclass(v, codecs._Decoder) and hasattr(v, "TEMPLATE_ID")
-}
+_NAMES = {template_id: d.NAME for template_id, d in codecs.DECODERS.items()}
 
 
 def _enum_name(enum: Any, raw: int) -> str:

@@ -16,6 +16,8 @@ from cluster_support import SingleNodeCluster
 from driver_support import wait_for
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.client import AuthenticationRejectedError, ClusterClient
+from fulmar.clock import epoch_ms
+from fulmar.consensus.mark_file import read_activity_timestamp
 from fulmar.consensus.recording_log import RecordingLog, decode_entries
 
 
@@ -364,10 +366,17 @@ def test_a_node_paused_longer_than_the_service_heartbeat_timeout_goes_on(cluster
     try:
         time.sleep(3.5)  # the fault itself: a pause longer than the timeout
     finally:
-        # The module first: the service's mark file is 3.5 s old when it looks.
-        for process in processes:
-            process.send_signal(signal.SIGCONT)
-            time.sleep(0.5)
+        # The module first, and until it has run again (its own mark file
+        # shows new activity) the service stays stopped: the service's mark
+        # file is over 3.5 s old when the module looks.
+        consensus, service = processes
+        resumed_ms = epoch_ms()
+        consensus.send_signal(signal.SIGCONT)
+        try:
+            wait_for(lambda: (read_activity_timestamp(cluster.cluster_dir / "cluster-mark.dat") or 0) >= resumed_ms,
+                     10, "the consensus module to run after SIGCONT", poll_s=0.01)
+        finally:
+            service.send_signal(signal.SIGCONT)
     assert client.request(b"after", timeout_s=10) == b"after"
     # A few heartbeat checks later the module is still there.
     deadline = time.monotonic() + 4

@@ -9,6 +9,13 @@
 #include <string.h>
 
 #define FULMAR_ALIGN(value, alignment) (((value) + ((alignment) - 1)) & ~((alignment) - 1))
+
+/* Aeron's data frame header: the type and flag values every component reads. */
+#define FULMAR_FRAME_TYPE_PAD 0
+#define FULMAR_FRAME_TYPE_DATA 1
+#define FULMAR_FLAG_BEGIN 0x80
+#define FULMAR_FLAG_END 0x40
+#define FULMAR_FLAG_UNFRAGMENTED 0xC0
 #define FULMAR_LIKELY(x) __builtin_expect(!!(x), 1)
 #define FULMAR_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
@@ -64,6 +71,36 @@ static inline void fa_release_fence(void)
 static inline void fa_acquire_fence(void)
 {
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
+}
+
+/* Little-endian fields at any alignment (a datagram or a mapped file sits
+ * wherever it is): memcpy, which compiles to a plain load. */
+static inline int64_t fa_read_i64(const void *p)
+{
+    int64_t value;
+    memcpy(&value, p, sizeof(value));
+    return value;
+}
+
+static inline int32_t fa_read_i32(const void *p)
+{
+    int32_t value;
+    memcpy(&value, p, sizeof(value));
+    return value;
+}
+
+static inline int16_t fa_read_i16(const void *p)
+{
+    int16_t value;
+    memcpy(&value, p, sizeof(value));
+    return value;
+}
+
+static inline uint16_t fa_read_u16(const void *p)
+{
+    uint16_t value;
+    memcpy(&value, p, sizeof(value));
+    return value;
 }
 
 #endif

@@ -1,36 +1,11 @@
 /* See log_decode.h.  Little-endian hosts only, as the rest of the native code:
- * the wire is little-endian and fields are read with memcpy. */
+ * the wire is little-endian (fields are read with _common.h's fa_read_*). */
 
 #include "_common.h"
 #include "log_decode.h"
 #include "term.h" /* FULMAR_HEADER_LENGTH, FULMAR_FRAME_ALIGNMENT */
 
-#define FRAME_TYPE_PAD 0
-#define FRAME_TYPE_DATA 1
-#define FLAG_BEGIN 0x80
-#define FLAG_END 0x40
 #define SBE_HEADER_LENGTH 8
-
-static inline int64_t read_i64(const char *p)
-{
-    int64_t v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
-static inline int32_t read_i32(const char *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
-static inline uint16_t read_u16(const char *p)
-{
-    uint16_t v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
 
 /* The block length each decoded template needs; 0 for templates not decoded. */
 static int32_t required_block_length(int32_t template_id)
@@ -53,34 +28,25 @@ static int32_t required_block_length(int32_t template_id)
  * its template's fields. */
 static int64_t decode_row(const char *message, int64_t length, fulmar_log_columns *c, int32_t row)
 {
-    if (length < SBE_HEADER_LENGTH)
-    {
-        /* Not an SBE message (a service's own snapshot record can be anything). */
-        c->template_id[row] = -1;
-        c->schema_id[row] = -1;
-        c->leadership_term_id[row] = 0;
-        c->cluster_session_id[row] = 0;
-        c->correlation_id[row] = 0;
-        c->timestamp[row] = 0;
-        c->log_position[row] = 0;
-        c->code[row] = 0;
-        c->time_unit[row] = 0;
-        return length;
-    }
-    int32_t block_length = read_u16(message);
-    int32_t template_id = read_u16(message + 2);
-    int32_t schema_id = read_u16(message + 4);
-    const char *body = message + SBE_HEADER_LENGTH;
-
-    c->template_id[row] = template_id;
-    c->schema_id[row] = schema_id;
+    c->template_id[row] = -1;
+    c->schema_id[row] = -1;
     c->leadership_term_id[row] = 0;
     c->cluster_session_id[row] = 0;
     c->correlation_id[row] = 0;
     c->timestamp[row] = 0;
-    c->log_position[row] = 0;
     c->code[row] = 0;
     c->time_unit[row] = 0;
+    if (length < SBE_HEADER_LENGTH)
+    {
+        return length; /* not an SBE message (a service's own snapshot record can be anything) */
+    }
+    int32_t block_length = fa_read_u16(message);
+    int32_t template_id = fa_read_u16(message + 2);
+    int32_t schema_id = fa_read_u16(message + 4);
+    const char *body = message + SBE_HEADER_LENGTH;
+
+    c->template_id[row] = template_id;
+    c->schema_id[row] = schema_id;
     if (schema_id != FULMAR_LOG_SCHEMA_ID)
     {
         return length;
@@ -93,40 +59,38 @@ static int64_t decode_row(const char *message, int64_t length, fulmar_log_column
     switch (template_id)
     {
         case FULMAR_LOG_SESSION_MESSAGE:
-            c->leadership_term_id[row] = read_i64(body);
-            c->cluster_session_id[row] = read_i64(body + 8);
-            c->timestamp[row] = read_i64(body + 16);
+            c->leadership_term_id[row] = fa_read_i64(body);
+            c->cluster_session_id[row] = fa_read_i64(body + 8);
+            c->timestamp[row] = fa_read_i64(body + 16);
             return length - FULMAR_LOG_SESSION_HEADER_LENGTH;
         case FULMAR_LOG_TIMER_EVENT:
-            c->leadership_term_id[row] = read_i64(body);
-            c->correlation_id[row] = read_i64(body + 8);
-            c->timestamp[row] = read_i64(body + 16);
+            c->leadership_term_id[row] = fa_read_i64(body);
+            c->correlation_id[row] = fa_read_i64(body + 8);
+            c->timestamp[row] = fa_read_i64(body + 16);
             break;
         case FULMAR_LOG_SESSION_OPEN:
-            c->leadership_term_id[row] = read_i64(body);
-            c->correlation_id[row] = read_i64(body + 8);
-            c->cluster_session_id[row] = read_i64(body + 16);
-            c->timestamp[row] = read_i64(body + 24);
-            c->code[row] = read_i32(body + 32);
+            c->leadership_term_id[row] = fa_read_i64(body);
+            c->correlation_id[row] = fa_read_i64(body + 8);
+            c->cluster_session_id[row] = fa_read_i64(body + 16);
+            c->timestamp[row] = fa_read_i64(body + 24);
+            c->code[row] = fa_read_i32(body + 32);
             break;
         case FULMAR_LOG_SESSION_CLOSE:
-            c->leadership_term_id[row] = read_i64(body);
-            c->cluster_session_id[row] = read_i64(body + 8);
-            c->timestamp[row] = read_i64(body + 16);
-            c->code[row] = read_i32(body + 24);
+            c->leadership_term_id[row] = fa_read_i64(body);
+            c->cluster_session_id[row] = fa_read_i64(body + 8);
+            c->timestamp[row] = fa_read_i64(body + 16);
+            c->code[row] = fa_read_i32(body + 24);
             break;
         case FULMAR_LOG_CLUSTER_ACTION:
-            c->leadership_term_id[row] = read_i64(body);
-            c->log_position[row] = read_i64(body + 8);
-            c->timestamp[row] = read_i64(body + 16);
-            c->code[row] = read_i32(body + 24);
+            c->leadership_term_id[row] = fa_read_i64(body);
+            c->timestamp[row] = fa_read_i64(body + 16);
+            c->code[row] = fa_read_i32(body + 24);
             break;
         case FULMAR_LOG_NEW_LEADERSHIP_TERM:
-            c->leadership_term_id[row] = read_i64(body);
-            c->log_position[row] = read_i64(body + 8);
-            c->timestamp[row] = read_i64(body + 16);
-            c->code[row] = read_i32(body + 32);
-            c->time_unit[row] = read_i32(body + 40);
+            c->leadership_term_id[row] = fa_read_i64(body);
+            c->timestamp[row] = fa_read_i64(body + 16);
+            c->code[row] = fa_read_i32(body + 32);
+            c->time_unit[row] = fa_read_i32(body + 40);
             break;
         default:
             break;
@@ -162,7 +126,7 @@ void fulmar_log_decode(
             status = FULMAR_LOG_BAD_FRAME;
             break;
         }
-        int32_t frame_length = read_i32(segment + offset);
+        int32_t frame_length = fa_read_i32(segment + offset);
         if (frame_length == 0)
         {
             status = FULMAR_LOG_HOLE;
@@ -176,8 +140,8 @@ void fulmar_log_decode(
             break;
         }
         uint8_t flags = (uint8_t)segment[offset + 5];
-        uint16_t type = read_u16(segment + offset + 6);
-        if (type == FRAME_TYPE_PAD)
+        uint16_t type = fa_read_u16(segment + offset + 6);
+        if (type == FULMAR_FRAME_TYPE_PAD)
         {
             if (message_offset >= 0)
             {
@@ -188,45 +152,19 @@ void fulmar_log_decode(
             offset += aligned;
             continue;
         }
-        if (type != FRAME_TYPE_DATA)
+        if (type != FULMAR_FRAME_TYPE_DATA)
         {
             status = FULMAR_LOG_BAD_FRAME_TYPE;
             break;
         }
         const char *data = segment + offset + FULMAR_HEADER_LENGTH;
         int64_t data_length = frame_length - FULMAR_HEADER_LENGTH;
-        bool begin = (flags & FLAG_BEGIN) != 0;
-        bool end = (flags & FLAG_END) != 0;
+        bool begin = (flags & FULMAR_FLAG_BEGIN) != 0;
+        bool end = (flags & FULMAR_FLAG_END) != 0;
 
-        if (begin && end)
-        {
-            if (message_offset >= 0)
-            {
-                status = FULMAR_LOG_BAD_FRAGMENT;
-                break;
-            }
-            if (count == c->capacity || used + data_length > c->payload_capacity)
-            {
-                status = FULMAR_LOG_FULL;
-                break;
-            }
-            int64_t kept = decode_row(data, data_length, c, count);
-            if (kept < 0)
-            {
-                status = FULMAR_LOG_SHORT_MESSAGE;
-                break;
-            }
-            memcpy(c->payload + used, data + (data_length - kept), (size_t)kept);
-            used += kept;
-            c->offset[count] = offset;
-            c->next_offset[count] = offset + aligned;
-            c->fragments[count] = 1;
-            c->payload_offsets[count + 1] = (int32_t)used;
-            count++;
-            offset += aligned;
-            continue;
-        }
-
+        /* Every message, whole or fragmented, is gathered in the payload
+         * area and decoded there; a session message's header is then cut
+         * off its bytes. */
         if (begin)
         {
             if (message_offset >= 0)

@@ -40,7 +40,6 @@ typedef struct
     int64_t *cluster_session_id;       /* session message, session open and close */
     int64_t *correlation_id;           /* timer, session open */
     int64_t *timestamp;                /* cluster time, in the cluster's time unit */
-    int64_t *log_position;             /* the position field of an action request or new term */
     int32_t *code;                     /* leader member id / action / close reason / response stream */
     int32_t *time_unit;                /* new leadership term event */
     int32_t *payload_offsets;          /* capacity + 1 entries, Arrow layout */

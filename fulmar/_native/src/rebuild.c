@@ -2,28 +2,10 @@
 #include "rebuild.h"
 #include "term.h"
 
-#define FRAME_TYPE_PAD 0
-#define FRAME_TYPE_DATA 1
 #define TERM_OFFSET_FIELD 8
 #define SESSION_ID_FIELD 12
 #define STREAM_ID_FIELD 16
 #define TERM_ID_FIELD 20
-
-/* A datagram sits wherever the caller's buffer put it: read its fields with
- * memcpy, which is safe at any alignment. */
-static inline int32_t datagram_i32(const char *p)
-{
-    int32_t value;
-    memcpy(&value, p, sizeof(value));
-    return value;
-}
-
-static inline int16_t datagram_i16(const char *p)
-{
-    int16_t value;
-    memcpy(&value, p, sizeof(value));
-    return value;
-}
 
 static inline bool is_frame_aligned(int32_t offset)
 {
@@ -47,9 +29,9 @@ static int32_t check_datagram(int32_t term_length, int32_t term_offset, const ch
     /* Every frame of a datagram comes from one term of one stream: a frame
      * that names another place would be delivered to readers with a header
      * that lies about its position. */
-    int32_t session_id = datagram_i32(datagram + SESSION_ID_FIELD);
-    int32_t stream_id = datagram_i32(datagram + STREAM_ID_FIELD);
-    int32_t term_id = datagram_i32(datagram + TERM_ID_FIELD);
+    int32_t session_id = fa_read_i32(datagram + SESSION_ID_FIELD);
+    int32_t stream_id = fa_read_i32(datagram + STREAM_ID_FIELD);
+    int32_t term_id = fa_read_i32(datagram + TERM_ID_FIELD);
 
     int32_t offset = 0;
     while (offset < length)
@@ -60,9 +42,9 @@ static int32_t check_datagram(int32_t term_length, int32_t term_offset, const ch
             return FULMAR_REBUILD_BAD_LENGTH; /* trailing bytes that are not a frame */
         }
         const char *frame = datagram + offset;
-        int32_t frame_length = datagram_i32(frame);
-        int16_t type = datagram_i16(frame + 6);
-        if (FRAME_TYPE_DATA != type && FRAME_TYPE_PAD != type)
+        int32_t frame_length = fa_read_i32(frame);
+        int16_t type = fa_read_i16(frame + 6);
+        if (FULMAR_FRAME_TYPE_DATA != type && FULMAR_FRAME_TYPE_PAD != type)
         {
             return FULMAR_REBUILD_BAD_FRAME;
         }
@@ -81,14 +63,14 @@ static int32_t check_datagram(int32_t term_length, int32_t term_offset, const ch
          * is nothing but the end of the term), so only padding may be
          * shorter in the datagram than its frame length says, and only as
          * the datagram's last 32 bytes. */
-        if (frame_length > remaining && !(FRAME_TYPE_PAD == type && FULMAR_HEADER_LENGTH == remaining))
+        if (frame_length > remaining && !(FULMAR_FRAME_TYPE_PAD == type && FULMAR_HEADER_LENGTH == remaining))
         {
             return FULMAR_REBUILD_BAD_LENGTH;
         }
-        if (datagram_i32(frame + TERM_OFFSET_FIELD) != term_offset + offset ||
-            datagram_i32(frame + TERM_ID_FIELD) != term_id ||
-            datagram_i32(frame + SESSION_ID_FIELD) != session_id ||
-            datagram_i32(frame + STREAM_ID_FIELD) != stream_id)
+        if (fa_read_i32(frame + TERM_OFFSET_FIELD) != term_offset + offset ||
+            fa_read_i32(frame + TERM_ID_FIELD) != term_id ||
+            fa_read_i32(frame + SESSION_ID_FIELD) != session_id ||
+            fa_read_i32(frame + STREAM_ID_FIELD) != stream_id)
         {
             return FULMAR_REBUILD_BAD_FRAME;
         }
@@ -124,7 +106,7 @@ int32_t fulmar_term_insert(
     while (offset < length)
     {
         const char *frame = datagram + offset;
-        int32_t aligned_length = FULMAR_ALIGN(datagram_i32(frame), FULMAR_FRAME_ALIGNMENT);
+        int32_t aligned_length = FULMAR_ALIGN(fa_read_i32(frame), FULMAR_FRAME_ALIGNMENT);
         char *slot = term + term_offset + offset;
         /* A non-zero first word means the frame is there already (the log is
          * zeroed before reuse): rewriting it could change bytes under a

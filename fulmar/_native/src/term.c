@@ -7,11 +7,6 @@
 #define ACTIVE_TERM_COUNT_OFFSET 24
 #define IS_CONNECTED_OFFSET 136
 
-#define FRAME_TYPE_PAD 0
-#define FRAME_TYPE_DATA 1
-#define FLAG_BEGIN 0x80
-#define FLAG_END 0x40
-#define FLAG_UNFRAGMENTED 0xC0
 #define TYPE_OFFSET 6
 #define TERM_OFFSET_OFFSET 8
 #define SESSION_ID_OFFSET 12
@@ -97,7 +92,7 @@ static inline void write_header(
 
 static inline void write_padding(char *term, int32_t offset, int32_t length, const fulmar_log_writer_t *w, int32_t term_id)
 {
-    write_header(term + offset, length, FLAG_UNFRAGMENTED, FRAME_TYPE_PAD, offset, w->session_id, w->stream_id, term_id);
+    write_header(term + offset, length, FULMAR_FLAG_UNFRAGMENTED, FULMAR_FRAME_TYPE_PAD, offset, w->session_id, w->stream_id, term_id);
     fa_store_i32(term + offset, length);
 }
 
@@ -119,7 +114,7 @@ static inline void write_message(
     {
         char *frame = term + offset;
         int32_t frame_length = length + FULMAR_HEADER_LENGTH;
-        write_header(frame, frame_length, FLAG_UNFRAGMENTED, FRAME_TYPE_DATA, offset, w->session_id, w->stream_id, term_id);
+        write_header(frame, frame_length, FULMAR_FLAG_UNFRAGMENTED, FULMAR_FRAME_TYPE_DATA, offset, w->session_id, w->stream_id, term_id);
         memcpy(frame + FULMAR_HEADER_LENGTH, payload, (size_t)length);
         *(int64_t *)(frame + RESERVED_VALUE_OFFSET) = reserved_value;
         fa_store_i32(frame, frame_length);
@@ -128,7 +123,7 @@ static inline void write_message(
 
     /* Fragments of one message occupy one contiguous claim, so a reader
      * always finds BEGIN ... END next to each other. */
-    uint8_t flags = FLAG_BEGIN;
+    uint8_t flags = FULMAR_FLAG_BEGIN;
     int32_t remaining = length;
     do
     {
@@ -136,10 +131,10 @@ static inline void write_message(
         int32_t frame_length = chunk + FULMAR_HEADER_LENGTH;
         if (remaining <= w->max_payload_length)
         {
-            flags |= FLAG_END;
+            flags |= FULMAR_FLAG_END;
         }
         char *frame = term + offset;
-        write_header(frame, frame_length, flags, FRAME_TYPE_DATA, offset, w->session_id, w->stream_id, term_id);
+        write_header(frame, frame_length, flags, FULMAR_FRAME_TYPE_DATA, offset, w->session_id, w->stream_id, term_id);
         memcpy(frame + FULMAR_HEADER_LENGTH, payload + (length - remaining), (size_t)chunk);
         *(int64_t *)(frame + RESERVED_VALUE_OFFSET) = reserved_value;
         fa_store_i32(frame, frame_length);
@@ -364,7 +359,7 @@ int64_t fulmar_concurrent_claim(fulmar_log_writer_t *w, int32_t length, fulmar_c
     {
         return offset;
     }
-    write_header(term + offset, frame_length, FLAG_UNFRAGMENTED, FRAME_TYPE_DATA, (int32_t)offset,
+    write_header(term + offset, frame_length, FULMAR_FLAG_UNFRAGMENTED, FULMAR_FRAME_TYPE_DATA, (int32_t)offset,
         w->session_id, w->stream_id, term_id);
     *(int64_t *)(term + offset + RESERVED_VALUE_OFFSET) = 0;
     claim->position = term_begin + offset;
@@ -450,7 +445,7 @@ int64_t fulmar_exclusive_claim(fulmar_log_writer_t *w, int32_t length, fulmar_cl
         return offset;
     }
     char *term = w->log + (int64_t)w->active_partition_index * w->term_length;
-    write_header(term + offset, frame_length, FLAG_UNFRAGMENTED, FRAME_TYPE_DATA, (int32_t)offset,
+    write_header(term + offset, frame_length, FULMAR_FLAG_UNFRAGMENTED, FULMAR_FRAME_TYPE_DATA, (int32_t)offset,
         w->session_id, w->stream_id, w->term_id);
     *(int64_t *)(term + offset + RESERVED_VALUE_OFFSET) = 0;
     claim->position = w->term_begin_position + offset;
@@ -532,7 +527,7 @@ int64_t fulmar_exclusive_append_block(fulmar_log_writer_t *w, const char *block,
         {
             return FULMAR_INVALID_BLOCK;
         }
-        data_frames += FRAME_TYPE_DATA == *(const uint16_t *)(block + at + TYPE_OFFSET);
+        data_frames += FULMAR_FRAME_TYPE_DATA == *(const uint16_t *)(block + at + TYPE_OFFSET);
         at += aligned;
     }
     char *term = w->log + (int64_t)w->active_partition_index * w->term_length;
@@ -565,7 +560,7 @@ void fulmar_claim_commit(char *log, const fulmar_claim_t *claim, char *doorbell)
 void fulmar_claim_abort(char *log, const fulmar_claim_t *claim)
 {
     char *frame = log + claim->frame_offset;
-    *(int16_t *)(frame + 6) = FRAME_TYPE_PAD;
+    *(int16_t *)(frame + 6) = FULMAR_FRAME_TYPE_PAD;
     fa_store_i32(frame, claim->frame_length);
 }
 
@@ -603,7 +598,7 @@ int32_t fulmar_log_scan(
          * near INT32_MAX would overflow.  The space left in the term is a
          * multiple of the alignment, so the aligned length fits too. */
         if (frame_length < FULMAR_HEADER_LENGTH || frame_length > term_length - offset ||
-            (FRAME_TYPE_DATA != type && FRAME_TYPE_PAD != type))
+            (FULMAR_FRAME_TYPE_DATA != type && FULMAR_FRAME_TYPE_PAD != type))
         {
             result = FULMAR_SCAN_CORRUPT_FRAME;
             break;
@@ -613,7 +608,7 @@ int32_t fulmar_log_scan(
         {
             break; /* the frame ends beyond what the caller may read */
         }
-        if (FRAME_TYPE_DATA == type)
+        if (FULMAR_FRAME_TYPE_DATA == type)
         {
             batch->frame_offsets[count] = (int32_t)(term_base + offset);
             batch->frame_lengths[count] = frame_length;
@@ -727,7 +722,7 @@ int32_t fulmar_term_scan_for_availability(
             break;
         }
         int32_t aligned_length = FULMAR_ALIGN(frame_length, FULMAR_FRAME_ALIGNMENT);
-        if (FRAME_TYPE_PAD == *(const int16_t *)(term + offset + 6))
+        if (FULMAR_FRAME_TYPE_PAD == *(const int16_t *)(term + offset + 6))
         {
             /* Send the padding's header so the receiver learns of it; skip its body. */
             *padding = aligned_length - FULMAR_HEADER_LENGTH;
