@@ -34,8 +34,10 @@ class RecordedLog:
     increments: int = 0  # b"+" acknowledged
     offered_increments: int = 0  # b"!" acknowledged (the service offers b"+" into the log)
     fragmented: list[bytes] = field(default_factory=list, repr=False)
-    first_leader: int = -1
-    second_leader: int = -1
+    # (leadership term id, leader member) as the cluster reported them, in
+    # order. The second term's id is whatever the election reached: a
+    # candidacy that fails (a split vote) spends a term id.
+    terms: list[tuple[int, int]] = field(default_factory=list)
     final_value: int = -1
     commit_position: int = -1
 
@@ -66,7 +68,7 @@ def record_counter_cluster(base: Path, *, increments: int = 60) -> RecordedLog:
     with LocalCluster(3, COUNTER_SERVICE) as cluster:
         cluster.start()
         leader = wait_for_leader(cluster, 60)
-        recorded.first_leader = leader.member
+        recorded.terms.append((leader.leadership_term_id or 0, leader.member))
         client = cluster.connect_client()
         recorded.client_session_id = client.cluster_session_id
         for i in range(increments):
@@ -83,7 +85,7 @@ def record_counter_cluster(base: Path, *, increments: int = 60) -> RecordedLog:
         # A second leadership term: the leader dies, the others elect one.
         cluster.kill_member(leader.member)
         second = wait_for_leader(cluster, 60, not_member=leader.member, min_term=1)
-        recorded.second_leader = second.member
+        recorded.terms.append((second.leadership_term_id or 0, second.member))
 
         def follows_new_leader() -> bool:
             client.poll_egress()
@@ -106,6 +108,8 @@ def record_counter_cluster(base: Path, *, increments: int = 60) -> RecordedLog:
         client.close()
         cluster.clients.remove(client)
         leader_now = wait_for_leader(cluster, 60)
+        if (leader_now.leadership_term_id or 0, leader_now.member) != recorded.terms[-1]:
+            recorded.terms.append((leader_now.leadership_term_id or 0, leader_now.member))
 
         def close_committed() -> int:
             # The leader's log ends with this session's close, and it commits it:
