@@ -50,15 +50,21 @@ test-slow: $(STAMP) bytecode
 
 # Chaos (tests/chaos.py): a 3-member and a 5-member cluster under a seeded
 # schedule of faults while clients record a history, then every check.
-# CHAOS_SEED replays a schedule; a failure leaves its history, schedule and
+# make chaos is a campaign (tests/chaos_campaign.py): CHAOS_SEEDS runs per
+# member count in CHAOS_MEMBERS, one after another, each in its own process,
+# one line per run and the totals; it fails if any run had an anomaly or did
+# not converge.  CHAOS_SEED is the first seed (then +1 each run), so a
+# campaign, or one run, replays; a failure leaves its history, schedule and
 # logs in chaos-artifacts/.
 CHAOS_SECONDS ?= 120
 CHAOS_SEED ?=
+CHAOS_SEEDS ?= 1
+CHAOS_MEMBERS ?= 3 5
 CHAOS = $(PY) tests/chaos.py $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 chaos: $(STAMP) bytecode
-	$(CHAOS) --members 3 --seconds $(CHAOS_SECONDS)
-	$(CHAOS) --members 5 --clients 5 --seconds $(CHAOS_SECONDS)
+	$(PY) tests/chaos_campaign.py --seeds $(CHAOS_SEEDS) --seconds $(CHAOS_SECONDS) \
+		$(foreach m,$(CHAOS_MEMBERS),--members $(m)) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 # The chaos workload for a long time (SOAK_SECONDS, 10 minutes by default).
 SOAK_SECONDS ?= 600

@@ -688,6 +688,9 @@ class ChaosReport:
     availability: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
     artifacts: str | None = None
+    # Whether the healed cluster converged (one leader, every member running and
+    # at its commit position); None when the run ended before the wait.
+    converged: bool | None = None
 
     def summary(self) -> str:
         c = self.config
@@ -766,10 +769,16 @@ def _availability(ops: list[Op], events: list[FaultEvent], started_ns: int, seco
     }
 
 
+class NotConvergedError(AssertionError):
+    """The healed cluster did not reach one leader with every member running
+    and committed to its position in time (a liveness failure, told apart from
+    the safety anomalies)."""
+
+
 def _converge(cluster: LocalCluster, timeout_s: float) -> int:
     """Wait until one leader leads and every member runs and has committed
     what the leader has, with the leader's commit position standing still;
-    that position."""
+    that position (NotConvergedError if not within ``timeout_s``)."""
     found: list[int] = []
     last: list[int] = []
 
@@ -785,7 +794,10 @@ def _converge(cluster: LocalCluster, timeout_s: float) -> int:
         last[:] = [position]
         return False
 
-    wait_for(converged, timeout_s, "every member to run and commit what the leader committed", poll_s=0.5)
+    try:
+        wait_for(converged, timeout_s, "every member to run and commit what the leader committed", poll_s=0.5)
+    except AssertionError as error:
+        raise NotConvergedError(str(error)) from None
     return found[0]
 
 
@@ -853,6 +865,7 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
         wait_for(lambda: all(_has_snapshot_after(cluster, m, before_snapshot) for m in range(cluster.size)), 60,
                  f"every member's snapshot after position {before_snapshot}", poll_s=0.2)
         position = _converge(cluster, config.converge_timeout_s)
+        report.converged = True
         report.commit_position = position
         progress("checking the history, the logs and the service states")
         _check(cluster, history, report, position, before_snapshot)
@@ -860,6 +873,8 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
         report.events = [asdict(e) for e in nemesis.events]
         report.sessions = sum(c.sessions for c in clients)
     except BaseException as error:
+        if isinstance(error, NotConvergedError):
+            report.converged = False
         report.anomalies.append(f"the run failed: {type(error).__name__}: {error}")
         if not isinstance(error, Exception):
             raise
@@ -955,14 +970,18 @@ def _save_artifacts(config: ChaosConfig, cluster: LocalCluster, history: History
 @click.option("--keep", is_flag=True, help="Leave the history, schedule and logs there even if nothing is wrong.")
 @click.option("--reconnect-after", type=click.FloatRange(min=0.5), default=ChaosConfig.reconnect_after_s,
               help="Seconds without an answer before a client opens a new session.")
+@click.option("--report-json", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the whole report there as JSON (what make chaos's campaign reads).")
 def main(members: int, seconds: float, seed: int | None, clients: int, nemeses: tuple[str, ...],
-         artifacts: Path, keep: bool, reconnect_after: float) -> None:
+         artifacts: Path, keep: bool, reconnect_after: float, report_json: Path | None) -> None:
     """Run the chaos workload once and print its summary; exit 1 on any anomaly."""
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
     config = ChaosConfig(members=members, seconds=seconds, seed=seed, clients=clients, nemeses=nemeses,
                          artifacts=artifacts, keep_artifacts=keep, reconnect_after_s=reconnect_after)
     report = run_chaos(config, progress=lambda text: click.echo(f"[chaos] {text}", err=True))
     click.echo(report.summary())
+    if report_json is not None:
+        report_json.write_text(json.dumps(asdict(report), default=str))
     sys.exit(1 if report.anomalies else 0)
 
 
