@@ -705,7 +705,9 @@ class ConsensusModuleAgent:
         for session in list(self.sessions.values()):
             if session.state is not ClusterSessionState.OPEN:
                 continue
-            if now_ns - session.time_of_last_activity_ns > timeout:
+            # Suspended, a held message stops the ingress (keepalives wait behind
+            # it): as in Aeron, no session times out until RESUME.
+            if now_ns - session.time_of_last_activity_ns > timeout and self.state is not ConsensusModuleState.SUSPENDED:
                 if self._close_session(session, CloseReason.TIMEOUT, notify=True):
                     work += 1
                 continue
@@ -1056,6 +1058,10 @@ class ConsensusModuleAgent:
         elif action is ControlToggle.RESUME and self.state is ConsensusModuleState.SUSPENDED:
             if self._append_running_state_action(ClusterAction.RESUME, ConsensusModuleState.ACTIVE):
                 self.control_toggle.set(ControlToggle.NEUTRAL)
+                for session in self.sessions.values():
+                    # Their keepalives are still in the ingress, read after this
+                    # slow tick's session check: a timeout from now, not from before.
+                    session.time_of_last_activity(now_ns)
         elif action in (ControlToggle.SUSPEND, ControlToggle.RESUME) and self.state in running:
             self.control_toggle.set(ControlToggle.NEUTRAL)  # already so: nothing to do
         elif action in (ControlToggle.SNAPSHOT, ControlToggle.SHUTDOWN) and self.state in running:
