@@ -38,6 +38,7 @@ from fulmar.consensus.agent import (
     ControlToggle,
 )
 from fulmar.consensus.client import ClusterClient
+from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionState
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.protocol import CONSENSUS_MODULE_STATE_TYPE_ID
 from fulmar.consensus.recording_log import RecordingLog
@@ -235,6 +236,32 @@ def test_a_leader_stepping_down_forgets_its_uncommitted_suspend_until_the_log_re
     # ... until the election replays its log and finds the SUSPEND still there.
     apply_log(agent, codecs.ClusterAction.SUSPEND)
     assert state_counter(agent) is ConsensusModuleState.SUSPENDED
+
+
+def test_no_session_times_out_while_suspended_and_each_gets_a_full_timeout_after_resume() -> None:
+    agent = new_agent()
+    agent.role = ClusterRole.LEADER
+    agent._log_publication = agent.log_publisher.publication = FakePublication()  # type: ignore[assignment]
+    agent.on_election_complete()
+    session = ClusterSession(1, 102, "aeron:udp?endpoint=127.0.0.1:1", now_ns=0)
+    session.state = ClusterSessionState.OPEN
+    agent.sessions[session.id] = session
+    timeout_ns = agent.context.session_timeout_ns
+    agent.control_toggle.set(ControlToggle.SUSPEND)
+    agent._check_control_toggle(0)
+    # A held message stops the ingress: the session's keepalives wait behind it.
+    resumed_ns = 3 * timeout_ns
+    agent._check_sessions(resumed_ns)
+    assert session.state is ClusterSessionState.OPEN
+    agent.control_toggle.set(ControlToggle.RESUME)
+    agent._check_control_toggle(resumed_ns)
+    agent._check_sessions(resumed_ns + 1)  # the same slow tick, before the ingress is read
+    assert session.state is ClusterSessionState.OPEN
+    agent._check_sessions(resumed_ns + timeout_ns + 1)  # silent for a whole timeout since the resume
+    assert session.state is ClusterSessionState.CLOSED
+    suspend, resume, close = log_of(agent)
+    assert (suspend.action_raw, resume.action_raw) == (codecs.ClusterAction.SUSPEND, codecs.ClusterAction.RESUME)
+    assert isinstance(close, codecs.SessionCloseEventDecoder) and close.cluster_session_id == 1
 
 
 class CapturingWriter(snapshot.SnapshotWriter):
@@ -439,13 +466,22 @@ def test_a_suspended_cluster_stays_suspended_after_its_leader_dies(three: LocalC
 
 
 @pytest.fixture
-def single() -> Iterator[SingleNodeCluster]:
-    cluster = SingleNodeCluster(COUNTER_SERVICE)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
+def single_of() -> Iterator[Any]:
+    clusters: list[SingleNodeCluster] = []
+
+    def start(*consensus_args: str) -> SingleNodeCluster:
+        cluster = SingleNodeCluster(COUNTER_SERVICE, extra_consensus_args=consensus_args)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield start
+    for cluster in clusters:
         cluster.close()
+
+
+@pytest.fixture
+def single(single_of: Any) -> SingleNodeCluster:
+    return single_of()  # type: ignore[no-any-return]
 
 
 def wait_for_election(cluster: SingleNodeCluster) -> dict[str, Any]:
@@ -461,11 +497,11 @@ def wait_for_election(cluster: SingleNodeCluster) -> dict[str, Any]:
     return found[0]
 
 
-def connect_single(cluster: SingleNodeCluster) -> Any:
+def connect_single(cluster: SingleNodeCluster, **defaults: Any) -> Any:
     def connect(**options: Any) -> ClusterClient:
         return ClusterClient.connect(cluster.connect(), cluster.ingress_channel,
                                      egress_channel="aeron:udp?endpoint=127.0.0.1:0",
-                                     message_timeout_ns=20_000_000_000, **options)
+                                     message_timeout_ns=20_000_000_000, **defaults, **options)
     return connect
 
 
@@ -518,3 +554,24 @@ def test_a_suspended_node_stopped_with_a_snapshot_restarts_suspended(single: Sin
     single.start_consensus()
     single.start_service()
     resume_and_check(single)
+
+
+def test_a_message_held_longer_than_the_session_timeout_is_applied_after_resume(single_of: Any) -> None:
+    """The held message stops the ingress, the client's keepalives behind it:
+    its session must not time out while the cluster is suspended."""
+    cluster = single_of("--session-timeout", "1s")
+    wait_for_election(cluster)
+    replies = Replies(connect_single(cluster, keepalive_interval_ns=200_000_000))
+    assert replies.request(b"+")[0] == 1
+    result = tool("suspend", "--dir", str(cluster.base))
+    assert result.exit_code == 0, result.output
+    replies.send(b"+")
+    replies.poll_for(3.0)  # three session timeouts, keepalives sent (and held) all along
+    assert len(replies.values) == 1 and not replies.client.is_closed
+    assert counters_of(cluster.base)["sessions"] == 1
+    result = tool("resume", "--dir", str(cluster.base))
+    assert result.exit_code == 0, result.output
+    replies.poll_for(10, until=2)
+    assert [value for value, _ in replies.values] == [1, 2], "the held increment, applied after the resume"
+    assert replies.request(b"+")[0] == 3 and not replies.client.is_closed
+    replies.client.close()
