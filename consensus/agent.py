@@ -193,6 +193,14 @@ class ConsensusModuleAgent:
         self._termination_position = NULL_POSITION
         self._termination_action: ControlToggle | None = None
         self._state_after_snapshot = ConsensusModuleState.ACTIVE
+        # ACTIVE or SUSPENDED: what the last SUSPEND/RESUME this module applied
+        # says (appended as leader, replayed from the log, or loaded from a
+        # snapshot).  The state the module is in, or returns to after INIT, an
+        # election or a snapshot: a suspension outlives them all (seed 004).
+        self.running_state = ConsensusModuleState.ACTIVE
+        # The leader's SUSPEND/RESUME not yet committed: (log position after it,
+        # the running state before it), restored if it steps down before a quorum has it.
+        self._uncommitted_actions: deque[tuple[int, ConsensusModuleState]] = deque()
         self._service_check_deadline_ns = 0
         self._termination_ack_id = NULL_VALUE
         self._snapshot_ack_id = NULL_VALUE
@@ -349,7 +357,10 @@ class ConsensusModuleAgent:
         """How long an idle module may sleep: ``max_wait_ns``, or less when a
         cluster timer falls due sooner (timers fire on the module's clock)."""
         deadline = self.timers.next_deadline()
-        if deadline is None or self.role is not ClusterRole.LEADER:
+        if deadline is None or self.role is not ClusterRole.LEADER or self.election is not None \
+                or self.state is not ConsensusModuleState.ACTIVE:
+            # Only an ACTIVE leader fires timers: an overdue one would otherwise
+            # make every idle wait 1 ns (a suspended leader spinning).
             return max_wait_ns
         return max(1, min(max_wait_ns, (deadline - self.cluster_time()) * 1_000_000))
 
@@ -694,7 +705,9 @@ class ConsensusModuleAgent:
         for session in list(self.sessions.values()):
             if session.state is not ClusterSessionState.OPEN:
                 continue
-            if now_ns - session.time_of_last_activity_ns > timeout:
+            # Suspended, a held message stops the ingress (keepalives wait behind
+            # it): as in Aeron, no session times out until RESUME.
+            if now_ns - session.time_of_last_activity_ns > timeout and self.state is not ConsensusModuleState.SUSPENDED:
                 if self._close_session(session, CloseReason.TIMEOUT, notify=True):
                     work += 1
                 continue
@@ -907,10 +920,23 @@ class ConsensusModuleAgent:
         elif isinstance(message, codecs.NewLeadershipTermEventDecoder):
             self.leadership_term_id = message.leadership_term_id
         elif isinstance(message, codecs.ClusterActionRequestDecoder):
-            if self.is_multi_member and message.action_raw == codecs.ClusterAction.SNAPSHOT:
+            action = message.action_raw
+            if action in (codecs.ClusterAction.SUSPEND, codecs.ClusterAction.RESUME):
+                self.on_replay_suspend_or_resume(action == codecs.ClusterAction.SUSPEND)
+            elif self.is_multi_member and action == codecs.ClusterAction.SNAPSHOT:
                 self._on_follower_snapshot_action(message.log_position)
-            # (one member alone: a replayed snapshot or suspension already happened)
+            # (one member alone: a replayed snapshot already happened)
         self.sessions_counter.set(len(self.sessions))
+
+    def on_replay_suspend_or_resume(self, suspend: bool) -> None:
+        """Seed 004 (Aeron's onReplayClusterAction): a follower applying the
+        committed log, or any member replaying its own, takes the state the
+        leader had at that position.  In INIT (a start-up replay) the state is
+        taken when the election completes; a snapshot or a stop under way is
+        not cut short, it returns to this state."""
+        self.running_state = ConsensusModuleState.SUSPENDED if suspend else ConsensusModuleState.ACTIVE
+        if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
+            self._set_state(self.running_state)
 
     def _on_replay_session_message(self, cluster_session_id: int, timestamp: int) -> None:
         if cluster_session_id < 0:
@@ -994,7 +1020,9 @@ class ConsensusModuleAgent:
 
     def on_election_complete(self) -> None:
         self.election = None
-        self._set_state(ConsensusModuleState.ACTIVE)
+        # An election changes who leads, not whether the cluster is suspended:
+        # the state is what the log (or the snapshot) says.
+        self._set_state(self.running_state)
         self.control_toggle.set(ControlToggle.NEUTRAL)
         for session in self.sessions.values():
             # Sessions known from the log (before a restart): reconnect their
@@ -1025,13 +1053,15 @@ class ConsensusModuleAgent:
             return 1
         running = (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED)
         if action is ControlToggle.SUSPEND and self.state is ConsensusModuleState.ACTIVE:
-            if self._append_action(ClusterAction.SUSPEND)[0] > 0:
-                self._set_state(ConsensusModuleState.SUSPENDED)
+            if self._append_running_state_action(ClusterAction.SUSPEND, ConsensusModuleState.SUSPENDED):
                 self.control_toggle.set(ControlToggle.NEUTRAL)
         elif action is ControlToggle.RESUME and self.state is ConsensusModuleState.SUSPENDED:
-            if self._append_action(ClusterAction.RESUME)[0] > 0:
-                self._set_state(ConsensusModuleState.ACTIVE)
+            if self._append_running_state_action(ClusterAction.RESUME, ConsensusModuleState.ACTIVE):
                 self.control_toggle.set(ControlToggle.NEUTRAL)
+                for session in self.sessions.values():
+                    # Their keepalives are still in the ingress, read after this
+                    # slow tick's session check: a timeout from now, not from before.
+                    session.time_of_last_activity(now_ns)
         elif action in (ControlToggle.SUSPEND, ControlToggle.RESUME) and self.state in running:
             self.control_toggle.set(ControlToggle.NEUTRAL)  # already so: nothing to do
         elif action in (ControlToggle.SNAPSHOT, ControlToggle.SHUTDOWN) and self.state in running:
@@ -1060,6 +1090,18 @@ class ConsensusModuleAgent:
 
     def _append_action(self, action: ClusterAction) -> tuple[int, int]:
         return self.log_publisher.append_cluster_action(self.leadership_term_id, self.cluster_time(), int(action))
+
+    def _append_running_state_action(self, action: ClusterAction, state: ConsensusModuleState) -> bool:
+        """The leader appends SUSPEND or RESUME and acts on it at once (the
+        followers when they apply it); False if the log is back pressured."""
+        result, position = self._append_action(action)
+        if result <= 0:
+            return False
+        if self.is_multi_member:
+            self._uncommitted_actions.append((position, self.running_state))
+        self.running_state = state
+        self._set_state(state)
+        return True
 
     def _dead_services(self) -> list[int]:
         """Services whose container process is gone (its mark file stale or its pid dead)."""
@@ -1375,7 +1417,8 @@ class ConsensusModuleAgent:
         return work
 
     def _sweep_uncommitted(self, commit: int) -> None:
-        for queue in (self._uncommitted_timers, self._uncommitted_service_messages, self._uncommitted_closed_sessions):
+        for queue in (self._uncommitted_timers, self._uncommitted_service_messages, self._uncommitted_closed_sessions,
+                      self._uncommitted_actions):
             while queue and queue[0][0] <= commit:
                 queue.popleft()
 
@@ -1555,7 +1598,13 @@ class ConsensusModuleAgent:
         if restored:
             self.pending_service_messages.extendleft(reversed(restored))
             self.log_service_session_id = restored[0][0] - 1
-        for queue in (self._uncommitted_timers, self._uncommitted_service_messages, self._uncommitted_closed_sessions):
+        uncommitted_actions = [before for position, before in self._uncommitted_actions if position > commit]
+        if uncommitted_actions:
+            # The state as of the commit position: the log the next leader keeps
+            # (replayed or applied from here) says whether the action happened.
+            self.on_replay_suspend_or_resume(uncommitted_actions[0] is ConsensusModuleState.SUSPENDED)
+        for queue in (self._uncommitted_timers, self._uncommitted_service_messages, self._uncommitted_closed_sessions,
+                      self._uncommitted_actions):
             queue.clear()
         self.sessions_counter.set(len(self.sessions))
         self.timers_counter.set(len(self.timers))
@@ -1792,7 +1841,7 @@ class ConsensusModuleAgent:
         else:
             self.term_base_log_position = self.election.election.term_base_log_position
             self.election = None
-            self._set_state(ConsensusModuleState.ACTIVE)
+            self._set_state(self.running_state)  # as the log says (seed 004), not ACTIVE by default
             for session in self.sessions.values():
                 session.disconnect()  # the leader answers clients, not a follower
 

@@ -248,6 +248,11 @@ def load_snapshot(agent: ConsensusModuleAgent, recording_id: int) -> None:
             agent.sessions[session.id] = session
         elif isinstance(record, codecs.TimerDecoder):
             agent.timers.schedule(record.correlation_id, record.deadline)
+        elif isinstance(record, codecs.ClusterActionRequestDecoder):
+            # Taken while suspended (see take_consensus_module_snapshot): the
+            # module comes back suspended, as a replay of the log would leave it.
+            if record.action_raw in (codecs.ClusterAction.SUSPEND, codecs.ClusterAction.RESUME):
+                agent.on_replay_suspend_or_resume(record.action_raw == codecs.ClusterAction.SUSPEND)
     agent.sessions_counter.set(len(agent.sessions))
     agent.timers_counter.set(len(agent.timers))
 

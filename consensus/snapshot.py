@@ -7,7 +7,8 @@ recorded by the node's archive; the recording id goes into the recording
 log.  Loading replays the recording and hands back its messages.
 
 The consensus module's snapshot (type id 1) holds a ConsensusModule record,
-then a ClusterSession per open session and a Timer per timer; a service's
+a ClusterActionRequest SUSPEND if the module was suspended, then a
+ClusterSession per open session and a Timer per timer; a service's
 (type id 2) holds a ClientSession per session, then the user's messages.
 """
 
@@ -151,6 +152,8 @@ def _marker(message: bytes) -> Any:
 
 def take_consensus_module_snapshot(agent: Any, log_position: int) -> int:
     """Write the consensus module's state at ``log_position``; the recording id."""
+    from fulmar.consensus.agent import ConsensusModuleState  # (the agent imports this module)
+
     writer = SnapshotWriter(agent.aeron, agent.archive, agent.context.snapshot_channel,
                             agent.context.snapshot_stream_id)
     try:
@@ -160,6 +163,15 @@ def take_consensus_module_snapshot(agent: Any, log_position: int) -> int:
                       next_service_session_id=agent.next_service_session_id,
                       log_service_session_id=agent.log_service_session_id,
                       pending_message_capacity=0)
+        if agent.running_state is ConsensusModuleState.SUSPENDED:
+            # Aeron snapshots only an ACTIVE module, so its ConsensusModule record
+            # has no state; fulmar also snapshots a suspended one (a SIGTERM).  The
+            # suspension is kept as the log keeps it, a ClusterActionRequest
+            # SUSPEND (at the snapshot's position): a message Aeron's snapshot
+            # loader skips, and one whose absence means ACTIVE (older snapshots).
+            writer.encode(codecs.ClusterActionRequestEncoder, leadership_term_id=agent.leadership_term_id,
+                          log_position=log_position, timestamp=agent.cluster_time(),
+                          action=int(codecs.ClusterAction.SUSPEND), flags=0)
         for session in sorted(agent.sessions.values(), key=lambda s: s.id):
             writer.encode(codecs.ClusterSessionEncoder, cluster_session_id=session.id,
                           correlation_id=session.correlation_id, opened_log_position=session.opened_log_position,
