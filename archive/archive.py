@@ -5,19 +5,20 @@ protocol.
 ``Archive.launch`` takes the directory (refusing one a live archive owns),
 repairs recordings a crash left open, connects to the driver and starts the
 conductor; ``run`` drives the conductor until stopped; ``run_archive`` does
-both with SIGINT/SIGTERM handling, for ``cluster-node archive``.
+both with SIGINT/SIGTERM handling, for ``cluster-node archive``.  Given a
+``StopGate`` (``cluster-node start`` gives one: the node's cluster directory),
+a stop signal first lets the node's consensus module and services, which
+record their snapshots here, stop (bounded); see ``fulmar.stop_signals``.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 from fulmar.aeron import Aeron
 from fulmar.archive.catalog import Catalog, recover
@@ -27,6 +28,7 @@ from fulmar.archive.mark_file import ArchiveMarkFile
 from fulmar.clock import epoch_ms
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.permissions import make_directory
+from fulmar.stop_signals import StopGate, StopKind, StopSignalHandlers, StopSignals
 
 
 
@@ -48,6 +50,7 @@ class Archive:
         self.recovered = recovered
         self._stop = threading.Event()
         self._closed = False
+        self.stop_gate: StopGate | None = None  # an orderly stop waits for what it names
 
     @classmethod
     def launch(cls, context: ArchiveContext) -> "Archive":
@@ -92,9 +95,13 @@ class Archive:
             raise
         return cls(context, aeron, catalog, mark_file, conductor, recovered)
 
-    def request_stop(self) -> None:
-        """Ask ``run`` to return (safe from a signal handler)."""
-        self._stop.set()
+    def request_stop(self, orderly: bool = False) -> None:
+        """Ask ``run`` to return (safe from a signal handler): at once, or if
+        ``orderly`` once ``stop_gate`` (if any) lets it."""
+        if self.stop_gate is not None:
+            self.stop_gate.request(immediate=not orderly)  # the gate says what it waits for, or skips
+        else:
+            self._stop.set()
         if not self._closed:
             self.aeron.conductor.data_doorbell.ring()
 
@@ -105,8 +112,11 @@ class Archive:
                                     has_work=conductor.has_work)
         next_mark_ms = 0
         clock = time.monotonic_ns
+        gate = self.stop_gate
         while not self._stop.is_set():
             now_ns = clock()
+            if gate is not None and gate.may_stop(now_ns):
+                break
             try:
                 work = conductor.do_work(now_ns)
             except Exception as error:  # a bug: record it and keep serving the other sessions
@@ -139,30 +149,30 @@ class Archive:
         self.close()
 
 
-def run_archive(context: ArchiveContext, on_ready: Callable[[Archive], None] | None = None) -> None:
+def run_archive(context: ArchiveContext, on_ready: Callable[[Archive], None] | None = None,
+                stop_gate: StopGate | None = None) -> None:
     """Launch, serve until SIGINT/SIGTERM, close (see ``run_driver``: the
-    handlers go in first so an early signal is not lost)."""
-    stop_requested = threading.Event()
+    handlers go in first so an early signal is not lost).  With ``stop_gate``
+    a signal stops the archive once the gate lets it (a second Ctrl-C: at
+    once); without, at once."""
     running: list[Archive] = []
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop_requested.set()
-        for archive in running:
-            archive.request_stop()
+    def on_stop(kind: StopKind | None, signum: int) -> None:
+        if kind is not None:
+            for archive in running:
+                archive.request_stop(orderly=kind is StopKind.ORDERLY)
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    rule = StopSignals()
+    with StopSignalHandlers(rule, on_stop, time.monotonic_ns):
         archive = Archive.launch(context)
         try:
+            archive.stop_gate = stop_gate
             running.append(archive)
-            if stop_requested.is_set():
-                archive.request_stop()
+            if rule.requested is not None:
+                archive.request_stop(orderly=rule.requested is StopKind.ORDERLY)
             if on_ready is not None:
                 on_ready(archive)
             archive.run()
         finally:
             running.clear()
             archive.close()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

@@ -203,6 +203,27 @@ def read_mark_file(archive_dir: str | os.PathLike[str]) -> MarkFileHeaderDecoder
         raise ArchiveError(f"{path}: mark file header does not decode: {ex}") from ex
 
 
+def live_owner_pid(archive_dir: str | os.PathLike[str], now_ms: int,
+                   liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT) -> int | None:
+    """The pid of the live archive that owns ``archive_dir``'s mark file (the
+    test a new archive refuses to start on), or None.  Reads the first bytes only."""
+    try:
+        with open(Path(archive_dir) / MARK_FILE_NAME, "rb") as f:
+            prefix = f.read(MESSAGE_HEADER_LENGTH + MarkFileHeaderDecoder.BLOCK_LENGTH)
+    except OSError:
+        return None
+    offset = _body_offset(prefix)
+    if len(prefix) < offset + _LIVENESS.size:
+        return None
+    _version, activity_ms, _start_ms, pid = _LIVENESS.unpack_from(prefix, offset)
+    return int(pid) if _is_live(activity_ms, pid, now_ms, liveness_timeout_ms) else None
+
+
+def _is_live(activity_ms: int, pid: int, now_ms: int, liveness_timeout_ms: int) -> bool:
+    # A garbage pid (a torn file) can exceed what the OS takes: such a pid is nobody.
+    return activity_ms > 0 and now_ms - activity_ms < liveness_timeout_ms and 0 < pid < 2**31 and psutil.pid_exists(pid)
+
+
 def _check_not_active(path: Path, now_ms: int, liveness_timeout_ms: int) -> list[ErrorObservation]:
     """Raise if the mark file belongs to a live archive; else return the errors it holds."""
     with open(path, "rb") as f:
@@ -211,10 +232,8 @@ def _check_not_active(path: Path, now_ms: int, liveness_timeout_ms: int) -> list
     if len(prefix) < offset + _LIVENESS.size:
         return []  # too short to have been written by an archive: nothing to protect
     _version, activity_ms, _start_ms, pid = _LIVENESS.unpack_from(prefix, offset)
-    age_ms = now_ms - activity_ms
-    # A garbage pid (a torn file) can exceed what the OS takes: such a pid is nobody.
-    if activity_ms > 0 and age_ms < liveness_timeout_ms and 0 < pid < 2**31 and psutil.pid_exists(pid):
-        raise ArchiveAlreadyActiveError(str(path), pid, age_ms)
+    if _is_live(activity_ms, pid, now_ms, liveness_timeout_ms):
+        raise ArchiveAlreadyActiveError(str(path), pid, now_ms - activity_ms)
     # A dead archive of another major version is not refused here: the mark file is
     # simply replaced, and the catalog's own version check reports a needed migration.
     return _read_previous_errors(path)

@@ -10,17 +10,23 @@ import faulthandler
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
 from fulmar.archive.archive import Archive, run_archive
 from fulmar.archive.context import ArchiveContext
 from fulmar.archive.errors import ArchiveAlreadyActiveError
+from fulmar.archive.mark_file import live_owner_pid as live_archive_pid
 from fulmar.consensus.authenticator import CredentialsAuthenticator
 from fulmar.consensus.consensus_module import ConsensusModule, run_consensus_module
 from fulmar.consensus.context import ConsensusModuleContext
+from fulmar.consensus.mark_file import FILENAME as CLUSTER_MARK_FILE
+from fulmar.consensus.mark_file import SERVICE_FILENAME_PREFIX as SERVICE_MARK_FILE_PREFIX
 from fulmar.consensus.mark_file import ClusterMarkFileActiveError
+from fulmar.consensus.mark_file import live_owner_pid as live_cluster_component_pid
 from fulmar.service.container import ServiceContainer, run_service_container
 from fulmar.service.context import ServiceContext
 from fulmar.cnc import (
@@ -46,6 +52,8 @@ from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH
 from fulmar.logbuffer import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, TERM_MIN_LENGTH
 from fulmar.permissions import FILE_GROUP_ENV, FileGroupError, check_file_group
 from fulmar.ring_buffer import MAX_CAPACITY
+from fulmar.clock import epoch_ms
+from fulmar.stop_signals import StopGate
 
 from fulmar.cli.options import (
     DRIVER_DIR_ENV,
@@ -94,6 +102,61 @@ def main(file_group: str | None) -> None:
         # The files are created deep inside each component, which reads the
         # setting from the environment; the supervisor's children inherit it.
         os.environ[FILE_GROUP_ENV] = file_group
+
+
+_STOP_AFTER_HELP = (
+    "On SIGINT/SIGTERM, first wait until the node's processes that own a mark file in DIR have stopped: the "
+    "consensus module and services of a cluster directory, the archive of an archive directory (repeatable).  "
+    "cluster-node start passes its node's directories, so that a signal to every process of the node at once "
+    "(a service manager's stop) still stops it in order.  A second Ctrl-C stops at once."
+)
+
+
+def stop_after_options(default_timeout: str) -> Callable[[Any], Any]:
+    """--stop-after DIR (repeatable) and --stop-after-timeout, for the driver and the archive."""
+
+    def decorate(function: Any) -> Any:
+        function = click.option("--stop-after-timeout", type=Duration(min_ns=1_000_000), default=default_timeout,
+                                help="The longest the --stop-after wait lasts before the process stops anyway.")(function)
+        return click.option("--stop-after", "stop_after", multiple=True, metavar="DIR",
+                            type=click.Path(file_okay=False, dir_okay=True), help=_STOP_AFTER_HELP)(function)
+
+    return decorate
+
+
+def node_processes_running(directories: Sequence[Path]) -> Callable[[], str | None]:
+    """What still runs of the node's processes that own a mark file in
+    ``directories`` (this process excepted), first found first; None once none does."""
+    own_pid = os.getpid()
+
+    def still_running() -> str | None:
+        now_ms = epoch_ms()
+        for directory in directories:
+            found = [("the consensus module", directory / CLUSTER_MARK_FILE)]
+            found += [(f"service {path.stem.rsplit('-', 1)[-1]}", path)
+                      for path in sorted(directory.glob(f"{SERVICE_MARK_FILE_PREFIX}*.dat"))]
+            for what, path in found:
+                pid = live_cluster_component_pid(path, now_ms)
+                if pid is not None and pid != own_pid:
+                    return f"{what} (pid {pid}) of {directory}"
+            pid = live_archive_pid(directory, now_ms)
+            if pid is not None and pid != own_pid:
+                return f"the archive (pid {pid}) of {directory}"
+        return None
+
+    return still_running
+
+
+def stop_gate(directories: Sequence[str], timeout_ns: int, name: str) -> StopGate | None:
+    """The gate of an orderly stop after the processes of ``directories``; None without any."""
+    if not directories:
+        return None
+
+    def say(text: str) -> None:
+        click.echo(f"{name}: {text}")
+        sys.stdout.flush()
+
+    return StopGate(node_processes_running([Path(directory) for directory in directories]), timeout_ns, say)
 
 
 @main.command()
@@ -175,6 +238,7 @@ def main(file_group: str | None) -> None:
     default=format_size(_DEFAULT_LAYOUT.error_log_length),
     help="Length of the distinct error log in cnc.dat.",
 )
+@stop_after_options("60s")
 def driver(
     directory: str | None,
     client_liveness_timeout: int,
@@ -190,6 +254,8 @@ def driver(
     to_clients_buffer: int,
     counters_buffer: int,
     error_buffer: int,
+    stop_after: tuple[str, ...],
+    stop_after_timeout: int,
 ) -> None:
     """Run a media driver in the foreground.
 
@@ -223,10 +289,10 @@ def driver(
         terminate_token=None if terminate_token is None else terminate_token.encode("utf-8"),
         delete_dir_on_shutdown=not keep_files,
     )
-    sys.exit(run_driver_until_signalled(context))
+    sys.exit(run_driver_until_signalled(context, stop_gate(stop_after, stop_after_timeout, "media driver")))
 
 
-def run_driver_until_signalled(context: DriverContext) -> int:
+def run_driver_until_signalled(context: DriverContext, gate: StopGate | None = None) -> int:
     """Serve until SIGINT/SIGTERM or TERMINATE_DRIVER; the process exit code."""
 
     def announce(driver: MediaDriver) -> None:
@@ -234,7 +300,7 @@ def run_driver_until_signalled(context: DriverContext) -> int:
         sys.stdout.flush()
 
     try:
-        run_driver(context, on_ready=announce)
+        run_driver(context, on_ready=announce, stop_gate=gate)
     except DriverAlreadyActiveError as error:
         click.echo(f"cluster-node driver: {error}", err=True)
         return EXIT_DRIVER_ACTIVE
@@ -279,6 +345,7 @@ _ARCHIVE_DEFAULTS = ArchiveContext
                    "aeron.archive.replay.checksum): a mismatch ends the replay with an error naming the "
                    "recording and position.  Needs recordings made with --record-checksum.")
 @click.option("--archive-id", type=int, default=-1, help="This archive's id (default: its driver client id).")
+@stop_after_options("30s")
 def archive(
     archive_dir: str,
     driver_dir: str | None,
@@ -294,6 +361,8 @@ def archive(
     record_checksum: bool,
     replay_checksum: bool,
     archive_id: int,
+    stop_after: tuple[str, ...],
+    stop_after_timeout: int,
 ) -> None:
     """Run an archive in the foreground until SIGINT or SIGTERM.
 
@@ -328,7 +397,7 @@ def archive(
         sys.stdout.flush()
 
     try:
-        run_archive(context, on_ready=announce)
+        run_archive(context, on_ready=announce, stop_gate=stop_gate(stop_after, stop_after_timeout, "archive"))
     except ArchiveAlreadyActiveError as error:
         click.echo(f"cluster-node archive: {error}", err=True)
         sys.exit(EXIT_DRIVER_ACTIVE)
@@ -396,8 +465,10 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
               election_timeout: int, election_status_interval: int, startup_canvass_timeout: int,
               leader_heartbeat_timeout: int, leader_heartbeat_interval: int, service_heartbeat_timeout: int,
               consensus_channel: str, replication_channel: str) -> None:
-    """Run a consensus module in the foreground until SIGTERM (a snapshot
-    and an orderly stop of the services) or SIGINT twice (abort).
+    """Run a consensus module in the foreground until SIGTERM or SIGINT (a
+    snapshot and an orderly stop of the services at one log position).  A
+    repeated SIGTERM, or a SIGINT with it, is the same request; a second
+    Ctrl-C, half a second or more after the first, aborts (no snapshot).
 
     Without --cluster-members it is a cluster of one; with them, --member-id
     must be one of the members.
@@ -507,7 +578,11 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
     SIGINT, SIGTERM or SIGHUP stop the node in order: the consensus module
     first (it takes a snapshot and stops the services at one log position),
     then the archive, then the driver; what does not stop within
-    --stop-timeout is killed.  A second signal kills what is left at once.
+    --stop-timeout is killed.  A second Ctrl-C (half a second or more after
+    the first) kills what is left at once; a repeated SIGTERM is the same
+    request.  A signal to every process of the node at once (a service
+    manager's stop) stops it in the same order: the archive and the driver
+    wait for the processes that use them.
     If a process dies, the supervisor names it, its pid and how it ended, shows
     the end of its log, and stops the rest.
 

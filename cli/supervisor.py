@@ -40,10 +40,17 @@ last lines of its log, stops the others in order and exits 1.  SIGINT,
 SIGTERM or SIGHUP stop the node in order: SIGTERM to the consensus module
 (it takes a snapshot and stops the services at one log position), then the
 archive, then the driver; whatever does not stop within the stop timeout is
-killed, and said so.  A second signal kills what is left at once.  Children
-run in their own process group (a Ctrl-C in the terminal reaches only the
+killed, and said so.  A second Ctrl-C (a SIGINT half a second or more after
+the first) kills what is left at once; a repeated SIGTERM, or a SIGTERM with
+the Ctrl-C, is the same request (``fulmar.stop_signals``).  Children run in
+their own process group (a Ctrl-C in the terminal reaches only the
 supervisor, which stops them in order) and get SIGTERM if the supervisor
-itself dies.
+itself dies.  A service manager may signal every process of the node at once
+(systemd's KillMode=control-group): the consensus module takes its snapshot
+and stops as on the supervisor's SIGTERM, the archive waits for the module
+and services of its cluster directory to stop, and the driver for them and
+the archive (each bounded; ``--stop-after`` of ``cluster-node archive`` and
+``driver``), so the node still stops in order.
 
 Local clusters
 --------------
@@ -88,6 +95,7 @@ from fulmar.cli.options import Duration, format_duration, format_size, Size
 from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, parse_cluster_members
 from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
 from fulmar.permissions import make_directory
+from fulmar.stop_signals import StopSignals
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a process died, or could not start
@@ -107,8 +115,8 @@ SECRET_ENV = "FULMAR_CLUSTER_SECRET"
 # Options of the process commands that the node configuration sets itself
 # (directories, identity, the service list) rather than mirroring.
 _DERIVED = {
-    "driver": {"directory"},
-    "archive": {"archive_dir", "driver_dir"},
+    "driver": {"directory", "stop_after", "stop_after_timeout"},
+    "archive": {"archive_dir", "driver_dir", "stop_after", "stop_after_timeout"},
     "consensus": {"cluster_dir", "driver_dir", "member_id", "cluster_id", "service_count"},
     "service": {"cluster_dir", "driver_dir", "service_name", "service_id", "member_id", "cluster_id",
                 "archive_control_channel"},
@@ -350,11 +358,20 @@ class NodeConfig:
         secret = self.values.get(("consensus", "authenticator_secret"))
         if secret:
             consensus_env[SECRET_ENV] = str(secret)
+        # A signal to every process of the node at once (a service manager's
+        # stop) must still stop it in order: the archive outlasts the consensus
+        # module and services (their snapshots go to it), the driver all of
+        # them.  Each waits at most as long as the steps before it may take.
+        cluster_dir, archive_dir = str(self.cluster_dir), str(self.archive_dir)
+        step_ns = round(self.stop_timeout_s * 1e9)
+        driver_stop = ["--stop-after", cluster_dir, "--stop-after", archive_dir,
+                       "--stop-after-timeout", format_duration(2 * step_ns)]
+        archive_stop = ["--stop-after", cluster_dir, "--stop-after-timeout", format_duration(step_ns)]
         specs = [
-            ChildSpec("media driver", "driver", ["driver", "--dir", driver_dir, *mirrored("driver")],
+            ChildSpec("media driver", "driver", ["driver", "--dir", driver_dir, *driver_stop, *mirrored("driver")],
                       "media driver pid", base_env),
-            ChildSpec("archive", "archive", ["archive", "--dir", str(self.archive_dir), "--driver-dir", driver_dir,
-                                             *mirrored("archive")], "archive pid", base_env),
+            ChildSpec("archive", "archive", ["archive", "--dir", archive_dir, "--driver-dir", driver_dir,
+                                             *archive_stop, *mirrored("archive")], "archive pid", base_env),
             ChildSpec("consensus module", "consensus",
                       ["consensus", "--cluster-dir", str(self.cluster_dir), "--driver-dir", driver_dir, *identity,
                        "--service-count", str(self.service_count), *mirrored("consensus")],
@@ -948,15 +965,15 @@ class Supervisor:
     """
 
     def __init__(self, config: NodeConfig, out: TextIO | None = None, err: TextIO | None = None, *,
-                 prefix: str = "", signals: list[int] | None = None) -> None:
+                 prefix: str = "", signals: StopSignals | None = None) -> None:
         self.config = config
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.prefix = prefix  # "[node 1] " when several nodes share one terminal
         self.children = [Child(spec, config.log_dir) for spec in config.child_specs()]
         self.driver, self.archive, self.consensus, *self.services = self.children
-        # The nodes of a local cluster share one list: one Ctrl-C stops them all.
-        self._signals: list[int] = [] if signals is None else signals
+        # The nodes of a local cluster share one rule: one Ctrl-C stops them all.
+        self._signals = StopSignals() if signals is None else signals
         self._preexec = _parent_death_signal()
         self._next_child = 0  # the start: the next child to launch ...
         self._starting: Child | None = None  # ... and the one launched, not yet ready
@@ -969,15 +986,16 @@ class Supervisor:
         _write_line(self.err, f"cluster-node start: {self.prefix}{text}")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals.append(signum)
+        self._signals.on_signal(signum, time.monotonic_ns())
 
     @property
     def stop_requested(self) -> bool:
-        return bool(self._signals)
+        return self._signals.requested is not None
 
     @property
     def forced(self) -> bool:
-        return len(self._signals) > 1
+        """A second Ctrl-C: a repeated SIGTERM, or a SIGINT with it, is the same request."""
+        return self._signals.immediate
 
     def run(self) -> int:
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -1010,6 +1028,11 @@ class Supervisor:
             if self.stop_requested:
                 return self._stop_on_request()
             dead = self._first_dead(DUTY_CYCLE_S)
+            if dead is not None and self.stop_requested:
+                # The signal reached the node's processes too (a service
+                # manager signals every process at once): an exit after it is
+                # that stop, not a failure.
+                return self._stop_on_request()
             if dead is not None:
                 self._report_death(dead)
                 self._stop(after_failure=True)
@@ -1098,7 +1121,7 @@ class Supervisor:
         self.warn(self._death_text(child) + self._tail_text(child))
 
     def _stop_on_request(self) -> int:
-        name = signal.Signals(self._signals[0]).name
+        name = signal.Signals(self._signals.first_signum or signal.SIGTERM).name
         module = "consensus module (a member of several stops at once)" if self._is_multi_member() \
             else "consensus module (snapshot)"
         self.say(f"{name}: stopping node {self.config.member_id} in order: {module}, "
@@ -1114,10 +1137,17 @@ class Supervisor:
         """Stop whatever runs, in order; whether every process stopped by itself with exit code 0."""
         clean = True
         limit_s = min(self.config.stop_timeout_s, FAILURE_STOP_TIMEOUT_S) if after_failure else self.config.stop_timeout_s
+        # After a failure the dead one was reported; on request, a process the
+        # signal reached too (a service manager signals every process of the
+        # node) may stop by itself before its turn: said when its turn comes.
+        exited_before = {id(child) for child in self.children if child.started and not child.alive} \
+            if after_failure else set()
         if after_failure:
             self.say(f"stopping the rest of node {self.config.member_id} in order")
         cluster = [self.consensus, *self.services]
         running = [child for child in cluster if child.alive]
+        if not after_failure:
+            clean &= self._report_exits([child for child in cluster if child.started and not child.alive])
         if running:
             if self.consensus.alive:
                 self.consensus.send(signal.SIGTERM)
@@ -1131,6 +1161,8 @@ class Supervisor:
             if child.alive:
                 child.send(signal.SIGTERM)
                 clean &= self._await([child], limit_s, "SIGTERM")
+            elif child.started and id(child) not in exited_before:
+                clean &= self._report_exits([child])
         return clean
 
     def _await(self, children: list[Child], limit_s: float, what: str) -> bool:
@@ -1160,8 +1192,12 @@ class Supervisor:
                     child.kill()
                 wait_all(alive, 10)
                 break
+        return self._report_exits(watched)
+
+    def _report_exits(self, children: list[Child]) -> bool:
+        """Say how each of ``children`` ended; whether all stopped by themselves with code 0."""
         clean = True
-        for child in watched:
+        for child in children:
             code = child.returncode
             last = child.tail(1)
             detail = f": {last[0]}" if last and child.spec.ready_text not in last[0] else ""
@@ -1196,7 +1232,7 @@ class LocalClusterSupervisor:
                  err: TextIO | None = None) -> None:
         self.out = out or sys.stdout
         self.ingress_endpoints = ingress_endpoints
-        self._signals: list[int] = []
+        self._signals = StopSignals()
         self.nodes = [Supervisor(config, out, err, prefix=f"[node {config.member_id}] ", signals=self._signals)
                       for config in configs]
         self.running = list(self.nodes)
@@ -1206,7 +1242,7 @@ class LocalClusterSupervisor:
         _write_line(self.out, text)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals.append(signum)
+        self._signals.on_signal(signum, time.monotonic_ns())
 
     def run(self) -> int:
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -1228,7 +1264,7 @@ class LocalClusterSupervisor:
             node.announce_start()
         announced = False
         while True:
-            if self._signals:
+            if self._signals.requested is not None:
                 return self._stop_on_request()
             for node in list(self.running):
                 if not node.all_started:
@@ -1274,7 +1310,7 @@ class LocalClusterSupervisor:
             watched[process]._exited(getattr(process, "returncode", None))
 
     def _stop_on_request(self) -> int:
-        name = signal.Signals(self._signals[0]).name
+        name = signal.Signals(self._signals.first_signum or signal.SIGTERM).name
         self.say(f"{name}: stopping nodes {', '.join(str(n.config.member_id) for n in self.running) or '(none)'} "
                  "in parallel, each in order")
         # One thread per node: each waits for its own processes, and a node

@@ -1207,9 +1207,26 @@ class ConsensusModuleAgent:
                 self.consensus_publisher.termination_position(
                     member_id, leadership_term_id=self.leadership_term_id, log_position=self._termination_position)
 
-    def request_shutdown(self, action: ControlToggle = ControlToggle.SHUTDOWN) -> None:
-        """What SIGTERM asks for: a snapshot and an orderly stop (or ABORT: no snapshot).
-        A member of a multi-member cluster stops at once, whatever its role."""
+    def request_shutdown(self, action: ControlToggle = ControlToggle.SHUTDOWN) -> bool:
+        """What a stop signal asks for: SHUTDOWN (a snapshot, then the services
+        and the module stop at one log position) or ABORT (the same stop, no
+        snapshot).  True once the request is taken (or there is nothing left to
+        do); False while it cannot be acted on yet: the caller asks again
+        (``ConsensusModule.run`` does, every duty cycle), so a request is never
+        dropped.
+
+        - A member of a multi-member cluster stops at once, whatever its role
+          or state (the others go on; a restart recovers from the archive).
+        - A single node in its election stops at once if its services have not
+          joined yet (INIT: nothing has run that needs an orderly stop) or on
+          ABORT; while its services replay or join the log, the request waits
+          for the election to complete.
+        - ACTIVE or SUSPENDED: through the control toggle, as ``cluster-tool
+          shutdown``/``abort`` (taken only from NEUTRAL: a toggle an operator
+          set goes first).
+        - SNAPSHOT: a SHUTDOWN's own snapshot already ends in the stop; any
+          other snapshot completes first.
+        - TERMINATING or CLOSED: already stopping."""
         if self.is_multi_member:
             # The others go on (a leader's followers elect another); the log is
             # in the archive, so a restart recovers by replay (a snapshot first:
@@ -1217,10 +1234,24 @@ class ConsensusModuleAgent:
             self.terminated = True
             self.termination_reason = f"stopped as {self.role.name.lower()} at commit position {self.commit_position}"
             self._set_state(ConsensusModuleState.CLOSED)
-            return
-        if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED, ConsensusModuleState.SNAPSHOT):
-            self.control_toggle.set(action)  # (during a snapshot it is acted on after it)
-
+            return True
+        state = self.state
+        if state in (ConsensusModuleState.TERMINATING, ConsensusModuleState.CLOSED) or self.terminated:
+            return True
+        if self.election is not None:
+            if action is ControlToggle.ABORT or self.election.state is ElectionState.INIT:
+                self.terminated = True
+                self.termination_reason = (f"{action.name} during the election ({self.election.state.name}): "
+                                           f"stopped at once at log position {self.log_position}, no snapshot")
+                self._set_state(ConsensusModuleState.CLOSED)
+                return True
+            return False
+        if state is ConsensusModuleState.SNAPSHOT:
+            return self._termination_action is ControlToggle.SHUTDOWN and action is ControlToggle.SHUTDOWN
+        if state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
+            toggle = self.control_toggle.get()
+            return toggle == action or self.control_toggle.compare_and_set(ControlToggle.NEUTRAL, action)
+        return False
 
     # ------------------------------------------------------------ several members
 

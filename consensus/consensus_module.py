@@ -5,20 +5,20 @@ connects to the node's driver (the client conductor in invoker mode: the
 agent drives it in its slow tick) and archive, opens ``recording.log``, makes
 a recovery plan from it, loads the consensus module's snapshot, and
 publishes the recovery state counter the services read to load theirs.
-``run`` drives the agent; SIGTERM asks for an orderly stop (a snapshot, then
-the services stop at the same log position).
+``run`` drives the agent; a stop signal asks for an orderly stop (a
+snapshot, then the services stop at the same log position), by the rule of
+``fulmar.stop_signals``: any number of SIGTERMs, or a SIGINT with them, is one
+SHUTDOWN; only a second Ctrl-C (a SIGINT half a second or more after an earlier
+one) is ABORT.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import struct
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 from fulmar.aeron import Aeron
 from fulmar.archive.client import AeronArchive
@@ -35,6 +35,11 @@ from fulmar.consensus.snapshot import CONSENSUS_MODULE_SNAPSHOT_TYPE_ID, decode_
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.permissions import make_directory
+from fulmar.stop_signals import StopKind, StopSignalHandlers, StopSignals
+
+# How long an orderly stop may take, from the request to the module's end
+# (an election to complete first, the snapshot, the services' acknowledgements).
+STOP_TIMEOUT_NS = 30_000_000_000
 
 # Aeron's RecoveryState counter key: what the services need to recover.
 _RECOVERY_STATE_HEAD = struct.Struct("<qqqiii")  # term id, log position, timestamp, replay flag, cluster id, service count
@@ -65,7 +70,9 @@ class ConsensusModule:
         self.mark_file = mark_file
         self.recording_log = recording_log
         self.agent = agent
-        self._stop = threading.Event()
+        self._requested: ControlToggle | None = None  # the stop a signal asked for, not yet taken
+        self._taken: ControlToggle | None = None  # the stop the agent took
+        self._notes: list[str] = []  # what the signals asked for, said from the duty cycle
         self._closed = False
 
     @classmethod
@@ -112,25 +119,46 @@ class ConsensusModule:
             raise
         return cls(context, aeron, archive, mark_file, recording_log, agent)
 
-    def request_stop(self, action: ControlToggle = ControlToggle.SHUTDOWN) -> None:
-        """Safe from a signal handler: an orderly stop, or at once if not yet running."""
-        self._stop_action = action
-        self._stop.set()
+    def request_stop(self, action: ControlToggle = ControlToggle.SHUTDOWN, note: str = "") -> None:
+        """Ask for SHUTDOWN or ABORT (never weakened: an ABORT stays one).
+        Safe from a signal handler: it only sets fields, ``run`` acts on them."""
+        if self._requested is not ControlToggle.ABORT and self._taken is not ControlToggle.ABORT:
+            self._requested = action
+        if note:
+            self._notes.append(note)
+
+    def note(self, text: str) -> None:
+        """A line for the module's log, written from the duty cycle (safe from a signal handler)."""
+        self._notes.append(text)
 
     def run(self) -> None:
         agent = self.agent
         idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns,
                                     has_work=agent.has_work)
         next_mark_ms = 0
-        stop_requested_at = 0.0
+        stop_deadline_ns = 0
+        waiting_said_for: ControlToggle | None = None
         while not agent.terminated:
-            if self._stop.is_set() and not stop_requested_at:
-                stop_requested_at = time.monotonic()
-                if agent.election is not None and not agent.is_multi_member:
-                    return  # nothing running yet to stop in order
-                agent.request_shutdown(getattr(self, "_stop_action", ControlToggle.SHUTDOWN))
-            if stop_requested_at and time.monotonic() - stop_requested_at > 30:
-                agent.record_error("consensus module: the orderly stop did not complete within 30 s")
+            while self._notes:
+                agent.log_event(self._notes.pop(0))
+            requested = self._requested
+            if requested is not None:
+                if not stop_deadline_ns:
+                    stop_deadline_ns = time.monotonic_ns() + STOP_TIMEOUT_NS
+                if agent.request_shutdown(requested):
+                    self._taken, self._requested = requested, None
+                    if agent.terminated:
+                        break
+                elif waiting_said_for is not requested:
+                    waiting_said_for = requested
+                    phase = f"election {agent.election.state.name}" if agent.election is not None \
+                        else f"state {agent.state.name}"
+                    agent.log_event(f"{requested.name} requested in {phase}: acted on once the module can "
+                                    f"(within {STOP_TIMEOUT_NS // 1_000_000_000} s)")
+            if stop_deadline_ns and time.monotonic_ns() > stop_deadline_ns:
+                agent.record_error(f"consensus module: the orderly stop did not complete within "
+                                   f"{STOP_TIMEOUT_NS // 1_000_000_000} s")
+                agent.termination_reason = f"stopped without completing the orderly stop (state {agent.state.name})"
                 return
             now_ns = time.monotonic_ns()
             try:
@@ -258,25 +286,34 @@ def load_snapshot(agent: ConsensusModuleAgent, recording_id: int) -> None:
 
 
 def run_consensus_module(context: ConsensusModuleContext,
-                         on_ready: Callable[[ConsensusModule], None] | None = None) -> str:
-    """Launch, serve until terminated (SIGTERM: snapshot and orderly stop;
-    SIGINT twice: abort), close.  Returns why it stopped."""
+                         on_ready: Callable[[ConsensusModule], None] | None = None,
+                         signals: StopSignals | None = None) -> str:
+    """Launch, serve until terminated, close.  Returns why it stopped.
+
+    SIGTERM or SIGINT: SHUTDOWN, a snapshot and an orderly stop; repeated, or
+    both together (a terminal's Ctrl-C, a service manager's SIGTERM to every
+    process, a supervisor's own SIGTERM) they are that same request.  A second
+    Ctrl-C, half a second or more after the first: ABORT (no snapshot; a
+    snapshot under way completes first).  See ``fulmar.stop_signals``."""
     running: list[ConsensusModule] = []
-    stop_requested = threading.Event()
+    rule = signals or StopSignals()
+    actions = {StopKind.ORDERLY: ControlToggle.SHUTDOWN, StopKind.IMMEDIATE: ControlToggle.ABORT}
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        action = ControlToggle.SHUTDOWN if not stop_requested.is_set() else ControlToggle.ABORT
-        stop_requested.set()
+    def on_stop(kind: StopKind | None, signum: int) -> None:
+        note = rule.describe(kind, signum) + (f" ({actions[kind].name})" if kind is not None else "")
         for module in running:
-            module.request_stop(action)
+            if kind is None:
+                module.note(note)
+            else:
+                module.request_stop(actions[kind], note)
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with StopSignalHandlers(rule, on_stop, time.monotonic_ns):
         module = ConsensusModule.launch(context)
         try:
             running.append(module)
-            if stop_requested.is_set():
-                module.request_stop()
+            if rule.requested is not None:  # a signal during the launch
+                action = actions[rule.requested]
+                module.request_stop(action, f"stop requested during the launch ({action.name})")
             if on_ready is not None:
                 on_ready(module)
             module.run()
@@ -284,6 +321,3 @@ def run_consensus_module(context: ConsensusModuleContext,
         finally:
             running.clear()
             module.close()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

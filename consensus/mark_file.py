@@ -71,6 +71,7 @@ __all__ = [
     "mark_file_name",
     "service_mark_file_name",
     "read_cluster_mark_file",
+    "live_owner_pid",
 ]
 
 FILE_EXTENSION: Final = ".dat"
@@ -231,6 +232,23 @@ def read_activity_timestamp(path: str | os.PathLike[str]) -> int | None:
     if len(prefix) < offset + _LIVENESS.size:
         return None
     return int(_LIVENESS.unpack_from(prefix, offset)[2])
+
+
+def live_owner_pid(path: str | os.PathLike[str], now_ms: int,
+                   liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT) -> int | None:
+    """The pid of the live process that owns the mark file at ``path`` (the
+    test :meth:`ClusterMarkFile.create` refuses on), or None: no file, a
+    clean close, a dead pid or a stale timestamp.  Reads the first bytes only."""
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(MESSAGE_HEADER_LENGTH + _LIVENESS.size)
+    except OSError:
+        return None
+    offset = _body_offset(prefix)
+    if len(prefix) < offset + _LIVENESS.size:
+        return None
+    _version, _type, activity_ms, _start_ms, pid = _LIVENESS.unpack_from(prefix, offset)
+    return int(pid) if _is_live(activity_ms, pid, now_ms, liveness_timeout_ms) else None
 
 
 def _is_live(activity_ms: int, pid: int, now_ms: int, liveness_timeout_ms: int) -> bool:

@@ -4,18 +4,18 @@
 live driver uses it, reclaiming it from a dead one), creates cnc.dat, and
 then ``run()`` drives the conductor until a signal or an authorised
 TERMINATE_DRIVER arrives.  ``close()`` removes the directory unless asked to
-keep it.
+keep it.  Given a ``StopGate`` (``cluster-node start`` gives one: its node's
+cluster and archive directories), a stop signal first lets the processes that
+use the driver stop (bounded); see ``fulmar.stop_signals``.
 """
 
 from __future__ import annotations
 
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 import psutil
 
@@ -27,6 +27,7 @@ from fulmar.errors import FulmarError
 from fulmar.idle import Doorbell, DoorbellIdleStrategy, idle_strategy_from_name
 from fulmar.permissions import make_directory
 from fulmar.ring_buffer import ManyToOneRingBuffer
+from fulmar.stop_signals import StopGate, StopKind, StopSignalHandlers, StopSignals
 
 from fulmar.driver.conductor import DriverConductor
 from fulmar.driver.context import DriverContext
@@ -102,6 +103,7 @@ class MediaDriver:
         conductor.on_socket_closed = self.socket_watcher.remove
         self._stop = threading.Event()
         self._closed = False
+        self.stop_gate: StopGate | None = None  # an orderly stop waits for what it names
 
     @classmethod
     def launch(cls, context: DriverContext) -> "MediaDriver":
@@ -131,9 +133,13 @@ class MediaDriver:
     def directory(self) -> Path:
         return Path(self.context.directory)
 
-    def request_stop(self) -> None:
-        """Ask ``run`` to return (safe from a signal handler, and after close)."""
-        self._stop.set()
+    def request_stop(self, orderly: bool = False) -> None:
+        """Ask ``run`` to return (safe from a signal handler, and after close):
+        at once, or if ``orderly`` once ``stop_gate`` (if any) lets it."""
+        if self.stop_gate is not None:
+            self.stop_gate.request(immediate=not orderly)  # the gate says what it waits for, or skips
+        else:
+            self._stop.set()
         if not self._closed:
             self.doorbell.ring()  # the doorbell lives in cnc.dat: not after close
 
@@ -157,9 +163,13 @@ class MediaDriver:
         conductor = self.conductor
         clock = time.monotonic_ns
         doze = idle if isinstance(idle, DoorbellIdleStrategy) else None
+        gate = self.stop_gate
         while not self._stop.is_set() and not conductor.termination_requested:
+            now_ns = clock()
+            if gate is not None and gate.may_stop(now_ns):
+                break
             try:
-                work = conductor.do_work(clock())
+                work = conductor.do_work(now_ns)
                 if doze is not None and not work:
                     doze.max_wait_ns = conductor.idle_wait_ns()
             except Exception as error:  # the conductor answers command errors itself; this is a bug
@@ -184,36 +194,36 @@ class MediaDriver:
         self.close()
 
 
-def run_driver(context: DriverContext, on_ready: Callable[[MediaDriver], None] | None = None) -> None:
+def run_driver(context: DriverContext, on_ready: Callable[[MediaDriver], None] | None = None,
+               stop_gate: StopGate | None = None) -> None:
     """Launch, serve until SIGINT/SIGTERM or an authorised terminate, close.
 
     The signal handlers go in before the launch: a supervisor may send
     SIGTERM as soon as it sees cnc.dat, and a signal that arrived before
     them would kill the process and leave the directory behind.  A signal
     during the launch is remembered; the previous handlers are restored at
-    the end.  Raises DriverAlreadyActiveError / DriverDirectoryError.
+    the end (see ``StopSignalHandlers``).  With ``stop_gate`` a signal stops
+    the driver once the gate lets it (a second Ctrl-C: at once); without, at
+    once.  Raises DriverAlreadyActiveError / DriverDirectoryError.
     """
-    stop_requested = threading.Event()
     running: list[MediaDriver] = []
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop_requested.set()
-        for driver in running:
-            driver.request_stop()
+    def on_stop(kind: StopKind | None, signum: int) -> None:
+        if kind is not None:
+            for driver in running:
+                driver.request_stop(orderly=kind is StopKind.ORDERLY)
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    rule = StopSignals()
+    with StopSignalHandlers(rule, on_stop, time.monotonic_ns):
         driver = MediaDriver.launch(context)
         try:
+            driver.stop_gate = stop_gate
             running.append(driver)
-            if stop_requested.is_set():
-                driver.request_stop()
+            if rule.requested is not None:
+                driver.request_stop(orderly=rule.requested is StopKind.ORDERLY)
             if on_ready is not None:
                 on_ready(driver)
             driver.run()
         finally:
             running.clear()
             driver.close()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 from fulmar.aeron import Aeron
 from fulmar.archive.client import AeronArchive
@@ -30,6 +28,7 @@ from fulmar.service.agent import ClusteredServiceAgent
 from fulmar.service.clustered_service import ClusteredService
 from fulmar.service.context import ServiceContext
 from fulmar.permissions import make_directory
+from fulmar.stop_signals import StopKind, StopSignalHandlers, StopSignals
 
 
 class ServiceLoadError(FulmarError):
@@ -180,19 +179,21 @@ def _consensus_module_alive(cluster_dir: Path, pid: int | None = None) -> bool:
 def run_service_container(context: ServiceContext, service: ClusteredService | None = None,
                           on_ready: Callable[[ServiceContainer], None] | None = None) -> str:
     running: list[ServiceContainer] = []
-    stop_requested = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop_requested.set()
-        for container in running:
-            container.request_stop()
+    def on_stop(kind: StopKind | None, signum: int) -> None:
+        # Any stop signal: the service waits for its module's orderly stop
+        # (it stops at the module's termination position), or stops once the
+        # module is gone.
+        if kind is not None:
+            for container in running:
+                container.request_stop()
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    rule = StopSignals()
+    with StopSignalHandlers(rule, on_stop, time.monotonic_ns):
         container = ServiceContainer.launch(context, service)
         try:
             running.append(container)
-            if stop_requested.is_set():
+            if rule.requested is not None:
                 container.request_stop()
             if on_ready is not None:
                 on_ready(container)
@@ -200,6 +201,3 @@ def run_service_container(context: ServiceContext, service: ClusteredService | N
         finally:
             running.clear()
             container.close()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

@@ -141,10 +141,14 @@ class SingleNodeCluster:
         return aeron
 
     def stop_node(self) -> None:
-        """An orderly stop of the cluster processes (a snapshot is taken), archive and driver kept."""
-        for process in (self.consensus, self.service):
-            if process is not None and process.process.poll() is None:
-                process.process.send_signal(signal.SIGTERM)
+        """An orderly stop of the cluster processes (a snapshot is taken), archive and driver kept.
+
+        Each gets SIGTERM twice on purpose, as when a service manager and a
+        supervisor both send one: a repeated SIGTERM is the same request."""
+        for _ in range(2):
+            for process in (self.consensus, self.service):
+                if process is not None and process.process.poll() is None:
+                    process.process.send_signal(signal.SIGTERM)
         for process in (self.consensus, self.service):
             if process is not None:
                 process.stop()

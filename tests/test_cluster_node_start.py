@@ -30,6 +30,7 @@ from driver_support import free_udp_port, wait_for
 from fulmar.aeron import Aeron
 from fulmar.cli import cluster_node, supervisor
 from fulmar.consensus.client import ClusterClient
+from fulmar.consensus.recording_log import RecordingLog
 
 KV = "fulmar.service.samples:KeyValueService"
 SHM = Path("/dev/shm") if os.path.isdir("/dev/shm") else None
@@ -41,14 +42,17 @@ STOP_S = 45
 class Node:
     """``cluster-node start`` as a subprocess, its stdout and stderr in files."""
 
-    def __init__(self, args: list[str], workdir: Path) -> None:
+    def __init__(self, args: list[str], workdir: Path, *, new_session: bool = False) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         tag = uuid.uuid4().hex[:6]
         self.stdout_path = workdir / f"start-{tag}.out"
         self.stderr_path = workdir / f"start-{tag}.err"
+        # new_session: as a terminal's foreground job, a process group of its
+        # own (a Ctrl-C signals the whole group).
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", "start", *args],
-                                            stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+                                            stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                            start_new_session=new_session)
         self.children: dict[str, psutil.Process] = {}
         self.ingress = ""
         self.driver_dir = Path()
@@ -99,8 +103,8 @@ class Node:
 def start_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
     nodes: list[Node] = []
 
-    def start(*args: str) -> Node:
-        node = Node(list(args), tmp_path / "supervisor")
+    def start(*args: str, new_session: bool = False) -> Node:
+        node = Node(list(args), tmp_path / "supervisor", new_session=new_session)
         nodes.append(node)
         return node
 
@@ -236,6 +240,110 @@ def test_local_one_runs_a_cluster_under_the_given_dir(start_node: Callable[..., 
     # The configuration it wrote starts the same node again.
     written = supervisor.read_toml(base / "node0" / "node.toml")
     assert written["service"]["service"] == KV and written["node"]["driver_dir"] == str(expected_driver)
+
+
+# ---------------------------------------------------------------------- a signal to the whole node
+
+
+def read_value(node: Node, key: str) -> Any:
+    with Aeron.connect(node.driver_dir) as aeron:
+        client = ClusterClient.connect(aeron, node.ingress, egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+                                       message_timeout_ns=20_000_000_000)
+        try:
+            reply = json.loads(client.request(json.dumps({"op": "get", "key": key, "id": 7}).encode(), 20))
+        finally:
+            client.close()
+    assert reply["ok"], reply
+    return reply["value"]
+
+
+def signal_whole_node(node: Node, how: str) -> None:
+    if how == "ctrl-c":
+        # The terminal's Ctrl-C: SIGINT to its foreground process group.
+        os.killpg(os.getpgid(node.process.pid), signal.SIGINT)
+    elif how == "service manager":
+        # systemd's default KillMode=control-group: SIGTERM to every process
+        # of the unit at the same moment.
+        for process in [psutil.Process(node.process.pid), *node.children.values()]:
+            process.send_signal(signal.SIGTERM)
+    elif how == "ctrl-c and sigterm":
+        # A Ctrl-C and a wrapper that forwards SIGTERM on top of it: one request.
+        node.process.send_signal(signal.SIGINT)
+        node.process.send_signal(signal.SIGTERM)
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "service manager", "ctrl-c and sigterm"])
+def test_a_signal_to_the_whole_node_still_takes_the_snapshot_and_stops_in_order(
+        start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, how: str) -> None:
+    config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port())
+    node = start_node("--config", str(config), new_session=True).wait_ready()
+    talk(node)  # a = 41
+    processes = [psutil.Process(node.process.pid), *node.children.values()]
+    signal_whole_node(node, how)
+    assert node.wait() == 0, node.stdout + node.stderr
+    logs = tmp_path / "node0" / "logs"
+    consensus_log = (logs / "consensus.log").read_text()
+    assert "consensus module stopped: SHUTDOWN at log position" in consensus_log, \
+        f"{consensus_log[-2000:]}\nsupervisor: {node.stdout}{node.stderr}"
+    with RecordingLog.open(tmp_path / "node0" / "cluster", create=False) as recording_log:
+        assert recording_log.get_latest_snapshot(-1) is not None  # the module's
+        assert recording_log.get_latest_snapshot(0) is not None  # the service's
+    assert all_gone(processes)
+    assert not driver_dir.exists()
+    if how == "service manager":
+        # The archive and the driver got the signal with the module: each
+        # waited for what must stop before it (the module, then the archive).
+        archive_log = (logs / "archive.log").read_text()
+        driver_log = (logs / "driver.log").read_text()
+        assert "waiting for the consensus module" in archive_log, archive_log[-2000:]
+        assert "waiting for the" in driver_log, driver_log[-2000:]
+
+    restarted = start_node("--config", str(config)).wait_ready()
+    assert read_value(restarted, "a") == 41
+    restarted.process.send_signal(signal.SIGTERM)
+    assert restarted.wait() == 0, restarted.stderr
+
+
+def test_a_signal_to_every_process_of_a_three_member_cluster_stops_each_member_in_order(
+        start_node: Callable[..., Node], tmp_path: Path) -> None:
+    """A member of several stops at once on a stop signal (no cluster-wide
+    snapshot), but still before its archive and its driver: with every
+    process signalled together, no process sees its driver or archive go
+    away under it, and every one stops by itself with code 0."""
+    base = tmp_path / f"local-{uuid.uuid4().hex[:6]}"
+    node = start_node("--local", "3", "--dir", str(base), "--service", KV, "--stop-timeout", "20s",
+                      "--consensus-startup-canvass-timeout", "2s", "--consensus-election-timeout", "500ms",
+                      "--consensus-election-status-interval", "50ms", new_session=True)
+    driver_dirs: list[Path] = []
+    try:
+        def ready() -> bool:
+            if node.process.poll() is not None:
+                raise AssertionError(f"exited with {node.process.returncode}:\n{node.stdout}\n{node.stderr}")
+            return "local cluster ready" in node.stdout
+
+        wait_for(ready, START_S, "every member to be ready")
+        driver_dirs = [Path(match.group(3)) for match in READY.finditer(node.stdout)]
+        children = psutil.Process(node.process.pid).children()
+        assert len(children) == 12, [child.cmdline() for child in children]
+        node.children.update({f"child {child.pid}": child for child in children})  # reaped whatever happens
+        for process in [psutil.Process(node.process.pid), *children]:
+            process.send_signal(signal.SIGTERM)
+        assert node.wait() == 0, node.stdout + node.stderr
+        assert all_gone(children)
+        for member_id in range(3):
+            logs = base / f"node{member_id}" / "logs"
+            consensus_log = (logs / "consensus.log").read_text()
+            assert "consensus module stopped: stopped as" in consensus_log, consensus_log[-2000:]
+            for name in ("consensus", "service0", "archive", "driver"):
+                text = (logs / f"{name}.log").read_text()
+                for trouble in ("is gone", "went away", "Traceback", "Error"):
+                    assert trouble not in text, f"{name}.log of member {member_id}:\n{text[-2000:]}"
+        assert not any(directory.exists() for directory in driver_dirs)
+    finally:
+        for directory in driver_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def run_start(*args: str, env: dict[str, str] | None = None) -> Any:

@@ -3,6 +3,7 @@ service container) serving sample services to real clients."""
 
 from __future__ import annotations
 
+import os
 import signal
 import struct
 from pathlib import Path
@@ -81,6 +82,67 @@ def test_snapshot_stop_and_restart_keeps_the_state(cluster_of: Any) -> None:
     value, _ = struct.unpack("<qq", client.request(b"+", 10))
     assert value == 51
     client.close()
+
+
+def assert_shutdown_with_snapshots(cluster: SingleNodeCluster) -> None:
+    assert "consensus module stopped: SHUTDOWN at log position" in cluster.consensus.output(), \
+        f"consensus: {cluster.consensus.output()[-1500:]}\nservice: {cluster.service.output()[-1500:]}"
+    with RecordingLog.open(cluster.cluster_dir, create=False) as recording_log:
+        assert recording_log.get_latest_snapshot(-1) is not None  # the module's
+        assert recording_log.get_latest_snapshot(0) is not None  # the service's
+
+
+def test_sigterm_and_sigint_together_are_one_shutdown(cluster_of: Any) -> None:
+    """A terminal's Ctrl-C and a SIGTERM (a service manager's, a wrapper's)
+    reach the module together: both are handled before its next duty cycle
+    (it is held with SIGSTOP while they arrive, so this does not depend on
+    timing).  One request: SHUTDOWN with a snapshot, not ABORT."""
+    cluster = cluster_of("fulmar.service.samples:CounterService")
+    client = connect(cluster)
+    for expected in range(1, 11):
+        assert struct.unpack("<qq", client.request(b"+", 10))[0] == expected
+    client.close()
+    module, service = cluster.consensus.process, cluster.service.process
+    os.kill(module.pid, signal.SIGSTOP)
+    try:
+        module.send_signal(signal.SIGTERM)
+        service.send_signal(signal.SIGTERM)
+        module.send_signal(signal.SIGINT)
+    finally:
+        os.kill(module.pid, signal.SIGCONT)
+    assert cluster.consensus.stop() == 0 and cluster.service.stop() == 0
+    assert_shutdown_with_snapshots(cluster)
+
+
+def test_sigterm_again_while_the_snapshot_is_under_way_changes_nothing(cluster_of: Any) -> None:
+    """The single-node pattern on purpose: SIGTERM to the module and the
+    service, then SIGTERM again (and a SIGINT right behind it) while the stop
+    is under way (the service held with SIGSTOP, so the snapshot cannot
+    complete in between): the module says it saw each, and still stops with
+    SHUTDOWN and a snapshot."""
+    cluster = cluster_of("fulmar.service.samples:CounterService")
+    client = connect(cluster)
+    for expected in range(1, 11):
+        assert struct.unpack("<qq", client.request(b"+", 10))[0] == expected
+    client.close()
+    module, service = cluster.consensus, cluster.service.process
+    os.kill(service.pid, signal.SIGSTOP)
+    try:
+        module.process.send_signal(signal.SIGTERM)
+        service.send_signal(signal.SIGTERM)
+        wait_for(lambda: "SIGTERM: stopping in order" in module.output(), 10, "the module to take the SIGTERM")
+        module.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: "SIGTERM: the stop already under way goes on" in module.output(), 10,
+                 "the module to take the second SIGTERM")
+        module.process.send_signal(signal.SIGINT)
+        wait_for(lambda: "SIGINT: the stop already under way goes on" in module.output(), 10,
+                 "the module to take the SIGINT")
+        assert module.alive  # the stop waits for the service's snapshot
+    finally:
+        os.kill(service.pid, signal.SIGCONT)
+    assert cluster.consensus.stop() == 0 and cluster.service.stop() == 0
+    assert "ABORT" not in module.output()
+    assert_shutdown_with_snapshots(cluster)
 
 
 @pytest.mark.parametrize("victim", ["consensus", "service", "archive", "driver"])
