@@ -59,6 +59,7 @@ from fulmar.consensus.protocol import (
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.consensus.timer_service import TimerService
+from fulmar.duty_cycle import DutyCycleStallTracker
 from fulmar.errors import FulmarError
 from fulmar.semantic_version import major_version
 from fulmar.fragment_assembler import FragmentAssembler
@@ -196,7 +197,6 @@ class ConsensusModuleAgent:
         self._service_check_deadline_ns = 0
         self._termination_ack_id = NULL_VALUE
         self._snapshot_ack_id = NULL_VALUE
-        self._max_cycle_ns = 0
         self.recovery_state: "Counter | None" = None  # what the services recover from (set at launch)
         self.mark_file: Any = None  # the module's mark file (set at launch): the candidate term id lives there
         # A cluster of several members (seed 001): who they are, and what this
@@ -256,6 +256,11 @@ class ConsensusModuleAgent:
         self.cycle_exceeded_counter = self._counter(
             protocol.CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID,
             f"Cluster work cycle time exceeded count: threshold={context.cycle_threshold_ns}ns", key)
+        # Seed 000: measured from one duty cycle to the next, so a stall between
+        # cycles (the kind that misses heartbeats) counts; the runner's idle
+        # strategy reports its intended sleeps to it (ConsensusModule.run).
+        self.duty_cycle_tracker = DutyCycleStallTracker(
+            self.max_cycle_counter, self.cycle_exceeded_counter, context.cycle_threshold_ns)
         self.snapshot_counter = self._counter(protocol.SNAPSHOT_COUNTER_TYPE_ID, "Cluster snapshot count", key)
         # Actions for this node alone, whatever its role (Aeron uses it for
         # standby snapshots, which a cluster without standbys refuses).
@@ -288,6 +293,7 @@ class ConsensusModuleAgent:
 
     def do_work(self, now_ns: int) -> int:
         self._now_ns = now_ns
+        self.duty_cycle_tracker.measure_and_update(now_ns)
         work = 0
         if now_ns >= self._slow_tick_deadline_ns:
             self._slow_tick_deadline_ns = now_ns + self.context.slow_tick_interval_ns
@@ -311,16 +317,7 @@ class ConsensusModuleAgent:
             work += self._leader_work(now_ns)
         elif self.is_multi_member:
             work += self._follower_work(now_ns)
-        self._track_cycle(now_ns)
         return work
-
-    def _track_cycle(self, started_ns: int) -> None:
-        took = time.monotonic_ns() - started_ns
-        if took > self._max_cycle_ns:
-            self._max_cycle_ns = took
-            self.max_cycle_counter.set(took)
-        if took > self.context.cycle_threshold_ns:
-            self.cycle_exceeded_counter.increment()
 
     def has_work(self) -> bool:
         """A cheap check before sleeping: is a message already waiting?"""
