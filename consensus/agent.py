@@ -325,9 +325,12 @@ class ConsensusModuleAgent:
         if self.ingress.is_data_available() or self.from_services.is_data_available():
             return True
         # A follower's log image holds what is not yet committed: that is no work
-        # until the commit position moves (a replay is bounded by its end instead).
+        # until the commit position it was notified of moves past what it has
+        # read, and the archive has recorded that far (a replay is bounded by its
+        # end instead).
         if image is not None and image.is_data_available() and (
-                self.election is not None or image.position < self.commit_position):
+                self.election is not None
+                or image.position < min(self.notified_commit_position, self.append_position)):
             return True
         if not self.is_multi_member:
             return False
@@ -1318,27 +1321,30 @@ class ConsensusModuleAgent:
             self.notified_commit_position = position
         self._time_of_last_leader_message_ns = self._now_ns
 
-    def _follower_commit(self) -> int:
-        commit = min(self.notified_commit_position, self.read_append_position())
-        if commit > self.commit_position:
-            self.commit_position = commit
-            self.commit_position_counter.set(commit)
-            self._wake()
-            return 1
-        return 0
-
     def _apply_follower_log(self) -> int:
-        """The follower's module applies the log (sessions, timers, service messages)
-        up to the commit position, as its services do, once they follow the image."""
+        """Seed 000: the follower's module reads the log (sessions, timers, service
+        messages) up to the notified commit position, as far as its archive has
+        recorded it, and only then moves commit-pos, to what it has read: its
+        services, which read the log up to commit-pos, never apply a position
+        before their module has.  As Aeron's consensusWork: when the poll stops
+        short (its fragment limit, or within a fragmented message) commit-pos
+        is the image's position, not the notified one."""
         if not self.host.is_log_joined:
             return 0
-        work = self._follower_commit()
         image = self._log_image
         if image is None:
-            return work
-        work += image.bounded_poll(self._log_assembler.on_fragment, self.commit_position, 64)
-        if image.position > self.log_position:
-            self.log_position = image.position
+            return 0
+        limit = min(self.notified_commit_position, self.read_append_position())
+        work = image.bounded_poll(self._log_assembler.on_fragment, limit, 64)
+        position = image.position
+        if position > self.log_position:
+            self.log_position = position
+        if position > self.commit_position:
+            self.commit_position = position
+            self.commit_position_counter.set(position)
+            # The services sleep on the data doorbell: a counter write rings nothing.
+            self._wake()
+            work += 1
         return work
 
     def _update_quorum_commit_position(self, now_ns: int) -> int:
