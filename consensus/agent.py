@@ -559,7 +559,7 @@ class ConsensusModuleAgent:
         session = ClusterSession(NULL_VALUE, message.response_stream_id, message.response_channel,
                                  message.correlation_id, self._now_ns)
         try:
-            session.connect(self.aeron)
+            session.async_connect(self.aeron, self._error)
         except FulmarError as error:
             self._error(f"cannot connect the egress of a connect request ({message.response_channel}): {error}")
             self.invalid_requests_counter.increment()
@@ -630,6 +630,11 @@ class ConsensusModuleAgent:
         work = 0
         for collection, code in ((self.redirect_sessions, EventCode.REDIRECT), (self.rejected_sessions, None)):
             for session in list(collection):
+                if session.state is ClusterSessionState.INVALID:  # the driver refused its egress
+                    collection.remove(session)
+                    session.close()
+                    self.invalid_requests_counter.increment()
+                    continue
                 if session.publication is not None and session.is_response_publication_connected:
                     event_code = code
                     if event_code is None:
@@ -659,6 +664,11 @@ class ConsensusModuleAgent:
     def _process_pending_sessions(self, now_ns: int) -> int:
         work = 0
         for session in list(self.pending_sessions):
+            if session.state is ClusterSessionState.INVALID:  # the driver refused its egress
+                self.pending_sessions.remove(session)
+                session.close()
+                self.invalid_requests_counter.increment()
+                continue
             if session.state is ClusterSessionState.CONNECTING and session.is_response_publication_connected:
                 session.state = ClusterSessionState.CONNECTED
                 self._authenticator.on_connected_session(SessionProxy(session), self.epoch_ms())
@@ -1001,7 +1011,7 @@ class ConsensusModuleAgent:
             # egress and tell them who leads now.
             if session.publication is None:
                 try:
-                    session.connect(self.aeron)
+                    session.async_connect(self.aeron, self._error)
                 except FulmarError as error:
                     self._error(f"cannot reconnect session {session.id}: {error}")
                     continue
