@@ -458,13 +458,17 @@ _CM_DEFAULTS = ConsensusModuleContext
               help="Channel of the messages between members (each member's consensus endpoint is added).")
 @click.option("--replication-channel", default=_CM_DEFAULTS.replication_channel,
               help="Where this member's archive receives a log replicated from the leader's (port 0: any).")
+@click.option("--cycle-threshold", type=Duration(min_ns=1_000),
+              default=format_duration(_CM_DEFAULTS.cycle_threshold_ns),
+              help="A duty cycle longer than this (from one cycle's start to the next's, intended idle "
+                   "sleeps left out) counts in the cycle-time-exceeded counter.")
 def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_id: int, ingress_channel: str,
               log_channel: str, archive_control_channel: str, service_count: int, session_timeout: int,
               max_concurrent_sessions: int,
               authenticator_secret: str | None, app_version: int, cluster_members: str, appointed_leader_id: int,
               election_timeout: int, election_status_interval: int, startup_canvass_timeout: int,
               leader_heartbeat_timeout: int, leader_heartbeat_interval: int, service_heartbeat_timeout: int,
-              consensus_channel: str, replication_channel: str) -> None:
+              consensus_channel: str, replication_channel: str, cycle_threshold: int) -> None:
     """Run a consensus module in the foreground until SIGTERM or SIGINT (a
     snapshot and an orderly stop of the services at one log position).  A
     repeated SIGTERM, or a SIGINT with it, is the same request; a second
@@ -489,6 +493,7 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
         startup_canvass_timeout_ns=startup_canvass_timeout, leader_heartbeat_timeout_ns=leader_heartbeat_timeout,
         leader_heartbeat_interval_ns=leader_heartbeat_interval, consensus_channel=consensus_channel,
         replication_channel=replication_channel, service_heartbeat_timeout_ns=service_heartbeat_timeout,
+        cycle_threshold_ns=cycle_threshold,
     )
     if authenticator_secret:
         context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())

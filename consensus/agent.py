@@ -59,6 +59,7 @@ from fulmar.consensus.protocol import (
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.consensus.timer_service import TimerService
+from fulmar.duty_cycle import DutyCycleStallTracker
 from fulmar.errors import FulmarError
 from fulmar.semantic_version import major_version
 from fulmar.fragment_assembler import FragmentAssembler
@@ -204,7 +205,6 @@ class ConsensusModuleAgent:
         self._service_check_deadline_ns = 0
         self._termination_ack_id = NULL_VALUE
         self._snapshot_ack_id = NULL_VALUE
-        self._max_cycle_ns = 0
         self.recovery_state: "Counter | None" = None  # what the services recover from (set at launch)
         self.mark_file: Any = None  # the module's mark file (set at launch): the candidate term id lives there
         # A cluster of several members (seed 001): who they are, and what this
@@ -264,6 +264,11 @@ class ConsensusModuleAgent:
         self.cycle_exceeded_counter = self._counter(
             protocol.CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID,
             f"Cluster work cycle time exceeded count: threshold={context.cycle_threshold_ns}ns", key)
+        # Seed 000: measured from one duty cycle to the next, so a stall between
+        # cycles (the kind that misses heartbeats) counts; the runner's idle
+        # strategy reports its intended sleeps to it (ConsensusModule.run).
+        self.duty_cycle_tracker = DutyCycleStallTracker(
+            self.max_cycle_counter, self.cycle_exceeded_counter, context.cycle_threshold_ns)
         self.snapshot_counter = self._counter(protocol.SNAPSHOT_COUNTER_TYPE_ID, "Cluster snapshot count", key)
         # Actions for this node alone, whatever its role (Aeron uses it for
         # standby snapshots, which a cluster without standbys refuses).
@@ -296,6 +301,7 @@ class ConsensusModuleAgent:
 
     def do_work(self, now_ns: int) -> int:
         self._now_ns = now_ns
+        self.duty_cycle_tracker.measure_and_update(now_ns)
         work = 0
         if now_ns >= self._slow_tick_deadline_ns:
             self._slow_tick_deadline_ns = now_ns + self.context.slow_tick_interval_ns
@@ -319,16 +325,7 @@ class ConsensusModuleAgent:
             work += self._leader_work(now_ns)
         elif self.is_multi_member:
             work += self._follower_work(now_ns)
-        self._track_cycle(now_ns)
         return work
-
-    def _track_cycle(self, started_ns: int) -> None:
-        took = time.monotonic_ns() - started_ns
-        if took > self._max_cycle_ns:
-            self._max_cycle_ns = took
-            self.max_cycle_counter.set(took)
-        if took > self.context.cycle_threshold_ns:
-            self.cycle_exceeded_counter.increment()
 
     def has_work(self) -> bool:
         """A cheap check before sleeping: is a message already waiting?"""
@@ -336,9 +333,12 @@ class ConsensusModuleAgent:
         if self.ingress.is_data_available() or self.from_services.is_data_available():
             return True
         # A follower's log image holds what is not yet committed: that is no work
-        # until the commit position moves (a replay is bounded by its end instead).
+        # until the commit position it was notified of moves past what it has
+        # read, and the archive has recorded that far (a replay is bounded by its
+        # end instead).
         if image is not None and image.is_data_available() and (
-                self.election is not None or image.position < self.commit_position):
+                self.election is not None
+                or image.position < min(self.notified_commit_position, self.append_position)):
             return True
         if not self.is_multi_member:
             return False
@@ -570,7 +570,7 @@ class ConsensusModuleAgent:
         session = ClusterSession(NULL_VALUE, message.response_stream_id, message.response_channel,
                                  message.correlation_id, self._now_ns)
         try:
-            session.connect(self.aeron)
+            session.async_connect(self.aeron, self._error)
         except FulmarError as error:
             self._error(f"cannot connect the egress of a connect request ({message.response_channel}): {error}")
             self.invalid_requests_counter.increment()
@@ -641,6 +641,11 @@ class ConsensusModuleAgent:
         work = 0
         for collection, code in ((self.redirect_sessions, EventCode.REDIRECT), (self.rejected_sessions, None)):
             for session in list(collection):
+                if session.state is ClusterSessionState.INVALID:  # the driver refused its egress
+                    collection.remove(session)
+                    session.close()
+                    self.invalid_requests_counter.increment()
+                    continue
                 if session.publication is not None and session.is_response_publication_connected:
                     event_code = code
                     if event_code is None:
@@ -670,6 +675,11 @@ class ConsensusModuleAgent:
     def _process_pending_sessions(self, now_ns: int) -> int:
         work = 0
         for session in list(self.pending_sessions):
+            if session.state is ClusterSessionState.INVALID:  # the driver refused its egress
+                self.pending_sessions.remove(session)
+                session.close()
+                self.invalid_requests_counter.increment()
+                continue
             if session.state is ClusterSessionState.CONNECTING and session.is_response_publication_connected:
                 session.state = ClusterSessionState.CONNECTED
                 self._authenticator.on_connected_session(SessionProxy(session), self.epoch_ms())
@@ -1029,7 +1039,7 @@ class ConsensusModuleAgent:
             # egress and tell them who leads now.
             if session.publication is None:
                 try:
-                    session.connect(self.aeron)
+                    session.async_connect(self.aeron, self._error)
                 except FulmarError as error:
                     self._error(f"cannot reconnect session {session.id}: {error}")
                     continue
@@ -1394,27 +1404,30 @@ class ConsensusModuleAgent:
             self.notified_commit_position = position
         self._time_of_last_leader_message_ns = self._now_ns
 
-    def _follower_commit(self) -> int:
-        commit = min(self.notified_commit_position, self.read_append_position())
-        if commit > self.commit_position:
-            self.commit_position = commit
-            self.commit_position_counter.set(commit)
-            self._wake()
-            return 1
-        return 0
-
     def _apply_follower_log(self) -> int:
-        """The follower's module applies the log (sessions, timers, service messages)
-        up to the commit position, as its services do, once they follow the image."""
+        """Seed 000: the follower's module reads the log (sessions, timers, service
+        messages) up to the notified commit position, as far as its archive has
+        recorded it, and only then moves commit-pos, to what it has read: its
+        services, which read the log up to commit-pos, never apply a position
+        before their module has.  As Aeron's consensusWork: when the poll stops
+        short (its fragment limit, or within a fragmented message) commit-pos
+        is the image's position, not the notified one."""
         if not self.host.is_log_joined:
             return 0
-        work = self._follower_commit()
         image = self._log_image
         if image is None:
-            return work
-        work += image.bounded_poll(self._log_assembler.on_fragment, self.commit_position, 64)
-        if image.position > self.log_position:
-            self.log_position = image.position
+            return 0
+        limit = min(self.notified_commit_position, self.read_append_position())
+        work = image.bounded_poll(self._log_assembler.on_fragment, limit, 64)
+        position = image.position
+        if position > self.log_position:
+            self.log_position = position
+        if position > self.commit_position:
+            self.commit_position = position
+            self.commit_position_counter.set(position)
+            # The services sleep on the data doorbell: a counter write rings nothing.
+            self._wake()
+            work += 1
         return work
 
     def _update_quorum_commit_position(self, now_ns: int) -> int:

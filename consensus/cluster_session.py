@@ -7,10 +7,12 @@ followers keep the same sessions, from the log, without connecting them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING
 
-from fulmar.consensus.protocol import NULL_POSITION, CloseReason
+from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE, CloseReason
+from fulmar.errors import FulmarError
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron
@@ -61,27 +63,71 @@ class ClusterSession:
         self.detail = ""  # why it is rejected or redirected
         self.has_new_leader_event_pending = False
         self.has_open_event_pending = False  # SessionEvent OK not yet delivered
-        self.publication: "Publication | None" = None
+        self._publication: "Publication | None" = None
+        # The egress publication the driver is adding (Aeron's responsePublicationId).
+        self.response_publication_id = NULL_VALUE
+        self._aeron: "Aeron | None" = None
+        self._on_error: Callable[[str], object] | None = None
 
     # ------------------------------------------------------------- egress
 
-    def connect(self, aeron: "Aeron") -> None:
-        """Add the egress publication (the leader does; followers never)."""
-        if self.publication is None:
-            self.publication = aeron.add_publication(self.response_channel, self.response_stream_id)
+    def async_connect(self, aeron: "Aeron", on_error: Callable[[str], object] | None = None) -> None:
+        """Ask the driver for the egress publication and return at once (Aeron's
+        ``asyncConnect``; the leader does this, followers never): a driver round
+        trip per session on the module's duty cycle would stall its heartbeats
+        when a thousand clients connect, or an election reconnects them all.
+        ``publication`` stays None until the driver has added it; if the
+        driver refuses, ``on_error`` hears why and a session still connecting
+        becomes INVALID."""
+        if self._publication is None and self.response_publication_id == NULL_VALUE:
+            self.response_publication_id = aeron.async_add_publication(self.response_channel, self.response_stream_id)
+            self._aeron = aeron
+            self._on_error = on_error
             if self.state is ClusterSessionState.INIT:
                 self.state = ClusterSessionState.CONNECTING
 
     @property
+    def publication(self) -> "Publication | None":
+        """The egress publication, once the driver has added it (read from the
+        client's conductor when first asked for after that; never waits)."""
+        if self._publication is None and self.response_publication_id != NULL_VALUE:
+            self._collect_publication()
+        return self._publication
+
+    def _collect_publication(self) -> None:
+        assert self._aeron is not None
+        try:
+            publication = self._aeron.get_publication(self.response_publication_id)
+        except FulmarError as error:
+            self.response_publication_id = NULL_VALUE
+            if self.state in (ClusterSessionState.INIT, ClusterSessionState.CONNECTING):
+                self.state = ClusterSessionState.INVALID  # its owner drops it
+            if self._on_error is not None:
+                # Without the session id: the distinct error log counts repeats.
+                self._on_error(f"cannot add a session's egress publication ({self.response_channel} "
+                               f"stream {self.response_stream_id}): {error}")
+            return
+        if publication is not None:
+            self._publication = publication
+            self.response_publication_id = NULL_VALUE
+
+    @property
     def is_response_publication_connected(self) -> bool:
-        return self.publication is not None and self.publication.is_connected
+        publication = self.publication
+        return publication is not None and publication.is_connected
 
     def disconnect(self) -> None:
-        if self.publication is not None:
-            self.publication.close()
-            self.publication = None
+        """Let the egress publication go (added yet or not) without waiting for the driver."""
+        if self._publication is not None:
+            registration_id = self._publication.registration_id
+        else:
+            registration_id = self.response_publication_id
+        self._publication = None
+        self.response_publication_id = NULL_VALUE
+        if registration_id != NULL_VALUE and self._aeron is not None:
+            self._aeron.async_remove_publication(registration_id)
 
-    def close(self, reason: CloseReason) -> None:
+    def close(self, reason: CloseReason = CloseReason.NULL_VAL) -> None:
         self.close_reason = reason
         self.state = ClusterSessionState.CLOSED
         self.disconnect()

@@ -133,8 +133,9 @@ class ConsensusModule:
 
     def run(self) -> None:
         agent = self.agent
+        # Its sleeps are intended idles, not stalls of the duty cycle.
         idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns,
-                                    has_work=agent.has_work)
+                                    has_work=agent.has_work, on_wait=agent.duty_cycle_tracker.on_idle_wait)
         next_mark_ms = 0
         stop_deadline_ns = 0
         waiting_said_for: ControlToggle | None = None

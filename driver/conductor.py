@@ -22,6 +22,7 @@ from fulmar.codecs import CodecError
 from fulmar.codecs.generated import driver as protocol
 from fulmar.codecs.runtime import MessageEncoder
 from fulmar.counters import AtomicCounter, CountersError, CountersManager
+from fulmar.duty_cycle import DutyCycleStallTracker
 from fulmar.error_log import DistinctErrorLog
 from fulmar.errors import InvalidLogBufferError
 from fulmar.logbuffer import LogBuffers
@@ -109,6 +110,14 @@ class DriverConductor:
         self.to_clients = BroadcastTransmitter(cnc.to_clients)
         self.counters = counters
         self.system = SystemCounters(counters)
+        # From one duty cycle to the next (Aeron's DutyCycleStallTracker): a
+        # stall between cycles counts too; the runner's idle strategy reports
+        # its intended sleeps to it (MediaDriver.run).
+        self.duty_cycle_tracker = DutyCycleStallTracker(
+            self.system[SystemCounter.CONDUCTOR_MAX_CYCLE_TIME],
+            self.system[SystemCounter.CONDUCTOR_CYCLE_TIME_THRESHOLD_EXCEEDED],
+            context.conductor_cycle_threshold_ns,
+        )
         self.error_log = error_log
         self.epoch_clock_ms = epoch_clock_ms
         self._ring_doorbell = ring_doorbell
@@ -162,7 +171,7 @@ class DriverConductor:
         self.to_driver.consumer_heartbeat_time = self.epoch_clock_ms()
 
     def do_work(self, now_ns: int) -> int:
-        start = time.perf_counter_ns()
+        self.duty_cycle_tracker.measure_and_update(now_ns)
         self._now_ns = now_ns
         work = self.to_driver.read(self._on_command, COMMANDS_PER_CYCLE)
         for publication in self.publications:
@@ -181,7 +190,6 @@ class DriverConductor:
             # can hand them this core at once, and the cycle's own sends
             # (status messages, NAKs) should not wait behind them.
             self._ring_data_doorbell()
-        self._track_cycle_time(time.perf_counter_ns() - start)
         return work
 
     def _sender_work(self, now_ns: int) -> int:
@@ -236,11 +244,6 @@ class DriverConductor:
             self._close_receive_endpoint(receive_endpoint)
         self.send_endpoints.clear()
         self.receive_endpoints.clear()
-
-    def _track_cycle_time(self, cycle_ns: int) -> None:
-        self.system[SystemCounter.CONDUCTOR_MAX_CYCLE_TIME].propose_max(cycle_ns)
-        if cycle_ns > self.context.conductor_cycle_threshold_ns:
-            self.system[SystemCounter.CONDUCTOR_CYCLE_TIME_THRESHOLD_EXCEEDED].increment()
 
     def _on_timer(self, now_ns: int) -> int:
         now_ms = self.epoch_clock_ms()

@@ -159,6 +159,7 @@ class MediaDriver:
             doorbell=self.doorbell,
             max_wait_ns=self.context.timer_interval_ns,
             has_work=has_work,
+            on_wait=self.conductor.duty_cycle_tracker.on_idle_wait,  # intended idles are no stalls
         )
         conductor = self.conductor
         clock = time.monotonic_ns

@@ -57,6 +57,10 @@ class ClientClosedError(FulmarError):
     """The client is closed."""
 
 
+class UnknownRegistrationError(FulmarError):
+    """No such registration with this client (never made, or already removed)."""
+
+
 def default_error_handler(error: BaseException) -> None:
     import sys
 
@@ -85,6 +89,9 @@ class _Pending:
     result: Any = None
     error: BaseException | None = None
     done: bool = False
+    # An async add whose owner let it go before the driver answered: the
+    # answer is not mapped, and a publication it created is removed at once.
+    cancelled: bool = False
 
 
 class Counter(AtomicCounter):
@@ -259,6 +266,77 @@ class ClientConductor:
         )
         return publication
 
+    def async_add_publication(self, channel: str, stream_id: int, exclusive: bool = False) -> int:
+        """Send AddPublication and return its registration id without waiting
+        for the driver (Aeron's ``asyncAddPublication``): the same command on
+        the wire, but the caller goes on with its duty cycle and collects the
+        publication with :meth:`get_publication` once the driver answered."""
+        encoder = protocol.AddExclusivePublicationEncoder if exclusive else protocol.AddPublicationEncoder
+        kind = "exclusive publication" if exclusive else "publication"
+        with self.lock:
+            self._ensure_open()
+            correlation_id = self.to_driver.next_correlation_id()
+            self._pending[correlation_id] = _Pending(kind, {"stream_id": stream_id, "channel": channel})
+            try:
+                self._send(encoder, client_id=self.client_id, correlation_id=correlation_id,
+                           stream_id=stream_id, channel=channel)
+            except BaseException:
+                del self._pending[correlation_id]
+                raise
+        return int(correlation_id)
+
+    def get_publication(self, registration_id: int) -> Publication | None:
+        """The publication of an :meth:`async_add_publication`: None while the
+        driver's answer has not been received, the driver's error
+        (``RegistrationError``) once it refused, the publication once it added
+        it.  A lookup: the conductor's duty cycle (its thread, or the owner's
+        ``do_work`` in invoker mode) receives the answers, a bounded batch per
+        cycle, so that a thousand answers do not land in one caller's cycle."""
+        with self.lock:
+            self._ensure_open()
+            pending = self._pending.get(registration_id)
+            if pending is None or pending.cancelled:
+                publication = self._publications.get(registration_id)
+                if publication is None:
+                    raise UnknownRegistrationError(
+                        f"no publication with registration id {registration_id}: never added, or removed")
+                return publication
+            if not pending.done:
+                return None
+            del self._pending[registration_id]
+            if pending.error is not None:
+                raise pending.error
+            result: Publication = pending.result
+            return result
+
+    def async_remove_publication(self, registration_id: int) -> None:
+        """Let a publication of :meth:`async_add_publication` go, whether the
+        driver has added it yet or not, without waiting for the driver
+        (Aeron's ``asyncRemovePublication``).  Cleanup: a closed or failed
+        client, or an add the driver refused, leaves nothing to remove."""
+        with self.lock:
+            pending = self._pending.get(registration_id)
+            if pending is not None and not pending.done:
+                # Not answered yet: the answer removes it (see _on_publication_ready).
+                pending.cancelled = True
+                return
+            self._pending.pop(registration_id, None)
+            publication = self._publications.pop(registration_id, None)
+            if publication is None or publication.is_closed:
+                return
+            publication._mark_closed()
+            self._release_log(str(publication.log.path))
+            self._send_remove_publication(publication.original_registration_id)
+
+    def _send_remove_publication(self, original_registration_id: int) -> None:
+        if self._closed or self._terminal_error is not None:
+            return
+        try:
+            self._send(protocol.RemovePublicationEncoder, client_id=self.client_id,
+                       correlation_id=self.to_driver.next_correlation_id(), registration_id=original_registration_id)
+        except DriverTimeoutError as error:
+            self._fail(error)  # its command buffer stayed full: the driver is not working
+
     def add_subscription(
         self,
         channel: str,
@@ -367,11 +445,21 @@ class ClientConductor:
         pending = self._resolve(message.correlation_id)
         if pending is None:
             return
+        if pending.cancelled:
+            # Its owner let it go before the driver answered: remove it again
+            # (the driver's reference to it for this client), mapping nothing.
+            del self._pending[message.correlation_id]
+            self._send_remove_publication(message.registration_id)
+            return
         exclusive = message.TEMPLATE_ID == protocol.TemplateId.ON_EXCLUSIVE_PUBLICATION_READY
         log = self._map_log(message.log_file_name)
-        bpe_id = self.counters_reader.find_by_type_and_registration(SENDER_BPE_TYPE_ID, message.registration_id)
+        # Allocated with its limit counter: looked for next to it, not by a scan.
+        limit_id = message.publication_limit_counter_id
+        bpe_id = self.counters_reader.find_by_type_and_registration(
+            SENDER_BPE_TYPE_ID, message.registration_id, near=limit_id
+        )
         messages_id = self.counters_reader.find_by_type_and_registration(
-            PUBLISHER_MESSAGES_TYPE_ID, message.registration_id
+            PUBLISHER_MESSAGES_TYPE_ID, message.registration_id, near=limit_id
         )
         cls = ExclusivePublication if exclusive else Publication
         publication = cls(
@@ -439,7 +527,9 @@ class ClientConductor:
 
     def _on_error(self, message: Any) -> None:
         pending = self._resolve(message.offending_command_correlation_id)
-        if pending is not None:
+        if pending is not None and pending.cancelled:
+            del self._pending[message.offending_command_correlation_id]  # nobody waits for it
+        elif pending is not None:
             pending.error = RegistrationError(
                 message.error_code_raw if hasattr(message, "error_code_raw") else int(message.error_code),
                 f"{pending.kind}: {message.error_message}",
@@ -632,6 +722,25 @@ class Aeron:
         publication = self.conductor.add_publication(channel, stream_id, exclusive=True)
         assert isinstance(publication, ExclusivePublication)
         return publication
+
+    def async_add_publication(self, channel: str, stream_id: int) -> int:
+        """Ask the driver for a (concurrent) publication without waiting; its registration id.
+
+        For a duty cycle that must not stall on a driver round trip (the
+        consensus module adding a session's egress): poll
+        :meth:`get_publication` with the id until it returns the publication.
+        """
+        return self.conductor.async_add_publication(channel, stream_id)
+
+    def get_publication(self, registration_id: int) -> Publication | None:
+        """The publication of :meth:`async_add_publication` once the driver's answer
+        was received (by the conductor thread, or :meth:`do_work` in invoker mode),
+        None until then; raises the driver's ``RegistrationError`` if it refused."""
+        return self.conductor.get_publication(registration_id)
+
+    def async_remove_publication(self, registration_id: int) -> None:
+        """Close a publication of :meth:`async_add_publication` (added yet or not) without waiting."""
+        self.conductor.async_remove_publication(registration_id)
 
     def add_subscription(
         self,

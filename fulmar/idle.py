@@ -113,10 +113,19 @@ class Doorbell:
         return result == lib.FULMAR_DOORBELL_RUNG
 
 
+WaitListener = Callable[[int], None]
+
+
 class IdleStrategy:
-    """Base of the idle strategies: ``idle(work_count)`` after each duty cycle."""
+    """Base of the idle strategies: ``idle(work_count)`` after each duty cycle.
+
+    ``on_wait``, if set, is told the longest a strategy is about to sleep
+    (ns) just before it sleeps, so a duty cycle stall tracker does not count
+    an intended idle as a stall (``fulmar.duty_cycle``).
+    """
 
     alias = "idle"
+    on_wait: WaitListener | None = None
 
     def idle(self, work_count: int = 0) -> None:
         raise NotImplementedError
@@ -176,14 +185,18 @@ class SleepingIdleStrategy(IdleStrategy):
 
     alias = "sleep"
 
-    def __init__(self, period_ns: int = DEFAULT_SLEEP_PERIOD_NS, sleep_ns: Callable[[int], None] = _sleep_ns) -> None:
+    def __init__(self, period_ns: int = DEFAULT_SLEEP_PERIOD_NS, sleep_ns: Callable[[int], None] = _sleep_ns,
+                 on_wait: WaitListener | None = None) -> None:
         if period_ns <= 0:
             raise ValueError(f"sleep period must be positive, not {period_ns} ns")
         self.period_ns = period_ns
         self._sleep_ns = sleep_ns
+        self.on_wait = on_wait
 
     def idle(self, work_count: int = 0) -> None:
         if work_count <= 0:
+            if self.on_wait is not None:
+                self.on_wait(self.period_ns)
             self._sleep_ns(self.period_ns)
 
 
@@ -208,6 +221,7 @@ class BackoffIdleStrategy(IdleStrategy):
         *,
         sleep_ns: Callable[[int], None] = _sleep_ns,
         yield_: Callable[[], None] = os.sched_yield,
+        on_wait: WaitListener | None = None,
     ) -> None:
         if max_spins < 0 or max_yields < 0:
             raise ValueError("max_spins and max_yields must not be negative")
@@ -219,6 +233,7 @@ class BackoffIdleStrategy(IdleStrategy):
         self.max_park_ns = max_park_ns
         self._sleep_ns = sleep_ns
         self._yield = yield_
+        self.on_wait = on_wait
         self.reset()
 
     def reset(self) -> None:
@@ -248,6 +263,8 @@ class BackoffIdleStrategy(IdleStrategy):
             else:
                 self._yield()
         else:
+            if self.on_wait is not None:
+                self.on_wait(self.park_period_ns)
             self._sleep_ns(self.park_period_ns)
             self.park_period_ns = min(self.park_period_ns * 2, self.max_park_ns)
 
@@ -272,6 +289,7 @@ class DoorbellIdleStrategy(IdleStrategy):
         max_wait_ns: int = DEFAULT_DOORBELL_MAX_WAIT_NS,
         spins: int = DEFAULT_DOORBELL_SPINS,
         has_work: Callable[[], bool] | None = None,
+        on_wait: WaitListener | None = None,
     ) -> None:
         if max_wait_ns <= 0:
             raise ValueError(f"max_wait_ns must be positive, not {max_wait_ns}")
@@ -281,6 +299,7 @@ class DoorbellIdleStrategy(IdleStrategy):
         self.max_wait_ns = max_wait_ns
         self.spins = spins
         self.has_work = has_work
+        self.on_wait = on_wait
         self._empty_cycles = 0
 
     def reset(self) -> None:
@@ -300,6 +319,8 @@ class DoorbellIdleStrategy(IdleStrategy):
         if self.has_work is not None and self.has_work():
             doorbell.cancel()
             return
+        if self.on_wait is not None:
+            self.on_wait(self.max_wait_ns)
         doorbell.wait(token, self.max_wait_ns)
 
     def wake(self) -> None:
@@ -315,12 +336,13 @@ def idle_strategy_from_name(
     doorbell: Doorbell | None = None,
     max_wait_ns: int = DEFAULT_DOORBELL_MAX_WAIT_NS,
     has_work: Callable[[], bool] | None = None,
+    on_wait: WaitListener | None = None,
 ) -> IdleStrategy:
     """Build an idle strategy from configuration text.
 
     ``doorbell``, ``doorbell:20ms`` (needs ``doorbell``; the suffix overrides
     ``max_wait_ns``), ``backoff``, ``sleep`` / ``sleep:1ms``, ``yield``,
-    ``spin``, ``noop``.
+    ``spin``, ``noop``.  ``on_wait`` is told of each sleep (see ``IdleStrategy``).
     """
     kind, colon, argument = name.strip().partition(":")
     kind = kind.lower()
@@ -337,11 +359,11 @@ def idle_strategy_from_name(
     if kind == "doorbell":
         if doorbell is None:
             raise ValueError(f"idle strategy {name!r} needs a doorbell to wait on")
-        return DoorbellIdleStrategy(doorbell, duration_ns or max_wait_ns, has_work=has_work)
+        return DoorbellIdleStrategy(doorbell, duration_ns or max_wait_ns, has_work=has_work, on_wait=on_wait)
     if kind == "sleep":
-        return SleepingIdleStrategy(duration_ns or DEFAULT_SLEEP_PERIOD_NS)
+        return SleepingIdleStrategy(duration_ns or DEFAULT_SLEEP_PERIOD_NS, on_wait=on_wait)
     if kind == "backoff":
-        return BackoffIdleStrategy()
+        return BackoffIdleStrategy(on_wait=on_wait)
     if kind == "yield":
         return YieldingIdleStrategy()
     if kind in ("spin", "busy-spin"):

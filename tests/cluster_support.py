@@ -80,9 +80,11 @@ class NodeProcess:
 
 
 class SingleNodeCluster:
-    def __init__(self, service: str, *, extra_consensus_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, service: str, *, extra_consensus_args: tuple[str, ...] = (),
+                 driver_options: dict[str, Any] | None = None) -> None:
         self.service_name = service
         self.extra_consensus_args = extra_consensus_args
+        self.driver_options = driver_options or {}  # DriverProcess options (e.g. a bigger cnc layout)
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-cluster-"))
         self.driver_dir = new_driver_dir()
         self.ingress_channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
@@ -99,7 +101,7 @@ class SingleNodeCluster:
     def start(self) -> "SingleNodeCluster":
         """Start whatever is not running (after a crash: the dead ones)."""
         if self.driver is None or self.driver.process.poll() is not None:
-            self.driver = DriverProcess(self.driver_dir)
+            self.driver = DriverProcess(self.driver_dir, **self.driver_options)
         if self.archive is None or self.archive.process.poll() is not None:
             self.archive = ArchiveProcess(self.base / "archive", self.driver_dir)
         self.start_consensus()

@@ -178,6 +178,22 @@ def test_find_by_registration() -> None:
     assert manager.find_by_type_and_registration(2, 10) == NULL_COUNTER_ID
 
 
+def test_find_by_type_and_registration_near_a_hint() -> None:
+    manager, _ = make_manager(counters=32)
+    limit = manager.allocate("pub-lmt", type_id=1, registration_id=7)
+    manager.allocate("pub-pos", type_id=4, registration_id=7)
+    bpe = manager.allocate("snd-bpe", type_id=13, registration_id=7)
+    assert manager.find_by_type_and_registration(13, 7, near=limit) == bpe
+    # Not among the ids after the hint (allocated far away, or freed): the scan finds it, or nothing.
+    for _ in range(10):
+        manager.allocate("filler", type_id=99)
+    far = manager.allocate("pub-msgs", type_id=90, registration_id=7)
+    assert manager.find_by_type_and_registration(90, 7, near=limit) == far
+    manager.free(bpe)
+    assert manager.find_by_type_and_registration(13, 7, near=limit) == NULL_COUNTER_ID
+    assert manager.find_by_type_and_registration(13, 7, near=manager.max_counter_id) == NULL_COUNTER_ID
+
+
 def test_errors() -> None:
     manager, _ = make_manager(counters=2)
     with pytest.raises(CounterStateError):

@@ -1,0 +1,108 @@
+"""Seed 000, follower ordering: a follower's consensus module reads the log up
+to the notified commit position before it moves commit-pos, and moves it to
+what it has read, so its services (which read the log up to commit-pos) never
+apply a position the module has not.
+
+The module here is a real ``ConsensusModuleAgent`` (member 1 of three) on a
+real media driver; its log image is an IPC stream this test publishes to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver_support import wait_for
+from fulmar.aeron import Aeron
+from fulmar.cli import supervisor
+from fulmar.codecs.generated import cluster as codecs
+from fulmar.consensus.agent import ConsensusModuleAgent
+from fulmar.consensus.context import ConsensusModuleContext
+from fulmar.fragment_assembler import FragmentAssembler
+from fulmar.log_reader import Header
+
+LOG = "aeron:ipc?term-length=64k"
+LOG_STREAM = 100
+MESSAGES = 100  # more than the 64 fragments the module reads per poll
+
+
+@pytest.fixture
+def follower(start_driver: Any, tmp_path: Path) -> Iterator[tuple[ConsensusModuleAgent, Aeron]]:
+    driver = start_driver()
+    aeron = driver.connect()
+    ports = supervisor.allocate_local_ports(3)
+    context = ConsensusModuleContext(
+        cluster_dir=tmp_path, member_id=1, cluster_members=supervisor.local_members_string(ports),
+        ingress_channel=f"aeron:udp?endpoint={ports[1].endpoint('ingress')}")
+    agent = ConsensusModuleAgent(context, aeron, archive=None, recording_log=None)  # type: ignore[arg-type]
+    agent.election = None  # a follower after its election, following the leader's log
+    try:
+        yield agent, aeron
+    finally:
+        agent.close()
+        aeron.close()
+
+
+def test_the_follower_module_reads_the_log_before_commit_pos_moves(follower: Any) -> None:
+    agent, aeron = follower
+    publication = aeron.add_exclusive_publication(LOG, LOG_STREAM)
+    subscription = aeron.add_subscription(LOG, LOG_STREAM)
+    image = wait_for(lambda: subscription.image_by_session_id(publication.session_id), 10, "the log image")
+    buffer = bytearray(256)
+    for correlation_id in range(MESSAGES):
+        length = codecs.TimerEventEncoder.encode(buffer, 0, leadership_term_id=0, correlation_id=correlation_id,
+                                                 timestamp=correlation_id)
+        assert publication.offer(bytes(buffer[:length])) > 0
+    end = publication.position
+
+    # What the follower's services could read when the module applies each message:
+    # commit-pos must not yet include it.
+    commit_when_applied: list[tuple[int, int]] = []
+
+    def spy(message: memoryview, offset: int, length: int, header: Header) -> None:
+        commit_when_applied.append((agent.commit_position_counter.get(), header.position))
+        agent._on_log_message(message, offset, length, header)
+
+    agent._log_assembler = FragmentAssembler(spy)
+    agent.host.is_log_joined = True
+    agent.on_log_image(image)
+    agent.notify_commit_position(end)  # the leader's CommitPosition
+    agent.append_position = end  # and this member's archive has recorded it all
+
+    assert agent._apply_follower_log() > 0
+    # Stopped short at its fragment limit: commit-pos is where the module is,
+    # not the notified position (Aeron: commitPosition.proposeMaxRelease(logAdapter.position())).
+    assert len(commit_when_applied) == 64
+    assert agent.log_position == image.position < end
+    assert agent.commit_position_counter.get() == agent.commit_position == image.position
+    while agent.log_position < end:
+        assert agent._apply_follower_log() > 0
+    assert agent.commit_position_counter.get() == end
+    assert len(commit_when_applied) == MESSAGES
+    ahead = [(commit, position) for commit, position in commit_when_applied if commit >= position]
+    assert not ahead, f"commit-pos included {len(ahead)} messages before the module applied them, e.g. {ahead[:3]}"
+    assert agent._apply_follower_log() == 0  # nothing past the notified position
+
+
+def test_the_follower_module_reads_no_further_than_its_archive_recorded(follower: Any) -> None:
+    agent, aeron = follower
+    publication = aeron.add_exclusive_publication(LOG, LOG_STREAM)
+    subscription = aeron.add_subscription(LOG, LOG_STREAM)
+    image = wait_for(lambda: subscription.image_by_session_id(publication.session_id), 10, "the log image")
+    buffer = bytearray(256)
+    positions = []
+    for correlation_id in range(4):
+        length = codecs.TimerEventEncoder.encode(buffer, 0, leadership_term_id=0, correlation_id=correlation_id,
+                                                 timestamp=correlation_id)
+        assert publication.offer(bytes(buffer[:length])) > 0
+        positions.append(publication.position)
+    agent.host.is_log_joined = True
+    agent.on_log_image(image)
+    agent.notify_commit_position(positions[-1])
+    agent.append_position = positions[1]  # recorded: two messages of four
+    agent._apply_follower_log()
+    assert agent.log_position == agent.commit_position_counter.get() == positions[1]
+    assert not agent.has_work()  # the rest waits for the archive (its rec-pos counter), not a busy loop
