@@ -280,6 +280,8 @@ class FakeAgent:
         self.election: Any = SimpleNamespace(state=ElectionState.LEADER_REPLAY)
         self.state = ConsensusModuleState.INIT
         self.cycles = 0
+        # The run loop tells the stall tracker of its intended idle waits.
+        self.duty_cycle_tracker = SimpleNamespace(on_idle_wait=lambda max_wait_ns: None)
 
     def request_shutdown(self, action: ControlToggle) -> bool:
         self.asked.append(action)
