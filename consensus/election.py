@@ -179,6 +179,12 @@ class ElectionHost(Protocol):
         ...
 
     # -- roles and the live log -----------------------------------------------------------
+    def close_ingress_and_egress(self) -> None:
+        """INIT (seed 001): stop taking client requests and close every client
+        session's egress until the election is over; the new leader reconnects the
+        sessions' egress (NewLeaderEvent) and every member opens its ingress again."""
+        ...
+
     def prepare_for_election(self) -> None:
         """Clear the decks: close the log publication or subscription and stop any replay,
         replication or catchup of a previous role."""
@@ -471,6 +477,9 @@ class Election:
     # ------------------------------------------------------------------ states
 
     def init(self, now_ns: int) -> int:
+        # Nobody leads while this runs: a client's request would wait unanswered
+        # in the ingress, and a deposed leader would go on holding its clients.
+        self.host.close_ingress_and_egress()
         self.host.prepare_for_election()
         self.host.on_role_change(ClusterRole.FOLLOWER)
         self._refresh_log()

@@ -95,6 +95,9 @@ class FakeHost:
     def replay_done(self) -> bool:
         return self.replay_finished
 
+    def close_ingress_and_egress(self) -> None:
+        self.calls.append(("close_ingress_and_egress",))
+
     def prepare_for_election(self) -> None:
         self.calls.append(("prepare_for_election",))
 
@@ -178,6 +181,29 @@ def make(member_id: int = 0, members: tuple[int, ...] = (0, 1, 2), host: FakeHos
 def to_canvass(election: Election, now: int = 0) -> None:
     election.do_work(now)
     assert election.state_value == ElectionState.CANVASS
+
+
+# --------------------------------------------------------------------------- init
+
+
+@pytest.mark.parametrize("members", [(0, 1, 2), (0,)])
+def test_init_closes_the_ingress_and_the_sessions_egress_before_anything_else(members: tuple[int, ...]) -> None:
+    """Seed 001 INIT: "It closes the Ingress and any Egress connections" (Aeron's
+    prepareForNewLeadership closes the ingress first): no client is served, and
+    a deposed leader holds no client, until the election is over."""
+    election, host, _ = make(members=members, host=FakeHost([(0, 0)], append=1024))
+    election.do_work(0)
+    assert host.calls[0] == ("close_ingress_and_egress",)
+    assert host.calls[1] == ("prepare_for_election",)
+    assert len(host.named("close_ingress_and_egress")) == 1
+    # Nothing later in the election opens or closes them again: the node opens
+    # its ingress when the election completes.
+    host.calls.clear()
+    election.on_canvass_position(0, 1024, 0, 1, 0)
+    election.on_canvass_position(0, 1024, 0, 2, 0)
+    for now in range(1, 40):
+        election.do_work(now * 100 * MS)
+    assert host.named("close_ingress_and_egress") == []
 
 
 # --------------------------------------------------------------------------- canvass to leader
