@@ -1659,6 +1659,12 @@ class ConsensusModuleAgent:
         elif leadership_term_id > self.leadership_term_id:
             self.start_election(f"member {follower_member_id} canvasses in a newer term {leadership_term_id}")
         elif self.role is ClusterRole.LEADER:
+            follower = self._followers.get(follower_member_id)
+            if follower is not None and follower.catchup_replay_session_id != NULL_VALUE:
+                # The member starts over (it restarted, or its catchup failed): a replay
+                # still running to it is stale, and its next CatchupPosition must not be
+                # taken for a repeat of the old one (Aeron's stopExistingCatchupReplay).
+                self._stop_catchup_replay(follower)
             self._send_new_leadership_term(follower_member_id, log_leadership_term_id)
 
     def _send_new_leadership_term(self, to_member_id: int, follower_log_leadership_term_id: int) -> None:
@@ -1744,7 +1750,7 @@ class ConsensusModuleAgent:
         to its catchup endpoint, under the live log's session id (replay merge)."""
         if self.role is not ClusterRole.LEADER or leadership_term_id != self.leadership_term_id \
                 or not self._leader_services_joined:
-            return  # not (yet) leading this term: the follower asks again after its timeout
+            return  # not (yet) leading this term: the follower asks again shortly
         follower = self._followers.get(follower_member_id)
         if follower is None or follower.catchup_replay_session_id != NULL_VALUE:
             return  # not a member, or already replaying to it (a repeated request)
