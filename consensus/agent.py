@@ -236,8 +236,14 @@ class ConsensusModuleAgent:
         self._services_terminated = False
         self._termination_acks: set[int] = set()
         self._termination_deadline_ns = 0
-        # Streams: ingress from clients, service control both ways.
-        self.ingress = aeron.add_subscription(context.ingress_channel, context.ingress_stream_id)
+        # Streams: ingress from clients, service control both ways.  A member
+        # of several opens its ingress once an election is over (seed 001: no
+        # client is served while nobody leads); a member alone has no other.
+        self.ingress: "Subscription | None" = None
+        self._ingress_retry_ns = 0  # when a failed ingress registration is tried again
+        self._ingress_backoff_ns = 0
+        if not self.is_multi_member:
+            self.ingress = aeron.add_subscription(context.ingress_channel, context.ingress_stream_id)
         # Exclusive, as in Aeron: a dead process's publication on the same stream (until
         # the driver times it out) is not shared with, nor can it block, this one.
         self.service_proxy = ServiceProxy(
@@ -330,7 +336,8 @@ class ConsensusModuleAgent:
     def has_work(self) -> bool:
         """A cheap check before sleeping: is a message already waiting?"""
         image = self._log_image
-        if self.ingress.is_data_available() or self.from_services.is_data_available():
+        ingress = self.ingress
+        if (ingress is not None and ingress.is_data_available()) or self.from_services.is_data_available():
             return True
         # A follower's log image holds what is not yet committed: that is no work
         # until the commit position it was notified of moves past what it has
@@ -389,6 +396,8 @@ class ConsensusModuleAgent:
             while self.archive.signals:
                 self.host.on_recording_signal(self.archive.signals.popleft())
         self._check_service_heartbeats(now_ns)
+        if self.ingress is None and self.election is None and now_ns >= self._ingress_retry_ns:
+            work += self.connect_ingress(now_ns)
         work += self._process_redirect_and_rejected(now_ns)
         work += self._check_node_control_toggle()
         if self.election is None and self.role is ClusterRole.LEADER:
@@ -461,6 +470,8 @@ class ConsensusModuleAgent:
                 return work
             self._pending_ingress.popleft()
             work += 1
+        if self.ingress is None:
+            return work
         return work + self.ingress.poll(self._ingress_assembler.on_fragment, 64)
 
     def _on_ingress_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
@@ -575,8 +586,9 @@ class ConsensusModuleAgent:
             self._error(f"cannot connect the egress of a connect request ({message.response_channel}): {error}")
             self.invalid_requests_counter.increment()
             return True
-        if self.role is not ClusterRole.LEADER or self.election is not None:
-            session.detail = "not the leader" if self.election is None else "election in progress"
+        if self.role is not ClusterRole.LEADER:
+            # (Never during an election: the ingress is closed then.)
+            session.detail = "not the leader"
             self.redirect_sessions.append(session)
             return True
         session.id = self.next_session_id
@@ -1519,7 +1531,48 @@ class ConsensusModuleAgent:
     def _poll_ingress_as_follower(self) -> int:
         """Followers answer connect requests with a REDIRECT to the leader; session
         messages sent here are not for them (the client learns of the leader)."""
+        if self.ingress is None:
+            return 0
         return int(self.ingress.poll(self._ingress_assembler.on_fragment, 16))
+
+    # -- clients across an election (seed 001 INIT) ----------------------------------------
+
+    def close_ingress_and_egress(self) -> None:
+        """Election INIT: nobody leads until the election is over, so this member
+        takes no client request (its ingress closes: a client's connect finds no
+        subscriber, or goes unanswered, and the client asks again) and holds no
+        client's egress (a deposed leader lets go of its sessions; the new leader
+        connects them again and tells them with NewLeaderEvent).  Connects still
+        in progress are dropped: a redirect would name a leader that may be gone,
+        and a session not yet open has nothing in the log.  Rejections are final
+        whoever leads, so they are still sent."""
+        if self.ingress is not None:
+            self.ingress.close()
+            self.ingress = None
+        self._pending_ingress.clear()  # a leader's back-pressured requests: the client hears of the new leader
+        for session in self.sessions.values():
+            session.disconnect()
+        for collection in (self.pending_sessions, self.redirect_sessions):
+            for session in collection:
+                session.close(CloseReason.CLIENT_ACTION)
+            collection.clear()
+
+    def connect_ingress(self, now_ns: int) -> int:
+        """Open the ingress once an election is over; a failed registration is
+        tried again from the slow tick, backing off to a second, its error
+        recorded each time in the same words (the distinct error log counts them)."""
+        if self.ingress is not None:
+            return 0
+        try:
+            self.ingress = self.aeron.add_subscription(self.context.ingress_channel, self.context.ingress_stream_id)
+        except FulmarError as error:
+            self._ingress_backoff_ns = min(max(2 * self._ingress_backoff_ns, self.context.slow_tick_interval_ns),
+                                           1_000_000_000)
+            self._ingress_retry_ns = now_ns + self._ingress_backoff_ns
+            self._error(f"cannot open the ingress {self.context.ingress_channel}: {error}")
+            return 0
+        self._ingress_backoff_ns = 0
+        return 1
 
     # -- the leader's log ---------------------------------------------------------------------
 
@@ -1699,6 +1752,12 @@ class ConsensusModuleAgent:
         elif leadership_term_id > self.leadership_term_id:
             self.start_election(f"member {follower_member_id} canvasses in a newer term {leadership_term_id}")
         elif self.role is ClusterRole.LEADER:
+            follower = self._followers.get(follower_member_id)
+            if follower is not None and follower.catchup_replay_session_id != NULL_VALUE:
+                # The member starts over (it restarted, or its catchup failed): a replay
+                # still running to it is stale, and its next CatchupPosition must not be
+                # taken for a repeat of the old one (Aeron's stopExistingCatchupReplay).
+                self._stop_catchup_replay(follower)
             self._send_new_leadership_term(follower_member_id, log_leadership_term_id)
 
     def _send_new_leadership_term(self, to_member_id: int, follower_log_leadership_term_id: int) -> None:
@@ -1784,7 +1843,7 @@ class ConsensusModuleAgent:
         to its catchup endpoint, under the live log's session id (replay merge)."""
         if self.role is not ClusterRole.LEADER or leadership_term_id != self.leadership_term_id \
                 or not self._leader_services_joined:
-            return  # not (yet) leading this term: the follower asks again after its timeout
+            return  # not (yet) leading this term: the follower asks again shortly
         follower = self._followers.get(follower_member_id)
         if follower is None or follower.catchup_replay_session_id != NULL_VALUE:
             return  # not a member, or already replaying to it (a repeated request)
@@ -1888,6 +1947,8 @@ class ConsensusModuleAgent:
             self._set_state(self.running_state)  # as the log says (seed 004), not ACTIVE by default
             for session in self.sessions.values():
                 session.disconnect()  # the leader answers clients, not a follower
+        # Clients are served again: by this leader, or redirected to it.
+        self.connect_ingress(self._now_ns)
 
     # ----------------------------------------------------------------- misc
 
@@ -1903,7 +1964,9 @@ class ConsensusModuleAgent:
         self.close_log_replay()
         if self._log_publication is not None:
             self._log_publication.close()
-        for resource in (self.ingress, self.from_services, self.service_proxy.publication):
+        if self.ingress is not None:
+            self.ingress.close()
+        for resource in (self.from_services, self.service_proxy.publication):
             resource.close()
 
 

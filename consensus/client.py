@@ -14,7 +14,10 @@ Connecting follows Aeron's sequence.  With ``ingress_endpoints`` (``"id=host:por
 the client adds one ingress publication per member, sends a SessionConnectRequest
 through the first one that connects, and follows a REDIRECT from a follower to the
 leader it names (the event's ``detail`` is the cluster's ingress endpoint list in the
-same ``id=host:port`` form and ``leader_member_id`` picks the entry).  A Challenge is
+same ``id=host:port`` form and ``leader_member_id`` picks the entry).  A request left
+unanswered for ``CONNECT_ATTEMPT_TIMEOUT_NS`` (sent to a leader that died, or to a
+member whose election closed its ingress) is sent again, after a short back-off, to
+the next member; an answer to any attempt counts.  A Challenge is
 answered with the credentials the ``on_challenge`` supplier returns; SessionEvent OK
 completes the connect, ERROR and AUTHENTICATION_REJECTED fail it with the event's
 detail.  Once connected only the leader's publication is kept.  After an election the
@@ -66,6 +69,9 @@ __all__ = [
     "ADMIN_ACTION",
     "BACK_PRESSURED",
     "CLOSED",
+    "CONNECT_ATTEMPT_TIMEOUT_MAX_NS",
+    "CONNECT_ATTEMPT_TIMEOUT_NS",
+    "CONNECT_RETRY_BACKOFF_NS",
     "MAX_POSITION_EXCEEDED",
     "NOT_CONNECTED",
     "SESSION_HEADER_LENGTH",
@@ -89,6 +95,15 @@ DEFAULT_KEEPALIVE_INTERVAL_NS = protocol.SESSION_TIMEOUT_NS // 4
 # Longest sleep on the data doorbell while waiting: connection state changes
 # (a publication becoming connected) ring no doorbell, so waits are short.
 _MAX_WAIT_NS = 1_000_000
+# A connect request the cluster has not answered within this is asked again,
+# of the next member (it may have gone to a leader that died, or to a member
+# whose election closed its ingress: seed 001); each later attempt waits twice
+# as long, up to the max, so a cluster that is merely slow is not flooded.  A
+# healthy cluster answers in milliseconds.
+CONNECT_ATTEMPT_TIMEOUT_NS = 1_000_000_000
+CONNECT_ATTEMPT_TIMEOUT_MAX_NS = 2_000_000_000
+# The pause before asking again (the cluster is likely between leaders).
+CONNECT_RETRY_BACKOFF_NS = 100_000_000
 
 # The SBE message header and the session message header block, read straight
 # from the term buffer on the hot path (no decoder object per message).
@@ -208,6 +223,13 @@ class _Connector:
     States: AWAIT_PUBLICATION_CONNECTED -> SEND_MESSAGE -> POLL_RESPONSE -> DONE,
     back to AWAIT_PUBLICATION_CONNECTED after a REDIRECT and to SEND_MESSAGE after
     a Challenge.
+
+    Beyond Aeron's: a request left unanswered for the attempt timeout goes to
+    BACKOFF, then is sent again (a new correlation id) through the next member
+    whose publication is connected.  During an election every member's ingress
+    is closed (seed 001 INIT), so a request sent into one, or to a leader that
+    died, would otherwise be waited on until the connect deadline.  An answer to
+    any earlier attempt still counts (the cluster may only have been slow).
     """
 
     def __init__(
@@ -248,6 +270,14 @@ class _Connector:
         self.cluster_version = 0
         self.malformed = 0
         self.redirects = 0
+        self.attempts = 0
+        # Each connect request sent: its correlation id -> the member it went to
+        # (None without ingress endpoints).  Answers to any of them count.
+        self._attempt_members: dict[int, int | None] = {}
+        self._last_member_id: int | None = None
+        self._attempt_timeout_ns = CONNECT_ATTEMPT_TIMEOUT_NS
+        self._attempt_deadline_ns = 0
+        self._retry_at_ns = 0
         self._message = bytearray(256)
         self._message_length = 0
         self._answer: Any = None
@@ -292,25 +322,32 @@ class _Connector:
         if now_ns - self.deadline_ns >= 0:
             raise self._timeout()
         if self.state == "AWAIT_PUBLICATION_CONNECTED":
-            self._await_publication_connected()
+            self._await_publication_connected(now_ns)
         elif self.state == "SEND_MESSAGE":
-            self._send_message()
+            self._send_message(now_ns)
         elif self.state == "POLL_RESPONSE":
-            self._poll_response()
+            self._poll_response(now_ns)
+        elif self.state == "BACKOFF":
+            self._backoff(now_ns)
         return self.state == "DONE"
 
-    def _await_publication_connected(self) -> None:
+    def _await_publication_connected(self, now_ns: int) -> None:
         if self.response_channel is None:
             self.response_channel = _response_channel(self.subscription, self.egress_channel)
             if self.response_channel is None:
                 return
+        if self.publication is not None and not self.publication.is_connected and self.members \
+                and now_ns - self._attempt_deadline_ns >= 0:
+            # The member a REDIRECT named does not connect (it may be the leader
+            # that died): any member will do.
+            self._restore_member_publications()
+            self.publication = None
         if self.publication is None:
-            for member in self.members.values():
-                if member.publication is not None and member.publication.is_connected:
-                    self.publication = member.publication
-                    break
-            else:
+            member = self._next_connected_member()
+            if member is None:
                 return
+            self.publication = member.publication
+            self._last_member_id = member.member_id
         elif not self.publication.is_connected:
             return
         self.correlation_id = self.aeron.next_correlation_id()
@@ -334,23 +371,56 @@ class _Connector:
                     raise
                 self._message = bytearray(len(self._message) * 4)
 
-    def _send_message(self) -> None:
+    def _next_connected_member(self) -> _Member | None:
+        """The first member with a connected publication, starting after the one
+        asked last (a retry goes elsewhere first)."""
+        members = list(self.members.values())
+        if self._last_member_id is not None:
+            ids = [m.member_id for m in members]
+            if self._last_member_id in ids:
+                start = ids.index(self._last_member_id) + 1
+                members = members[start:] + members[:start]
+        for member in members:
+            if member.publication is not None and member.publication.is_connected:
+                return member
+        return None
+
+    def _send_message(self, now_ns: int) -> None:
         assert self.publication is not None
         result = self.publication.offer(bytes(self._message[: self._message_length]))
         if result > 0:
+            self.attempts += 1
+            self._attempt_members[self.correlation_id] = self._last_member_id if self.members else None
+            self._attempt_deadline_ns = now_ns + self._attempt_timeout_ns
             self.state = "POLL_RESPONSE"
         elif result == NOT_CONNECTED:
+            if self.members:
+                self.publication = None  # any member that is connected will do
             self.state = "AWAIT_PUBLICATION_CONNECTED"
         elif result in (CLOSED, MAX_POSITION_EXCEEDED):
             raise ClusterConnectError(f"the ingress publication failed ({_result_name(result)}) while connecting")
 
-    def _poll_response(self) -> None:
+    def _poll_response(self, now_ns: int) -> None:
         self._answer = None
         self.subscription.poll(self._assembler.on_fragment, 1)
         answer, self._answer = self._answer, None
         if answer is None:
+            if now_ns - self._attempt_deadline_ns >= 0:
+                # Silence: the member may be gone, or between leaders with its
+                # ingress closed.  Ask again shortly, of another member (whose
+                # publications, made again now, may connect meanwhile).
+                self._attempt_timeout_ns = min(2 * self._attempt_timeout_ns, CONNECT_ATTEMPT_TIMEOUT_MAX_NS)
+                self._retry_at_ns = now_ns + CONNECT_RETRY_BACKOFF_NS
+                if self.members:
+                    self._restore_member_publications()
+                self.state = "BACKOFF"
             return
+        answered_member = self._attempt_members.get(answer.correlation_id)
         if isinstance(answer, codecs.ChallengeDecoder):
+            if self.members and answered_member is not None:
+                # The response goes to the leader that challenged this attempt.
+                self.publication = self._publication_to(answered_member, None)
+                self._last_member_id = answered_member
             self.cluster_session_id = answer.cluster_session_id
             challenge = bytes(answer.encoded_challenge)
             response = self.on_challenge(challenge) if self.on_challenge is not None else b""
@@ -369,14 +439,47 @@ class _Connector:
             self.leadership_term_id = answer.leadership_term_id
             self.leader_member_id = answer.leader_member_id
             self.cluster_version = answer.version
+            if self.members:
+                # The session is the leader's: its ingress is the one kept (an
+                # earlier attempt's answer may come while a later one went elsewhere).
+                self.publication = self._publication_to(answer.leader_member_id, answered_member)
             self.state = "DONE"
         elif code == codecs.EventCode.ERROR:
             raise ClusterConnectError(f"the cluster refused the session: {answer.detail}")
         elif code == codecs.EventCode.AUTHENTICATION_REJECTED:
             raise AuthenticationRejectedError(f"authentication rejected: {answer.detail}")
         elif code == codecs.EventCode.REDIRECT:
-            self._redirect(answer.leader_member_id, answer.detail)
+            self._redirect(answer.leader_member_id, answer.detail, now_ns)
         # CLOSED and unknown codes for a connect request: keep waiting (as Aeron does).
+
+    def _backoff(self, now_ns: int) -> None:
+        if now_ns - self._retry_at_ns < 0:
+            return
+        if self.members:
+            self.publication = None  # the next connected member after the silent one
+        self.state = "AWAIT_PUBLICATION_CONNECTED"
+
+    def _restore_member_publications(self) -> None:
+        """A publication to every known member again (a REDIRECT kept only the
+        leader's, and that leader may be the one that went silent)."""
+        for member in self.members.values():
+            if member.publication is None and member.error is None:
+                try:
+                    member.publication = self._add_publication(_member_channel(self.ingress_channel, member.endpoint))
+                except FulmarError as error:
+                    member.error = error
+
+    def _publication_to(self, member_id: int, fallback_member_id: int | None) -> "Publication":
+        for candidate in (member_id, fallback_member_id):
+            member = self.members.get(candidate) if candidate is not None else None
+            if member is not None and member.publication is not None:
+                return member.publication
+        leader = self.members.get(member_id)
+        if leader is None:
+            raise ClusterConnectError(f"the session was opened by member {member_id}, which is not among the "
+                                      f"ingress endpoints {self.ingress_endpoints!r}")
+        leader.publication = self._add_publication(_member_channel(self.ingress_channel, leader.endpoint))
+        return leader.publication
 
     def _on_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         try:
@@ -385,10 +488,10 @@ class _Connector:
             self.malformed += 1
             return
         if isinstance(message, (codecs.SessionEventDecoder, codecs.ChallengeDecoder)):
-            if message.correlation_id == self.correlation_id:
+            if message.correlation_id in self._attempt_members:
                 self._answer = message
 
-    def _redirect(self, leader_member_id: int, detail: str) -> None:
+    def _redirect(self, leader_member_id: int, detail: str, now_ns: int) -> None:
         """A follower answered: keep (or make) a publication to the leader it names only."""
         self.redirects += 1
         try:
@@ -417,6 +520,8 @@ class _Connector:
             leader.publication = kept
         self.publication = kept
         self.leader_member_id = leader_member_id
+        self._last_member_id = leader_member_id
+        self._attempt_deadline_ns = now_ns + self._attempt_timeout_ns  # for its publication to connect
         self.ingress_endpoints = detail
         self.state = "AWAIT_PUBLICATION_CONNECTED"
 
@@ -436,13 +541,15 @@ class _Connector:
             else "the driver to bind the egress endpoint",
             "SEND_MESSAGE": "the ingress publication to take the request (back pressure)",
             "POLL_RESPONSE": "the cluster's answer on the egress",
+            "BACKOFF": "the cluster's answer on the egress (asking again shortly)",
         }.get(self.state, self.state)
         return ClusterTimeoutError(
             f"cluster connect timed out after {self.message_timeout_ns / 1e9:g} s waiting for {waiting_for}: "
             f"state={self.state} ingress_channel={self.ingress_channel} stream={self.ingress_stream_id} "
             f"ingress_endpoints={self.ingress_endpoints} ingress=[{ingress}] "
             f"egress_channel={self.egress_channel} response_channel={self.response_channel} "
-            f"egress_connected={self.subscription.is_connected} redirects={self.redirects}"
+            f"egress_connected={self.subscription.is_connected} redirects={self.redirects} "
+            f"connect_attempts={self.attempts}"
         )
 
 
@@ -549,6 +656,12 @@ class ClusterClient:
         each application reply; ``payload`` is a view valid only during the call.
         ``keepalive_interval_ns`` > 0: ``poll_egress`` sends a SessionKeepAlive
         when nothing went to the cluster for that long (0 disables).
+
+        A request nobody answers within ``CONNECT_ATTEMPT_TIMEOUT_NS`` (doubling
+        up to ``CONNECT_ATTEMPT_TIMEOUT_MAX_NS``) is sent again, after
+        ``CONNECT_RETRY_BACKOFF_NS``, to the next member: during an election
+        no member takes requests, and a dead leader's driver may still take
+        them.  So the connect ends on the new leader, or with an error.
 
         Raises ClusterTimeoutError, ClusterConnectError (the cluster's ERROR,
         or no usable ingress), AuthenticationRejectedError.

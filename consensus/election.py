@@ -179,6 +179,12 @@ class ElectionHost(Protocol):
         ...
 
     # -- roles and the live log -----------------------------------------------------------
+    def close_ingress_and_egress(self) -> None:
+        """INIT (seed 001): stop taking client requests and close every client
+        session's egress until the election is over; the new leader reconnects the
+        sessions' egress (NewLeaderEvent) and every member opens its ingress again."""
+        ...
+
     def prepare_for_election(self) -> None:
         """Clear the decks: close the log publication or subscription and stop any replay,
         replication or catchup of a previous role."""
@@ -357,6 +363,10 @@ class Election:
         self.replication_stop_position = NULL_POSITION
         self.replication: ReplicationHandle | None = None
         self.stop_catchup_received = False
+        # CatchupPosition asked again until the catchup connects (see follower_catchup_await).
+        self.catchup_endpoint = ""
+        self.catchup_requests = 0
+        self.catchup_requested_ns = 0
         self.joined_log = False
         self.voted_for: tuple[int, int] | None = None  # (candidate term, candidate) of our FOR vote
 
@@ -423,6 +433,7 @@ class Election:
             self.joined_log = False
             self.stop_catchup_received = False
             self.catchup_join_position = NULL_POSITION
+            self.catchup_requests = 0
             self._refresh_log()
             host.on_role_change(ClusterRole.FOLLOWER)
         elif new == ElectionState.CANDIDATE_BALLOT:
@@ -471,6 +482,9 @@ class Election:
     # ------------------------------------------------------------------ states
 
     def init(self, now_ns: int) -> int:
+        # Nobody leads while this runs: a client's request would wait unanswered
+        # in the ingress, and a deposed leader would go on holding its clients.
+        self.host.close_ingress_and_egress()
         self.host.prepare_for_election()
         self.host.on_role_change(ClusterRole.FOLLOWER)
         self._refresh_log()
@@ -608,10 +622,8 @@ class Election:
     def follower_catchup_init(self, now_ns: int) -> int:
         if not self.joined_log:
             self._join_log()
-        endpoint = self.host.catchup(self.leader_member_id, self.append_position)
-        if not self.publisher.catchup_position(self.leader_member_id, leadership_term_id=self.leadership_term_id,
-                                               log_position=self.append_position,
-                                               follower_member_id=self.member_id, catchup_endpoint=endpoint):
+        self.catchup_endpoint = self.host.catchup(self.leader_member_id, self.append_position)
+        if not self._send_catchup_position(now_ns):
             return self._check_follower_progress(now_ns)
         self.state(ElectionState.FOLLOWER_CATCHUP_AWAIT, now_ns, "catchup requested")
         return 1
@@ -620,7 +632,27 @@ class Election:
         if self.host.is_log_connected():
             self.state(ElectionState.FOLLOWER_CATCHUP, now_ns, "leader connected the catchup")
             return 1
-        return self._check_follower_progress(now_ns)
+        # A leader still in its own election cannot serve a catchup yet (its log
+        # is not recorded until LEADER_INIT) and lets the request go: ask again,
+        # at the heartbeat interval doubling to eight of them, rather than wait
+        # out the progress timeout.  A leader already replaying to this member
+        # takes a repeat as nothing.  (Aeron's follower asks once: its leader
+        # serves a catchup as soon as it leads, even during its election.)
+        interval_ns = self.timeouts.leader_heartbeat_interval_ns << min(self.catchup_requests - 1, 3)
+        work = 0
+        if now_ns >= self.catchup_requested_ns + interval_ns:
+            work += int(self._send_catchup_position(now_ns))
+        return work + self._check_follower_progress(now_ns)
+
+    def _send_catchup_position(self, now_ns: int) -> bool:
+        sent = self.publisher.catchup_position(self.leader_member_id, leadership_term_id=self.leadership_term_id,
+                                               log_position=self.append_position,
+                                               follower_member_id=self.member_id,
+                                               catchup_endpoint=self.catchup_endpoint)
+        if sent:
+            self.catchup_requests += 1
+            self.catchup_requested_ns = now_ns
+        return sent
 
     def follower_catchup(self, now_ns: int) -> int:
         self.append_position = self.host.append_position()

@@ -221,6 +221,9 @@ class NodeElectionHost:
 
     # ------------------------------------------------------------- roles and the live log
 
+    def close_ingress_and_egress(self) -> None:
+        self.agent.close_ingress_and_egress()
+
     def prepare_for_election(self) -> None:
         agent = self.agent
         if self.replay is not None:

@@ -289,14 +289,22 @@ class ClusteredServiceAgent:
         self._max_log_position = log.max_log_position
         self._active_log = None
         role = Role(log.role) if log.role in (0, 1, 2) else Role.FOLLOWER
-        if role is not self.role:
-            self.role = role
+        # As Aeron's joinActiveLog: the leader's service shares its sessions'
+        # egress with the module (also when it leads again after letting go of
+        # them); any other holds none.
+        for session in self.sessions.values():
             if role is Role.LEADER:
-                for session in self.sessions.values():
-                    session.connect(self.aeron)
-            self.service.on_role_change(role)
+                session.connect(self.aeron)
+            else:
+                session.disconnect()
+        self._set_role(role)
         self._ack(log.log_position)
         return 1
+
+    def _set_role(self, role: Role) -> None:
+        if role is not self.role:
+            self.role = role
+            self.service.on_role_change(role)
 
     def _poll_log(self) -> int:
         image = self._log_image
@@ -314,6 +322,13 @@ class ClusteredServiceAgent:
                 self._log_subscription.close()
             self._log_subscription = None
             self._log_image = None
+            if image.is_closed:
+                # The module closed the log (its election began, seed 001 INIT): until
+                # a JoinLog says otherwise this member leads nobody, so the clients'
+                # egress goes, as in Aeron's closeLog; the new leader reaches them.
+                for session in self.sessions.values():
+                    session.disconnect()
+                self._set_role(Role.FOLLOWER)
         return work + self._check_termination()
 
     def _check_termination(self) -> int:

@@ -364,6 +364,9 @@ class SimNode:
     def replay_done(self) -> bool:
         return self.sim.now_ns >= self.replay_ready_ns
 
+    def close_ingress_and_egress(self) -> None:
+        pass  # no clients in the simulation
+
     def prepare_for_election(self) -> None:
         self.publication_term = NULL_VALUE
         self.subscribed = None

@@ -25,6 +25,7 @@ from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.consensus.client import (
+    CONNECT_ATTEMPT_TIMEOUT_NS,
     SESSION_HEADER_LENGTH,
     AsyncClusterClient,
     AuthenticationRejectedError,
@@ -88,7 +89,10 @@ class FakeMember:
     Modes: ``leader`` (opens sessions and echoes), ``redirect`` (answers REDIRECT
     naming ``redirect_to``), ``challenge`` (challenges, then OK if the answer is
     EXPECTED_CREDENTIALS), ``reject`` (AUTHENTICATION_REJECTED), ``error``
-    (SessionEvent ERROR), ``silent`` (reads, never answers).
+    (SessionEvent ERROR), ``silent`` (reads, never answers: a leader whose
+    process stopped while its driver holds its ingress), ``late`` (answers
+    nothing until the client asks a second time, then opens a session for each
+    request in order: a cluster slower than the client's attempt timeout).
     """
 
     def __init__(
@@ -230,6 +234,16 @@ class FakeMember:
         self.connect_requests.append(request)
         channel, stream_id = request.response_channel, request.response_stream_id
         if self.mode == "silent":
+            return
+        if self.mode == "late":
+            if len(self.connect_requests) < 2:
+                return
+            for held in self.connect_requests:
+                publication = self._publication_to(held.response_channel, held.response_stream_id)
+                session_id = self.cluster.open_session(held.response_channel, held.response_stream_id)
+                self.egress[session_id] = publication
+                self._event(publication, session_id, held.correlation_id, codecs.EventCode.OK)
+            self.mode = "leader"
             return
         publication = self._publication_to(channel, stream_id)
         correlation_id = request.correlation_id
@@ -684,3 +698,86 @@ def test_connect_with_endpoints_times_out_naming_every_member(aeron: Aeron) -> N
     text = str(raised.value)
     for member, port in enumerate(ports):
         assert f"{member}=127.0.0.1:{port} connected=False" in text
+
+
+# ---------------------------------------------------------------------------- silence (seed 001: elections)
+
+
+def test_a_connect_nobody_answers_is_asked_again_of_the_next_member(aeron: Aeron, cluster: FakeCluster) -> None:
+    """Member 0 takes the request and never answers (a leader whose process is
+    stopped while its driver holds its ingress, or a member whose election
+    closed its ingress): after the attempt timeout the client asks member 1."""
+    ports = free_udp_port(), free_udp_port()
+    cluster.endpoints = f"0=127.0.0.1:{ports[0]},1=127.0.0.1:{ports[1]}"
+    stopped = cluster.member(0, udp(ports[0]), "silent")
+    asked = threading.Event()
+    # Member 1 listens only once member 0 has the request, so the client asks member 0 first.
+    leader = cluster.member(1, udp(ports[1]), listen_after=asked)
+    stopped.listening.wait(10)
+    watcher = threading.Thread(
+        target=lambda: (wait_for(lambda: stopped.connect_requests, 10, "the request to member 0"), asked.set()),
+        daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    client = ClusterClient.connect(aeron, ingress_channel="aeron:udp", ingress_endpoints=cluster.endpoints,
+                                   egress_channel=EGRESS_UDP, message_timeout_ns=10_000_000_000)
+    try:
+        elapsed = time.monotonic() - started
+        assert CONNECT_ATTEMPT_TIMEOUT_NS / 1e9 <= elapsed < 5, elapsed
+        assert len(stopped.connect_requests) == 1
+        assert len(leader.connect_requests) == 1
+        assert client.leader_member_id == 1
+        assert client.publication.channel == udp(ports[1])
+        assert client.request(b"to the leader", timeout_s=10) == b"to the leader"
+    finally:
+        client.close()
+        watcher.join(10)
+
+
+def test_a_redirect_to_a_leader_that_never_answers_is_left_for_another_member(
+        aeron: Aeron, cluster: FakeCluster) -> None:
+    """A follower names a leader that has died (its driver still takes the
+    request): the client does not wait out its whole timeout on it but asks
+    the other members again, and the live leader answers."""
+    ports = free_udp_port(), free_udp_port(), free_udp_port()
+    cluster.endpoints = ",".join(f"{m}=127.0.0.1:{port}" for m, port in enumerate(ports))
+    follower = cluster.member(0, udp(ports[0]), "redirect", redirect_to=1)
+    dead = cluster.member(1, udp(ports[1]), "silent")
+    leader = cluster.member(2, udp(ports[2]), listen_after=follower.redirected)
+    dead.listening.wait(10)
+    follower.listening.wait(10)
+    client = ClusterClient.connect(aeron, ingress_channel="aeron:udp", ingress_endpoints=cluster.endpoints,
+                                   egress_channel=EGRESS_UDP, message_timeout_ns=10_000_000_000)
+    try:
+        assert len(follower.connect_requests) == 1
+        assert len(dead.connect_requests) == 1
+        assert len(leader.connect_requests) == 1
+        assert client.leader_member_id == 2
+        assert client.request(b"to the live leader", timeout_s=10) == b"to the live leader"
+    finally:
+        client.close()
+
+
+def test_an_answer_to_an_earlier_connect_attempt_counts(aeron: Aeron, cluster: FakeCluster) -> None:
+    """A cluster slower than the attempt timeout answers the first request after
+    the client asked again: the first answer read opens the session."""
+    member = cluster.member(0, IPC, "late")
+    member.listening.wait(10)
+    client = ipc_connect(aeron)
+    try:
+        assert len(member.connect_requests) == 2
+        assert client.cluster_session_id == 100  # the first request's session
+        assert client.request(b"late but fine", timeout_s=10) == b"late but fine"
+        assert member.messages == [(cluster.leadership_term_id, 100, b"late but fine")]
+    finally:
+        client.close()
+
+
+def test_a_connect_that_is_never_answered_times_out_naming_its_attempts(aeron: Aeron, cluster: FakeCluster) -> None:
+    member = cluster.member(0, IPC, "silent")
+    member.listening.wait(10)
+    started = time.monotonic()
+    with pytest.raises(ClusterTimeoutError, match=r"connect_attempts=2\b"):
+        ipc_connect(aeron, message_timeout_ns=int(1.5 * CONNECT_ATTEMPT_TIMEOUT_NS))
+    assert time.monotonic() - started < 1.5 * CONNECT_ATTEMPT_TIMEOUT_NS / 1e9 + 2
+    assert len(member.connect_requests) == 2  # asked again after a back-off, not in a loop

@@ -10,6 +10,8 @@ leader heartbeat timeout, 500 ms election timeout)."""
 from __future__ import annotations
 
 import json
+import signal
+import struct
 import time
 
 import pytest
@@ -19,11 +21,13 @@ from cluster_support import LocalCluster
 from fulmar.cli import cluster_tool
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
+from fulmar.subscription import Image
 from driver_support import wait_for
 from multi_node_support import (
     COUNTER_SERVICE,
     CounterWorkload,
     assert_same_logs,
+    member_log_path,
     member_view,
     read_counter,
     wait_for_commit,
@@ -281,3 +285,68 @@ def test_shutdown_through_the_leader_snapshots_and_stops_every_member(cluster: L
     wait_for_leader(cluster, 30)
     client = cluster.connect_client()
     assert read_counter(client) == value
+
+
+def _live_egress_images(client: ClusterClient) -> dict[int, Image]:
+    """The client's egress images still open (a follower that redirected the
+    connect closed its own at once)."""
+    client.poll_egress()
+    return {image.session_id: image for image in client.subscription.images if not image.is_end_of_stream}
+
+
+def test_clients_across_an_election_are_answered_and_follow_the_new_leader() -> None:
+    """Seed 001 INIT: a member in an election closes its ingress and its
+    sessions' egress.  The leader's consensus module is stopped (SIGSTOP): its
+    driver still holds its ingress, so a connect request sent there is taken
+    and never answered.  A client connecting while the others elect a new
+    leader, the stopped leader's endpoint first in its list, must be answered
+    within its timeout and end on the new leader.  Once the old leader's module
+    runs again it lets go of its session's egress (module and service); that
+    session hears NewLeaderEvent from the new leader and goes on."""
+    # The stopped module must outlive the stop: its driver keeps it for 20 s.
+    with LocalCluster(3, COUNTER_SERVICE, extra_driver_args=("--client-liveness-timeout", "20s")) as cluster:
+        _clients_across_an_election(cluster)
+
+
+def _clients_across_an_election(cluster: LocalCluster) -> None:
+    cluster.start()
+    old = wait_for_leader(cluster, 30)
+    survivors = [m for m in range(3) if m != old.member]
+    existing = cluster.connect_client()
+    first = struct.unpack_from("<q", existing.request(b"+", timeout_s=10), 0)[0]
+    old_egress = wait_for(lambda: len(_live_egress_images(existing)) == 1 and _live_egress_images(existing), 10,
+                          "one egress image: the leader's")
+    stopped = cluster.process(old.member, "consensus")
+    assert stopped is not None
+    elections_before = [member_log_path(cluster, m).read_text().count("election: leader heartbeat timeout")
+                        for m in survivors]
+    stopped.process.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: any(member_log_path(cluster, m).read_text().count("election: leader heartbeat timeout")
+                             > before for m, before in zip(survivors, elections_before)),
+                 HEARTBEAT_TIMEOUT_S + 10, "a survivor to start an election")
+        endpoints = cluster.ingress_endpoints.split(",")
+        endpoints.sort(key=lambda endpoint: not endpoint.startswith(f"{old.member}="))
+        client = ClusterClient.connect(cluster.connect(), "aeron:udp", ",".join(endpoints),
+                                       egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+                                       message_timeout_ns=15_000_000_000)
+        cluster.clients.append(client)
+        new = wait_for_leader(cluster, 10, not_member=old.member, min_term=(old.leadership_term_id or 0) + 1)
+        assert client.leader_member_id == new.member
+        assert client.leadership_term_id == new.leadership_term_id
+        assert struct.unpack_from("<q", client.request(b"+", timeout_s=10), 0)[0] == first + 1
+    finally:
+        stopped.process.send_signal(signal.SIGCONT)
+    # The deposed leader's module runs again: it lets go of the session's egress.
+    wait_for(lambda: not set(old_egress) & set(_live_egress_images(existing)), 10,
+             "the deposed leader to close the session's egress")
+    # The old leader's session: NewLeaderEvent from the new leader, then on as before.
+    wait_for(lambda: existing.poll_egress() >= 0 and existing.leader_member_id == new.member, 10,
+             "the old leader's session to hear of the new leader")
+    assert existing.leadership_term_id == new.leadership_term_id
+    assert struct.unpack_from("<q", existing.request(b"+", timeout_s=10), 0)[0] == first + 2
+    leader = wait_for_leader(cluster, 10)
+    assert leader.member == new.member
+    position = member_view(cluster, leader.member).commit_position
+    assert position is not None
+    wait_for_commit(cluster, [0, 1, 2], position, 60)

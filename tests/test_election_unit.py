@@ -4,11 +4,13 @@ and a publisher that records what it would send (seed 001)."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from fulmar.consensus.agent import ClusterRole, ElectionState
+from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ElectionState
+from fulmar.consensus.cluster_member import ClusterMember
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
 from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, ConsensusPublisher
 from fulmar.consensus.election import Election, ElectionTimeouts, TermEntry, compare_log, next_term_for
@@ -95,6 +97,9 @@ class FakeHost:
     def replay_done(self) -> bool:
         return self.replay_finished
 
+    def close_ingress_and_egress(self) -> None:
+        self.calls.append(("close_ingress_and_egress",))
+
     def prepare_for_election(self) -> None:
         self.calls.append(("prepare_for_election",))
 
@@ -178,6 +183,29 @@ def make(member_id: int = 0, members: tuple[int, ...] = (0, 1, 2), host: FakeHos
 def to_canvass(election: Election, now: int = 0) -> None:
     election.do_work(now)
     assert election.state_value == ElectionState.CANVASS
+
+
+# --------------------------------------------------------------------------- init
+
+
+@pytest.mark.parametrize("members", [(0, 1, 2), (0,)])
+def test_init_closes_the_ingress_and_the_sessions_egress_before_anything_else(members: tuple[int, ...]) -> None:
+    """Seed 001 INIT: "It closes the Ingress and any Egress connections" (Aeron's
+    prepareForNewLeadership closes the ingress first): no client is served, and
+    a deposed leader holds no client, until the election is over."""
+    election, host, _ = make(members=members, host=FakeHost([(0, 0)], append=1024))
+    election.do_work(0)
+    assert host.calls[0] == ("close_ingress_and_egress",)
+    assert host.calls[1] == ("prepare_for_election",)
+    assert len(host.named("close_ingress_and_egress")) == 1
+    # Nothing later in the election opens or closes them again: the node opens
+    # its ingress when the election completes.
+    host.calls.clear()
+    election.on_canvass_position(0, 1024, 0, 1, 0)
+    election.on_canvass_position(0, 1024, 0, 2, 0)
+    for now in range(1, 40):
+        election.do_work(now * 100 * MS)
+    assert host.named("close_ingress_and_egress") == []
 
 
 # --------------------------------------------------------------------------- canvass to leader
@@ -505,6 +533,157 @@ def test_follower_catches_up_within_the_current_term() -> None:
     assert election.state_value == ElectionState.FOLLOWER_READY  # the log was joined for catchup
     election.do_work(9)
     assert election.state_value == ElectionState.CLOSED
+
+
+def _to_catchup_await(election: Election, publisher: RecordingPublisher) -> int:
+    """From CANVASS to FOLLOWER_CATCHUP_AWAIT (behind the leader in its term); the time reached."""
+    to_canvass(election)
+    new_leadership_term(election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION,
+                        term=2, base=C, pos=D)
+    election.do_work(1)
+    publisher.clear()
+    election.do_work(2)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP_AWAIT
+    return 2
+
+
+def test_catchup_position_is_asked_again_until_the_catchup_connects() -> None:
+    """A leader still in its own election lets CatchupPosition go (it can serve a
+    catchup only once its log is recorded): the follower asks again at the
+    heartbeat interval, backing off to eight of them, instead of waiting out its
+    progress timeout (the leader heartbeat timeout) with nothing coming."""
+    election, host, publisher = make(host=FakeHost([(0, 0), (2, C)], append=C + 320))
+    start = _to_catchup_await(election, publisher)
+    interval = TIMEOUTS.leader_heartbeat_interval_ns
+    request = (1, dict(leadership_term_id=2, log_position=C + 320, follower_member_id=0,
+                       catchup_endpoint="localhost:9005"))
+    assert publisher.named("catchup_position") == [request]
+    sent_at = []
+    for now in range(start, start + TIMEOUTS.leader_heartbeat_timeout_ns - MS, MS):
+        before = len(publisher.named("catchup_position"))
+        election.do_work(now)
+        if len(publisher.named("catchup_position")) > before:
+            sent_at.append(now)
+    assert all(sent == request for sent in publisher.named("catchup_position"))
+    gaps = [b - a for a, b in zip([start] + sent_at, sent_at)]
+    assert gaps[:5] == [interval, 2 * interval, 4 * interval, 8 * interval, 8 * interval]
+    assert all(gap == 8 * interval for gap in gaps[3:])  # never faster: no flood of a leader that cannot answer
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP_AWAIT
+    # The leader serves one of them: the catchup connects, and no more requests go.
+    host.connected = True
+    now = start + TIMEOUTS.leader_heartbeat_timeout_ns - MS
+    election.do_work(now)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP
+    publisher.clear()
+    for later in range(now, now + 20 * interval, interval):
+        election.do_work(later)
+    assert publisher.named("catchup_position") == []
+
+
+def test_a_leader_that_drops_the_first_catchup_position_serves_the_next_well_before_the_timeout() -> None:
+    """The exchange with a leader that is still in its election when the first
+    request comes and leads a moment later: the catchup connects one heartbeat
+    interval later, not a leader heartbeat timeout later (10 s by default)."""
+    election, host, publisher = make(host=FakeHost([(0, 0), (2, C)], append=C + 320))
+    start = _to_catchup_await(election, publisher)
+    publisher.clear()  # the leader, in LEADER_READY, lets the first request go
+    leader_serves_ns = start + 50 * MS  # its election closes
+    now = start
+    while not host.connected:
+        now += MS
+        election.do_work(now)
+        if now >= leader_serves_ns and publisher.named("catchup_position"):
+            host.connected = True  # it replays to the catchup endpoint
+        assert now < start + TIMEOUTS.leader_heartbeat_timeout_ns, "the follower never asked again"
+    election.do_work(now + MS)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP
+    assert now - start <= TIMEOUTS.leader_heartbeat_interval_ns + MS
+
+
+def test_catchup_requests_start_over_after_a_new_canvass() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0), (2, C)], append=C + 320))
+    start = _to_catchup_await(election, publisher)
+    interval = TIMEOUTS.leader_heartbeat_interval_ns
+    for now in range(start, start + 9 * interval, MS):
+        election.do_work(now)
+    assert election.catchup_requests >= 4
+    # No progress: back to CANVASS; the next catchup asks at the short interval again.
+    election.do_work(start + TIMEOUTS.leader_heartbeat_timeout_ns)
+    assert election.state_value == ElectionState.CANVASS
+    again = start + TIMEOUTS.leader_heartbeat_timeout_ns + 1
+    election.do_work(again)
+    new_leadership_term(election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION,
+                        term=2, base=C, pos=D)
+    election.do_work(again + 1)
+    election.do_work(again + 2)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP_AWAIT
+    publisher.clear()
+    election.do_work(again + 2 + interval)
+    assert len(publisher.named("catchup_position")) == 1
+
+
+class FakeArchive:
+    """The leader's archive as its catchup work uses it: replays started and stopped."""
+
+    def __init__(self) -> None:
+        self.replays: list[tuple[str, int]] = []
+        self.stopped: list[int] = []
+
+    def start_replay(self, recording_id: int, channel: str, stream_id: int, position: int) -> int:
+        self.replays.append((channel, position))
+        return 500 + len(self.replays)
+
+    def stop_replay(self, replay_session_id: int) -> None:
+        self.stopped.append(replay_session_id)
+
+
+def leading_agent() -> tuple[ConsensusModuleAgent, FakeArchive, list[tuple[int, int]]]:
+    """A consensus module leading term 2 after its election (only what its
+    catchup work reads; no driver, archive or peers)."""
+    agent = ConsensusModuleAgent.__new__(ConsensusModuleAgent)
+    archive = FakeArchive()
+    answers: list[tuple[int, int]] = []
+    agent.member_id = 0
+    agent.role = ClusterRole.LEADER
+    agent.leadership_term_id = 2
+    agent.election = None
+    agent._followers = {1: ClusterMember(1, "h:1", "h:2", "h:3", "h:4", "h:5")}
+    agent.archive = archive  # type: ignore[assignment]
+    agent._leader_services_joined = True
+    agent.log_session_id = 77
+    agent.log_recording_id = 0
+    agent.context = SimpleNamespace(log_stream_id=100)  # type: ignore[assignment]
+    agent._now_ns = 0
+    agent._send_new_leadership_term = lambda to, log_term: answers.append((to, log_term))  # type: ignore[method-assign]
+    return agent, archive, answers
+
+
+def test_the_leader_stops_a_stale_catchup_when_the_follower_canvasses_again() -> None:
+    """A follower that starts over (it restarted, or its catchup failed) canvasses,
+    then asks for a catchup from where it is now.  A replay still running to it
+    from its last request must not make the new request look like a repeat, or
+    the follower waits out its progress timeout while the old replay feeds its
+    endpoint from the wrong position (Aeron's stopExistingCatchupReplay)."""
+    agent, archive, answers = leading_agent()
+    agent.on_catchup_position(2, C, 1, "h:4")
+    assert archive.replays == [("aeron:udp?endpoint=h:4|session-id=77", C)]
+    agent.on_catchup_position(2, C, 1, "h:4")  # a repeat while it runs: nothing new
+    assert len(archive.replays) == 1 and archive.stopped == []
+    agent.on_canvass_position(2, C + 640, 2, 1, 0)  # the follower starts over
+    assert archive.stopped == [501]
+    assert answers == [(1, 2)]
+    agent.on_catchup_position(2, C + 640, 1, "h:4")
+    assert archive.replays[-1] == ("aeron:udp?endpoint=h:4|session-id=77", C + 640)
+
+
+def test_a_leader_in_its_election_leaves_catchup_to_the_followers_next_request() -> None:
+    agent, archive, answers = leading_agent()
+    agent._leader_services_joined = False  # LEADER_READY: its log is not yet followed
+    agent.on_catchup_position(2, C, 1, "h:4")
+    assert archive.replays == []
+    agent._leader_services_joined = True  # election closed: the follower's next request is served
+    agent.on_catchup_position(2, C, 1, "h:4")
+    assert archive.replays == [("aeron:udp?endpoint=h:4|session-id=77", C)]
 
 
 def test_seed_001_member_0_replicates_two_terms_then_catches_up() -> None:
