@@ -258,7 +258,7 @@ class DriverConductor:
             if client.heartbeat.get() + timeout_ms < now_ms:
                 self._on_client_timeout(client)
                 work += 1
-        if now_ns >= self._next_client_process_check_ns:
+        if self.context.client_process_check and now_ns >= self._next_client_process_check_ns:
             self._next_client_process_check_ns = now_ns + self.context.client_process_check_interval_ns
             work += self._check_client_processes(now_ms)
         for publication in list(self.publications):
