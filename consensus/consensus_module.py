@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from fulmar.aeron import Aeron
+from fulmar.agent import DUTY_CYCLE_ERROR_MAX_BACKOFF_NS
 from fulmar.archive.client import AeronArchive
 from fulmar.clock import epoch_ms
 from fulmar.codecs.generated import cluster as codecs
@@ -35,6 +36,7 @@ from fulmar.consensus.snapshot import CONSENSUS_MODULE_SNAPSHOT_TYPE_ID, decode_
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.permissions import make_directory
+from fulmar.retry import RetryBackoff
 
 # Aeron's RecoveryState counter key: what the services need to recover.
 _RECOVERY_STATE_HEAD = struct.Struct("<qqqiii")  # term id, log position, timestamp, replay flag, cluster id, service count
@@ -123,6 +125,7 @@ class ConsensusModule:
                                     has_work=agent.has_work)
         next_mark_ms = 0
         stop_requested_at = 0.0
+        failures = RetryBackoff(max_ns=DUTY_CYCLE_ERROR_MAX_BACKOFF_NS)
         while not agent.terminated:
             if self._stop.is_set() and not stop_requested_at:
                 stop_requested_at = time.monotonic()
@@ -140,12 +143,21 @@ class ConsensusModule:
             except Exception as error:  # a bug: record it, keep serving
                 agent._error(f"{type(error).__name__}: {error}")
                 work = 0
+                # (idle() returns at once while work waits: a cycle that fails on
+                # that work every time backs off instead of spinning)
+                pause_ns = failures.on_failure(now_ns)
+            else:
+                pause_ns = 0
+                failures.on_success()
             now_ms = epoch_ms()
             if now_ms >= next_mark_ms:
                 self.mark_file.update_activity_timestamp(now_ms)
                 next_mark_ms = now_ms + 1000
             if self.aeron.is_closed:
                 raise ClusterTerminationError("the media driver went away")
+            if pause_ns:
+                idle.pause(pause_ns)
+                continue
             if not work:
                 idle.max_wait_ns = agent.idle_wait_ns(self.context.idle_max_wait_ns)
             idle.idle(work)
