@@ -414,10 +414,6 @@ class NodeElectionHost:
         except FulmarError as error:
             self.agent.log_event(f"purging the misplaced recording {recording_id}: {error}")
 
-    @property
-    def is_catching_up(self) -> bool:
-        return self._catchup_destination is not None
-
     def close_follower_log(self) -> None:
         agent = self.agent
         if self.log_subscription is not None:
