@@ -349,9 +349,12 @@ class ConsensusModuleAgent:
         if self._consensus_subscription.is_data_available():
             return True
         # The archive recorded more of the log: a follower reports it, a leader may commit.
+        # (Only while the counter is still the one found: a freed id may be reused.)
         counter_id = self._recording_position_counter_id
+        reader = self.aeron.counters_reader
         return counter_id != NULL_VALUE and \
-            self.aeron.counters_reader.counter_value(counter_id) > self.append_position
+            reader.counter_registration_id(counter_id) == self._recording_position_registration_id and \
+            reader.counter_value(counter_id) > self.append_position
 
     def cluster_time(self) -> int:
         """Cluster time, in its unit (milliseconds since the epoch)."""

@@ -95,3 +95,26 @@ def test_a_freed_counter_is_looked_up_again_and_a_reused_id_is_not_read() -> Non
     again = rec_pos(manager, LIVE_ARCHIVE_ID, 6_000, registration_id=1_000)  # the recording extended
     assert agent.read_append_position() == 6_000
     assert agent._recording_position_counter_id == again
+
+
+def test_has_work_only_for_more_recorded_on_the_counter_found() -> None:
+    """The idle check says "work" when the archive recorded more of the log;
+    a freed counter whose id serves another counter is no work (it would keep
+    an idle module from ever sleeping)."""
+    manager, clock = counters()
+    quiet = SimpleNamespace(is_data_available=lambda: False)
+    agent = follower(manager)
+    agent.ingress = agent.from_services = agent._consensus_subscription = quiet  # type: ignore[assignment]
+    agent._log_image = None
+    agent.is_multi_member = True
+    counter_id = rec_pos(manager, LIVE_ARCHIVE_ID, 5_000, registration_id=50)
+    assert agent.read_append_position() == 5_000
+    assert not agent.has_work()
+    manager.set_counter_value(counter_id, 6_000)
+    assert agent.has_work()
+    assert agent.read_append_position() == 6_000 and not agent.has_work()
+    manager.free(counter_id)
+    clock.now_ms += 2_000
+    assert manager.allocate("some other counter", 1, b"", registration_id=77) == counter_id
+    manager.set_counter_value(counter_id, 99_999_999)
+    assert not agent.has_work()
