@@ -101,6 +101,19 @@ def parse_recording_position_key(key: bytes) -> tuple[int, int, str]:
     return recording_id, session_id, key[start : start + max(0, length)].decode("ascii", "replace")
 
 
+def recording_position_ids(key: bytes) -> tuple[int, int, int]:
+    """(recording id, session id, archive id) of a recording position counter's
+    key; the archive id follows the source identity (NULL_VALUE if the key is too
+    short to hold one)."""
+    recording_id, session_id = _RECORDING_POS_HEAD.unpack_from(key, 0)
+    (length,) = struct.unpack_from("<i", key, _RECORDING_POS_HEAD.size)
+    start = _RECORDING_POS_HEAD.size + 4 + max(0, length)
+    if start + 8 > min(len(key), MAX_COUNTER_KEY_LENGTH):
+        return recording_id, session_id, -1
+    (archive_id,) = struct.unpack_from("<q", key, start)
+    return recording_id, session_id, archive_id
+
+
 def replay_session_id(replay_id: int, publication_session_id: int) -> int:
     """Aeron's replay session id: the archive's replay counter in the high 32
     bits, the replay publication's session id in the low 32 (the client

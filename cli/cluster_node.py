@@ -169,6 +169,15 @@ def stop_gate(directories: Sequence[str], timeout_ns: int, name: str) -> StopGat
     "driver's own heartbeat may get before clients and tools consider it dead.",
 )
 @click.option(
+    "--client-process-check/--no-client-process-check",
+    default=_DEFAULTS.client_process_check,
+    show_default=True,
+    help="Close a client whose process has died (fulmar clients name their process in their "
+    "heartbeat counter) about a second after its last keepalive, instead of after the liveness "
+    "timeout, so a restarted process can bind its ports again at once.  Off: the liveness "
+    "timeout only, as Aeron's own driver.",
+)
+@click.option(
     "--ipc-term-length",
     type=Size(TERM_MIN_LENGTH, TERM_MAX_LENGTH, power_of_two=True),
     default=format_size(_DEFAULTS.ipc_term_length),
@@ -242,6 +251,7 @@ def stop_gate(directories: Sequence[str], timeout_ns: int, name: str) -> StopGat
 def driver(
     directory: str | None,
     client_liveness_timeout: int,
+    client_process_check: bool,
     ipc_term_length: int,
     ipc_mtu: int,
     publication_linger: int,
@@ -280,6 +290,7 @@ def driver(
             error_buffer,
         ),
         client_liveness_timeout_ns=client_liveness_timeout,
+        client_process_check=client_process_check,
         ipc_term_length=ipc_term_length,
         ipc_mtu=ipc_mtu,
         publication_linger_timeout_ns=publication_linger,

@@ -28,6 +28,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
+from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_ids
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
@@ -59,8 +60,10 @@ from fulmar.consensus.protocol import (
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.consensus.timer_service import TimerService
+from fulmar.counters import RECORD_ALLOCATED
 from fulmar.duty_cycle import DutyCycleStallTracker
 from fulmar.errors import FulmarError
+from fulmar.retry import DistinctErrorPrinter, RetryBackoff
 from fulmar.semantic_version import major_version
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
@@ -190,6 +193,15 @@ class ConsensusModuleAgent:
         self._next_service_check_ns = 0
         self._service_heartbeat_since_ms = 0  # no older sign of life counts (set when checks begin or resume)
         self._recording_position_counter_id = NULL_VALUE
+        self._recording_position_registration_id = NULL_VALUE
+        # The archive's id: its rec-pos counters name it (a dead archive's linger a while).
+        self._archive_id = archive.archive_id()
+        # An error said once on the console (the mark file's error log counts every one).
+        self._print_error = DistinctErrorPrinter(lambda text: self.log_event(f"error: {text}"))
+        # A failed election starts again after a back-off, not at once: the
+        # registrations that failed it may need a moment (see election_host).
+        self._election_backoff = RetryBackoff(max_ns=context.election_timeout_ns)
+        self._logged_transitions: tuple[Any, int] = (None, 0)  # (the election, its transitions logged)
         self._snapshot_log_position = NULL_POSITION
         self._termination_position = NULL_POSITION
         self._termination_action: ControlToggle | None = None
@@ -352,9 +364,12 @@ class ConsensusModuleAgent:
         if self._consensus_subscription.is_data_available():
             return True
         # The archive recorded more of the log: a follower reports it, a leader may commit.
+        # (Only while the counter is still the one found: a freed id may be reused.)
         counter_id = self._recording_position_counter_id
+        reader = self.aeron.counters_reader
         return counter_id != NULL_VALUE and \
-            self.aeron.counters_reader.counter_value(counter_id) != self.append_position
+            reader.counter_registration_id(counter_id) == self._recording_position_registration_id and \
+            reader.counter_value(counter_id) > self.append_position
 
     def cluster_time(self) -> int:
         """Cluster time, in its unit (milliseconds since the epoch)."""
@@ -432,22 +447,44 @@ class ConsensusModuleAgent:
     # --------------------------------------------------------- positions
 
     def _find_recording_position_counter(self) -> int:
+        """The archive's rec-pos counter of the log recording (as Aeron's
+        ``RecordingPos.findCounterIdBySession``): of this member's archive, not of
+        a dead one whose counters the driver has yet to free (a restarted archive
+        records the same recording and session), the newest if several match."""
         reader = self.aeron.counters_reader
+        found, registration_id = NULL_VALUE, NULL_VALUE
         for counter in reader:
-            # rec-pos key: recording id, then the recorded image's session id.
-            if (counter.type_id == 100
-                    and int.from_bytes(counter.key[:8], "little", signed=True) == self.log_recording_id
-                    and int.from_bytes(counter.key[8:12], "little", signed=True) == self.log_session_id):
-                return counter.counter_id
-        return NULL_VALUE
+            if counter.type_id != RECORDING_POSITION_TYPE_ID:
+                continue
+            recording_id, session_id, archive_id = recording_position_ids(counter.key)
+            if (recording_id, session_id, archive_id) == (self.log_recording_id, self.log_session_id,
+                                                          self._archive_id):
+                registration = reader.counter_registration_id(counter.counter_id)
+                if registration > registration_id:
+                    found, registration_id = counter.counter_id, registration
+        self._recording_position_registration_id = registration_id
+        return found
+
+    def _recording_position_counter(self) -> int:
+        """The rec-pos counter's id while it is still the one found (Aeron's
+        ``ReadableCounter``: a freed counter, or its id reused, is looked up again)."""
+        counter_id = self._recording_position_counter_id
+        if counter_id != NULL_VALUE:
+            reader = self.aeron.counters_reader
+            if reader.counter_state(counter_id) == RECORD_ALLOCATED and \
+                    reader.counter_registration_id(counter_id) == self._recording_position_registration_id:
+                return counter_id
+            self._recording_position_counter_id = counter_id = NULL_VALUE
+        if self.log_recording_id != NULL_VALUE and self.log_session_id != NULL_VALUE:
+            self._recording_position_counter_id = counter_id = self._find_recording_position_counter()
+        return counter_id
 
     def _update_commit_position(self) -> int:
         """A single member's quorum is itself: what its archive has recorded is committed."""
-        if self._recording_position_counter_id == NULL_VALUE:
-            self._recording_position_counter_id = self._find_recording_position_counter()
-            if self._recording_position_counter_id == NULL_VALUE:
-                return 0
-        position = self.aeron.counters_reader.counter_value(self._recording_position_counter_id)
+        counter_id = self._recording_position_counter()
+        if counter_id == NULL_VALUE:
+            return 0
+        position = self.aeron.counters_reader.counter_value(counter_id)
         if position > self.append_position:
             self.append_position = position
         if self.append_position > self.commit_position:
@@ -1331,52 +1368,45 @@ class ConsensusModuleAgent:
 
     def _multi_member_election_work(self, now_ns: int) -> int:
         election = self.election
-        inner = getattr(election, "election", None)
-        seen = inner.transition_count if inner is not None else 0
-        if inner is not None and inner.state_value is ElectionState.FOLLOWER_CATCHUP:
-            # Before the election reports its position: the leader stops the
-            # catchup once that reaches its own, and the live log must flow by then.
-            self._catchup_live_destination(inner.leader_log_position)
         try:
             work = int(election.do_work(now_ns))
         except ClusterTerminationError:
             raise
         except FulmarError as error:
-            # Nothing is lost by starting over: the election only acts on the
-            # log through the archive, which keeps what it recorded.
+            self._log_transitions(getattr(election, "election", None))
+            # Nothing is lost by starting over (Aeron's Election.handleError): the
+            # election only acts on the log through the archive, which keeps what
+            # it recorded.  Not at once: what failed it may need a moment, and an
+            # election that fails again waits longer (up to an election timeout).
             self._error(f"election {election.state.name} failed: {type(error).__name__}: {error}")
-            self.election = MemberElection(self, is_startup=False)
+            delay_ns = self._election_backoff.on_failure(now_ns)
+            self.election = MemberElection(self, is_startup=False, not_before_ns=now_ns + delay_ns)
             return 1
         inner = getattr(election, "election", None)
-        if inner is not None:
-            new = min(inner.transition_count - seen, len(inner.transitions))
-            for _, old_state, new_state, reason in list(inner.transitions)[len(inner.transitions) - new:]:
-                self.log_event(f"election {ElectionState(old_state).name} -> {ElectionState(new_state).name}: {reason}")
+        self._log_transitions(inner)
         if inner is not None and self.election is election and not inner.is_closed:
             if inner.state_value in (ElectionState.FOLLOWER_CATCHUP, ElectionState.FOLLOWER_READY):
                 work += self._apply_follower_log()
         return work
 
-    def _catchup_live_destination(self, leader_log_position: int) -> None:
-        """Near the leader's live position, add the live destination (replay merge):
-        a quarter of a term of the leader's log still to replay, at most."""
-        image = self._log_image
-        if image is None or not self.host.is_catching_up:
+    def _log_transitions(self, inner: Any) -> None:
+        """Each transition of the election once, those its handlers made between
+        duty cycles (a NewLeadershipTerm's CANVASS -> FOLLOWER_REPLAY) included."""
+        if inner is None:
             return
-        window = image.term_buffer_length >> 2
-        known = max(leader_log_position, self.notified_commit_position)
-        if self.read_append_position() >= known - window:
-            self.host.add_live_destination()
+        logged = self._logged_transitions[1] if self._logged_transitions[0] is inner else 0
+        new = min(inner.transition_count - logged, len(inner.transitions))
+        for _, old_state, new_state, reason in list(inner.transitions)[len(inner.transitions) - new:]:
+            self.log_event(f"election {ElectionState(old_state).name} -> {ElectionState(new_state).name}: {reason}")
+        self._logged_transitions = (inner, inner.transition_count)
 
     # -- positions ----------------------------------------------------------------------
 
     def read_append_position(self) -> int:
         """How far the local log recording reaches, from its archive's rec-pos counter."""
-        if self._recording_position_counter_id == NULL_VALUE and self.log_recording_id != NULL_VALUE \
-                and self.log_session_id != NULL_VALUE:
-            self._recording_position_counter_id = self._find_recording_position_counter()
-        if self._recording_position_counter_id != NULL_VALUE:
-            position = self.aeron.counters_reader.counter_value(self._recording_position_counter_id)
+        counter_id = self._recording_position_counter()
+        if counter_id != NULL_VALUE:
+            position = self.aeron.counters_reader.counter_value(counter_id)
             if position > self.append_position:
                 self.append_position = position
         return self.append_position
@@ -1927,6 +1957,7 @@ class ConsensusModuleAgent:
 
     def on_multi_member_election_complete(self, role: ClusterRole, leader_member_id: int,
                                           leadership_term_id: int) -> None:
+        self._election_backoff.on_success()
         self.leader_member_id = leader_member_id
         self.set_leadership_term_id(leadership_term_id)
         self.set_role(role)
@@ -1953,10 +1984,15 @@ class ConsensusModuleAgent:
     # ----------------------------------------------------------------- misc
 
     def _error(self, text: str) -> None:
+        """An error: counted, recorded in the mark file's distinct error log (which
+        counts repeats and their times), and said on the console once per distinct
+        text, so a failure that repeats cannot flood the node's consensus.log."""
         self.error_counter.increment()
         self.record_error(f"consensus module: {text}")
         if self.is_multi_member:
-            self.log_event(f"error: {text}")
+            self._print_error(text)
+
+    report_error = _error
 
     def close(self) -> None:
         for session in list(self.sessions.values()) + self.pending_sessions + self.rejected_sessions + self.redirect_sessions:
@@ -2126,12 +2162,13 @@ class MemberElection:
     first acknowledgement), then runs ``election.Election`` with this node as its
     host.  ``state`` is the election state (INIT until it runs)."""
 
-    def __init__(self, agent: ConsensusModuleAgent, is_startup: bool) -> None:
+    def __init__(self, agent: ConsensusModuleAgent, is_startup: bool, not_before_ns: int = 0) -> None:
         self.agent = agent
         self.is_startup = is_startup
         self.election: Any = None
         self._ack_id = agent.next_ack_id() if is_startup else NULL_VALUE
         self._deadline_ns = 0
+        self._not_before_ns = not_before_ns  # (after a failed election: its back-off)
 
     @property
     def state(self) -> ElectionState:
@@ -2147,6 +2184,8 @@ class MemberElection:
     def do_work(self, now_ns: int) -> int:
         agent = self.agent
         if self.election is None:
+            if now_ns < self._not_before_ns:
+                return 0
             if self._ack_id != NULL_VALUE:
                 if self._deadline_ns == 0:
                     self._deadline_ns = now_ns + agent.context.service_ack_timeout_ns

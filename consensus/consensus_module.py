@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fulmar.aeron import Aeron
+from fulmar.agent import DUTY_CYCLE_ERROR_MAX_BACKOFF_NS
 from fulmar.archive.client import AeronArchive
 from fulmar.clock import epoch_ms
 from fulmar.codecs.generated import cluster as codecs
@@ -35,6 +36,7 @@ from fulmar.consensus.snapshot import CONSENSUS_MODULE_SNAPSHOT_TYPE_ID, decode_
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.permissions import make_directory
+from fulmar.retry import RetryBackoff
 from fulmar.stop_signals import StopKind, StopSignalHandlers, StopSignals
 
 # How long an orderly stop may take, from the request to the module's end
@@ -139,6 +141,7 @@ class ConsensusModule:
         next_mark_ms = 0
         stop_deadline_ns = 0
         waiting_said_for: ControlToggle | None = None
+        failures = RetryBackoff(max_ns=DUTY_CYCLE_ERROR_MAX_BACKOFF_NS)
         while not agent.terminated:
             while self._notes:
                 agent.log_event(self._notes.pop(0))
@@ -169,12 +172,21 @@ class ConsensusModule:
             except Exception as error:  # a bug: record it, keep serving
                 agent._error(f"{type(error).__name__}: {error}")
                 work = 0
+                # (idle() returns at once while work waits: a cycle that fails on
+                # that work every time backs off instead of spinning)
+                pause_ns = failures.on_failure(now_ns)
+            else:
+                pause_ns = 0
+                failures.on_success()
             now_ms = epoch_ms()
             if now_ms >= next_mark_ms:
                 self.mark_file.update_activity_timestamp(now_ms)
                 next_mark_ms = now_ms + 1000
             if self.aeron.is_closed:
                 raise ClusterTerminationError("the media driver went away")
+            if pause_ns:
+                idle.pause(pause_ns)
+                continue
             if not work:
                 idle.max_wait_ns = agent.idle_wait_ns(self.context.idle_max_wait_ns)
             idle.idle(work)

@@ -30,6 +30,11 @@ Rules beyond the seed, chosen for safety and written down here:
 * A NewLeadershipTerm whose ``nextLeadershipTermId`` is ``NULL_VALUE`` says
   "the leader's log has no entry for your last term": the follower drops that
   whole term (its entries cannot have been committed) and canvasses again.
+* A follower never completes its election without the log it needs: the log
+  subscription, the catchup destination and the live log destination are each
+  set up before the state that needs them moves on (the host retries a refused
+  registration with back-off and reports it once); what cannot be set up
+  within the leader heartbeat timeout sends the follower back to CANVASS.
 """
 
 from __future__ import annotations
@@ -206,18 +211,31 @@ class ElectionHost(Protocol):
         ...
 
     def join_log_as_follower(self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int,
-                             log_session_id: int) -> None:
-        """Create the log subscription for the leader's log, start recording it and
-        append the term to the recording log."""
+                             log_session_id: int) -> bool:
+        """Create the log subscription for the leader's log (no destination yet) and
+        start recording it.  True once done; False while the driver or the archive
+        refuses (the host retries with back-off on later calls and reports the error)."""
+        ...
+
+    def add_live_destination(self) -> bool:
+        """Receive the leader's live log on this member's log endpoint (idempotent).
+        True once added; False while the driver refuses it (a port still held, say:
+        retried with back-off on later calls)."""
+        ...
+
+    def is_catchup_near_live(self, leader_log_position: int) -> bool:
+        """A catching-up follower is close enough to ``leader_log_position`` for the
+        live log to join the catchup without a gap the log buffers cannot hold."""
         ...
 
     def is_log_connected(self) -> bool:
         """The leader's log (live or catchup) has connected to the log subscription."""
         ...
 
-    def catchup(self, leader_member_id: int, from_position: int) -> str:
+    def catchup(self, leader_member_id: int, from_position: int) -> str | None:
         """Add the catchup destination to the log subscription; returns the endpoint the
-        election sends to the leader in CatchupPosition."""
+        election sends to the leader in CatchupPosition, or None while the driver
+        refuses the destination (retried with back-off on later calls)."""
         ...
 
     def stop_catchup(self) -> None:
@@ -620,9 +638,14 @@ class Election:
         return work
 
     def follower_catchup_init(self, now_ns: int) -> int:
-        if not self.joined_log:
-            self._join_log()
-        self.catchup_endpoint = self.host.catchup(self.leader_member_id, self.append_position)
+        # Nothing is asked of the leader before the log can take the catchup;
+        # what the host cannot set up within the heartbeat timeout means CANVASS.
+        if not self.joined_log and not self._join_log():
+            return self._check_follower_progress(now_ns)
+        endpoint = self.host.catchup(self.leader_member_id, self.append_position)
+        if endpoint is None:
+            return self._check_follower_progress(now_ns)
+        self.catchup_endpoint = endpoint
         if not self._send_catchup_position(now_ns):
             return self._check_follower_progress(now_ns)
         self.state(ElectionState.FOLLOWER_CATCHUP_AWAIT, now_ns, "catchup requested")
@@ -656,24 +679,37 @@ class Election:
 
     def follower_catchup(self, now_ns: int) -> int:
         self.append_position = self.host.append_position()
-        work = self._follower_heartbeat(now_ns, APPEND_POSITION_FLAG_CATCHUP)
-        self._notify_commit()
-        if self.stop_catchup_received:
+        # Replay merge: near the leader's position the live log joins the catchup,
+        # before this member reports a position the leader takes as caught up
+        # (it stops the catchup replay then, and the live log must be flowing).
+        live = (self.stop_catchup_received or self.host.is_catchup_near_live(
+            max(self.leader_log_position, self.notified_commit_position))) and self.host.add_live_destination()
+        if live and self.stop_catchup_received:
             self.host.stop_catchup()
             self.state(ElectionState.FOLLOWER_LOG_INIT, now_ns, "StopCatchup")
-            return work + 1
+            return 1
+        work = self._follower_heartbeat(now_ns, APPEND_POSITION_FLAG_CATCHUP)
+        self._notify_commit()
+        # With the live destination refused (its port still held), nothing more
+        # arrives once the leader has stopped the catchup (StopCatchup): no
+        # progress for the heartbeat timeout means CANVASS, and a catchup that
+        # ended before the live log flowed is found in FOLLOWER_LOG_INIT; never
+        # an election completed on a log that does not flow.
         return work + self._check_follower_progress(now_ns)
 
     def follower_log_init(self, now_ns: int) -> int:
-        if self.joined_log:  # joined while catching up
+        if self.joined_log:  # joined while catching up, the live log added before StopCatchup
+            if not (self.host.add_live_destination() and self.host.is_log_connected()):
+                return self._check_follower_progress(now_ns)
             self.state(ElectionState.FOLLOWER_READY, now_ns, "log already joined")
         else:
-            self._join_log()
+            if not self._join_log():
+                return self._check_follower_progress(now_ns)
             self.state(ElectionState.FOLLOWER_LOG_AWAIT, now_ns, "log subscription created")
         return 1
 
     def follower_log_await(self, now_ns: int) -> int:
-        if self.host.is_log_connected():
+        if self.host.add_live_destination() and self.host.is_log_connected():
             self.state(ElectionState.FOLLOWER_READY, now_ns, "leader's log connected")
             return 1
         return self._check_follower_progress(now_ns)
@@ -788,11 +824,13 @@ class Election:
             return 1
         return 0
 
-    def _join_log(self) -> None:
-        self.host.join_log_as_follower(self.leader_member_id, self.leadership_term_id, self.term_base_log_position,
-                                       self.log_session_id)
+    def _join_log(self) -> bool:
+        if not self.host.join_log_as_follower(self.leader_member_id, self.leadership_term_id,
+                                              self.term_base_log_position, self.log_session_id):
+            return False
         self.log_leadership_term_id = self.leadership_term_id
         self.joined_log = True
+        return True
 
     def _notify_commit(self) -> None:
         if self.notified_commit_position != NULL_POSITION:

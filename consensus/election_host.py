@@ -18,6 +18,14 @@ The election decides; this module acts:
 Every wait is asynchronous: a method starts something and the election asks
 again on its next duty cycle (``replay_done``, ``is_log_connected``,
 ``ReplicationHandle.is_done``), so the module keeps answering its peers.
+
+The follower's registrations (the log subscription, the archive recording it,
+the catchup and live destinations) may be refused for a while: a restarted
+member's endpoint is still bound by its dead predecessor's subscription until
+the driver lets it go.  Each is a ``fulmar.retry.Retry``: tried again with an
+exponential back-off on the module's clock, its error said once, the election
+told "not yet" (it decides: go on, or back to CANVASS after the heartbeat
+timeout).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from fulmar.consensus.election import ElectionError, TermEntry
 from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE
 from fulmar.errors import FulmarError
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
+from fulmar.retry import Retry
 
 if TYPE_CHECKING:
     from fulmar.consensus.agent import ConsensusModuleAgent
@@ -106,10 +115,21 @@ class NodeElectionHost:
         self.replication: ArchiveReplication | None = None
         # The follower's log subscription and what hangs off it.
         self.log_subscription: "Subscription | None" = None
+        self._join_request: tuple[int, int, int, int] | None = None  # (leader, term, term base, session)
         self._channel_tag = NULL_VALUE
         self._log_session_id = NULL_VALUE
+        self._live_destination = f"aeron:udp?endpoint={self.this_member.log_endpoint}"
         self._live_destination_added = False
         self._catchup_destination: str | None = None
+        # What the driver or the archive may refuse for a while, each retried with back-off.
+        report, recovered = agent.report_error, agent.log_event
+        self._subscription_retry = Retry("adding the log subscription", report, recovered)
+        self._recording_retry = Retry("asking the archive to record the log", report, recovered)
+        self._live_destination_retry = Retry(f"adding the live log destination {self.this_member.log_endpoint}",
+                                             report, recovered)
+        self._catchup_destination_retry = Retry(
+            f"adding the catchup log destination {self.this_member.catchup_endpoint}", report, recovered)
+        self._recording_failure: str | None = None
         self._term_to_append: tuple[int, int] | None = None
         self._recording_requested = False
         self._recording_subscription_id = NULL_VALUE
@@ -202,7 +222,9 @@ class NodeElectionHost:
         if self.replication is not None:
             self.replication.on_error(text)
         if self._recording_requested:
-            raise ElectionError(f"the archive refused to record the leader's log: {text}")
+            # Told to the election at its next look at the log (it starts over):
+            # raised here it would break off the slow tick that reported it.
+            self._recording_failure = text
 
     def start_replay(self, from_position: int, to_position: int) -> None:
         if self.replay is not None:
@@ -246,28 +268,50 @@ class NodeElectionHost:
         return self.agent.append_new_leadership_term_event(log_position)
 
     def join_log_as_follower(self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int,
-                             log_session_id: int) -> None:
+                             log_session_id: int) -> bool:
         """The log subscription (no destination yet), the archive recording on
-        its endpoint; destinations come when the election says which."""
+        its endpoint; destinations come when the election says which.  Called
+        again after a refusal, it goes on where it stopped (once due)."""
         agent = self.agent
-        self.close_follower_log()
-        self._channel_tag = agent.aeron.next_correlation_id()
-        self._log_session_id = log_session_id
-        agent.log_session_id = log_session_id
+        request = (leader_member_id, leadership_term_id, term_base_log_position, log_session_id)
+        if self._join_request != request:
+            self.close_follower_log()
+            self._join_request = request
+            self._channel_tag = agent.aeron.next_correlation_id()
+            self._log_session_id = log_session_id
+            agent.log_session_id = log_session_id
+            self._term_to_append = (leadership_term_id, term_base_log_position)
+        if self.log_subscription is None:
+            self.log_subscription = self._subscription_retry.attempt(agent.now_ns, self._add_log_subscription)
+            if self.log_subscription is None:
+                return False
+        return self._request_recording()
+
+    def _add_log_subscription(self) -> "Subscription":
         params = self._log_params()
         owner = ChannelUri("udp", {**params, "control-mode": "manual", "tags": str(self._channel_tag),
-                                   "session-id": str(log_session_id)})
-        self.log_subscription = agent.aeron.add_subscription(str(owner), self.context.log_stream_id)
-        if agent.log_recording_id != NULL_VALUE:
-            self._recording_subscription_id = agent.archive.extend_recording(
-                agent.log_recording_id, self.shared_log_channel(), self.context.log_stream_id,
-                SourceLocation.REMOTE, auto_stop=True)
-        else:
-            self._recording_subscription_id = agent.archive.start_recording(
-                self.shared_log_channel(), self.context.log_stream_id, SourceLocation.REMOTE, auto_stop=True)
+                                   "session-id": str(self._log_session_id)})
+        return self.agent.aeron.add_subscription(str(owner), self.context.log_stream_id)
+
+    def _request_recording(self) -> bool:
+        """The archive records the log subscription's image (asked once, again after a refusal)."""
+        if self._recording_subscription_id != NULL_VALUE:
+            return True
+        subscription_id = self._recording_retry.attempt(self.agent.now_ns, self._start_recording)
+        if subscription_id is None:
+            return False
+        self._recording_subscription_id = subscription_id
         self._recording_requested = True
-        self._term_to_append = (leadership_term_id, term_base_log_position)
-        self._join_position = agent.read_append_position()
+        self._join_position = self.agent.read_append_position()
+        return True
+
+    def _start_recording(self) -> int:
+        agent = self.agent
+        if agent.log_recording_id != NULL_VALUE:
+            return agent.archive.extend_recording(agent.log_recording_id, self.shared_log_channel(),
+                                                  self.context.log_stream_id, SourceLocation.REMOTE, auto_stop=True)
+        return agent.archive.start_recording(self.shared_log_channel(), self.context.log_stream_id,
+                                             SourceLocation.REMOTE, auto_stop=True)
 
     def shared_log_channel(self) -> str:
         """The follower's log as the archive and the services subscribe to it: the
@@ -278,19 +322,39 @@ class NodeElectionHost:
         log = ChannelUri.parse(self.context.log_channel)
         return {k: v for k, v in log.params.items() if k in ("term-length", "mtu", "rcv-wnd", "so-rcvbuf")}
 
-    def add_live_destination(self) -> None:
-        if self.log_subscription is not None and not self._live_destination_added:
-            self.log_subscription.add_destination(f"aeron:udp?endpoint={self.this_member.log_endpoint}")
-            self._live_destination_added = True
+    def add_live_destination(self) -> bool:
+        if self._live_destination_added:
+            return True
+        subscription = self.log_subscription
+        if subscription is None:
+            return False
+        if self._live_destination_retry.attempt(
+                self.agent.now_ns, lambda: _add_destination(subscription, self._live_destination)) is None:
+            return False
+        self._live_destination_added = True
+        return True
+
+    def is_catchup_near_live(self, leader_log_position: int) -> bool:
+        """Within a quarter of a term of ``leader_log_position``: the live log that
+        arrives meanwhile waits in the image's term buffers, no gap to recover."""
+        image = self.log_image
+        if image is None:
+            return False
+        return self.agent.read_append_position() >= leader_log_position - (image.term_buffer_length >> 2)
 
     def is_log_connected(self) -> bool:
         """The image exists, the term is in the recording log and the services follow it."""
         agent = self.agent
         subscription = self.log_subscription
+        if self._recording_failure is not None:
+            failure, self._recording_failure = self._recording_failure, None
+            raise ElectionError(f"the archive refused to record the leader's log: {failure}")
         if subscription is None:
             return False
-        if self._catchup_destination is None:
-            self.add_live_destination()
+        image = self.log_image
+        if image is not None and (image.is_closed or image.is_end_of_stream):
+            # (A catchup that ended before the live log flowed: nothing more comes.)
+            raise ElectionError(f"the leader's log ended at {image.position} before this member followed it")
         if self.log_image is None:
             image = subscription.image_by_session_id(self._log_session_id)
             if image is None:
@@ -320,19 +384,24 @@ class NodeElectionHost:
             agent.refresh_append_position()
         return True
 
-    def catchup(self, leader_member_id: int, from_position: int) -> str:
-        if self._catchup_destination is None and self.log_subscription is not None:
-            self._catchup_destination = f"aeron:udp?endpoint={self.this_member.catchup_endpoint}"
-            self.log_subscription.add_destination(self._catchup_destination)
+    def catchup(self, leader_member_id: int, from_position: int) -> str | None:
+        subscription = self.log_subscription
+        if subscription is None:
+            return None
+        if self._catchup_destination is None:
+            destination = f"aeron:udp?endpoint={self.this_member.catchup_endpoint}"
+            if self._catchup_destination_retry.attempt(
+                    self.agent.now_ns, lambda: _add_destination(subscription, destination)) is None:
+                return None
+            self._catchup_destination = destination
         return self.this_member.catchup_endpoint
 
     def stop_catchup(self) -> None:
-        self.add_live_destination()
         if self._catchup_destination is not None and self.log_subscription is not None:
             try:
                 self.log_subscription.remove_destination(self._catchup_destination)
             except FulmarError as error:
-                self.agent.log_event(f"removing the catchup destination: {error}")
+                self.agent.report_error(f"removing the catchup log destination: {type(error).__name__}: {error}")
         self._catchup_destination = None
 
     def _purge_misplaced_recording(self) -> None:
@@ -348,16 +417,12 @@ class NodeElectionHost:
         except FulmarError as error:
             self.agent.log_event(f"purging the misplaced recording {recording_id}: {error}")
 
-    @property
-    def is_catching_up(self) -> bool:
-        return self._catchup_destination is not None
-
     def close_follower_log(self) -> None:
         agent = self.agent
         if self.log_subscription is not None:
             # The archive and the services share the endpoint and keep it open
             # for a while: its sockets go now, so the ports can be bound again.
-            live = f"aeron:udp?endpoint={self.this_member.log_endpoint}" if self._live_destination_added else None
+            live = self._live_destination if self._live_destination_added else None
             for destination in (live, self._catchup_destination):
                 if destination is not None:
                     try:
@@ -379,10 +444,15 @@ class NodeElectionHost:
             self._purge_misplaced_recording()
         self.log_subscription = None
         self.log_image = None
+        self._join_request = None
         self._live_destination_added = False
         self._catchup_destination = None
         self._recording_requested = False
+        self._recording_failure = None
         self._term_to_append = None
+        for retry in (self._subscription_retry, self._recording_retry, self._live_destination_retry,
+                      self._catchup_destination_retry):
+            retry.reset()
         self._join_ack_id = NULL_VALUE
         self.is_log_joined = False
         self.agent.on_log_image(None)
@@ -403,6 +473,11 @@ class NodeElectionHost:
 
     def election_complete(self, role: ClusterRole, leader_member_id: int, leadership_term_id: int) -> None:
         self.agent.on_multi_member_election_complete(role, leader_member_id, leadership_term_id)
+
+
+def _add_destination(subscription: "Subscription", destination: str) -> bool:
+    subscription.add_destination(destination)
+    return True
 
 
 def leader_log_channel(log_channel: str, term_length: int | None, mtu: int | None, initial_term_id: int | None,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from fulmar.broadcast import BroadcastTransmitter
 from fulmar.channel_uri import ChannelUri, InvalidChannelError, Tag
+from fulmar.client_liveness import declared_process, is_process_gone, pid_namespace
 from fulmar.cnc import CncFile
 from fulmar.codecs import CodecError
 from fulmar.codecs.generated import driver as protocol
@@ -78,7 +79,11 @@ class ControlProtocolError(Exception):
 class AeronClient:
     client_id: int
     heartbeat: AtomicCounter  # last keepalive, epoch ms
+    registered_ms: int = 0  # when the driver first heard of it (epoch ms)
     counters: dict[int, AtomicCounter] = field(default_factory=dict)  # by registration id
+    # The process the client declared in its heartbeat label (fulmar.client_liveness),
+    # once read: (pid, pid namespace).
+    process: tuple[int, int] | None = None
 
 
 @dataclass
@@ -144,6 +149,8 @@ class DriverConductor:
         self.static_counters: dict[tuple[int, int], int] = {}
         self.termination_requested = False
         self._next_timer_ns = 0
+        self._next_client_process_check_ns = 0
+        self._pid_namespace = pid_namespace()
         self._next_session_id = random.randint(-(2**31), 2**31 - 1)
         self._scratch = bytearray(64 * 1024)
         self._handlers: dict[int, Callable[[object], None]] = {
@@ -254,6 +261,9 @@ class DriverConductor:
             if client.heartbeat.get() + timeout_ms < now_ms:
                 self._on_client_timeout(client)
                 work += 1
+        if self.context.client_process_check and now_ns >= self._next_client_process_check_ns:
+            self._next_client_process_check_ns = now_ns + self.context.client_process_check_interval_ns
+            work += self._check_client_processes(now_ms)
         for publication in list(self.publications):
             if publication.state in (PublicationState.ACTIVE, PublicationState.DRAINING) and (
                 publication.check_for_blocked_publisher(now_ns, self.context.publication_unblock_timeout_ns)
@@ -321,7 +331,7 @@ class DriverConductor:
                 client_id.to_bytes(8, "little", signed=True),
                 registration_id=client_id,
             )
-            client = self.clients[client_id] = AeronClient(client_id, heartbeat)
+            client = self.clients[client_id] = AeronClient(client_id, heartbeat, self.epoch_clock_ms())
             self.system[SystemCounter.ACTIVE_CLIENTS].set(len(self.clients))
         client.heartbeat.set(self.epoch_clock_ms())
         return client
@@ -859,11 +869,34 @@ class DriverConductor:
             return
         self._close_client(client)
 
-    def _on_client_timeout(self, client: AeronClient) -> None:
+    def _on_client_timeout(self, client: AeronClient, reason: str = "no keepalive for the liveness timeout") -> None:
         self.system[SystemCounter.CLIENT_TIMEOUTS].increment()
-        self.record_error(f"client {client.client_id} timed out: no keepalive for the liveness timeout")
+        self.record_error(f"client {client.client_id} timed out: {reason}")
         self._close_client(client)
         self._send(protocol.OnClientTimeoutEncoder, client_id=client.client_id)
+
+    def _check_client_processes(self, now_ms: int) -> int:
+        """Close at once a quiet client whose declared process is gone (see
+        fulmar.client_liveness): what it registered (UDP ports above all) is
+        free for a restarted process now, not after the liveness timeout.  Only
+        clients quiet for longer than a keepalive interval are looked at, so a
+        healthy client costs nothing here."""
+        quiet_ms = self.context.client_process_check_quiet_ns // 1_000_000
+        work = 0
+        for client in list(self.clients.values()):
+            if client.heartbeat.get() + quiet_ms >= now_ms or self._pid_namespace is None:
+                continue
+            if client.process is None:
+                # Read until found: a client declares itself a keepalive after
+                # its first command, and a real Aeron client never does.
+                client.process = declared_process(self.counters.counter_label(client.heartbeat.id))
+                if client.process is None:
+                    continue
+            pid, namespace = client.process
+            if namespace == self._pid_namespace and is_process_gone(pid, client.registered_ms):
+                self._on_client_timeout(client, f"its process {pid} is gone")
+                work += 1
+        return work
 
     def _close_client(self, client: AeronClient) -> None:
         """Release everything a client held: its publications, subscriptions and counters."""

@@ -22,6 +22,15 @@ class DriverContext:
     cnc_layout: CncLayout = field(default_factory=CncLayout)
     # A client that has not sent a keepalive for this long is closed.
     client_liveness_timeout_ns: int = DEFAULT_CLIENT_LIVENESS_TIMEOUT_NS
+    # A client that declared its process (fulmar.client_liveness) and has sent
+    # no keepalive for this long (two of fulmar's and Aeron's 500 ms keepalive
+    # intervals) is closed at once if that process is gone; how often the
+    # quiet clients are looked at.  A dead process's UDP ports are free again
+    # within about a second, not after the liveness timeout.  Off: the
+    # liveness timeout only (Aeron's driver).
+    client_process_check: bool = True
+    client_process_check_quiet_ns: int = 1_000_000_000
+    client_process_check_interval_ns: int = 100_000_000
     # IPC log buffers (Aeron's defaults: 64 MiB terms, a window of half a term).
     ipc_term_length: int = 64 * 1024 * 1024
     ipc_mtu: int = 1408

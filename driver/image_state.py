@@ -17,12 +17,16 @@ initial_window_length=128 KiB, status_message_timeout_ns=200 ms, image_liveness_
 
 From the network (the receiver, for each DATA or PAD datagram of this session and stream):
 
-``insert_packet(term_id, term_offset, datagram, now_ns) -> PacketVerdict``
+``insert_packet(term_id, term_offset, datagram, now_ns, record_eos=True) -> PacketVerdict``
     Everything Aeron's ``insertPacket`` does: a heartbeat (a 32-byte frame
     of length 0) or an EOS flag is read from the first header; a packet
     outside the receiver's window is dropped (``OVER_RUN``/``UNDER_RUN``);
     data is inserted into the log (``INVALID`` if the datagram is malformed:
-    count it, nothing was written); then ``on_data`` records it.
+    count it, nothing was written); then ``on_data`` records it.  An accepted
+    packet's EOS position is left in ``packet_eos_position`` (None without
+    the flag); with ``record_eos=False`` it does not end the stream: an image
+    fed by several sources ends only once every one has (the caller decides,
+    then calls ``end_stream``).
 ``on_data(term_id, term_offset, length, now_ns, is_heartbeat=False, is_eos=False) -> PacketVerdict``
     The bookkeeping alone, for a packet whose bytes the caller handles: the
     window check, then the high-water mark (HWM: the highest position any
@@ -31,6 +35,8 @@ From the network (the receiver, for each DATA or PAD datagram of this session an
 ``request_status_message()``
     Makes a status message (SM) due at once, e.g. when the sender's SETUPs
     show it has not heard ours.
+``end_stream(position)``
+    The stream ends at ``position`` (the first such call counts).
 
 Duty cycle (each returns a work count or what to send):
 
@@ -60,7 +66,7 @@ Counts for the agent's counters: ``heartbeats_received``,
 ``status_messages_sent``, ``naks_sent``.
 
 Not here (the receiver's or conductor's business): images fed by several
-transports (multi-destination), unreliable streams that pad over gaps
+transports (multi-destination: which sources have ended), unreliable streams that pad over gaps
 instead of NAKing, RTT measurement, congestion control beyond Aeron's static
 window, image state transitions after draining.
 """
@@ -160,6 +166,7 @@ class ImageReceiveState:
         self.hwm_position = join_position
         self.rebuild_position = join_position
         self.end_of_stream_position: int | None = None
+        self.packet_eos_position: int | None = None
         self._time_of_last_packet_ns = now_ns
         self._is_rebuilding = True
         self._sending_eos_sm = False
@@ -186,8 +193,10 @@ class ImageReceiveState:
     # From the network.
 
     def insert_packet(
-        self, term_id: int, term_offset: int, datagram: bytes | bytearray | memoryview, now_ns: int
+        self, term_id: int, term_offset: int, datagram: bytes | bytearray | memoryview, now_ns: int,
+        record_eos: bool = True,
     ) -> PacketVerdict:
+        self.packet_eos_position = None
         length = len(datagram) if isinstance(datagram, bytes) else memoryview(datagram).nbytes
         if length < HEADER_LENGTH or not (0 <= term_offset < self._term_length):
             self.invalid_packets += 1
@@ -205,7 +214,10 @@ class ImageReceiveState:
                 self.invalid_packets += 1
                 return PacketVerdict.INVALID
         if verdict is PacketVerdict.DATA or verdict is PacketVerdict.HEARTBEAT:
-            self._record(position, length, now_ns, is_heartbeat, bool(flags & EOS_FLAG))
+            is_eos = bool(flags & EOS_FLAG)
+            if is_eos:
+                self.packet_eos_position = position if is_heartbeat else position + length
+            self._record(position, length, now_ns, is_heartbeat, is_eos and record_eos)
         return verdict
 
     def on_data(
@@ -255,10 +267,14 @@ class ImageReceiveState:
             self.hwm_position = end_position
         if is_heartbeat:
             self.heartbeats_received += 1
-        if is_eos and self.end_of_stream_position is None:
-            self.end_of_stream_position = end_position
+        if is_eos:
+            self.end_stream(end_position)
+
+    def end_stream(self, position: int) -> None:
+        if self.end_of_stream_position is None:
+            self.end_of_stream_position = position
             # Subscribers' images see the end of the stream through the log.
-            self.log.end_of_stream_position = end_position
+            self.log.end_of_stream_position = position
 
     @property
     def has_gap(self) -> bool:

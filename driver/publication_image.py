@@ -10,7 +10,7 @@ from fulmar.counters import AtomicCounter
 from fulmar.logbuffer import LogBuffers
 
 from fulmar.driver.counters import SystemCounter, SystemCounters
-from fulmar.driver.image_state import ImageReceiveState
+from fulmar.driver.image_state import ImageReceiveState, PacketVerdict
 from fulmar.driver.ipc_publication import PublicationState, SubscriberLink
 from fulmar.driver.receive_channel_endpoint import ReceiveChannelEndpoint
 from fulmar.driver.udp_transport import UdpAddress
@@ -41,6 +41,10 @@ class PublicationImage:
         # Where status messages and NAKs go: each source feeding the image,
         # by the transport it arrives on (several for a multi-destination subscription).
         self.sources: dict[int, UdpAddress] = {transport_index: control_address}
+        # Where each source's stream ended (EOS), by transport: an image fed by
+        # several (a multi-destination subscription: a catchup replay merged
+        # into the live log) ends only once every destination's source has.
+        self.eos_positions: dict[int, int] = {}
         # Aeron's form: "host:port" of the sender's control address.
         host, port = control_address.socket_address[:2]
         self.source_identity = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
@@ -62,6 +66,27 @@ class PublicationImage:
     @property
     def log_file_name(self) -> str:
         return str(self.log.path)
+
+    def insert_packet(self, transport_index: int, term_id: int, term_offset: int, datagram: memoryview,
+                      now_ns: int) -> PacketVerdict:
+        """A DATA or PAD datagram of this image's session from ``transport_index``.
+
+        As Aeron's PublicationImage with its image connections: on a
+        multi-destination endpoint the end of one source's stream (a catchup
+        replay closed once the live log has caught up) does not end the image
+        while another destination may still bring the stream; it ends when
+        every bound destination's source has sent its EOS, at the furthest."""
+        state = self.state
+        if not self.endpoint.is_manual:
+            return state.insert_packet(term_id, term_offset, datagram, now_ns)
+        verdict = state.insert_packet(term_id, term_offset, datagram, now_ns, record_eos=False)
+        eos = state.packet_eos_position
+        if eos is not None and verdict in (PacketVerdict.DATA, PacketVerdict.HEARTBEAT):
+            self.eos_positions[transport_index] = eos
+            bound = [index for index, transport in enumerate(self.endpoint.transports) if transport is not None]
+            if all(index in self.eos_positions for index in bound):
+                state.end_stream(max(self.eos_positions.values()))
+        return verdict
 
     def join_position(self) -> int:
         """A late subscriber starts where the slowest subscriber is (Aeron's

@@ -88,6 +88,7 @@ class ReceiveChannelEndpoint:
                 self.transports[index] = None
                 for image in self.images.values():
                     image.sources.pop(index, None)
+                    image.eos_positions.pop(index, None)
                 return transport
         return None
 
@@ -152,7 +153,7 @@ class ReceiveChannelEndpoint:
                 return
             if transport_index not in image.sources:
                 image.sources[transport_index] = source  # one more source feeding this image
-            verdict = image.state.insert_packet(term_id, term_offset, datagram, now_ns)
+            verdict = image.insert_packet(transport_index, term_id, term_offset, datagram, now_ns)
             if verdict is PacketVerdict.INVALID:
                 raise CodecError(f"malformed DATA for session {session_id} stream {stream_id}")
             # Outside the receiver window: dropped, and counted as Aeron does

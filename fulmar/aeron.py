@@ -25,7 +25,8 @@ from fulmar.broadcast import BroadcastReceiver, CopyBroadcastReceiver, UnableToK
 from fulmar.cnc import CncError, CncFile
 from fulmar.codecs.generated import driver as protocol
 from fulmar.codecs.runtime import MessageEncoder
-from fulmar.counters import AtomicCounter, CountersReader
+from fulmar.client_liveness import process_declaration
+from fulmar.counters import NULL_COUNTER_ID, AtomicCounter, CountersReader, append_to_label
 from fulmar.errors import FulmarError
 from fulmar.logbuffer import LogBuffers
 from fulmar.publication import ExclusivePublication, Publication
@@ -35,6 +36,7 @@ from fulmar.subscription import Image, ImageHandler, Subscription
 SENDER_BPE_TYPE_ID = 13  # fulmar.driver.counters: the transport client does not import the driver
 PUBLISHER_MESSAGES_TYPE_ID = 90
 LOCAL_SOCKADDR_TYPE_ID = 14
+CLIENT_HEARTBEAT_TYPE_ID = 11
 
 
 class DriverTimeoutError(FulmarError):
@@ -133,6 +135,9 @@ class ClientConductor:
         self._log_buffers: dict[str, tuple[LogBuffers, int]] = {}  # path -> (mapping, users)
         self._lingering: list[tuple[int, str]] = []  # (unmap deadline, path)
         self._next_keepalive_ns = 0
+        # Whether this client's process is named in its heartbeat counter's label
+        # (see fulmar.client_liveness): done once the driver has allocated it.
+        self._process_declared = False
         # Keep alive well within the driver's liveness timeout, whatever it is.
         self._keepalive_interval_ns = min(context.keepalive_interval_ns, cnc.client_liveness_timeout_ns // 4)
         self._closed = False
@@ -167,9 +172,23 @@ class ClientConductor:
             self._fail(error)
             return
         self._send(protocol.ClientKeepaliveEncoder, client_id=self.client_id, correlation_id=0)
+        if not self._process_declared:
+            self._declare_process()
         while self._lingering and self._lingering[0][0] <= now_ns:
             _, path = self._lingering.pop(0)
             self._unmap(path)
+
+    def _declare_process(self) -> None:
+        """Append this process to the heartbeat counter the driver allocated for
+        this client (on its first command), so that the driver can close this
+        client as soon as the process dies instead of after the liveness timeout."""
+        counter_id = self.counters_reader.find_by_type_and_registration(CLIENT_HEARTBEAT_TYPE_ID, self.client_id)
+        if counter_id == NULL_COUNTER_ID:
+            return  # not allocated yet: the next keepalive tick looks again
+        self._process_declared = True
+        declaration = process_declaration()
+        if declaration is not None:
+            append_to_label(self.counters_reader.metadata_buffer, counter_id, declaration)
 
     def _check_driver_alive(self) -> None:
         age_ms = int(time.time() * 1000) - self.to_driver.consumer_heartbeat_time

@@ -11,7 +11,8 @@ code runs under a simulated clock in tests.
 - :class:`CompositeAgent` puts several agents on one thread.
 
 An exception from ``do_work`` goes to the error handler and the error counter
-and the loop carries on; :class:`AgentTerminationException` stops it.
+and the loop carries on after a back-off (growing while cycles keep failing);
+:class:`AgentTerminationException` stops it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,13 @@ from typing import Protocol
 
 from fulmar.errors import FulmarError
 from fulmar.idle import IdleStrategy
+from fulmar.retry import RetryBackoff
 
 Clock = Callable[[], int]
+# A duty cycle that raised waits before the next one, doubling from 1 ms while
+# cycles keep failing, up to this: a broken agent costs ten cycles a second,
+# and one that recovers has lost at most a tenth of a second.
+DUTY_CYCLE_ERROR_MAX_BACKOFF_NS = 100_000_000
 ErrorHandler = Callable[[BaseException], None]
 
 
@@ -124,18 +130,23 @@ class AgentRunner:
         except Exception as error:  # noqa: BLE001 - reported, then the agent is closed
             report(error)
             self._running = False
+        failures = RetryBackoff(max_ns=DUTY_CYCLE_ERROR_MAX_BACKOFF_NS)
         try:
             while self._running:
+                now_ns = clock()
                 try:
-                    work_count = agent.do_work(clock())
+                    work_count = agent.do_work(now_ns)
                 except AgentTerminationException as error:
                     report(error)
                     self._running = False
                     break
                 except Exception as error:  # noqa: BLE001 - reported; the duty cycle goes on
                     report(error)
-                    # Idle as if nothing was done, so a failing agent does not spin.
-                    work_count = 0
+                    # Not at once: idle() returns at once while work waits, and
+                    # that work may be what fails, so a failing agent would spin.
+                    idle.pause(failures.on_failure(now_ns))
+                    continue
+                failures.on_success()
                 idle.idle(work_count)
         except Exception as error:  # noqa: BLE001 - the idle strategy failed: stop, loudly
             report(error)

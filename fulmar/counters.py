@@ -107,6 +107,18 @@ def _encode_label(label: str, max_length: int = MAX_LABEL_LENGTH) -> bytes:
     return encoded[:max_length].decode("utf-8", errors="ignore").encode("utf-8")
 
 
+def append_to_label(metadata: AtomicBuffer, counter_id: int, suffix: str) -> None:
+    """Append to a counter's label, keeping what fits in 380 bytes (Aeron's
+    ``AeronCounters.appendToLabel``): how a client adds what it knows about
+    itself to the heartbeat counter the driver allocated for it.  The bytes go
+    in before the length that publishes them."""
+    offset = metadata_offset(counter_id)
+    existing = max(0, min(metadata.get_int32_volatile(offset + LABEL_LENGTH_OFFSET), MAX_LABEL_LENGTH))
+    suffix_bytes = _encode_label(suffix, MAX_LABEL_LENGTH - existing)
+    metadata.put_bytes(offset + LABEL_OFFSET + existing, suffix_bytes)
+    metadata.put_int32_ordered(offset + LABEL_LENGTH_OFFSET, existing + len(suffix_bytes))
+
+
 class CountersReader:
     """Reads counters written by a :class:`CountersManager`, from any process."""
 
@@ -409,11 +421,7 @@ class CountersManager(CountersReader):
     def append_to_label(self, counter_id: int, suffix: str) -> None:
         """Append to the label, keeping what fits in 380 bytes."""
         self._check_allocated(counter_id)
-        offset = metadata_offset(counter_id)
-        existing = self._metadata.get_int32_volatile(offset + LABEL_LENGTH_OFFSET)
-        suffix_bytes = _encode_label(suffix, MAX_LABEL_LENGTH - existing)
-        self._metadata.put_bytes(offset + LABEL_OFFSET + existing, suffix_bytes)
-        self._metadata.put_int32_ordered(offset + LABEL_LENGTH_OFFSET, existing + len(suffix_bytes))
+        append_to_label(self._metadata, counter_id, suffix)
 
     def set_counter_key(self, counter_id: int, key: bytes | bytearray | memoryview) -> None:
         self._check_allocated(counter_id)

@@ -133,6 +133,14 @@ class IdleStrategy:
     def reset(self) -> None:
         """Forget any backoff state (the next idle starts from the beginning)."""
 
+    def pause(self, duration_ns: int) -> None:
+        """Wait ``duration_ns`` whatever work is waiting: after a duty cycle that
+        raised, so that one failing on every cycle backs off instead of spinning
+        (``idle`` returns at once while work is waiting, and the work that waits
+        may be what keeps failing).  The runner's back-off, never an agent's."""
+        if duration_ns > 0:
+            time.sleep(duration_ns / 1e9)
+
     def wake(self) -> None:
         """Cut short an idle in progress on another thread, where that is possible.
 

@@ -9,7 +9,10 @@ report their append position; leader heartbeat timeout and inactive follower
 quorum start new elections).  Consensus messages go through the real
 ``ConsensusPublisher`` / ``ConsensusAdapter`` codecs over a simulated network
 with seeded drop, delay, duplicate, reorder, partition and heal; members
-crash and restart with their durable state.  Time is simulated: one seed is
+crash and restart with their durable state, and a restarted member may find
+its log endpoints still held by its dead predecessor for a while (the driver
+refuses its catchup and live destinations until then, as a real driver does
+until it lets the dead process's registrations go).  Time is simulated: one seed is
 one reproducible run.
 
 Safety checks, all the time: at most one leader per leadership term; a
@@ -166,6 +169,9 @@ class SimNode:
         self.candidate_term_id = NULL_VALUE
         self.alive = True
         self.writes = 0
+        # Until then the driver refuses this member's live and catchup log destinations.
+        self.live_endpoint_free_at_ns = 0
+        self.catchup_endpoint_free_at_ns = 0
         self._reset_volatile()
 
     def _codec_error(self, text: str) -> None:
@@ -238,6 +244,9 @@ class SimNode:
     def restart(self, now_ns: int) -> None:
         self.sim.trace(f"member {self.member_id} restarts")
         self.alive = True
+        if now_ns > 0 and self.sim.held_endpoint_max_ms:
+            self.live_endpoint_free_at_ns = now_ns + self.sim.rng.randint(0, self.sim.held_endpoint_max_ms) * MS
+            self.catchup_endpoint_free_at_ns = self.sim.rng.randint(now_ns, self.live_endpoint_free_at_ns)
         self._reset_volatile()
         self.election = Election(
             self.member_id, list(range(self.sim.member_count)), self, self.publisher, self.sim.rng,
@@ -398,10 +407,17 @@ class SimNode:
         return True
 
     def join_log_as_follower(self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int,
-                             log_session_id: int) -> None:
+                             log_session_id: int) -> bool:
         self.subscribed = (leader_member_id, leadership_term_id)
         self.term_base = term_base_log_position
         self.append_term(leadership_term_id, term_base_log_position)
+        return True
+
+    def add_live_destination(self) -> bool:
+        return self.sim.now_ns >= self.live_endpoint_free_at_ns
+
+    def is_catchup_near_live(self, leader_log_position: int) -> bool:
+        return True
 
     def is_log_connected(self) -> bool:
         if self.subscribed is None:
@@ -412,7 +428,9 @@ class SimNode:
             return False
         return not self.catching_up or self.member_id in leader.catchups
 
-    def catchup(self, leader_member_id: int, from_position: int) -> str:
+    def catchup(self, leader_member_id: int, from_position: int) -> str | None:
+        if self.sim.now_ns < self.catchup_endpoint_free_at_ns:
+            return None
         self.catching_up = True
         return f"sim-member-{self.member_id}:catchup"
 
@@ -579,6 +597,8 @@ class Simulation:
         self.delay_max_ns = rng.choice([2, 10, 50, 200]) * MS
         self.partition_rate = rng.choice([0.0, 0.002, 0.01, 0.03])
         self.crash_rate = rng.choice([0.0, 0.0005, 0.002, 0.005])
+        # How long a restarted member's endpoints may stay held (up to two heartbeat timeouts).
+        self.held_endpoint_max_ms = rng.choice([0, 1000, 4000])
         # the liveness bound after healing: stale roles time out, then a few election rounds
         self.liveness_bound_ns = timeouts.startup_canvass_timeout_ns + timeouts.leader_heartbeat_timeout_ns \
             + 20 * timeouts.election_timeout_ns

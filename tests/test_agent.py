@@ -10,7 +10,7 @@ import pytest
 
 from fulmar.agent import Agent, AgentInvoker, AgentRunner, AgentTerminationException, CompositeAgent
 from fulmar.buffers import AtomicBuffer
-from fulmar.idle import Doorbell, DoorbellIdleStrategy, SleepingIdleStrategy
+from fulmar.idle import Doorbell, DoorbellIdleStrategy, NoOpIdleStrategy, SleepingIdleStrategy
 
 
 def poll(condition: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
@@ -122,6 +122,32 @@ def test_runner_reports_and_counts_errors_and_keeps_going(errors: Errors, runner
     failed_calls = len(agent.times) // 2
     assert errors.count == len(errors.errors) == failed_calls >= 4
     assert [str(e) for e in errors.errors[:2]] == ["bad cycle 2", "bad cycle 4"]
+
+
+def test_a_runner_backs_off_while_every_cycle_fails_and_resumes_at_once_after(
+        errors: Errors, runners: list[AgentRunner]) -> None:
+    """A duty cycle that raises on every call (on work that keeps waiting, so
+    the idle strategy would return at once) must not spin: the runner waits
+    1, 2, 4 ... up to 100 ms between failing cycles (issue 18)."""
+    failing = threading.Event()
+    failing.set()
+
+    def behaviour(call: int) -> int:
+        if failing.is_set():
+            raise ValueError("the same failure, every cycle")
+        return 1
+
+    agent = RecordingAgent(behaviour=behaviour)
+    runner = AgentRunner(agent, NoOpIdleStrategy(), errors.handle, error_counter=errors.increment)
+    runners.append(runner)
+    runner.start()
+    time.sleep(0.5)  # (a bounded look at the failing agent)
+    failed = len(agent.times)
+    assert 5 <= failed <= 15, f"{failed} failing cycles in half a second"
+    failing.clear()
+    poll(lambda: len(agent.times) >= failed + 1_000, what="cycles at full speed once it works again")
+    runner.close()
+    assert errors.count == len(errors.errors) >= failed - 1
 
 
 def test_termination_stops_the_runner(errors: Errors, runners: list[AgentRunner]) -> None:

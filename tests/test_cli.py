@@ -208,7 +208,8 @@ def test_counters_errors_and_status_of_a_live_driver(workspace: Path) -> None:
         assert (errors_counter["type_id"], errors_counter["type"]) == (SYSTEM_COUNTER_TYPE_ID, "system")
         assert errors_counter["value"] == 1
         assert counters["Active clients"]["value"] == 1
-        heartbeat = counters[f"client-heartbeat: {aeron.client_id}"]
+        # (A fulmar client appends its process to the label: see fulmar.client_liveness.)
+        heartbeat = next(c for label, c in counters.items() if label.split(" pid=")[0] == f"client-heartbeat: {aeron.client_id}")
         assert (heartbeat["type_id"], heartbeat["type"]) == (CLIENT_HEARTBEAT_TYPE_ID, "client-heartbeat")
         assert heartbeat["registration_id"] == aeron.client_id
         assert abs(heartbeat["value"] - time.time() * 1000) < 60_000  # a recent keepalive, epoch ms

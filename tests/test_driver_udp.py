@@ -276,6 +276,56 @@ def test_a_multi_destination_subscription_merges_two_sources_of_one_stream(two_d
         assert received[-1] == 2_000
 
 
+def test_the_end_of_one_merged_source_does_not_end_the_image(two_drivers) -> None:
+    """Replay merge as a catching-up cluster follower does it (issue 18): the
+    copy (a catchup replay) closes while both destinations are bound, its EOS
+    arrives, and the image goes on with the live stream; the image ends only
+    when every destination's source has ended (Aeron's image connections)."""
+    live_driver, receiving_driver = two_drivers
+    copy_port, live_port = free_udp_port(), free_udp_port()
+    start = "|session-id=778|init-term-id=5|term-id=5|term-offset=0|term-length=64k"
+    unavailable: list[object] = []
+    with receiving_driver.connect() as local, live_driver.connect() as remote:
+        subscription = local.add_subscription("aeron:udp?control-mode=manual", STREAM,
+                                              on_unavailable_image=unavailable.append)
+        subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{copy_port}")
+        subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{live_port}")
+        copy = local.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{copy_port}{start}", STREAM)
+        live = remote.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{live_port}{start}", STREAM)
+        wait_for(lambda: copy.is_connected and live.is_connected and subscription.image_count == 1, 10, "one image")
+        image = subscription.images[0]
+        received: list[int] = []
+
+        def read() -> bool:
+            subscription.poll(lambda b, o, n, h: received.append(struct.unpack_from("<q", b, o)[0]), 500)
+            return True
+
+        for seq in range(100):  # both carry the same stream, position for position
+            wait_for(lambda: read() and copy.offer(struct.pack("<q", seq) * 4) > 0, 10, "a copy offer")
+            wait_for(lambda: read() and live.offer(struct.pack("<q", seq) * 4) > 0, 10, "a live offer")
+        wait_for(lambda: read() and len(received) >= 100, 10, "the merged stream")
+        copy.close()  # the replay ends: its EOS heartbeats reach the copy destination
+        # A bounded look, the live stream going on: a second holds about ten of
+        # the closed copy's EOS heartbeats (100 ms apart), each of which used to
+        # end the image (and the archive's recording of it with it).
+        seq = 100
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            wait_for(lambda: read() and live.offer(struct.pack("<q", seq) * 4) > 0, 10, "a live offer")
+            seq += 1
+            time.sleep(0.01)
+            assert not image.is_end_of_stream, f"the image ended with the copy, at {image.position}"
+        for seq in range(seq, 200 + seq):
+            wait_for(lambda: read() and live.offer(struct.pack("<q", seq) * 4) > 0, 10, "a live offer")
+        wait_for(lambda: read() and len(received) >= seq + 1, 10, "the live stream after the copy ended")
+        assert received == list(range(seq + 1))
+        assert not image.is_end_of_stream and not unavailable
+        assert subscription.image_count == 1 and subscription.images[0] is image
+        live.close()  # now every source has ended: so has the image
+        wait_for(lambda: read() and image.is_end_of_stream, 10, "the end of the stream")
+        wait_for(lambda: read() and unavailable, 10, "the image to go")
+
+
 def test_a_restarted_receiver_gets_a_new_image(two_drivers) -> None:
     sender, receiver = two_drivers
     port = free_udp_port()

@@ -49,6 +49,12 @@ class FakeHost:
         self.replications: list[FakeReplication] = []
         self.replay_finished = True
         self.connected = False
+        # What the driver refuses (a port still held by a dead process): False until it is free.
+        self.subscription_ok = True
+        self.live_destination_ok = True
+        self.catchup_destination_ok = True
+        self.near_live = False
+        self.live_destination_added = False
         self.candidate_term_id = NULL_VALUE
         self.role = ClusterRole.FOLLOWER
         self.completed: tuple[Any, ...] | None = None
@@ -116,15 +122,34 @@ class FakeHost:
         return True
 
     def join_log_as_follower(self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int,
-                             log_session_id: int) -> None:
+                             log_session_id: int) -> bool:
+        if not self.subscription_ok:
+            self.calls.append(("join_log_as_follower refused",))
+            return False
         self.calls.append(("join_log_as_follower", leader_member_id, leadership_term_id, term_base_log_position,
                            log_session_id))
         self.append_term(leadership_term_id, term_base_log_position)
+        return True
+
+    def add_live_destination(self) -> bool:
+        if not self.live_destination_ok:
+            self.calls.append(("add_live_destination refused",))
+            return False
+        if not self.live_destination_added:
+            self.calls.append(("add_live_destination",))
+        self.live_destination_added = True
+        return True
+
+    def is_catchup_near_live(self, leader_log_position: int) -> bool:
+        return self.near_live
 
     def is_log_connected(self) -> bool:
         return self.connected
 
-    def catchup(self, leader_member_id: int, from_position: int) -> str:
+    def catchup(self, leader_member_id: int, from_position: int) -> str | None:
+        if not self.catchup_destination_ok:
+            self.calls.append(("catchup refused",))
+            return None
         self.calls.append(("catchup", leader_member_id, from_position))
         return "localhost:9005"
 
@@ -741,6 +766,179 @@ def test_replication_failure_returns_to_canvass() -> None:
     election.do_work(1)
     assert election.state_value == ElectionState.CANVASS
     assert host.replications[-1].closed
+
+
+# --------------------------------------------------------------------------- what the follower's log needs (issue 18)
+
+HEARTBEAT_TIMEOUT = TIMEOUTS.leader_heartbeat_timeout_ns
+
+
+def to_follower_log_init(host: FakeHost) -> tuple[Election, FakeHost, RecordingPublisher]:
+    """A follower whose log matches the leader's: FOLLOWER_LOG_INIT at time 1."""
+    election, host, publisher = make(host=host)
+    to_canvass(election)
+    new_leadership_term(election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1,
+                        base=1024, pos=1024)
+    election.do_work(1)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_INIT
+    return election, host, publisher
+
+
+def to_follower_catchup_init(host: FakeHost) -> tuple[Election, FakeHost, RecordingPublisher]:
+    """A follower behind in the leader's current term: FOLLOWER_CATCHUP_INIT at time 1."""
+    election, host, publisher = make(host=host)
+    to_canvass(election)
+    new_leadership_term(election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION,
+                        term=2, base=C, pos=D)
+    election.do_work(1)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP_INIT
+    return election, host, publisher
+
+
+def test_a_follower_whose_live_destination_is_refused_is_not_ready_until_it_is_added() -> None:
+    election, host, publisher = to_follower_log_init(FakeHost([(0, 0)], append=1024))
+    host.live_destination_ok = False
+    host.connected = True
+    election.do_work(2)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_AWAIT
+    for now in range(3, 100):
+        election.do_work(now * MS)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_AWAIT  # connected, yet no live log: not ready
+    assert host.completed is None
+    host.live_destination_ok = True
+    election.do_work(100 * MS)
+    assert election.state_value == ElectionState.FOLLOWER_READY
+    election.do_work(101 * MS)
+    assert election.state_value == ElectionState.CLOSED
+    assert host.completed == (ClusterRole.FOLLOWER, 1, 1)
+
+
+def test_a_follower_whose_live_destination_stays_refused_canvasses_after_the_heartbeat_timeout() -> None:
+    election, host, publisher = to_follower_log_init(FakeHost([(0, 0)], append=1024))
+    host.live_destination_ok = False
+    host.connected = True
+    election.do_work(2)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_AWAIT
+    election.do_work(2 + HEARTBEAT_TIMEOUT - 1)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_AWAIT
+    election.do_work(2 + HEARTBEAT_TIMEOUT)
+    assert election.state_value == ElectionState.CANVASS
+    assert election.transitions[-1][3] == "no progress in FOLLOWER_LOG_AWAIT"
+    assert host.named("prepare_for_election")  # the log subscription goes with the attempt
+    assert host.completed is None
+
+
+def test_a_follower_whose_log_subscription_is_refused_retries_then_canvasses() -> None:
+    election, host, publisher = to_follower_log_init(FakeHost([(0, 0)], append=1024))
+    host.subscription_ok = False
+    election.do_work(2)
+    election.do_work(3)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_INIT
+    assert len(host.named("join_log_as_follower refused")) == 2  # asked again (the host backs off)
+    host.subscription_ok = True
+    election.do_work(4)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_AWAIT
+    assert election.joined_log
+
+    election, host, publisher = to_follower_log_init(FakeHost([(0, 0)], append=1024))
+    host.subscription_ok = False
+    election.do_work(1 + HEARTBEAT_TIMEOUT)
+    assert election.state_value == ElectionState.CANVASS
+    assert not election.joined_log and host.completed is None
+
+
+def test_a_follower_asks_for_catchup_only_once_its_catchup_destination_is_added() -> None:
+    election, host, publisher = to_follower_catchup_init(FakeHost([(0, 0), (2, C)], append=C + 320))
+    host.catchup_destination_ok = False
+    publisher.clear()
+    election.do_work(2)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP_INIT
+    assert publisher.named("catchup_position") == []
+    host.catchup_destination_ok = True
+    election.do_work(3)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP_AWAIT
+    assert len(publisher.named("catchup_position")) == 1
+
+    election, host, publisher = to_follower_catchup_init(FakeHost([(0, 0), (2, C)], append=C + 320))
+    host.catchup_destination_ok = False
+    election.do_work(1 + HEARTBEAT_TIMEOUT)
+    assert election.state_value == ElectionState.CANVASS
+    assert election.transitions[-1][3] == "no progress in FOLLOWER_CATCHUP_INIT"
+
+
+def to_follower_catchup(host: FakeHost) -> tuple[Election, FakeHost, RecordingPublisher]:
+    election, host, publisher = to_follower_catchup_init(host)
+    election.do_work(2)
+    host.connected = True
+    election.do_work(3)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP
+    return election, host, publisher
+
+
+def test_a_catching_up_follower_adds_the_live_destination_when_near_live_before_reporting() -> None:
+    election, host, publisher = to_follower_catchup(FakeHost([(0, 0), (2, C)], append=C + 320))
+    election.do_work(4)
+    assert host.named("add_live_destination") == []  # far behind: the catchup alone
+    host.near_live = True
+    host.append = D
+    publisher.clear()
+    calls_before = len(host.calls)
+    election.do_work(5)
+    assert host.calls[calls_before:] == [("add_live_destination",)]
+    # (added before the AppendPosition that tells the leader this member caught up)
+    assert publisher.named("append_position")[0][1]["log_position"] == D
+
+
+def test_stop_catchup_without_the_live_log_waits_for_it_and_never_completes_without_it() -> None:
+    election, host, publisher = to_follower_catchup(FakeHost([(0, 0), (2, C)], append=C + 320))
+    host.live_destination_ok = False
+    host.near_live = True
+    host.append = D
+    election.do_work(4)
+    election.on_stop_catchup(2, 0)
+    for now in range(5, 50):
+        election.do_work(now * MS)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP
+    assert host.named("stop_catchup") == []  # the catchup destination stays while the live one is refused
+    host.live_destination_ok = True
+    election.do_work(50 * MS)
+    assert host.named("stop_catchup") == [("stop_catchup",)]
+    assert election.state_value == ElectionState.FOLLOWER_LOG_INIT
+    election.do_work(51 * MS)
+    assert election.state_value == ElectionState.FOLLOWER_READY  # "log already joined", with the live log
+    election.do_work(52 * MS)
+    assert host.completed == (ClusterRole.FOLLOWER, 1, 2)
+
+
+    # Refused for the whole heartbeat timeout after the last progress: CANVASS, not ready.
+    election, host, publisher = to_follower_catchup(FakeHost([(0, 0), (2, C)], append=C + 320))
+    host.live_destination_ok = False
+    host.append = D
+    election.do_work(4)
+    election.on_stop_catchup(2, 0)
+    election.do_work(4 + HEARTBEAT_TIMEOUT - 1)
+    assert election.state_value == ElectionState.FOLLOWER_CATCHUP
+    election.do_work(4 + HEARTBEAT_TIMEOUT)
+    assert election.state_value == ElectionState.CANVASS
+    assert election.transitions[-1][3] == "no progress in FOLLOWER_CATCHUP"
+    assert host.completed is None and host.named("stop_catchup") == []
+
+
+def test_a_log_joined_for_catchup_that_no_longer_flows_is_not_ready() -> None:
+    """StopCatchup with the live log added, but the log is not connected (its
+    image ended with the catchup before the live log flowed): not ready; the
+    heartbeat timeout sends the follower back to CANVASS."""
+    election, host, publisher = to_follower_catchup(FakeHost([(0, 0), (2, C)], append=C + 320))
+    host.append = D
+    election.on_stop_catchup(2, 0)
+    election.do_work(4)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_INIT
+    host.connected = False
+    election.do_work(5)
+    assert election.state_value == ElectionState.FOLLOWER_LOG_INIT
+    election.do_work(4 + HEARTBEAT_TIMEOUT)
+    assert election.state_value == ElectionState.CANVASS
+    assert host.completed is None
 
 
 # --------------------------------------------------------------------------- the leader's answers
