@@ -194,8 +194,9 @@ class ConsensusModuleAgent:
         self._service_heartbeat_since_ms = 0  # no older sign of life counts (set when checks begin or resume)
         self._recording_position_counter_id = NULL_VALUE
         self._recording_position_registration_id = NULL_VALUE
-        # The archive's id: its rec-pos counters name it (a dead archive's linger a while).
-        self._archive_id = archive.archive_id()
+        # The archive's id: its rec-pos counters name it (a dead archive's linger a
+        # while).  Asked once, when a rec-pos counter is first looked for.
+        self._archive_id: int | None = None
         # An error said once on the console (the mark file's error log counts every one).
         self._print_error = DistinctErrorPrinter(lambda text: self.log_event(f"error: {text}"))
         # A failed election starts again after a back-off, not at once: the
@@ -451,6 +452,8 @@ class ConsensusModuleAgent:
         ``RecordingPos.findCounterIdBySession``): of this member's archive, not of
         a dead one whose counters the driver has yet to free (a restarted archive
         records the same recording and session), the newest if several match."""
+        if self._archive_id is None:
+            self._archive_id = self.archive.archive_id()
         reader = self.aeron.counters_reader
         found, registration_id = NULL_VALUE, NULL_VALUE
         for counter in reader:

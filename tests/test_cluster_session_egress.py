@@ -38,8 +38,14 @@ RESPONSE_CHANNEL = "aeron:ipc?term-length=64k"
 FIRST_RESPONSE_STREAM = 30_000
 CYCLE_THRESHOLD = "500ms"
 CYCLE_ARGS = ("--leader-heartbeat-interval", "200ms", "--cycle-threshold", CYCLE_THRESHOLD)
-# A thousand sessions' publications and counters: the default cnc.dat sizes.
-BIG_CNC = {"to_driver_capacity": 1 << 20, "to_clients_capacity": 1 << 20, "counters_values_length": 1 << 20,
+# A thousand sessions' publications and counters: the default cnc.dat sizes,
+# but for the counters.  Across the restart the killed module's and service's
+# egress publications linger (their clients are closed as soon as the driver
+# sees their processes gone, and a closed publication keeps its counters for
+# its linger time) while the new module adds a thousand new ones, each with its
+# position counters and a subscriber position per response subscription: more
+# than the 8,192 counters of 1 MiB.
+BIG_CNC = {"to_driver_capacity": 1 << 20, "to_clients_capacity": 1 << 20, "counters_values_length": 4 << 20,
            "error_log_length": 256 * 1024}
 BIG_CNC_ARGS = ("--to-driver-buffer", "1m", "--to-clients-buffer", "1m", "--counters-buffer", "1m")
 
