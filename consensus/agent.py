@@ -1477,15 +1477,22 @@ class ConsensusModuleAgent:
 
     def _update_quorum_commit_position(self, now_ns: int) -> int:
         """Seed 000: the commit position is the highest position a quorum of members
-        has recorded, once that includes an entry of this term (Raft's rule)."""
-        quorum = quorum_position([self.read_append_position()] +
+        has recorded, once that includes an entry of this term (Raft's rule), and
+        (as Aeron's updateLeaderPosition: min(quorumPosition(), appendPosition))
+        never past what this leader's own archive has recorded.  Its services
+        apply the log up to commit-pos, and a member must hold on disk what it
+        applied: two followers whose archives run ahead of a slow leader archive
+        make a quorum without it, which the seed's words alone would commit."""
+        append_position = self.read_append_position()
+        quorum = quorum_position([append_position] +
                                  [follower.log_position for follower in self._followers.values()])
+        commit = min(quorum, append_position)
         work = 0
-        if quorum > self.term_base_log_position and quorum > self.commit_position:
-            self.commit_position = quorum
-            self.commit_position_counter.set(quorum)
+        if commit > self.term_base_log_position and commit > self.commit_position:
+            self.commit_position = commit
+            self.commit_position_counter.set(commit)
             self._wake()
-            self._sweep_uncommitted(quorum)
+            self._sweep_uncommitted(commit)
             work += 1
         if self.commit_position != self._last_commit_position_sent or \
                 now_ns >= self._time_of_last_commit_position_sent_ns + self.context.leader_heartbeat_interval_ns:

@@ -23,7 +23,8 @@ Rules beyond the seed, chosen for safety and written down here:
 * The leader's commit position moves only through the node
   (``host.commit_position()``); the node advances it when a quorum holds an
   entry of the current leadership term (Raft's rule: a leader never commits
-  an older term's entries by counting replicas).
+  an older term's entries by counting replicas), and never past what the
+  leader's own archive holds (Aeron's updateLeaderPosition).
 * A member remembers its vote: a repeated RequestVote from the same candidate
   for the same term gets the same answer (the network may duplicate), and a
   member never follows a leader of a term lower than one it has voted in.

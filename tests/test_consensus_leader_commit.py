@@ -1,0 +1,90 @@
+"""The leader's commit position (Aeron's ConsensusModuleAgent.updateLeaderPosition):
+the quorum position of what the members have recorded, but never past what the
+leader's own archive has recorded.  Its services read the spy of its log up to
+commit-pos, and whatever they apply must be in its archive: a leader whose
+archive lags behind two followers' would otherwise commit (and tell the
+followers it committed) a log it does not hold itself.
+
+The module here is a real ``ConsensusModuleAgent`` (member 1 of three) on a
+real media driver; the followers' append positions and the leader's own
+recorded position are set as the consensus messages and the archive's rec-pos
+counter would set them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fulmar.cli import supervisor
+from fulmar.consensus.agent import ConsensusModuleAgent
+from fulmar.consensus.context import ConsensusModuleContext
+
+
+class RecordingPublisher:
+    """The consensus publisher's CommitPosition, as the followers would get it."""
+
+    def __init__(self) -> None:
+        self.commit_positions: list[tuple[int, int]] = []  # (to member, log position)
+
+    def commit_position(self, to_member_id: int, *, leadership_term_id: int, log_position: int,
+                        leader_member_id: int) -> bool:
+        self.commit_positions.append((to_member_id, log_position))
+        return True
+
+
+@pytest.fixture
+def leader(start_driver: Any, tmp_path: Path) -> Iterator[tuple[ConsensusModuleAgent, RecordingPublisher]]:
+    driver = start_driver()
+    aeron = driver.connect()
+    ports = supervisor.allocate_local_ports(3)
+    context = ConsensusModuleContext(
+        cluster_dir=tmp_path, member_id=1, cluster_members=supervisor.local_members_string(ports),
+        ingress_channel=f"aeron:udp?endpoint={ports[1].endpoint('ingress')}")
+    agent = ConsensusModuleAgent(context, aeron, archive=None, recording_log=None)  # type: ignore[arg-type]
+    agent.election = None  # the leader of term 0, its log from position 0
+    publisher = RecordingPublisher()
+    agent.consensus_publisher = publisher  # type: ignore[assignment]
+    try:
+        yield agent, publisher
+    finally:
+        agent.close()
+        aeron.close()
+
+
+def followers_recorded(agent: ConsensusModuleAgent, positions: dict[int, int], now_ns: int) -> None:
+    """The followers' AppendPosition messages, just received."""
+    for member_id, position in positions.items():
+        agent._followers[member_id].log_position = position
+        agent._followers[member_id].time_of_last_append_position_ns = now_ns
+
+
+def test_the_leader_commits_no_further_than_its_own_archive_recorded(leader: Any) -> None:
+    agent, publisher = leader
+    now_ns = 10_000_000_000
+    # Both followers' archives hold 4096 bytes of the log, the leader's only 1024.
+    followers_recorded(agent, {0: 4096, 2: 4096}, now_ns)
+    agent.append_position = 1024
+    agent._update_quorum_commit_position(now_ns)
+    assert agent.commit_position == agent.commit_position_counter.get() == 1024
+    assert {position for _, position in publisher.commit_positions} == {1024}
+
+    # Its archive catches up: the rest is committed.
+    publisher.commit_positions.clear()
+    agent.append_position = 4096
+    agent._update_quorum_commit_position(now_ns + 1)
+    assert agent.commit_position == agent.commit_position_counter.get() == 4096
+    assert sorted(publisher.commit_positions) == [(0, 4096), (2, 4096)]
+
+
+def test_the_leader_ahead_of_its_followers_commits_what_a_quorum_recorded(leader: Any) -> None:
+    agent, publisher = leader
+    now_ns = 10_000_000_000
+    followers_recorded(agent, {0: 4096, 2: 512}, now_ns)
+    agent.append_position = 8192
+    agent._update_quorum_commit_position(now_ns)
+    assert agent.commit_position == agent.commit_position_counter.get() == 4096
+    assert {position for _, position in publisher.commit_positions} == {4096}
