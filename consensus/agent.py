@@ -934,18 +934,24 @@ class ConsensusModuleAgent:
         self._log_image = image
 
     def poll_log(self, limit_position: int) -> int:
-        """Apply the log (a replay) up to ``limit_position``, moving the commit position with it."""
+        """Apply the log image (a replay, or the follower's live log) up to
+        ``limit_position``; then, and only then, commit-pos moves to what this
+        module has read, so its services (which read up to commit-pos) never
+        apply a position before it has (seed 000).  The work done."""
         image = self._log_image
         if image is None:
             return 0
-        count = image.bounded_poll(self._log_assembler.on_fragment, limit_position, 64)
+        work = image.bounded_poll(self._log_assembler.on_fragment, limit_position, 64)
         position = image.position
         if position > self.log_position:
             self.log_position = position
-            if position > self.commit_position:
-                self.commit_position = position
-                self.commit_position_counter.set(position)
-        return count
+        if position > self.commit_position:
+            self.commit_position = position
+            self.commit_position_counter.set(position)
+            # The services sleep on the data doorbell: a counter write rings nothing.
+            self._wake()
+            work += 1
+        return work
 
     def _on_log_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         if length >= SESSION_HEADER_LENGTH:
@@ -1459,21 +1465,7 @@ class ConsensusModuleAgent:
         is the image's position, not the notified one."""
         if not self.host.is_log_joined:
             return 0
-        image = self._log_image
-        if image is None:
-            return 0
-        limit = min(self.notified_commit_position, self.read_append_position())
-        work = image.bounded_poll(self._log_assembler.on_fragment, limit, 64)
-        position = image.position
-        if position > self.log_position:
-            self.log_position = position
-        if position > self.commit_position:
-            self.commit_position = position
-            self.commit_position_counter.set(position)
-            # The services sleep on the data doorbell: a counter write rings nothing.
-            self._wake()
-            work += 1
-        return work
+        return self.poll_log(min(self.notified_commit_position, self.read_append_position()))
 
     def _update_quorum_commit_position(self, now_ns: int) -> int:
         """Seed 000: the commit position is the highest position a quorum of members

@@ -223,15 +223,8 @@ def read_activity_timestamp(path: str | os.PathLike[str]) -> int | None:
     """The activity timestamp (epoch ms) in the mark file at ``path``: 0 after
     a clean close, None if there is no readable mark file.  Reads the first
     bytes only, so a consensus module can ask every second."""
-    try:
-        with open(path, "rb") as f:
-            prefix = f.read(MESSAGE_HEADER_LENGTH + _LIVENESS.size)
-    except OSError:
-        return None
-    offset = _body_offset(prefix)
-    if len(prefix) < offset + _LIVENESS.size:
-        return None
-    return int(_LIVENESS.unpack_from(prefix, offset)[2])
+    liveness = _read_liveness(path)
+    return None if liveness is None else int(liveness[2])
 
 
 def live_owner_pid(path: str | os.PathLike[str], now_ms: int,
@@ -239,6 +232,17 @@ def live_owner_pid(path: str | os.PathLike[str], now_ms: int,
     """The pid of the live process that owns the mark file at ``path`` (the
     test :meth:`ClusterMarkFile.create` refuses on), or None: no file, a
     clean close, a dead pid or a stale timestamp.  Reads the first bytes only."""
+    liveness = _read_liveness(path)
+    if liveness is None:
+        return None
+    _version, _type, activity_ms, _start_ms, pid = liveness
+    return int(pid) if _is_live(activity_ms, pid, now_ms, liveness_timeout_ms) else None
+
+
+def _read_liveness(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
+    """The liveness fields at the head of the mark file at ``path`` (version,
+    component type, activity ms, start ms, pid), reading only its first bytes;
+    None if there is no readable mark file."""
     try:
         with open(path, "rb") as f:
             prefix = f.read(MESSAGE_HEADER_LENGTH + _LIVENESS.size)
@@ -247,8 +251,7 @@ def live_owner_pid(path: str | os.PathLike[str], now_ms: int,
     offset = _body_offset(prefix)
     if len(prefix) < offset + _LIVENESS.size:
         return None
-    _version, _type, activity_ms, _start_ms, pid = _LIVENESS.unpack_from(prefix, offset)
-    return int(pid) if _is_live(activity_ms, pid, now_ms, liveness_timeout_ms) else None
+    return tuple(_LIVENESS.unpack_from(prefix, offset))
 
 
 def _is_live(activity_ms: int, pid: int, now_ms: int, liveness_timeout_ms: int) -> bool:

@@ -417,3 +417,19 @@ class LocalCluster:
 
 
 __all__ = ["FAST_ELECTION_ARGS", "KINDS", "LocalCluster", "NodeProcess", "SingleNodeCluster", "free_udp_port"]
+
+
+def bare_member_agent(aeron: Any, cluster_dir: Path) -> Any:
+    """A ``ConsensusModuleAgent`` of member 1 of three, on ``aeron``'s driver,
+    with no archive, recording log or election: a test drives its positions
+    and messages itself (the other two members never run)."""
+    from fulmar.consensus.agent import ConsensusModuleAgent
+    from fulmar.consensus.context import ConsensusModuleContext
+
+    ports = supervisor.allocate_local_ports(3)
+    context = ConsensusModuleContext(
+        cluster_dir=cluster_dir, member_id=1, cluster_members=supervisor.local_members_string(ports),
+        ingress_channel=f"aeron:udp?endpoint={ports[1].endpoint('ingress')}")
+    agent = ConsensusModuleAgent(context, aeron, archive=None, recording_log=None)  # type: ignore[arg-type]
+    agent.election = None
+    return agent

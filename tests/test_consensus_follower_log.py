@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 
+from cluster_support import bare_member_agent
 from driver_support import wait_for
 from fulmar.aeron import Aeron
-from fulmar.cli import supervisor
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import ConsensusModuleAgent
-from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 
@@ -33,12 +32,7 @@ MESSAGES = 100  # more than the 64 fragments the module reads per poll
 def follower(start_driver: Any, tmp_path: Path) -> Iterator[tuple[ConsensusModuleAgent, Aeron]]:
     driver = start_driver()
     aeron = driver.connect()
-    ports = supervisor.allocate_local_ports(3)
-    context = ConsensusModuleContext(
-        cluster_dir=tmp_path, member_id=1, cluster_members=supervisor.local_members_string(ports),
-        ingress_channel=f"aeron:udp?endpoint={ports[1].endpoint('ingress')}")
-    agent = ConsensusModuleAgent(context, aeron, archive=None, recording_log=None)  # type: ignore[arg-type]
-    agent.election = None  # a follower after its election, following the leader's log
+    agent = bare_member_agent(aeron, tmp_path)  # a follower after its election, following the leader's log
     try:
         yield agent, aeron
     finally:

@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from fulmar.cli import supervisor
+from cluster_support import bare_member_agent
 from fulmar.consensus.agent import ConsensusModuleAgent
-from fulmar.consensus.context import ConsensusModuleContext
 
 
 class RecordingPublisher:
@@ -40,12 +39,7 @@ class RecordingPublisher:
 def leader(start_driver: Any, tmp_path: Path) -> Iterator[tuple[ConsensusModuleAgent, RecordingPublisher]]:
     driver = start_driver()
     aeron = driver.connect()
-    ports = supervisor.allocate_local_ports(3)
-    context = ConsensusModuleContext(
-        cluster_dir=tmp_path, member_id=1, cluster_members=supervisor.local_members_string(ports),
-        ingress_channel=f"aeron:udp?endpoint={ports[1].endpoint('ingress')}")
-    agent = ConsensusModuleAgent(context, aeron, archive=None, recording_log=None)  # type: ignore[arg-type]
-    agent.election = None  # the leader of term 0, its log from position 0
+    agent = bare_member_agent(aeron, tmp_path)  # the leader of term 0, its log from position 0
     publisher = RecordingPublisher()
     agent.consensus_publisher = publisher  # type: ignore[assignment]
     try:
