@@ -253,8 +253,8 @@ class ConsensusModuleAgent:
         # of several opens its ingress once an election is over (seed 001: no
         # client is served while nobody leads); a member alone has no other.
         self.ingress: "Subscription | None" = None
-        self._ingress_retry_ns = 0  # when a failed ingress registration is tried again
-        self._ingress_backoff_ns = 0
+        # A refused ingress registration is tried again from the slow tick, backing off to a second.
+        self._ingress_backoff = RetryBackoff(initial_ns=context.slow_tick_interval_ns, max_ns=1_000_000_000)
         if not self.is_multi_member:
             self.ingress = aeron.add_subscription(context.ingress_channel, context.ingress_stream_id)
         # Exclusive, as in Aeron: a dead process's publication on the same stream (until
@@ -412,7 +412,7 @@ class ConsensusModuleAgent:
             while self.archive.signals:
                 self.host.on_recording_signal(self.archive.signals.popleft())
         self._check_service_heartbeats(now_ns)
-        if self.ingress is None and self.election is None and now_ns >= self._ingress_retry_ns:
+        if self.ingress is None and self.election is None and self._ingress_backoff.may_attempt(now_ns):
             work += self.connect_ingress(now_ns)
         work += self._process_redirect_and_rejected(now_ns)
         work += self._check_node_control_toggle()
@@ -1598,12 +1598,10 @@ class ConsensusModuleAgent:
         try:
             self.ingress = self.aeron.add_subscription(self.context.ingress_channel, self.context.ingress_stream_id)
         except FulmarError as error:
-            self._ingress_backoff_ns = min(max(2 * self._ingress_backoff_ns, self.context.slow_tick_interval_ns),
-                                           1_000_000_000)
-            self._ingress_retry_ns = now_ns + self._ingress_backoff_ns
+            self._ingress_backoff.on_failure(now_ns)
             self._error(f"cannot open the ingress {self.context.ingress_channel}: {error}")
             return 0
-        self._ingress_backoff_ns = 0
+        self._ingress_backoff.on_success()
         return 1
 
     # -- the leader's log ---------------------------------------------------------------------
