@@ -148,14 +148,18 @@ class StopSignalHandlers:
     """SIGINT and SIGTERM handlers for the run of a node's process, by ``rule``.
 
     Each signal calls ``on_stop(kind, signum)`` (``kind`` None: nothing new).
-    On exit the previous handlers come back, except after a stop a signal
-    asked for: the process is then on its way out, and a late copy of the same
-    request (a supervisor's SIGTERM after a service manager's) must not turn
-    its clean exit into a death by SIGTERM.  So SIGTERM is then ignored, at the
-    C level (the interpreter resets Python-level handlers to the default while
-    it finalizes, where a late SIGTERM would still kill it), and a deliberate
-    second Ctrl-C still ends the process at once.  Installed before the
-    launch, so that an early signal is not lost.
+    Once the run is over (the block ended without an exception, or a signal
+    asked for the stop) the process is on its way out, and a stop signal then
+    asks for what is already happening: a late copy of the request (a
+    supervisor's SIGTERM after a service manager's), or the SIGTERM a
+    supervisor sends a service that has just stopped by itself at its module's
+    termination position, must not turn a clean exit into a death by SIGTERM.
+    So SIGTERM is then ignored, at the C level (the interpreter resets
+    Python-level handlers to the default while it finalizes, where a late
+    SIGTERM would still kill it), and a deliberate second Ctrl-C still ends
+    the process at once.  Only a run that failed without a stop being asked
+    for (an exception, e.g. at launch) gets the previous handlers back.
+    Installed before the launch, so that an early signal is not lost.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -179,9 +183,10 @@ class StopSignalHandlers:
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        exiting = exc_type is None or self.rule.requested is not None
         for signum, handler in self._previous.items():
-            if self.rule.requested is None:
+            if not exiting:
                 signal.signal(signum, handler)  # type: ignore[arg-type]
             elif signum == signal.SIGTERM:
                 signal.signal(signum, signal.SIG_IGN)

@@ -2,11 +2,17 @@
 signal asks for (``StopSignals``), the wait of the archive and the driver for
 the processes that need them (``StopGate``), the supervisor's use of the rule,
 what the consensus module's agent does with a stop request in each state, and
-the module's run loop asking again until the agent takes it."""
+the module's run loop asking again until the agent takes it; and, in a small
+child process, the handlers' hold on a process whose run is over."""
 
 from __future__ import annotations
 
+import select
 import signal
+import subprocess
+import sys
+import textwrap
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -349,3 +355,50 @@ def test_a_later_abort_is_passed_on_and_never_weakened() -> None:
     module.run()
     assert agent.taken == [ControlToggle.SHUTDOWN, ControlToggle.ABORT]
     assert "SIGINT again: stopping at once" in agent.events
+
+
+# ---------------------------------------------------------------------------- the handlers at the exit
+
+_RUN_THEN_EXIT = textwrap.dedent("""
+    import sys, time
+    from fulmar.stop_signals import StopSignalHandlers, StopSignals
+    try:
+        with StopSignalHandlers(StopSignals(), lambda kind, signum: None, time.monotonic_ns):
+            if sys.argv[1] == "fails":
+                raise RuntimeError("the launch failed")
+    except RuntimeError:
+        pass
+    print("run over", flush=True)
+    time.sleep(2)  # what a node's process does after its run: close its files, say why it stopped
+""")
+
+
+def _signal_after_the_run(outcome: str) -> int:
+    """Run the child, SIGTERM it once its run is over, and return its exit code."""
+    child = subprocess.Popen([sys.executable, "-c", _RUN_THEN_EXIT, outcome], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        readable, _, _ = select.select([child.stdout], [], [], 30)
+        assert readable and child.stdout.readline().strip() == "run over", "the child's run did not end in 30 s"
+        child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        child.wait(10)
+        return child.returncode
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def test_a_sigterm_after_a_run_that_ended_by_itself_does_not_kill_the_exiting_process() -> None:
+    # A service stops by itself at its module's termination position; the
+    # supervisor's SIGTERM, a moment later, asks for what is already happening.
+    assert _signal_after_the_run("returns") == 0
+
+
+def test_after_a_run_that_failed_the_previous_handlers_are_back() -> None:
+    assert _signal_after_the_run("fails") == -signal.SIGTERM
