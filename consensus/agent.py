@@ -1193,6 +1193,16 @@ class ConsensusModuleAgent:
             if now_ns >= self._service_check_deadline_ns:
                 self._service_check_deadline_ns = now_ns + 250_000_000
                 dead = self._dead_services()
+                if dead:
+                    # A service that acknowledged and then exited is gone too, but its
+                    # ack is in the stream, maybe not yet read: read what it sent first.
+                    for _ in range(1000):
+                        if not self._poll_services():
+                            break
+                    ack_id = self._snapshot_ack_id if self.state is ConsensusModuleState.SNAPSHOT \
+                        else self._termination_ack_id
+                    acked = self._service_acks.get(ack_id, {})
+                    dead = [service_id for service_id in dead if service_id not in acked]
                 if dead and self.state is ConsensusModuleState.SNAPSHOT:
                     raise ClusterTerminationError(f"service(s) {dead} died during the snapshot: stopping")
                 if dead and not self.services_acked_partially(self._termination_ack_id, dead):

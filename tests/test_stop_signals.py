@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 
+from test_cluster_suspend import new_agent
+
 from fulmar.buffers import AtomicBuffer
+from fulmar.codecs.generated import cluster as codecs
 from fulmar.cli import supervisor
 from fulmar.consensus.agent import (
     ClusterRole,
@@ -197,6 +200,44 @@ def agent_in(state: ConsensusModuleState, *, election: ElectionState | None = No
     agent._set_state = lambda new_state: ConsensusModuleAgent._set_state(agent, new_state)  # type: ignore[arg-type]
     agent.control_toggle.set(toggle)
     return agent
+
+
+class ServiceStream:
+    """The services' stream to the module, holding one ServiceAck not yet read."""
+
+    def __init__(self, ack_id: int, log_position: int) -> None:
+        self.buffer = bytearray(128)
+        self.length = codecs.ServiceAckEncoder.encode(self.buffer, 0, log_position=log_position, timestamp=1,
+                                                      ack_id=ack_id, relevant_id=0, service_id=0)
+
+    def poll(self, handler: Any, limit: int) -> int:
+        if not self.length:
+            return 0
+        length, self.length = self.length, 0
+        handler(memoryview(self.buffer), 0, length, SimpleNamespace(flags=0xC0, session_id=1))
+        return 1
+
+    def is_data_available(self) -> bool:
+        return self.length > 0
+
+
+def test_a_service_that_acked_its_termination_and_exited_is_not_taken_for_dead() -> None:
+    # cluster-tool abort: the service acks the termination position and exits
+    # at once; the module's check for dead services may run before it reads
+    # that ack.  The ack counts: the module stops by ABORT, committing the log.
+    agent = new_agent()
+    committed = []
+    agent.recording_log = SimpleNamespace(  # type: ignore[assignment]
+        commit_log_position=lambda term, position: committed.append(position))
+    agent._termination_action = ControlToggle.ABORT
+    agent._termination_position = 96
+    agent._termination_ack_id = agent.next_ack_id()
+    agent._set_state(ConsensusModuleState.TERMINATING)
+    agent.from_services = ServiceStream(agent._termination_ack_id, 96)  # type: ignore[assignment]
+    agent._dead_services = lambda: [0]  # type: ignore[method-assign]
+    while not agent.terminated:
+        agent._check_snapshot_and_termination(10**12)
+    assert agent.termination_reason == "ABORT at log position 96" and committed == [96]
 
 
 def request(agent: Any, action: ControlToggle) -> bool:
