@@ -185,10 +185,11 @@ class ClientConductor:
         counter_id = self.counters_reader.find_by_type_and_registration(CLIENT_HEARTBEAT_TYPE_ID, self.client_id)
         if counter_id == NULL_COUNTER_ID:
             return  # not allocated yet: the next keepalive tick looks again
-        self._process_declared = True
         declaration = process_declaration()
         if declaration is not None:
             append_to_label(self.counters_reader.metadata_buffer, counter_id, declaration)
+        # Set once the label holds it: another thread may read the flag, then the label.
+        self._process_declared = True
 
     def _check_driver_alive(self) -> None:
         age_ms = int(time.time() * 1000) - self.to_driver.consumer_heartbeat_time

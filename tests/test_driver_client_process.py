@@ -60,7 +60,14 @@ def heartbeat_labels(directory) -> dict[int, str]:
                 for c in counters if c.type_id == CLIENT_HEARTBEAT_TYPE_ID}
 
 
-def test_a_client_declares_its_process_in_its_heartbeat_label(start_driver) -> None:
+def test_a_client_declares_its_process_in_its_heartbeat_label(start_driver, monkeypatch) -> None:
+    def slow_declaration() -> str | None:
+        # The conductor thread gives up the GIL here (an os.stat): a reader of
+        # the flag must not find it set before the label holds the declaration.
+        time.sleep(0.2)
+        return process_declaration()
+
+    monkeypatch.setattr("fulmar.aeron.process_declaration", slow_declaration)
     driver = start_driver()
     with driver.connect() as aeron:
         wait_for(lambda: aeron.conductor._process_declared, 10, "the client to declare its process")
