@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
 from driver_support import wait_for
 from multi_node_support import COUNTER_SERVICE, member_view, wait_for_commit, wait_for_leader
 
@@ -114,8 +113,9 @@ def record_counter_cluster(base: Path, *, increments: int = 60) -> RecordedLog:
         def close_committed() -> int:
             # The leader's log ends with this session's close, and it commits it:
             # after that, nothing is appended (no session, no timer).
-            rows = pa.Table.from_batches(list(read_log(str(cluster.archive_dir(leader_now.member)),
-                                                       {"messageTypes": "SessionCloseEvent"}))).to_pylist()
+            # No batch at all until the close is in the log (not yet appended or recorded).
+            rows = [row for batch in read_log(str(cluster.archive_dir(leader_now.member)),
+                                              {"messageTypes": "SessionCloseEvent"}) for row in batch.to_pylist()]
             ends = [r["next_position"] for r in rows if r["cluster_session_id"] == recorded.client_session_id]
             committed = member_view(cluster, leader_now.member).commit_position or -1
             return ends[0] if ends and committed >= ends[0] else 0
