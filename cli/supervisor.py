@@ -74,6 +74,7 @@ import functools
 import getpass
 import importlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -527,23 +528,58 @@ class LocalPorts:
         return f"{LOCAL_HOST}:{getattr(self, name)}"
 
 
+# The kernel hands out ports of this range to every bind to port 0 (a driver's
+# send endpoints, a replication channel's port 0, any other program's client
+# sockets).  A port chosen now and bound later by a node's process (an
+# ingress, consensus or log endpoint) must not be in it: between the choice and
+# the bind, such a bind elsewhere can take it ("Address already in use").
+_EPHEMERAL_RANGE_PATH = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_CHOSEN_PORT = 10_000  # below: well-known and registered services' ports are commoner
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for port-0 binds (Linux's default when unreadable)."""
+    try:
+        low, high = (int(part) for part in _EPHEMERAL_RANGE_PATH.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _candidate_ports() -> list[int]:
+    """Ports outside the ephemeral range, in random order; empty when none is left."""
+    low, high = ephemeral_port_range()
+    candidates = [*range(_LOWEST_CHOSEN_PORT, max(_LOWEST_CHOSEN_PORT, low)), *range(high + 1, 65536)]
+    random.shuffle(candidates)
+    return candidates
+
+
 def free_udp_port(host: str = LOCAL_HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+    """A UDP port free now on ``host``, outside the ephemeral range (see above)."""
+    return free_udp_ports(1, host=host)[0]
 
 
 def free_udp_ports(count: int, exclude: Iterable[int] = (), host: str = LOCAL_HOST) -> list[int]:
-    """``count`` distinct free UDP ports: the probes stay bound until all are
-    chosen, so the kernel cannot hand out one port twice."""
+    """``count`` distinct free UDP ports, outside the ephemeral range when the
+    range leaves room (else the kernel's choice): the probes stay bound until
+    all are chosen, so no port is offered twice."""
     excluded = set(exclude)
     probes: list[socket.socket] = []
     ports: list[int] = []
+    candidates = iter(_candidate_ports())
     try:
         while len(ports) < count:
             probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             probes.append(probe)  # an excluded port stays bound too, so it is not offered again
-            probe.bind((host, 0))
+            candidate = next(candidates, 0)
+            if candidate in excluded:
+                continue
+            try:
+                probe.bind((host, candidate))
+            except OSError:
+                if candidate == 0:
+                    raise  # the kernel has no port to give either
+                continue  # in use: the next one
             port = int(probe.getsockname()[1])
             if port not in excluded:
                 ports.append(port)

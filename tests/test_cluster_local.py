@@ -281,6 +281,15 @@ def test_free_udp_ports_are_distinct_and_skip_the_excluded() -> None:
     assert len(set(every)) == 25
 
 
+def test_chosen_ports_are_outside_the_kernels_ephemeral_range() -> None:
+    # A port in that range can be taken by any port-0 bind (a driver's send
+    # endpoint) between the choice and the node's own bind.
+    low, high = supervisor.ephemeral_port_range()
+    assert low - 10_000 >= 100, "this machine's ephemeral range leaves no room below it"
+    for port in supervisor.free_udp_ports(100) + [supervisor.free_udp_port()]:
+        assert 10_000 <= port < low or port > high, port
+
+
 # ---------------------------------------------------------------------- several nodes from one command
 
 # LocalClusterSupervisor over nodes of one member each (no members string):

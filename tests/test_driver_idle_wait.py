@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from driver_support import new_driver_dir, remove_driver_dir, wait_for
+from driver_support import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron
 from fulmar.cnc import CncLayout
@@ -98,11 +98,7 @@ def test_an_idle_driver_sleeps_long_until_a_reader_falls_behind(driven: DrivenDr
 
 
 def test_an_unread_network_image_keeps_the_driver_on_its_timer_interval(driven: DrivenDriver) -> None:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k"
     with Aeron.connect(driven.driver.directory) as aeron:
         subscription = aeron.add_subscription(channel, 9)
