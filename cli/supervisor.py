@@ -569,11 +569,11 @@ def free_udp_ports(count: int, exclude: Iterable[int] = (), host: str = LOCAL_HO
     candidates = iter(_candidate_ports())
     try:
         while len(ports) < count:
-            probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            probes.append(probe)  # an excluded port stays bound too, so it is not offered again
             candidate = next(candidates, 0)
             if candidate in excluded:
                 continue
+            probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            probes.append(probe)  # an excluded port stays bound too, so it is not offered again
             try:
                 probe.bind((host, candidate))
             except OSError:

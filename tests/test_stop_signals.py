@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -422,11 +421,7 @@ def _signal_after_the_run(outcome: str) -> int:
         readable, _, _ = select.select([child.stdout], [], [], 30)
         assert readable and child.stdout.readline().strip() == "run over", "the child's run did not end in 30 s"
         child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        child.wait(10)
-        return child.returncode
+        return child.wait(10)
     finally:
         if child.poll() is None:
             child.kill()
