@@ -152,14 +152,16 @@ class ArchiveConductor:
             if session.is_done:
                 self._close_control_session(session)
         recorded = 0
+        ring_watchers = self.aeron.conductor.ring_counter_watchers
         for recording in list(self.recordings.values()):
-            recorded += recording.do_work(now_ns)
+            progress = recording.do_work(now_ns)
+            if progress:
+                # Whoever waits for this recording (a consensus module: its
+                # commit position) watches the rec-pos counter.
+                ring_watchers(recording.position_counter.id)
+                recorded += progress
             if recording.is_done:
                 self._close_recording(recording)
-        if recorded:
-            # Whoever waits on a recording position (the consensus module's
-            # commit position) sleeps on the data doorbell: ring it.
-            self.wake()
         work += recorded
         for replay in list(self.replays.values()):
             work += replay.do_work(now_ns)

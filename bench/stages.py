@@ -26,6 +26,14 @@ cores for thirteen processes), so the breakdown's round trip is printed next
 to the figure without sampling; the stages are for proportions, not for the
 absolute round trip (``cluster3 echo ping``).
 
+Wake-ups per ping.  Each process's voluntary context switches (psutil:
+every sleep on a doorbell, a socket or a timer that ended) and CPU time over
+one-at-a-time pings without the sampler, less the same process over an idle
+period of the same length: how often each process woke, and what it spent,
+for each round trip.  A process that wakes per ping but has no work on the
+ping's path (a service on a follower, say) is woken for nothing; its wake-ups
+also take a core from the process that has the work.
+
 CPU per message.  Each process's CPU time (user + system, psutil) over a
 windowed echo run (32 B, 1000 in flight), divided by the messages echoed:
 microseconds of CPU per message per process, summed per role over the
@@ -41,6 +49,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -214,7 +223,8 @@ def ping_stages(cluster: LocalCluster, aeron: Aeron, pings: int) -> tuple[list[d
     return rows, interval
 
 
-def cpu_per_message(cluster: LocalCluster, aeron: Aeron, count: int) -> list[dict[str, Any]]:
+def _node_processes(cluster: LocalCluster) -> dict[str, psutil.Process]:
+    """Every process of the cluster and of the client side, by role (``leader consensus#1``)."""
     leader = int(cluster.wait_for_leader()["member_id"])
     processes: dict[str, psutil.Process] = {}
     for member, pids in cluster.pids.items():
@@ -224,6 +234,100 @@ def cpu_per_message(cluster: LocalCluster, aeron: Aeron, count: int) -> list[dic
     assert cluster.client_driver is not None
     processes["client driver"] = psutil.Process(cluster.client_driver.process.pid)
     processes["client (this process)"] = psutil.Process()
+    return processes
+
+
+def _voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of every thread of the process (psutil's
+    figure is the main thread's alone, and a driver waits on sockets in a
+    thread of its own)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
+def _usage(processes: dict[str, psutil.Process]) -> dict[str, tuple[int, float]]:
+    """Per process: voluntary context switches (all threads) and CPU seconds so far."""
+    return {key: (_voluntary_switches(process.pid), sum(process.cpu_times()[:2]))
+            for key, process in processes.items()}
+
+
+def _per_role(per_process: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """Sums by role (``leader consensus#1`` -> ``leader consensus``); a follower role is the mean of the followers."""
+    per_role: dict[str, tuple[float, float]] = {}
+    for key, (wakes, cpu) in per_process.items():
+        role = key.split("#")[0]
+        share = 1 / (MEMBERS - 1) if role.startswith("follower") else 1
+        role_wakes, role_cpu = per_role.get(role, (0.0, 0.0))
+        per_role[role] = (role_wakes + wakes * share, role_cpu + cpu * share)
+    return per_role
+
+
+def wakeups_per_ping(cluster: LocalCluster, aeron: Aeron, pings: int) -> list[dict[str, Any]]:
+    processes = _node_processes(cluster)
+    replies = [0]
+
+    def on_message(session_id: int, timestamp: int, payload: memoryview) -> None:
+        replies[0] += 1
+
+    client = _connect(aeron, cluster, on_message)
+    try:
+        for sequence in range(20):  # warm-up
+            _ping_once(aeron, client, replies, sequence)
+        start = _usage(processes)
+        started = time.monotonic()
+        for sequence in range(pings):
+            _ping_once(aeron, client, replies, sequence)
+            time.sleep(PAUSE_S)
+        elapsed = time.monotonic() - started
+        pinged = _usage(processes)
+        time.sleep(elapsed)  # the same processes with nothing to do for as long: their timers
+        idle = _usage(processes)
+    finally:
+        client.close()
+    # Per process and ping: what the pings cost beyond the idle period.
+    per_process = {
+        key: ((pinged[key][0] - start[key][0] - (idle[key][0] - pinged[key][0])) / pings,
+              (pinged[key][1] - start[key][1] - (idle[key][1] - pinged[key][1])) / pings * 1e6)
+        for key in processes
+    }
+    rows = []
+    for role, (wakes, cpu_us) in sorted(_per_role(per_process).items(), key=lambda item: -item[1][0]):
+        suffix = " (each follower)" if role.startswith("follower") else ""
+        rows.append({"name": f"stages wake-ups per ping: {role}{suffix}", "value": wakes, "unit": "wake-ups",
+                     "reference": None})
+        rows.append({"name": f"stages cpu per ping: {role}{suffix}", "value": cpu_us, "unit": "us",
+                     "reference": None})
+    rows.append({"name": "stages wake-ups per ping: all processes",
+                 "value": sum(wakes for wakes, _ in per_process.values()), "unit": "wake-ups", "reference": None})
+    rows.append({"name": "stages cpu per ping: all processes",
+                 "value": sum(cpu for _, cpu in per_process.values()), "unit": "us", "reference": None})
+    return rows
+
+
+def _ping_once(aeron: Aeron, client: Any, replies: list[int], sequence: int) -> None:
+    expected = replies[0] + 1
+    deadline = time.monotonic() + 10
+    while client.offer(_REQUEST.pack(sequence, 0) + _PADDING) < 0:
+        client.poll_egress(16)
+        if time.monotonic() > deadline:
+            raise TimeoutError("the ingress took no request for 10 s")
+    while replies[0] < expected:
+        if client.poll_egress(16) == 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no echo of ping {sequence} within 10 s")
+            _wait_doorbell(aeron, client, 1_000_000)
+
+
+def cpu_per_message(cluster: LocalCluster, aeron: Aeron, count: int) -> list[dict[str, Any]]:
+    processes = _node_processes(cluster)
     throughput(aeron, cluster, 32, WINDOW, count // 10)  # warm-up
 
     def cpu() -> dict[str, float]:
@@ -261,6 +365,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
             print(f"bench.stages: counters sampled every {interval:.0f} us on average by a thread of this process "
                   f"(it shares the two cores: the stages show proportions; cluster3's ping is the round trip)",
                   flush=True)
+            rows += wakeups_per_ping(cluster, aeron, QUICK_PINGS if quick else PINGS)
             rows += cpu_per_message(cluster, aeron, QUICK_THROUGHPUT_COUNT if quick else THROUGHPUT_COUNT)
         return rows
     finally:

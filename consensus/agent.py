@@ -183,7 +183,10 @@ class ConsensusModuleAgent:
         self._pending_ingress: deque[bytes] = deque()
         self._ingress_control_only = False  # suspended: session messages wait in the ingress
         self._authenticator = context.authenticator
-        self._wake = aeron.conductor.data_doorbell.ring
+        # The services sleep until commit-pos moves: they watch it (fulmar.reader_doorbells).
+        self._ring_counter_watchers = aeron.conductor.ring_counter_watchers
+        # This module watches the archive's rec-pos of the log recording (the one it watches now).
+        self._watched_recording_counter_id = NULL_VALUE
         self._egress = EgressPublisher()
         self.log_publisher = LogPublisher()
         self._log_publication: "ExclusivePublication | None" = None
@@ -424,7 +427,6 @@ class ConsensusModuleAgent:
 
     def _leader_work(self, now_ns: int) -> int:
         work = 0
-        appended_from = self._log_publication.position if self.is_multi_member and self._log_publication else 0
         if self.state is ConsensusModuleState.ACTIVE:
             work += self.timers.poll(self.cluster_time(), self._on_timer_expired)
             work += self._append_pending_service_messages()
@@ -432,10 +434,6 @@ class ConsensusModuleAgent:
         elif self.state is ConsensusModuleState.SUSPENDED:
             work += self._poll_ingress(session_control_only=True)
         if self.is_multi_member:
-            if self._log_publication is not None and self._log_publication.position > appended_from:
-                # A UDP publication rings the driver's doorbell (its sender), not
-                # the data doorbell: the archive's spy would sleep on the append.
-                self._wake()
             work += self._check_follower_snapshot()  # (one replayed in its election)
             work += self._update_quorum_commit_position(now_ns)
             if self.election is not None:
@@ -466,6 +464,15 @@ class ConsensusModuleAgent:
                 if registration > registration_id:
                     found, registration_id = counter.counter_id, registration
         self._recording_position_registration_id = registration_id
+        if found != self._watched_recording_counter_id:
+            # Woken when the archive records more (it rings the counter's watchers).
+            watch = self.aeron.conductor.counter_watch()
+            if self._watched_recording_counter_id != NULL_VALUE:
+                watch.unwatch(self._watched_recording_counter_id)
+            self._watched_recording_counter_id = found
+            if found != NULL_VALUE and not watch.watch(found):
+                self._print_error(f"rec-pos counter {found} has no free watcher slot: "
+                               "this module notices new recording by its idle timeout")
         return found
 
     def _recording_position_counter(self) -> int:
@@ -493,9 +500,7 @@ class ConsensusModuleAgent:
         if self.append_position > self.commit_position:
             self.commit_position = self.append_position
             self.commit_position_counter.set(self.commit_position)
-            # The services sleep on the data doorbell: a counter write rings
-            # nothing by itself (a ring costs a fence when nobody waits).
-            self._wake()
+            self._ring_counter_watchers(self.commit_position_counter.id)
             return 1
         return 0
 
@@ -948,8 +953,7 @@ class ConsensusModuleAgent:
         if position > self.commit_position:
             self.commit_position = position
             self.commit_position_counter.set(position)
-            # The services sleep on the data doorbell: a counter write rings nothing.
-            self._wake()
+            self._ring_counter_watchers(self.commit_position_counter.id)
             work += 1
         return work
 
@@ -1493,7 +1497,7 @@ class ConsensusModuleAgent:
         if commit > self.term_base_log_position and commit > self.commit_position:
             self.commit_position = commit
             self.commit_position_counter.set(commit)
-            self._wake()
+            self._ring_counter_watchers(self.commit_position_counter.id)
             self._sweep_uncommitted(commit)
             work += 1
         if self.commit_position != self._last_commit_position_sent or \

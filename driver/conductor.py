@@ -59,6 +59,7 @@ from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
 from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress, UdpTransport
 from fulmar.frames import SetupFrame
 from fulmar.permissions import make_directory
+from fulmar.reader_doorbells import CLIENT_DOORBELL_TYPE_ID, LogReaders, client_doorbell
 
 ErrorCode = protocol.ErrorCode
 NULL_VALUE = -1
@@ -84,6 +85,9 @@ class AeronClient:
     # The process the client declared in its heartbeat label (fulmar.client_liveness),
     # once read: (pid, pid namespace).
     process: tuple[int, int] | None = None
+    # The counter id of the doorbell the client sleeps on (fulmar.reader_doorbells),
+    # once it has added one; a real Aeron client never does.
+    doorbell_id: int | None = None
 
 
 @dataclass
@@ -108,7 +112,6 @@ class DriverConductor:
         error_log: DistinctErrorLog,
         epoch_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         ring_doorbell: Callable[[], object] = lambda: None,
-        ring_data_doorbell: Callable[[], object] = lambda: None,
     ) -> None:
         self.context = context
         self.to_driver = ManyToOneRingBuffer(cnc.to_driver)
@@ -126,7 +129,6 @@ class DriverConductor:
         self.error_log = error_log
         self.epoch_clock_ms = epoch_clock_ms
         self._ring_doorbell = ring_doorbell
-        self._ring_data_doorbell = ring_data_doorbell
         self.clients: dict[int, AeronClient] = {}
         self.publications: list[IpcPublication | NetworkPublication] = []
         self.images: list[PublicationImage] = []
@@ -146,6 +148,9 @@ class DriverConductor:
         self.on_socket_closed: Callable[[int], None] = lambda fd: None
         self._now_ns = 0
         self.subscriptions: list[SubscriptionLink] = []
+        # Publications with more reader doorbells than their log's table holds:
+        # their writers ring this driver too, which rings the rest.
+        self.relayed_publications: list[IpcPublication | NetworkPublication] = []
         self.static_counters: dict[tuple[int, int], int] = {}
         self.termination_requested = False
         self._next_timer_ns = 0
@@ -193,10 +198,18 @@ class DriverConductor:
             self._next_timer_ns = now_ns + self.context.timer_interval_ns
             work += self._on_timer(now_ns)
         if received:
-            # Subscribers of the images may be asleep.  Rung last: waking them
-            # can hand them this core at once, and the cycle's own sends
-            # (status messages, NAKs) should not wait behind them.
-            self._ring_data_doorbell()
+            # The subscribers of the images that got data may be asleep.  Rung
+            # last: waking them can hand them this core at once, and the
+            # cycle's own sends (status messages, NAKs) should not wait behind them.
+            for image in self.images:
+                if image.data_arrived:
+                    image.data_arrived = False
+                    image.readers.ring()
+        for publication in self.relayed_publications:
+            position = publication.log.producer_position()
+            if position != publication.relayed_position:
+                publication.relayed_position = position
+                publication.readers.ring_beyond_table()
         return work
 
     def _sender_work(self, now_ns: int) -> int:
@@ -490,6 +503,7 @@ class DriverConductor:
             self.counters.new_counter(f"pub-msgs: {suffix}", PUBLISHER_MESSAGES_TYPE_ID, key, registration_id),
             context.term_window_length(term_length),
         )
+        publication.readers = LogReaders(publication.log, self.counters.values_buffer)
         self.publications.append(publication)
         self.system[SystemCounter.ACTIVE_PUBLICATIONS].set(len(self.publications))
         for subscription in self.subscriptions:
@@ -549,6 +563,7 @@ class DriverConductor:
             self._now_ns,
             self.context.initial_setup_interval_ns,
         )
+        publication.readers = LogReaders(publication.log, self.counters.values_buffer)
         self.publications.append(publication)
         self.system[SystemCounter.ACTIVE_PUBLICATIONS].set(len(self.publications))
         for subscription in self.subscriptions:
@@ -776,6 +791,7 @@ class DriverConductor:
             self.counters.new_counter(f"rcv-pos: {suffix}", RECEIVER_POSITION_TYPE_ID, key, correlation_id),
             self.system,
         )
+        image.readers = LogReaders(log, self.counters.values_buffer)
         endpoint.images[(setup.session_id, setup.stream_id)] = image
         self.images.append(image)
         for subscription in self.subscriptions:
@@ -804,6 +820,7 @@ class DriverConductor:
         )
         position.set(join_position)
         publication.subscribers.append(SubscriberLink(subscription.registration_id, subscription.client_id, position))
+        self._update_readers(publication)
         if isinstance(publication, IpcPublication):
             publication.set_connected()
             correlation_id, source_identity = publication.registration_id, IPC_SOURCE_IDENTITY
@@ -822,6 +839,7 @@ class DriverConductor:
             log_file_name=publication.log_file_name,
             source_identity=source_identity,
         )
+        self._ring_client(subscription.client_id)  # an agent asleep on its data takes the image now
 
     def _on_remove_subscription(self, command: object) -> None:
         client_id, correlation_id = command.client_id, command.correlation_id  # type: ignore[attr-defined]
@@ -842,9 +860,12 @@ class DriverConductor:
         self.system[SystemCounter.ACTIVE_SUBSCRIPTIONS].set(len(self.subscriptions))
         for publication in [*self.publications, *self.images]:
             subscribers: list[SubscriberLink] = publication.subscribers
-            for link in [l for l in subscribers if l.subscription_registration_id == subscription.registration_id]:
+            links = [l for l in subscribers if l.subscription_registration_id == subscription.registration_id]
+            for link in links:
                 subscribers.remove(link)
                 link.position.close()
+            if links:
+                self._update_readers(publication)
             if isinstance(publication, IpcPublication):
                 publication.set_connected()
             elif isinstance(publication, NetworkPublication):
@@ -917,6 +938,41 @@ class DriverConductor:
         counter = self._allocate_counter(command, registration_id=correlation_id, owner_id=client.client_id)
         client.counters[correlation_id] = counter
         self._send(protocol.OnCounterReadyEncoder, correlation_id=correlation_id, counter_id=counter.id)
+        if command.type_id == CLIENT_DOORBELL_TYPE_ID:  # type: ignore[attr-defined]
+            client.doorbell_id = counter.id
+            self._update_client_readers(client)
+
+    # ------------------------------------------------------------------ reader doorbells
+
+    def _update_readers(self, log_owner: IpcPublication | NetworkPublication | PublicationImage) -> None:
+        """Name the doorbells of the clients that read the log in its reader
+        table (fulmar.reader_doorbells): its writers wake just them."""
+        readers = log_owner.readers
+        ids = []
+        for link in log_owner.subscribers:
+            client = self.clients.get(link.client_id)
+            if client is not None and client.doorbell_id is not None:
+                ids.append(client.doorbell_id)
+        readers.update(ids)
+        if not isinstance(log_owner, PublicationImage):
+            relayed = log_owner in self.relayed_publications
+            if readers.relay and not relayed:
+                log_owner.relayed_position = log_owner.log.producer_position()
+                self.relayed_publications.append(log_owner)
+            elif relayed and not readers.relay:
+                self.relayed_publications.remove(log_owner)
+
+    def _ring_client(self, client_id: int) -> None:
+        """Wake a client that sleeps on its own doorbell for news about what it reads."""
+        client = self.clients.get(client_id)
+        if client is not None and client.doorbell_id is not None:
+            client_doorbell(self.counters.values_buffer, client.doorbell_id).ring()
+
+    def _update_client_readers(self, client: AeronClient) -> None:
+        """The client's doorbell came or went: the tables of the logs it reads."""
+        for log_owner in [*self.publications, *self.images]:
+            if any(link.client_id == client.client_id for link in log_owner.subscribers):
+                self._update_readers(log_owner)
 
     def _on_add_static_counter(self, command: object) -> None:
         self._client(command.client_id)  # type: ignore[attr-defined]
@@ -955,6 +1011,9 @@ class DriverConductor:
     def _free_client_counter(self, client: AeronClient, registration_id: int, counter: AtomicCounter) -> None:
         del client.counters[registration_id]
         counter_id = counter.id
+        if client.doorbell_id == counter_id:
+            client.doorbell_id = None
+            self._update_client_readers(client)
         counter.close()
         self._send(protocol.OnUnavailableCounterEncoder, correlation_id=registration_id, counter_id=counter_id)
 
@@ -1070,8 +1129,10 @@ class DriverConductor:
                         stream_id=image.stream_id,
                         channel=subscription.channel if subscription is not None else str(image.endpoint.channel),
                     )
+                    self._ring_client(link.client_id)
                     link.position.close()
                 image.subscribers.clear()
+                self._update_readers(image)
                 image.endpoint.images.pop((image.session_id, image.stream_id), None)
                 image.status = PublicationState.LINGER
                 image.linger_deadline_ns = now_ns + self.context.publication_linger_timeout_ns
@@ -1106,8 +1167,10 @@ class DriverConductor:
                         stream_id=publication.stream_id,
                         channel=publication.channel,
                     )
+                    self._ring_client(link.client_id)
                     link.position.close()
                 publication.subscribers.clear()
+                self._update_readers(publication)
                 if isinstance(publication, IpcPublication):
                     publication.set_connected()
                 else:
@@ -1145,4 +1208,6 @@ class DriverConductor:
         path.unlink(missing_ok=True)
         publication.state = PublicationState.DONE
         self.publications.remove(publication)
+        if publication in self.relayed_publications:
+            self.relayed_publications.remove(publication)
         self.system[SystemCounter.ACTIVE_PUBLICATIONS].set(len(self.publications))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fulmar.counters import AtomicCounter
 from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH, UNFRAGMENTED, FrameType
+from fulmar.reader_doorbells import LogReaders
 from fulmar.logbuffer import (
     LogBuffers,
     compute_term_id_from_position,
@@ -32,6 +33,10 @@ class SubscriberLink:
 
 
 class IpcPublication:
+    # The doorbells of the log's readers, named in its table (set by the conductor).
+    readers: LogReaders
+    # With more readers than the table holds: the producer position the driver last relayed a ring for.
+    relayed_position = 0
     def __init__(
         self,
         registration_id: int,

@@ -123,7 +123,7 @@ class MediaDriver:
         )
         error_log = DistinctErrorLog(cnc.error_log, epoch_ms)
         conductor = DriverConductor(
-            context, cnc, counters, error_log, epoch_ms, cnc.clients_doorbell().ring, cnc.data_doorbell().ring
+            context, cnc, counters, error_log, epoch_ms, cnc.clients_doorbell().ring
         )
         conductor.on_start()
         cnc.signal_ready()

@@ -22,6 +22,7 @@ from fulmar.frames import (
     encode_rttm,
     encode_setup,
 )
+from fulmar.reader_doorbells import LogReaders
 from fulmar.logbuffer import (
     LogBuffers,
     compute_max_message_length,
@@ -54,6 +55,10 @@ def in_resend_window(position: int, sender_position: int, term_length: int) -> b
     return bottom <= position < sender_position
 
 class NetworkPublication:
+    # The doorbells of the log's readers, named in its table (set by the conductor).
+    readers: LogReaders
+    # With more readers than the table holds: the producer position the driver last relayed a ring for.
+    relayed_position = 0
     def __init__(
         self,
         registration_id: int,

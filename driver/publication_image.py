@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fulmar.counters import AtomicCounter
+from fulmar.reader_doorbells import LogReaders
 from fulmar.logbuffer import LogBuffers
 
 from fulmar.driver.counters import SystemCounter, SystemCounters
@@ -17,6 +18,10 @@ from fulmar.driver.udp_transport import UdpAddress
 
 
 class PublicationImage:
+    # The doorbells of the image's readers (set by the conductor): rung when data lands.
+    readers: LogReaders
+    # Set when a DATA frame is inserted; the conductor rings the readers and clears it.
+    data_arrived = False
     def __init__(
         self,
         correlation_id: int,
@@ -78,8 +83,11 @@ class PublicationImage:
         every bound destination's source has sent its EOS, at the furthest."""
         state = self.state
         if not self.endpoint.is_manual:
-            return state.insert_packet(term_id, term_offset, datagram, now_ns)
+            verdict = state.insert_packet(term_id, term_offset, datagram, now_ns)
+            self._note_arrival(verdict)
+            return verdict
         verdict = state.insert_packet(term_id, term_offset, datagram, now_ns, record_eos=False)
+        self._note_arrival(verdict)
         eos = state.packet_eos_position
         if eos is not None and verdict in (PacketVerdict.DATA, PacketVerdict.HEARTBEAT):
             self.eos_positions[transport_index] = eos
@@ -87,6 +95,12 @@ class PublicationImage:
             if all(index in self.eos_positions for index in bound):
                 state.end_stream(max(self.eos_positions.values()))
         return verdict
+
+    def _note_arrival(self, verdict: PacketVerdict) -> None:
+        # Readers are woken for data, and for the end of the stream (a reader
+        # of a closed stream stops on it); a plain heartbeat wakes nobody.
+        if verdict is PacketVerdict.DATA or (verdict is PacketVerdict.HEARTBEAT and self.state.is_end_of_stream):
+            self.data_arrived = True
 
     def join_position(self) -> int:
         """A late subscriber starts where the slowest subscriber is (Aeron's

@@ -30,6 +30,7 @@ from fulmar.counters import NULL_COUNTER_ID, AtomicCounter, CountersReader, appe
 from fulmar.errors import FulmarError
 from fulmar.logbuffer import LogBuffers
 from fulmar.publication import ExclusivePublication, Publication
+from fulmar.reader_doorbells import CLIENT_DOORBELL_TYPE_ID, CounterWatch, client_doorbell, ring_counter_watchers
 from fulmar.ring_buffer import CorruptBufferError, ManyToOneRingBuffer
 from fulmar.subscription import Image, ImageHandler, Subscription
 
@@ -124,7 +125,12 @@ class ClientConductor:
         self.counters_reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
         self.driver_doorbell = cnc.driver_doorbell()
         self.clients_doorbell = cnc.clients_doorbell()
+        # What this client sleeps on for data: its own doorbell once
+        # ``open_doorbell`` has added it (fulmar.reader_doorbells), so that
+        # writers wake it only for what it reads; the node's shared one until then.
         self.data_doorbell = cnc.data_doorbell()
+        self.doorbell_id: int | None = None
+        self._doorbell_counter: Counter | None = None
         self.client_id = self.to_driver.next_correlation_id()
         self.lock = threading.RLock()
         self._scratch = bytearray(64 * 1024)
@@ -378,6 +384,24 @@ class ClientConductor:
         counter: Counter = self._request("counter", protocol.AddCounterEncoder, type_id=type_id, key=key, label=label)
         return counter
 
+    def open_doorbell(self) -> None:
+        """Add this client's own doorbell (a counter the driver names in the
+        reader tables of the logs this client subscribes to) and sleep on it."""
+        counter = self.add_counter(CLIENT_DOORBELL_TYPE_ID, f"client-doorbell: {self.client_id}")
+        self._doorbell_counter = counter
+        self.doorbell_id = counter.id
+        self.data_doorbell = client_doorbell(self.cnc.counters_values, counter.id)
+
+    def counter_watch(self) -> CounterWatch:
+        """Watches that ring this client's doorbell when a counter moves."""
+        if self.doorbell_id is None:
+            raise ClientClosedError("the client has no doorbell of its own (open_doorbell)")
+        return CounterWatch(self.cnc.counters_values, self.doorbell_id)
+
+    def ring_counter_watchers(self, counter_id: int) -> int:
+        """Wake the clients watching a counter this client has just moved."""
+        return ring_counter_watchers(self.cnc.counters_values, counter_id)
+
     def add_destination(self, publication: Publication, channel: str) -> None:
         """Send a manual multi-destination-cast publication to one more endpoint."""
         self._destination_request(protocol.AddDestinationEncoder, publication.original_registration_id, channel)
@@ -493,9 +517,11 @@ class ClientConductor:
             self.cnc.counters_values,
             message.publication_limit_counter_id,
             bpe_id if bpe_id >= 0 else None,
-            # IPC data wakes subscribers; UDP data wakes the driver, whose sender sends it.
-            self.driver_doorbell if pending.args["channel"].startswith("aeron:udp") else self.data_doorbell,
+            # UDP data wakes the driver, whose sender sends it; IPC data only
+            # the log's readers (and the driver when it relays to more of them).
+            self.driver_doorbell if pending.args["channel"].startswith("aeron:udp") else None,
             messages_id if messages_id >= 0 else None,
+            relay_doorbell=self.driver_doorbell,
         )
         self._publications[message.correlation_id] = publication
         pending.result, pending.done = publication, True
@@ -690,6 +716,11 @@ class Aeron:
             conductor = ClientConductor(context, cnc)
         except BaseException:
             cnc.close()
+            raise
+        try:
+            conductor.open_doorbell()
+        except BaseException:
+            conductor.close()
             raise
         aeron = cls(conductor)
         if context.use_conductor_thread:

@@ -46,6 +46,9 @@ MAX_LABEL_LENGTH: Final = 380
 REGISTRATION_ID_OFFSET: Final = 8
 OWNER_ID_OFFSET: Final = 16
 REFERENCE_ID_OFFSET: Final = 24
+# Past Aeron's fields in a value record: fulmar's counter watchers (see
+# fulmar.reader_doorbells and _native/src/doorbell.h).
+COUNTER_WATCHERS_OFFSET: Final = 64
 
 # How many ids after a hint ``find_by_type_and_registration`` tries before it scans.
 _NEAR_COUNTERS: Final = 8
@@ -379,6 +382,9 @@ class CountersManager(CountersReader):
                     self._values.put_int64_ordered(offset + REGISTRATION_ID_OFFSET, DEFAULT_REGISTRATION_ID)
                     self._values.put_int64(offset + OWNER_ID_OFFSET, DEFAULT_OWNER_ID)
                     self._values.put_int64(offset + REFERENCE_ID_OFFSET, DEFAULT_REFERENCE_ID)
+                    # fulmar's watcher slots (fulmar.reader_doorbells): the
+                    # previous counter's watchers are not this one's.
+                    self._values.set_memory(offset + COUNTER_WATCHERS_OFFSET, COUNTER_LENGTH - COUNTER_WATCHERS_OFFSET, 0)
                     self._values.put_int64_ordered(offset, 0)
                     return counter_id
 

@@ -38,6 +38,10 @@ RESULT_NAMES = {
 }
 
 
+def _address(doorbell: Doorbell | None) -> object:
+    return doorbell.buffer.address + doorbell.offset if doorbell is not None else ffi.NULL
+
+
 class BufferClaim:
     """Space claimed in the log for one frame, written in place.
 
@@ -45,12 +49,12 @@ class BufferClaim:
     it) or :meth:`abort` (turn it into padding that readers skip).
     """
 
-    __slots__ = ("_log", "_claim", "_doorbell", "buffer", "position")
+    __slots__ = ("_log", "_claim", "_writer", "buffer", "position")
 
     def __init__(self, log: LogBuffers) -> None:
         self._log = log
         self._claim = ffi.new("fulmar_claim_t *")
-        self._doorbell = ffi.NULL  # set by the writer that made the claim
+        self._writer = ffi.NULL  # set by the writer that made the claim: its commit rings what it rings
         self.buffer = memoryview(b"")
         self.position = 0
 
@@ -60,7 +64,7 @@ class BufferClaim:
         self.position = int(self._claim.position)
 
     def commit(self) -> None:
-        lib.fulmar_claim_commit(self._log.address, self._claim, self._doorbell)
+        lib.fulmar_claim_commit(self._writer, self._claim)
         self.buffer = memoryview(b"")
 
     def abort(self) -> None:
@@ -77,6 +81,8 @@ class _LogWriter:
         doorbell: Doorbell | None = None,
         messages_counter: AtomicBuffer | None = None,
         messages_counter_offset: int = 0,
+        readers: AtomicBuffer | None = None,
+        relay_doorbell: Doorbell | None = None,
     ) -> None:
         self.log = log
         self._writer = ffi.new("fulmar_log_writer_t *")
@@ -98,10 +104,16 @@ class _LogWriter:
             header.session_id,
             header.stream_id,
         )
-        # Readers idling on the doorbell are woken after each append.
-        self._doorbell = doorbell  # keeps its mapping alive
-        self._doorbell_address = doorbell.buffer.address + doorbell.offset if doorbell is not None else ffi.NULL
-        self._writer.doorbell = self._doorbell_address
+        # After each append: what sleeps on ``doorbell`` is woken (a media
+        # driver's sender), and with ``readers`` (cnc.dat's counters values)
+        # the doorbells the log's reader table names (fulmar.reader_doorbells),
+        # and ``relay_doorbell`` when the table says the driver relays to more.
+        self._doorbells = (doorbell, readers, relay_doorbell)  # keep their mappings alive
+        self._writer.doorbell = _address(doorbell)
+        if readers is not None:
+            self._writer.counters_values = readers.address
+            self._writer.counters_values_length = readers.capacity
+        self._writer.relay_doorbell = _address(relay_doorbell)
         # Messages appended are counted in shared memory when a counter is given.
         self._messages_owner = messages_counter
         if messages_counter is not None:
@@ -156,7 +168,7 @@ class ConcurrentLogWriter(_LogWriter):
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         result = lib.fulmar_concurrent_claim(self._writer, length, claim._claim)
         if result > 0:
-            claim._doorbell = self._doorbell_address
+            claim._writer = self._writer
             claim._wrap()
             return int(result)
         return self._claim_result(result, length)
@@ -217,7 +229,7 @@ class ExclusiveLogWriter(_LogWriter):
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         result = lib.fulmar_exclusive_claim(self._writer, length, claim._claim)
         if result > 0:
-            claim._doorbell = self._doorbell_address
+            claim._writer = self._writer
             claim._wrap()
             return int(result)
         return self._claim_result(result, length)

@@ -62,8 +62,9 @@ class Publication:
         counters_values: AtomicBuffer,
         position_limit_id: int,
         back_pressure_counter_id: int | None,
-        data_doorbell: Doorbell,
+        doorbell: Doorbell | None,
         messages_counter_id: int | None = None,
+        relay_doorbell: Doorbell | None = None,
     ) -> None:
         self._conductor = conductor
         self.channel = channel
@@ -77,15 +78,21 @@ class Publication:
         self._bpe_offset = counter_offset(back_pressure_counter_id) if back_pressure_counter_id is not None else -1
         self._closed = False
         self._messages_offset = counter_offset(messages_counter_id) if messages_counter_id is not None else None
-        self._writer = self._make_writer(log, counters_values, counter_offset(position_limit_id), data_doorbell)
+        # Each append rings ``doorbell`` (a UDP publication's: the driver's, whose
+        # sender sends it) and the log's readers (fulmar.reader_doorbells);
+        # ``relay_doorbell`` (the driver's) when they are more than the log's table holds.
+        self._writer = self._make_writer(log, counters_values, counter_offset(position_limit_id), doorbell,
+                                         relay_doorbell)
         self._offer = self._writer.offer
         self._native_offer = self._writer.native_offer
         self._native_state = self._writer.native_state
 
     def _make_writer(
-        self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell
+        self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell | None,
+        relay_doorbell: Doorbell | None,
     ) -> ConcurrentLogWriter | ExclusiveLogWriter:
-        return ConcurrentLogWriter(log, values, limit_offset, doorbell, *self._messages_counter(values))
+        return ConcurrentLogWriter(log, values, limit_offset, doorbell, *self._messages_counter(values),
+                                   readers=values, relay_doorbell=relay_doorbell)
 
     def _messages_counter(self, values: AtomicBuffer) -> tuple[AtomicBuffer | None, int]:
         return (values, self._messages_offset) if self._messages_offset is not None else (None, 0)
@@ -199,9 +206,11 @@ class ExclusivePublication(Publication):
     _writer: ExclusiveLogWriter
 
     def _make_writer(
-        self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell
+        self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell | None,
+        relay_doorbell: Doorbell | None,
     ) -> ExclusiveLogWriter:
-        return ExclusiveLogWriter(log, values, limit_offset, doorbell, *self._messages_counter(values))
+        return ExclusiveLogWriter(log, values, limit_offset, doorbell, *self._messages_counter(values),
+                                  readers=values, relay_doorbell=relay_doorbell)
 
     def offer_block(self, data: bytes, lengths: "array[int]", reserved_value: int = 0) -> tuple[int, int]:
         """Like :meth:`offer_batch` for messages already laid end to end in

@@ -166,6 +166,11 @@ class ClusteredServiceAgent:
         recovery = self._await_counter(protocol.RECOVERY_STATE_TYPE_ID, deadline, "the recovery state counter")
         self._commit_counter_id = self._await_counter(protocol.COMMIT_POSITION_TYPE_ID, deadline,
                                                       "the commit position counter")
+        # The module rings commit-pos's watchers when it moves it: this
+        # service then wakes for what it may apply, not for every append.
+        if not self.aeron.conductor.counter_watch().watch(self._commit_counter_id):
+            self.record_error(f"service {self.service_id}: commit-pos counter {self._commit_counter_id} has no free "
+                              "watcher slot: this service notices commits by its idle timeout")
         key = self.aeron.counters_reader.counter_key(recovery)
         term_id, log_position, timestamp, _, _, count = _RECOVERY_HEAD.unpack_from(key, 0)
         snapshot_ids = [struct.unpack_from("<q", key, _RECOVERY_HEAD.size + 8 * i)[0] for i in range(count)]

@@ -99,7 +99,7 @@ class FakeAeron:
     def __init__(self) -> None:
         self.counters: dict[int, FakeCounter] = {}
         self.counters_reader: list[Any] = []  # no archive: no recording position counter
-        self.conductor = SimpleNamespace(data_doorbell=SimpleNamespace(ring=lambda: None))
+        self.conductor = SimpleNamespace(ring_counter_watchers=lambda counter_id: 0)
 
     def add_subscription(self, channel: str, stream_id: int, **options: Any) -> FakeSubscription:
         return FakeSubscription()
@@ -546,7 +546,11 @@ def test_a_suspended_node_stopped_with_a_snapshot_restarts_suspended(single: Sin
     # SIGTERM to the module: it snapshots at the log's end and stops its
     # service there; the restart loads that snapshot and replays nothing.
     consensus.process.send_signal(signal.SIGTERM)
-    assert consensus.stop(TIMEOUT_S) == 0 and service.stop(TIMEOUT_S) == 0
+    rc = consensus.stop(TIMEOUT_S)
+    print("DBG consensus", rc, consensus.output()[-3000:])
+    rc2 = service.stop(TIMEOUT_S)
+    print("DBG service", rc2, service.output()[-3000:])
+    assert rc == 0 and rc2 == 0
     assert "consensus module stopped: SHUTDOWN at log position" in consensus.output(), consensus.output()[-1500:]
     with RecordingLog.open(single.cluster_dir, create=False) as recording_log:
         module_snapshot = recording_log.get_latest_snapshot(-1)

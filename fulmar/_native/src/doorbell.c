@@ -132,3 +132,141 @@ int32_t fulmar_doorbell_ring(char *base, int64_t offset)
     }
     return 1;
 }
+
+/* ---------------------------------------------------------------- reader doorbells */
+
+static inline char *doorbell_of(char *counters_values, int64_t values_length, int32_t id)
+{
+    if (id < 0 || (int64_t)id * FULMAR_COUNTER_LENGTH + FULMAR_DOORBELL_LENGTH > values_length)
+    {
+        return NULL;
+    }
+    return counters_values + (int64_t)id * FULMAR_COUNTER_LENGTH;
+}
+
+/* ring() for a doorbell known to be past the caller's fence. */
+static inline int32_t ring_fenced(char *doorbell)
+{
+    if (__atomic_load_n(doorbell_waiters(doorbell, 0), __ATOMIC_RELAXED) <= 0)
+    {
+        return 0;
+    }
+    int32_t *sequence = doorbell_sequence(doorbell, 0);
+    fa_get_and_add_i32(sequence, 1);
+    syscall(SYS_futex, sequence, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    return 1;
+}
+
+int32_t fulmar_doorbell_ring_ids(char *counters_values, int64_t values_length, const int32_t *ids, int32_t count)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    int32_t woken = 0;
+    for (int32_t i = 0; i < count; i++)
+    {
+        char *doorbell = doorbell_of(counters_values, values_length, ids[i]);
+        if (NULL != doorbell)
+        {
+            woken += ring_fenced(doorbell);
+        }
+    }
+    return woken;
+}
+
+int32_t fulmar_log_ring_readers(char *metadata, char *counters_values, int64_t values_length)
+{
+    char *table = metadata + FULMAR_LOG_READERS_OFFSET;
+    /* Orders the append before the loads of the table and of the waiter
+     * counts (pairs with the fence in prepare()). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    int32_t count = fa_load_i32(table + FULMAR_LOG_READERS_COUNT_OFFSET);
+    if (count > FULMAR_LOG_READERS_CAPACITY)
+    {
+        count = FULMAR_LOG_READERS_CAPACITY;
+    }
+    const int32_t *ids = (const int32_t *)(table + FULMAR_LOG_READERS_IDS_OFFSET);
+    for (int32_t i = 0; i < count; i++)
+    {
+        char *doorbell = doorbell_of(counters_values, values_length, fa_load_i32(ids + i));
+        if (NULL != doorbell)
+        {
+            ring_fenced(doorbell);
+        }
+    }
+    return fa_load_i32(table + FULMAR_LOG_READERS_RELAY_OFFSET);
+}
+
+static inline int32_t *watcher_slots(char *counters_values, int64_t values_length, int32_t counter_id)
+{
+    if (counter_id < 0 || ((int64_t)counter_id + 1) * FULMAR_COUNTER_LENGTH > values_length)
+    {
+        return NULL;
+    }
+    return (int32_t *)(counters_values + (int64_t)counter_id * FULMAR_COUNTER_LENGTH + FULMAR_COUNTER_WATCHERS_OFFSET);
+}
+
+int32_t fulmar_counter_watch(char *counters_values, int64_t values_length, int32_t counter_id, int32_t doorbell_id)
+{
+    int32_t *slots = watcher_slots(counters_values, values_length, counter_id);
+    if (NULL == slots || doorbell_id < 0)
+    {
+        return -1;
+    }
+    for (int32_t i = 0; i < FULMAR_COUNTER_WATCHERS_CAPACITY; i++)
+    {
+        if (fa_load_i32(slots + i) == doorbell_id + 1)
+        {
+            return 0;
+        }
+    }
+    for (int32_t i = 0; i < FULMAR_COUNTER_WATCHERS_CAPACITY; i++)
+    {
+        if (fa_cas_i32(slots + i, 0, doorbell_id + 1))
+        {
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int32_t fulmar_counter_unwatch(char *counters_values, int64_t values_length, int32_t counter_id, int32_t doorbell_id)
+{
+    int32_t *slots = watcher_slots(counters_values, values_length, counter_id);
+    int32_t removed = 0;
+    if (NULL == slots)
+    {
+        return 0;
+    }
+    for (int32_t i = 0; i < FULMAR_COUNTER_WATCHERS_CAPACITY; i++)
+    {
+        if (fa_cas_i32(slots + i, doorbell_id + 1, 0))
+        {
+            removed++;
+        }
+    }
+    return removed;
+}
+
+int32_t fulmar_counter_ring_watchers(char *counters_values, int64_t values_length, int32_t counter_id)
+{
+    int32_t *slots = watcher_slots(counters_values, values_length, counter_id);
+    int32_t woken = 0;
+    if (NULL == slots)
+    {
+        return 0;
+    }
+    /* Orders the counter's new value before the loads (pairs with prepare()). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    for (int32_t i = 0; i < FULMAR_COUNTER_WATCHERS_CAPACITY; i++)
+    {
+        int32_t slot = fa_load_i32(slots + i);
+        if (slot > 0)
+        {
+            char *doorbell = doorbell_of(counters_values, values_length, slot - 1);
+            if (NULL != doorbell)
+            {
+                woken += ring_fenced(doorbell);
+            }
+        }
+    }
+    return woken;
+}

@@ -25,3 +25,45 @@ int32_t fulmar_doorbell_prepare(char *base, int64_t offset);
 void fulmar_doorbell_cancel(char *base, int64_t offset);
 int32_t fulmar_doorbell_wait(char *base, int64_t offset, int32_t token, int64_t timeout_ns);
 int32_t fulmar_doorbell_ring(char *base, int64_t offset);
+
+/* Reader doorbells.  Every fulmar client sleeps on a doorbell of its own: the
+ * value slot of a counter of type FULMAR_CLIENT_DOORBELL_TYPE_ID in cnc.dat,
+ * so a writer can wake just the processes that read what it wrote, instead of
+ * every process of the node.  A doorbell is named by its counter id; its words
+ * are at counters_values + id * FULMAR_COUNTER_LENGTH.
+ *
+ * A log's readers: the media driver keeps, in the log's metadata (past every
+ * field Aeron defines there), the doorbells of the clients that read the log:
+ *   count i32 @0, relay i32 @4, doorbell ids i32[FULMAR_LOG_READERS_CAPACITY] @8
+ * A writer rings them after each append.  relay = 1: the log has more reader
+ * doorbells than fit, and a writer rings the media driver as well, which rings
+ * the rest.
+ *
+ * A counter's watchers: a process that sleeps until some counter moves (a
+ * consensus module on the archive's rec-pos, a service on commit-pos) names
+ * its doorbell in the counter's value record, past Aeron's fields; the writer
+ * of the counter rings them after it moves it.  Each slot holds a doorbell
+ * id + 1 (0: free), claimed and released by the watchers with compare-and-set.
+ *
+ * Ids outside the counters buffer are skipped: the tables live in memory
+ * other processes write. */
+#define FULMAR_CLIENT_DOORBELL_TYPE_ID 1100
+#define FULMAR_COUNTER_LENGTH 128
+#define FULMAR_LOG_READERS_OFFSET 1024
+#define FULMAR_LOG_READERS_COUNT_OFFSET 0
+#define FULMAR_LOG_READERS_RELAY_OFFSET 4
+#define FULMAR_LOG_READERS_IDS_OFFSET 8
+#define FULMAR_LOG_READERS_CAPACITY 30
+#define FULMAR_COUNTER_WATCHERS_OFFSET 64
+#define FULMAR_COUNTER_WATCHERS_CAPACITY 16
+
+/* Rings each doorbell named in ids (one fence for all); returns how many had waiters. */
+int32_t fulmar_doorbell_ring_ids(char *counters_values, int64_t values_length, const int32_t *ids, int32_t count);
+/* Rings the readers of the log whose metadata starts at `metadata`; returns the relay flag. */
+int32_t fulmar_log_ring_readers(char *metadata, char *counters_values, int64_t values_length);
+/* Adds a watcher to a counter: 0, or -1 when its slots are full.  Idempotent. */
+int32_t fulmar_counter_watch(char *counters_values, int64_t values_length, int32_t counter_id, int32_t doorbell_id);
+/* Removes a watcher (every slot naming it); returns how many slots it held. */
+int32_t fulmar_counter_unwatch(char *counters_values, int64_t values_length, int32_t counter_id, int32_t doorbell_id);
+/* Rings a counter's watchers; returns how many had waiters. */
+int32_t fulmar_counter_ring_watchers(char *counters_values, int64_t values_length, int32_t counter_id);

@@ -145,13 +145,19 @@ static inline void write_message(
     while (remaining > 0);
 }
 
-/* Wakes readers sleeping on the writer's doorbell; costs a fence and one
- * load when nobody sleeps. */
+/* Wakes what sleeps on the writer's doorbell (a media driver's sender) and
+ * the log's readers; each costs a fence and a load when nobody sleeps. */
 static inline void ring_doorbell(const fulmar_log_writer_t *w)
 {
     if (NULL != w->doorbell)
     {
         fulmar_doorbell_ring(w->doorbell, 0);
+    }
+    if (NULL != w->counters_values &&
+        fulmar_log_ring_readers(w->metadata, w->counters_values, w->counters_values_length) &&
+        NULL != w->relay_doorbell)
+    {
+        fulmar_doorbell_ring(w->relay_doorbell, 0);
     }
 }
 
@@ -548,13 +554,10 @@ int64_t fulmar_exclusive_append_block(fulmar_log_writer_t *w, const char *block,
     return w->term_begin_position + w->term_offset;
 }
 
-void fulmar_claim_commit(char *log, const fulmar_claim_t *claim, char *doorbell)
+void fulmar_claim_commit(const fulmar_log_writer_t *w, const fulmar_claim_t *claim)
 {
-    fa_store_i32(log + claim->frame_offset, claim->frame_length);
-    if (NULL != doorbell)
-    {
-        fulmar_doorbell_ring(doorbell, 0);
-    }
+    fa_store_i32(w->log + claim->frame_offset, claim->frame_length);
+    ring_doorbell(w);
 }
 
 void fulmar_claim_abort(char *log, const fulmar_claim_t *claim)

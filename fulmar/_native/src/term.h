@@ -26,6 +26,9 @@ typedef struct
     char *metadata;                 /* log + 3 * term_length */
     char *position_limit;           /* int64 publisher limit, NULL for none */
     char *doorbell;                 /* rung after each append when it has waiters; NULL for none */
+    char *counters_values;          /* cnc.dat's counters values: ring the log's readers (doorbell.h); NULL: don't */
+    int64_t counters_values_length;
+    char *relay_doorbell;           /* rung too when the log's reader table says relay; NULL for none */
     char *messages_counter;         /* int64 count of messages appended; NULL for none */
     int32_t term_length;
     int32_t position_bits_to_shift;
@@ -86,7 +89,7 @@ int64_t fulmar_exclusive_offer_batch(
 int64_t fulmar_exclusive_append_block(fulmar_log_writer_t *writer, const char *block, int32_t length);
 
 /* A claim is published by its commit, or turned into padding by its abort. */
-void fulmar_claim_commit(char *log, const fulmar_claim_t *claim, char *doorbell);
+void fulmar_claim_commit(const fulmar_log_writer_t *w, const fulmar_claim_t *claim);
 void fulmar_claim_abort(char *log, const fulmar_claim_t *claim);
 
 /* Reads frames from position up to limit_position or the end of the term,
