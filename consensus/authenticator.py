@@ -59,12 +59,36 @@ class CredentialsAuthenticator:
     just ``secret`` with an empty principal)."""
 
     CHALLENGE = b"secret?"
+    # A session dropped before its decision (its connect timed out, or an
+    # election closed it at INIT) never comes back for its credentials: they
+    # are let go once they are this old (far past any session timeout).
+    PENDING_TIMEOUT_MS = 60_000
 
     def __init__(self, secret: bytes) -> None:
         if not secret:
             raise ValueError("the credentials authenticator needs a non-empty secret")
         self.secret = secret
-        self._credentials: dict[int, bytes | None] = {}
+        # Undecided sessions' credentials and when they came, oldest first.
+        self._credentials: dict[int, tuple[bytes | None, int]] = {}
+
+    @property
+    def pending_sessions(self) -> int:
+        """Sessions whose credentials wait for a decision."""
+        return len(self._credentials)
+
+    def _keep(self, session_id: int, credentials: bytes | None, now_ms: int) -> None:
+        pending = self._credentials
+        pending.pop(session_id, None)  # re-inserted last: the dict stays oldest first
+        pending[session_id] = (credentials, now_ms)
+        while pending:
+            oldest, (_, since_ms) = next(iter(pending.items()))
+            if now_ms - since_ms < self.PENDING_TIMEOUT_MS:
+                break
+            del pending[oldest]
+
+    def _pending(self, session_id: int) -> bytes | None:
+        entry = self._credentials.get(session_id)
+        return entry[0] if entry is not None else None
 
     def _principal_if_valid(self, credentials: bytes | None) -> bytes | None:
         if credentials is None:
@@ -75,20 +99,20 @@ class CredentialsAuthenticator:
         return principal if hmac.compare_digest(secret, self.secret) else None
 
     def on_connect_request(self, session_id: int, encoded_credentials: bytes, now_ms: int) -> None:
-        self._credentials[session_id] = bytes(encoded_credentials) if encoded_credentials else None
+        self._keep(session_id, bytes(encoded_credentials) if encoded_credentials else None, now_ms)
 
     def on_challenge_response(self, session_id: int, encoded_credentials: bytes, now_ms: int) -> None:
-        self._credentials[session_id] = bytes(encoded_credentials)
+        self._keep(session_id, bytes(encoded_credentials), now_ms)
 
     def on_connected_session(self, proxy: SessionProxy, now_ms: int) -> None:
-        credentials = self._credentials.get(proxy.session_id)
+        credentials = self._pending(proxy.session_id)
         if credentials is None:
             proxy.challenge(self.CHALLENGE)
             return
         self._decide(proxy, credentials)
 
     def on_challenged_session(self, proxy: SessionProxy, now_ms: int) -> None:
-        credentials = self._credentials.get(proxy.session_id)
+        credentials = self._pending(proxy.session_id)
         if credentials is not None:
             self._decide(proxy, credentials)
 

@@ -1,0 +1,246 @@
+"""Reader doorbells (fulmar.reader_doorbells): a writer wakes the processes
+that read what it wrote, and nobody else.
+
+A doorbell "has a sleeper" here when its waiter count is raised by
+``prepare()``: a ring then bumps its sequence (and makes the futex call);
+a doorbell nobody prepared is left alone.  So "woken" is "sequence moved".
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from driver_support import wait_for
+
+from fulmar.aeron import Aeron
+from fulmar.buffers import AtomicBuffer
+from fulmar.counters import COUNTER_LENGTH, CountersManager
+from fulmar.idle import Doorbell
+from fulmar.log_writer import BufferClaim, ExclusiveLogWriter
+from fulmar.logbuffer import LogBuffers
+from fulmar.reader_doorbells import (
+    CLIENT_DOORBELL_TYPE_ID,
+    COUNTER_WATCHERS_CAPACITY,
+    LOG_READERS_CAPACITY,
+    CounterWatch,
+    LogReaders,
+    client_doorbell,
+    log_readers_in_table,
+    ring_counter_watchers,
+    ring_log_readers,
+)
+
+COUNTERS = 64
+
+
+def counters_values() -> AtomicBuffer:
+    return AtomicBuffer(bytearray(COUNTERS * COUNTER_LENGTH))
+
+
+def sleeping(values: AtomicBuffer, ids: list[int]) -> dict[int, int]:
+    """Register a waiter on each doorbell (as an agent about to sleep); their sequences now."""
+    tokens = {}
+    for doorbell_id in ids:
+        tokens[doorbell_id] = client_doorbell(values, doorbell_id).prepare()
+    return tokens
+
+
+def woken(values: AtomicBuffer, tokens: dict[int, int]) -> set[int]:
+    return {doorbell_id for doorbell_id, token in tokens.items()
+            if client_doorbell(values, doorbell_id).sequence != token}
+
+
+def new_log(tmp_path: Path) -> LogBuffers:
+    return LogBuffers.create(tmp_path / "1.logbuffer", 64 * 1024, session_id=7, stream_id=9)
+
+
+def test_a_log_ring_wakes_the_readers_its_table_names_and_no_one_else(tmp_path: Path) -> None:
+    values = counters_values()
+    log = new_log(tmp_path)
+    try:
+        readers = LogReaders(log, values)
+        readers.update([3, 5, 3])  # one client with two subscriptions counts once
+        assert log_readers_in_table(log) == ([3, 5], False)
+        tokens = sleeping(values, [3, 4, 5])
+        assert not ring_log_readers(log, values)
+        assert woken(values, tokens) == {3, 5}
+        readers.update([4])
+        tokens = sleeping(values, [3, 4, 5])
+        ring_log_readers(log, values)
+        assert woken(values, tokens) == {4}
+    finally:
+        log.close()
+
+
+def test_more_readers_than_the_table_holds_are_relayed_by_the_driver(tmp_path: Path) -> None:
+    values = counters_values()
+    log = new_log(tmp_path)
+    try:
+        readers = LogReaders(log, values)
+        ids = list(range(1, LOG_READERS_CAPACITY + 4))
+        readers.update(ids)
+        table, relay = log_readers_in_table(log)
+        assert table == ids[:LOG_READERS_CAPACITY] and relay
+        tokens = sleeping(values, ids)
+        assert ring_log_readers(log, values)  # the writer must ring the driver too
+        assert woken(values, tokens) == set(ids[:LOG_READERS_CAPACITY])
+        readers.ring_beyond_table()  # what the driver does on that ring
+        assert woken(values, tokens) == set(ids)
+        readers.update(ids[:2])
+        assert log_readers_in_table(log) == (ids[:2], False) and not readers.relay
+    finally:
+        log.close()
+
+
+def test_ids_outside_the_counters_are_skipped(tmp_path: Path) -> None:
+    # The table is in memory other processes write: a bad id must not ring
+    # (or write) outside the counters buffer.
+    values = counters_values()
+    log = new_log(tmp_path)
+    try:
+        LogReaders(log, values).update([-1, COUNTERS, 2**30, 2])
+        tokens = sleeping(values, [2])
+        ring_log_readers(log, values)
+        assert woken(values, tokens) == {2}
+    finally:
+        log.close()
+
+
+def test_a_counter_rings_its_watchers_and_a_watch_is_taken_back() -> None:
+    values = counters_values()
+    first, second = CounterWatch(values, 3), CounterWatch(values, 4)
+    assert first.watch(10) and first.watch(10) and second.watch(10)  # a repeated watch takes one slot
+    assert first.watchers(10) == [3, 4]
+    tokens = sleeping(values, [3, 4, 5])
+    assert ring_counter_watchers(values, 10) == 2
+    assert woken(values, tokens) == {3, 4}
+    first.unwatch(10)
+    tokens = sleeping(values, [3, 4])
+    ring_counter_watchers(values, 10)
+    assert woken(values, tokens) == {4}
+    assert ring_counter_watchers(values, 11) == 0  # nobody watches it
+
+
+def test_a_counter_has_a_bounded_number_of_watchers() -> None:
+    values = counters_values()
+    for doorbell_id in range(COUNTER_WATCHERS_CAPACITY):
+        assert CounterWatch(values, doorbell_id).watch(20)
+    assert not CounterWatch(values, 40).watch(20)  # full: that watcher falls back on its idle timeout
+    CounterWatch(values, 0).unwatch(20)
+    assert CounterWatch(values, 40).watch(20)
+
+
+def test_a_reused_counter_starts_with_no_watchers() -> None:
+    values = counters_values()
+    metadata = AtomicBuffer(bytearray(COUNTERS * 512))
+    counters = CountersManager(metadata, values, 0, lambda: 0)
+    counter_id = counters.allocate("rec-pos: 1", 100)
+    CounterWatch(values, 5).watch(counter_id)
+    counters.free(counter_id)
+    assert counters.allocate("commit-pos", 203) == counter_id
+    assert CounterWatch(values, 5).watchers(counter_id) == []
+
+
+def test_each_append_and_each_claim_ring_the_readers_and_the_relay(tmp_path: Path) -> None:
+    values = counters_values()
+    log = new_log(tmp_path)
+    relay = Doorbell(AtomicBuffer(bytearray(8)))
+    try:
+        readers = LogReaders(log, values)
+        readers.update([1, 2])
+        writer = ExclusiveLogWriter(log, readers=values, relay_doorbell=relay)
+        tokens = sleeping(values, [1, 2, 3])
+        relay_token = relay.prepare()
+        assert writer.offer(b"hello") > 0
+        assert woken(values, tokens) == {1, 2}
+        assert relay.sequence == relay_token  # no relay while the table holds every reader
+        readers.update(list(range(1, LOG_READERS_CAPACITY + 2)))
+        tokens = sleeping(values, [3])
+        claim = BufferClaim(log)
+        assert writer.try_claim(8, claim) > 0
+        assert woken(values, tokens) == set()  # nothing is published until the commit
+        claim.commit()
+        assert woken(values, tokens) == {3}
+        assert relay.sequence != relay_token
+    finally:
+        log.close()
+
+
+# ------------------------------------------------------------------ through a media driver
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for_table(log: LogBuffers, expected: list[int]) -> None:
+    wait_for(lambda: sorted(log_readers_in_table(log)[0]) == sorted(expected), 10,
+             f"the driver to name {expected} in the log's reader table")
+
+
+def offer(publication: object, payload: bytes) -> None:
+    deadline = time.monotonic() + 10
+    while publication.offer(payload) < 0:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the offer was never taken"
+
+
+def test_a_publication_wakes_its_subscribers_clients_only(start_driver) -> None:
+    driver = start_driver()
+    with Aeron.connect(driver.directory) as reader, Aeron.connect(driver.directory) as bystander, \
+            Aeron.connect(driver.directory) as writer:
+        for client in (reader, bystander, writer):
+            doorbell_id = client.conductor.doorbell_id
+            assert doorbell_id is not None
+            assert client.counters_reader.counter_type_id(doorbell_id) == CLIENT_DOORBELL_TYPE_ID
+        subscription = reader.add_subscription("aeron:ipc", 11)
+        bystander.add_subscription("aeron:ipc", 12)
+        publication = writer.add_publication("aeron:ipc", 11)
+        wait_for(lambda: subscription.images and publication.is_connected, 10, "the IPC image")
+        wait_for_table(subscription.images[0].log, [reader.conductor.doorbell_id])
+        reader_doorbell, bystander_doorbell = reader.conductor.data_doorbell, bystander.conductor.data_doorbell
+        reader_token, bystander_token = reader_doorbell.prepare(), bystander_doorbell.prepare()
+        try:
+            offer(publication, b"ping")
+            assert reader_doorbell.sequence != reader_token
+            assert bystander_doorbell.sequence == bystander_token
+        finally:
+            reader_doorbell.cancel()
+            bystander_doorbell.cancel()
+
+
+def test_udp_data_wakes_the_images_subscribers_only(start_driver) -> None:
+    driver = start_driver()
+    channel, elsewhere = (f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}" for _ in range(2))
+    with Aeron.connect(driver.directory) as reader, Aeron.connect(driver.directory) as bystander, \
+            Aeron.connect(driver.directory) as writer:
+        subscription = reader.add_subscription(channel, 21)
+        bystander.add_subscription(elsewhere, 22)
+        publication = writer.add_publication(channel, 21)
+        wait_for(lambda: subscription.images and publication.is_connected, 10, "the UDP image")
+        reader_doorbell, bystander_doorbell = reader.conductor.data_doorbell, bystander.conductor.data_doorbell
+        reader_token, bystander_token = reader_doorbell.prepare(), bystander_doorbell.prepare()
+        try:
+            offer(publication, b"ping")
+            wait_for(lambda: reader_doorbell.sequence != reader_token, 10, "the reader's doorbell to ring")
+            assert bystander_doorbell.sequence == bystander_token
+        finally:
+            reader_doorbell.cancel()
+            bystander_doorbell.cancel()
+
+
+def test_a_closed_client_leaves_the_reader_tables(start_driver) -> None:
+    driver = start_driver()
+    with Aeron.connect(driver.directory) as writer, Aeron.connect(driver.directory) as stays:
+        writer.add_publication("aeron:ipc", 31)
+        staying = stays.add_subscription("aeron:ipc", 31)
+        leaving_client = Aeron.connect(driver.directory)
+        leaving = leaving_client.add_subscription("aeron:ipc", 31)
+        wait_for(lambda: staying.images and leaving.images, 10, "the IPC images")
+        log = staying.images[0].log
+        wait_for_table(log, [stays.conductor.doorbell_id, leaving_client.conductor.doorbell_id])
+        leaving_client.close()
+        wait_for_table(log, [stays.conductor.doorbell_id])
