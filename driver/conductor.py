@@ -47,17 +47,13 @@ from fulmar.driver.counters import (
     SystemCounters,
     registration_key,
 )
-from fulmar.driver.flow_control import has_group_semantics, new_flow_control
-from fulmar.driver.image_state import ImageReceiveState
+from fulmar.driver.data_plane import DataPlane, DataPlaneError, SetupEvent, flow_control_settings
 from fulmar.driver.ipc_publication import IpcPublication, PublicationState, SubscriberLink
-from fulmar.driver.loss_injection import LossInjector
 from fulmar.driver.network_publication import NetworkPublication
 from fulmar.driver.publication_image import PublicationImage
 from fulmar.driver.receive_channel_endpoint import ReceiveChannelEndpoint
-from fulmar.driver.retransmit_handler import RetransmitHandler
 from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
 from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress, UdpTransport
-from fulmar.frames import SetupFrame
 from fulmar.permissions import make_directory
 from fulmar.reader_doorbells import CLIENT_DOORBELL_TYPE_ID, LogReaders, client_doorbell
 
@@ -110,6 +106,7 @@ class DriverConductor:
         cnc: CncFile,
         counters: CountersManager,
         error_log: DistinctErrorLog,
+        data_plane: DataPlane,
         epoch_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         ring_doorbell: Callable[[], object] = lambda: None,
     ) -> None:
@@ -134,23 +131,15 @@ class DriverConductor:
         self.images: list[PublicationImage] = []
         self.send_endpoints: dict[str, SendChannelEndpoint] = {}
         self.receive_endpoints: dict[str, ReceiveChannelEndpoint] = {}
-        self.loss_injector = LossInjector(
-            self.system[SystemCounter.LOSS_RECEIVE_RATE_PPM],
-            self.system[SystemCounter.LOSS_SEND_RATE_PPM],
-            self.system[SystemCounter.LOSS_FRAME_TYPE_MASK],
-            context.loss_seed,
-        )
-        # The media driver watches these sockets so a datagram wakes it.
+        # The data path (sending, receiving, IPC publishers' limits) runs in
+        # the data plane's native thread; the conductor hands it what it creates.
+        self.data_plane = data_plane
+        self._next_endpoint_id = 1
         # Per receive endpoint: its channel status counter and a local socket
         # address counter per bound transport (how a client learns port 0's port).
         self.channel_status: dict[int, tuple[AtomicCounter, dict[int, AtomicCounter]]] = {}
-        self.on_socket_opened: Callable[[int], None] = lambda fd: None
-        self.on_socket_closed: Callable[[int], None] = lambda fd: None
         self._now_ns = 0
         self.subscriptions: list[SubscriptionLink] = []
-        # Publications with more reader doorbells than their log's table holds:
-        # their writers ring this driver too, which rings the rest.
-        self.relayed_publications: list[IpcPublication | NetworkPublication] = []
         self.static_counters: dict[tuple[int, int], int] = {}
         self.termination_requested = False
         self._next_timer_ns = 0
@@ -186,69 +175,36 @@ class DriverConductor:
         self.duty_cycle_tracker.measure_and_update(now_ns)
         self._now_ns = now_ns
         work = self.to_driver.read(self._on_command, COMMANDS_PER_CYCLE)
-        for publication in self.publications:
-            if publication.state is PublicationState.ACTIVE:
-                work += publication.update_publisher_limit()
-        work += self._sender_work(now_ns)
-        received = 0
-        for endpoint in self.receive_endpoints.values():
-            received += endpoint.poll(now_ns)
-        work += received + self._image_work(now_ns)
+        for event in self.data_plane.poll_events():
+            work += 1
+            if isinstance(event, SetupEvent):
+                self._on_setup(event, now_ns)
+            else:
+                self.record_error(event)
         if now_ns >= self._next_timer_ns:
             self._next_timer_ns = now_ns + self.context.timer_interval_ns
             work += self._on_timer(now_ns)
-        if received:
-            # The subscribers of the images that got data may be asleep.  Rung
-            # last: waking them can hand them this core at once, and the
-            # cycle's own sends (status messages, NAKs) should not wait behind them.
-            for image in self.images:
-                if image.data_arrived:
-                    image.data_arrived = False
-                    image.readers.ring()
-        for publication in self.relayed_publications:
-            position = publication.log.producer_position()
-            if position != publication.relayed_position:
-                publication.relayed_position = position
-                publication.readers.ring_beyond_table()
         return work
 
-    def _sender_work(self, now_ns: int) -> int:
-        work = 0
-        for endpoint in self.send_endpoints.values():
-            work += endpoint.poll(now_ns)
-        for publication in self.publications:
-            if isinstance(publication, NetworkPublication) and publication.state is not PublicationState.DONE:
-                work += publication.send(now_ns)
-        return work
-
-    def _image_work(self, now_ns: int) -> int:
-        """The receiver's per-image work: rebuild positions, NAKs, status messages."""
-        work = 0
-        for image in self.images:
-            if image.status is PublicationState.ACTIVE:
-                work += image.do_work(now_ns)
-        return work
+    def has_events(self) -> bool:
+        """The data plane left something (asked after registering as a sleeper: no lost wake-up)."""
+        return self.data_plane.has_events()
 
     def idle_wait_ns(self) -> int:
-        """How long the driver may sleep when a duty cycle found nothing:
-        the timer interval while anything is in flight (or a new publication's
-        first SETUPs are going out), else the idle wait."""
+        """How long the conductor may sleep when a duty cycle found nothing:
+        the timer interval while a closed publication drains (its subscribers
+        are told promptly), until the first linger ends, else the idle wait.
+        Commands and the data plane's events ring it sooner."""
+        wait_ns = max(self.context.timer_interval_ns, self.context.idle_max_wait_ns)
         for publication in self.publications:
-            if publication.readers_behind or publication.state is not PublicationState.ACTIVE:
+            if publication.state is PublicationState.DRAINING:
                 return self.context.timer_interval_ns
-            if isinstance(publication, NetworkPublication) and (
-                    publication.retransmit_handler.active_count or publication.timing.setup_backing_off):
-                return self.context.timer_interval_ns
+            if publication.state is PublicationState.LINGER:
+                wait_ns = min(wait_ns, max(publication.linger_deadline_ns - self._now_ns, self.context.timer_interval_ns))
         for image in self.images:
-            if image.needs_prompt_cycles or image.status is not PublicationState.ACTIVE:
-                return self.context.timer_interval_ns
-        return max(self.context.timer_interval_ns, self.context.idle_max_wait_ns)
-
-    def sockets(self) -> list[int]:
-        """The UDP sockets the driver reads, for the media driver's watcher."""
-        return [e.fileno() for e in self.send_endpoints.values()] + [
-            fd for e in self.receive_endpoints.values() for fd in e.filenos()
-        ]
+            if image.status is PublicationState.LINGER:
+                wait_ns = min(wait_ns, max(image.linger_deadline_ns - self._now_ns, self.context.timer_interval_ns))
+        return wait_ns
 
     def _invalid_packet(self, message: str) -> None:
         self.system[SystemCounter.INVALID_PACKETS].increment()
@@ -502,6 +458,7 @@ class DriverConductor:
             self.counters.new_counter(f"snd-bpe: {suffix}", SENDER_BPE_TYPE_ID, key, registration_id),
             self.counters.new_counter(f"pub-msgs: {suffix}", PUBLISHER_MESSAGES_TYPE_ID, key, registration_id),
             context.term_window_length(term_length),
+            self.data_plane,
         )
         publication.readers = LogReaders(publication.log, self.counters.values_buffer)
         self.publications.append(publication)
@@ -524,45 +481,58 @@ class DriverConductor:
         key: bytes,
         suffix: str,
     ) -> NetworkPublication:
+        def discard_log() -> None:
+            path = log.path
+            log.close()
+            path.unlink(missing_ok=True)
+
+        try:
+            flow_control = flow_control_settings(uri)
+        except InvalidChannelError as error:
+            discard_log()
+            raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
         endpoint_key = self._endpoint_key(uri)
         endpoint = self.send_endpoints.get(endpoint_key)
         if endpoint is None:
             try:
-                endpoint = SendChannelEndpoint(uri, self.loss_injector, self._invalid_packet, self.record_error)
+                endpoint = SendChannelEndpoint(self._new_endpoint_id(), uri, self.data_plane)
             except ChannelEndpointError as error:
-                path = log.path
-                log.close()
-                path.unlink(missing_ok=True)
+                discard_log()
                 raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
             self.send_endpoints[endpoint_key] = endpoint
-            self.on_socket_opened(endpoint.fileno())
-        try:
-            flow_control = new_flow_control(uri)
-        except InvalidChannelError as error:
-            raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
         counters = self.counters
-        publication = NetworkPublication(
-            registration_id,
-            client_id,
-            session_id,
-            stream_id,
-            channel,
-            uri,
-            exclusive,
-            log,
-            endpoint,
-            flow_control,
-            RetransmitHandler(has_group_semantics=has_group_semantics(uri)),
+        publication_counters = [
             counters.new_counter(f"pub-lmt: {suffix}", PUBLISHER_LIMIT_TYPE_ID, key, registration_id),
             counters.new_counter(f"pub-pos: {suffix}", PUBLISHER_POSITION_TYPE_ID, key, registration_id),
             counters.new_counter(f"snd-pos: {suffix}", SENDER_POSITION_TYPE_ID, key, registration_id),
             counters.new_counter(f"snd-bpe: {suffix}", SENDER_BPE_TYPE_ID, key, registration_id),
             counters.new_counter(f"pub-msgs: {suffix}", PUBLISHER_MESSAGES_TYPE_ID, key, registration_id),
-            self.system,
-            self.context.term_window_length(log.term_length),
-            self._now_ns,
-            self.context.initial_setup_interval_ns,
-        )
+        ]
+        try:
+            publication = NetworkPublication(
+                registration_id,
+                client_id,
+                session_id,
+                stream_id,
+                channel,
+                uri,
+                exclusive,
+                log,
+                endpoint,
+                self.data_plane,
+                flow_control,
+                *publication_counters,
+                self.context.term_window_length(log.term_length),
+                self.context.initial_setup_interval_ns,
+            )
+        except DataPlaneError as error:
+            for counter in publication_counters:
+                counter.close()
+            discard_log()
+            if not endpoint.publications:
+                self.send_endpoints.pop(endpoint_key, None)
+                endpoint.close()
+            raise ControlProtocolError(ErrorCode.GENERIC_ERROR, f"channel '{channel}': {error}") from None
         publication.readers = LogReaders(publication.log, self.counters.values_buffer)
         self.publications.append(publication)
         self.system[SystemCounter.ACTIVE_PUBLICATIONS].set(len(self.publications))
@@ -570,6 +540,11 @@ class DriverConductor:
             if subscription.spy_key is not None and self._spies_on(subscription, publication):
                 self._link(subscription, publication)
         return publication
+
+    def _new_endpoint_id(self) -> int:
+        endpoint_id = self._next_endpoint_id
+        self._next_endpoint_id += 1
+        return endpoint_id
 
     def _allocate_session_id(self, stream_id: int) -> int:
         while True:
@@ -639,7 +614,7 @@ class DriverConductor:
         # destinations are its own.  A tagged one is found by its tag, not its key.
         key = f"mds:{registration_id}" if uri.control_mode() == "manual" else self._endpoint_key(uri)
         try:
-            endpoint = ReceiveChannelEndpoint(uri, self.loss_injector, self._invalid_packet, self._on_setup)
+            endpoint = ReceiveChannelEndpoint(self._new_endpoint_id(), uri, self.data_plane)
         except ChannelEndpointError as error:
             raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
         self.receive_endpoints[key] = endpoint
@@ -701,7 +676,6 @@ class DriverConductor:
             )
 
     def _on_transport_bound(self, endpoint: ReceiveChannelEndpoint, transport: UdpTransport) -> None:
-        self.on_socket_opened(transport.fileno())
         status, addresses = self.channel_status[id(endpoint)]
         host, port = transport.local_address[:2]
         text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -710,7 +684,6 @@ class DriverConductor:
         )
 
     def _on_transport_closed(self, endpoint: ReceiveChannelEndpoint, transport: UdpTransport) -> None:
-        self.on_socket_closed(transport.fileno())
         _, addresses = self.channel_status[id(endpoint)]
         counter = addresses.pop(transport.fileno(), None)
         if counter is not None:
@@ -731,10 +704,13 @@ class DriverConductor:
             and (subscription.session_id is None or subscription.session_id == image.session_id)
         )
 
-    def _on_setup(
-        self, endpoint: ReceiveChannelEndpoint, setup: SetupFrame, source: UdpAddress, transport_index: int, now_ns: int
-    ) -> None:
-        """A new sender on a subscribed stream: create its image and tell the subscribers."""
+    def _on_setup(self, setup: SetupEvent, now_ns: int) -> None:
+        """A new sender on a subscribed stream (the data plane saw its SETUP
+        and has no image for it): create its image and tell the subscribers."""
+        endpoint = next((e for e in self.receive_endpoints.values() if e.id == setup.endpoint_id), None)
+        if endpoint is None or (setup.session_id, setup.stream_id) in endpoint.images:
+            return  # the endpoint closed meanwhile, or a repeated SETUP queued before the image existed
+        source = setup.source
         if not any(s.endpoint is endpoint and s.stream_id == setup.stream_id
                    and (s.session_id is None or s.session_id == setup.session_id) for s in self.subscriptions):
             # Every subscription of the stream here wants one session only
@@ -759,38 +735,36 @@ class DriverConductor:
         except (InvalidLogBufferError, OSError) as error:
             self._invalid_packet(f"SETUP from {source}: {error}")
             return
+        key = registration_key(correlation_id, setup.session_id, setup.stream_id)
+        suffix = f"{correlation_id} {setup.session_id} {setup.stream_id} {endpoint.channel}"
+        hwm = self.counters.new_counter(f"rcv-hwm: {suffix}", RECEIVER_HWM_TYPE_ID, key, correlation_id)
+        position = self.counters.new_counter(f"rcv-pos: {suffix}", RECEIVER_POSITION_TYPE_ID, key, correlation_id)
         try:
-            state = ImageReceiveState(
+            image = PublicationImage(
+                correlation_id,
+                setup.session_id,
+                setup.stream_id,
                 log,
                 setup.active_term_id,
                 setup.term_offset,
-                now_ns,
-                image_liveness_timeout_ns=context.image_liveness_timeout_ns,
+                endpoint,
+                source,
+                setup.transport_index,
+                hwm,
+                position,
+                self.data_plane,
+                context.image_liveness_timeout_ns,
             )
-        except ValueError as error:
-            # A term offset or active term the log cannot hold: without this
-            # the error escaped the receive loop and left the new log buffer
-            # file behind, one per hostile SETUP.
+        except DataPlaneError as error:
+            # A term offset or active term the log cannot hold: the new log
+            # buffer file goes at once, not one left behind per hostile SETUP.
+            hwm.close()
+            position.close()
             path = log.path
             log.close()
             path.unlink(missing_ok=True)
             self._invalid_packet(f"SETUP from {source}: {error}")
             return
-        key = registration_key(correlation_id, setup.session_id, setup.stream_id)
-        suffix = f"{correlation_id} {setup.session_id} {setup.stream_id} {endpoint.channel}"
-        image = PublicationImage(
-            correlation_id,
-            setup.session_id,
-            setup.stream_id,
-            log,
-            state,
-            endpoint,
-            source,
-            transport_index,
-            self.counters.new_counter(f"rcv-hwm: {suffix}", RECEIVER_HWM_TYPE_ID, key, correlation_id),
-            self.counters.new_counter(f"rcv-pos: {suffix}", RECEIVER_POSITION_TYPE_ID, key, correlation_id),
-            self.system,
-        )
         image.readers = LogReaders(log, self.counters.values_buffer)
         endpoint.images[(setup.session_id, setup.stream_id)] = image
         self.images.append(image)
@@ -825,7 +799,6 @@ class DriverConductor:
             publication.set_connected()
             correlation_id, source_identity = publication.registration_id, IPC_SOURCE_IDENTITY
         elif isinstance(publication, NetworkPublication):
-            publication.on_spies_changed()
             correlation_id, source_identity = publication.registration_id, SPY_SOURCE_IDENTITY
         else:
             correlation_id, source_identity = publication.correlation_id, publication.source_identity
@@ -868,8 +841,6 @@ class DriverConductor:
                 self._update_readers(publication)
             if isinstance(publication, IpcPublication):
                 publication.set_connected()
-            elif isinstance(publication, NetworkPublication):
-                publication.on_spies_changed()
         endpoint = subscription.endpoint
         if endpoint is not None and endpoint.remove_stream(subscription.stream_id):
             for image in [i for i in self.images if i.endpoint is endpoint and i.stream_id == subscription.stream_id]:
@@ -945,8 +916,10 @@ class DriverConductor:
     # ------------------------------------------------------------------ reader doorbells
 
     def _update_readers(self, log_owner: IpcPublication | NetworkPublication | PublicationImage) -> None:
-        """Name the doorbells of the clients that read the log in its reader
-        table (fulmar.reader_doorbells): its writers wake just them."""
+        """Tell the data plane who reads the log (their positions: the
+        publishers' limit, the image's status messages), and name their
+        doorbells in the log's reader table (fulmar.reader_doorbells): its
+        writers wake just them, and the data plane the ones beyond the table."""
         readers = log_owner.readers
         ids = []
         for link in log_owner.subscribers:
@@ -954,13 +927,8 @@ class DriverConductor:
             if client is not None and client.doorbell_id is not None:
                 ids.append(client.doorbell_id)
         readers.update(ids)
-        if not isinstance(log_owner, PublicationImage):
-            relayed = log_owner in self.relayed_publications
-            if readers.relay and not relayed:
-                log_owner.relayed_position = log_owner.log.producer_position()
-                self.relayed_publications.append(log_owner)
-            elif relayed and not readers.relay:
-                self.relayed_publications.remove(log_owner)
+        log_id = log_owner.correlation_id if isinstance(log_owner, PublicationImage) else log_owner.registration_id
+        self.data_plane.set_readers(log_id, [link.position.id for link in log_owner.subscribers], readers.beyond_table)
 
     def _ring_client(self, client_id: int) -> None:
         """Wake a client that sleeps on its own doorbell for news about what it reads."""
@@ -1049,7 +1017,7 @@ class DriverConductor:
                 publication.endpoint.remove_destination(address)
         except (InvalidChannelError, ChannelEndpointError) as error:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
-        publication.timing.on_trigger_send_setup(self._now_ns)  # greet the new destination
+        self.data_plane.trigger_setup(publication.registration_id)  # greet the new destination
         self._send(protocol.OnOperationSuccessEncoder, correlation_id=command.correlation_id)
 
     def _on_receive_destination(
@@ -1117,7 +1085,7 @@ class DriverConductor:
         """An image whose sender went quiet, or whose stream ended and was read,
         becomes unavailable to its subscribers, lingers, then is freed."""
         if image.status is PublicationState.ACTIVE:
-            if image.state.is_timed_out(now_ns) or image.is_drained():
+            if image.is_timed_out(now_ns) or image.is_drained():
                 for link in image.subscribers:
                     subscription = next(
                         (s for s in self.subscriptions if s.registration_id == link.subscription_registration_id), None
@@ -1133,6 +1101,8 @@ class DriverConductor:
                     link.position.close()
                 image.subscribers.clear()
                 self._update_readers(image)
+                # Nothing more lands in it: the sender's next SETUP (or data) makes a new image.
+                image.close()
                 image.endpoint.images.pop((image.session_id, image.stream_id), None)
                 image.status = PublicationState.LINGER
                 image.linger_deadline_ns = now_ns + self.context.publication_linger_timeout_ns
@@ -1143,6 +1113,7 @@ class DriverConductor:
         return 0
 
     def _free_image(self, image: PublicationImage) -> None:
+        image.close()  # out of the data plane first: it writes the log and the counters until then
         for link in image.subscribers:
             link.position.close()
         image.subscribers.clear()
@@ -1173,8 +1144,6 @@ class DriverConductor:
                 self._update_readers(publication)
                 if isinstance(publication, IpcPublication):
                     publication.set_connected()
-                else:
-                    publication.on_spies_changed()
                 publication.state = PublicationState.LINGER
                 publication.linger_deadline_ns = now_ns + self.context.publication_linger_timeout_ns
                 return 1
@@ -1184,6 +1153,8 @@ class DriverConductor:
         return 0
 
     def _free_publication(self, publication: IpcPublication | NetworkPublication) -> None:
+        # Out of the data plane first: it reads the counters and the log until then.
+        publication.close()
         for link in publication.subscribers:
             link.position.close()
         publication.subscribers.clear()
@@ -1195,11 +1166,9 @@ class DriverConductor:
         ]
         if isinstance(publication, NetworkPublication):
             counters.append(publication.sender_position_counter)
-            publication.close()
             endpoint = publication.endpoint
             if not endpoint.publications:
                 self.send_endpoints.pop(self._endpoint_key(publication.uri), None)
-                self.on_socket_closed(endpoint.fileno())
                 endpoint.close()
         for counter in counters:
             counter.close()
@@ -1208,6 +1177,4 @@ class DriverConductor:
         path.unlink(missing_ok=True)
         publication.state = PublicationState.DONE
         self.publications.remove(publication)
-        if publication in self.relayed_publications:
-            self.relayed_publications.remove(publication)
         self.system[SystemCounter.ACTIVE_PUBLICATIONS].set(len(self.publications))

@@ -1,5 +1,7 @@
 """An IPC publication in the driver: its log buffer, its subscribers'
-positions, and the flow-control limit it gives its publishers."""
+positions and its life cycle.  The flow-control limit it gives its
+publishers (a window beyond the slowest subscriber) is moved by the data
+plane (``data_plane.py``), which sees the subscribers' progress promptly."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import struct
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fulmar.counters import AtomicCounter
 from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH, UNFRAGMENTED, FrameType
@@ -16,6 +19,9 @@ from fulmar.logbuffer import (
     compute_term_id_from_position,
     index_by_position,
 )
+
+if TYPE_CHECKING:
+    from fulmar.driver.data_plane import DataPlane
 
 
 class PublicationState(Enum):
@@ -35,8 +41,7 @@ class SubscriberLink:
 class IpcPublication:
     # The doorbells of the log's readers, named in its table (set by the conductor).
     readers: LogReaders
-    # With more readers than the table holds: the producer position the driver last relayed a ring for.
-    relayed_position = 0
+
     def __init__(
         self,
         registration_id: int,
@@ -51,6 +56,7 @@ class IpcPublication:
         back_pressure_events: AtomicCounter,
         messages: AtomicCounter,
         term_window_length: int,
+        data_plane: "DataPlane",
     ) -> None:
         self.registration_id = registration_id
         self.session_id = session_id
@@ -62,21 +68,17 @@ class IpcPublication:
         self.publisher_position = publisher_position
         self.back_pressure_events = back_pressure_events
         self.messages = messages
-        self.term_window_length = term_window_length
-        # Recompute the limit only once the window has moved this far: the
-        # publishers need not see every small advance.
-        self.trip_gain = term_window_length // 8
-        self.trip_limit = 0
-        # A publication may start mid-stream (an initial position): nothing before it is ours.
-        self.consumer_position = log.clean_position
         self.subscribers: list[SubscriberLink] = []
         # Each add of a shared (non-exclusive) publication counts once.
         self.client_refs: list[int] = [client_id]
         self.state = PublicationState.ACTIVE
         self.linger_deadline_ns = 0
-        # Set each duty cycle: a subscriber has yet to read what was
-        # published, so the limit will move (the driver must not doze).
-        self.readers_behind = False
+        self._data_plane = data_plane
+        # A publication may start mid-stream (an initial position): nothing before it is ours.
+        data_plane.add_ipc_publication(
+            registration_id, log.address, log.term_length, log.initial_term_id, log.clean_position,
+            term_window_length, publisher_limit.id, publisher_position.id,
+        )  # fmt: skip
         # For spotting a publisher that died mid-append: the slowest
         # subscriber's position and when it last moved.
         self._last_consumer_position = -1
@@ -108,39 +110,17 @@ class IpcPublication:
             self.state is PublicationState.DRAINING and bool(self.subscribers) and not self.is_drained()
         )
 
-    def update_publisher_limit(self) -> int:
-        """Advance the publishers' limit to a window beyond the slowest
-        subscriber, cleaning what every subscriber has passed.  Without
-        subscribers the limit stops where the consumers were."""
-        work = 0
-        producer_position = self.producer_position()
-        self.publisher_position.set(producer_position)
-        self.readers_behind = False
-        if self.subscribers:
-            positions = [link.position.get() for link in self.subscribers]
-            min_position = min(positions)
-            self.readers_behind = min_position < producer_position
-            self.consumer_position = max(self.consumer_position, max(positions))
-            proposed = min_position + self.term_window_length
-            if proposed > self.trip_limit:
-                # Keep the term behind the slowest reader intact; clean older bytes.
-                self.log.clean_to(min_position - self.log.term_length)
-                self.publisher_limit.set(proposed)
-                self.trip_limit = proposed + self.trip_gain
-                work = 1
-        elif self.publisher_limit.get() > self.consumer_position:
-            self.publisher_limit.set(self.consumer_position)
-            self.trip_limit = 0
-            work = 1
-        return work
-
     def set_connected(self) -> None:
         self.log.is_connected = bool(self.subscribers)
 
     def close_for_draining(self) -> None:
         """The last publisher left: mark the end of the stream where it is."""
-        self.log.end_of_stream_position = self.producer_position()
+        self._data_plane.close_publication(self.registration_id)
         self.state = PublicationState.DRAINING
+
+    def close(self) -> None:
+        """Out of the data plane: its log may be unmapped after this."""
+        self._data_plane.remove(self.registration_id)
 
     def check_for_blocked_publisher(self, now_ns: int, unblock_timeout_ns: int) -> bool:
         """Pad over a frame a dead publisher claimed but never committed.

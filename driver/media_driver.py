@@ -11,6 +11,7 @@ use the driver stop (bounded); see ``fulmar.stop_signals``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from fulmar.clock import epoch_ms
-from fulmar.cnc import CncError, CncFile
+from fulmar.cnc import DRIVER_DATA_FIFO, CncError, CncFile
 from fulmar.counters import CountersManager
 from fulmar.error_log import DistinctErrorLog
 from fulmar.errors import FulmarError
@@ -31,7 +32,7 @@ from fulmar.stop_signals import StopGate, StopKind, StopSignalHandlers, StopSign
 
 from fulmar.driver.conductor import DriverConductor
 from fulmar.driver.context import DriverContext
-from fulmar.driver.socket_watcher import SocketWatcher
+from fulmar.driver.data_plane import DataPlane
 
 
 class DriverAlreadyActiveError(FulmarError):
@@ -43,7 +44,7 @@ class DriverDirectoryError(FulmarError):
 
 
 # What a driver directory holds; a directory with anything else is not reclaimed.
-DRIVER_DIR_ENTRIES = frozenset({"cnc.dat", "publications", "images"})
+DRIVER_DIR_ENTRIES = frozenset({"cnc.dat", DRIVER_DATA_FIFO, "publications", "images"})
 
 
 
@@ -92,15 +93,14 @@ def active_driver_pid(directory: Path, timeout_ms: int) -> int | None:
 
 
 class MediaDriver:
-    def __init__(self, context: DriverContext, cnc: CncFile, conductor: DriverConductor, doorbell: Doorbell) -> None:
+    def __init__(
+        self, context: DriverContext, cnc: CncFile, conductor: DriverConductor, doorbell: Doorbell, fifo_fd: int
+    ) -> None:
         self.context = context
         self.cnc = cnc
         self.conductor = conductor
         self.doorbell = doorbell
-        # Datagrams on the driver's sockets ring the same doorbell as commands.
-        self.socket_watcher = SocketWatcher(doorbell)
-        conductor.on_socket_opened = self.socket_watcher.add
-        conductor.on_socket_closed = self.socket_watcher.remove
+        self._fifo_fd = fifo_fd
         self._stop = threading.Event()
         self._closed = False
         self.stop_gate: StopGate | None = None  # an orderly stop waits for what it names
@@ -122,12 +122,26 @@ class MediaDriver:
             cnc.counters_metadata, cnc.counters_values, context.counter_free_to_reuse_timeout_ms, epoch_ms
         )
         error_log = DistinctErrorLog(cnc.error_log, epoch_ms)
+        # The data plane sleeps in epoll with its sockets: UDP publishers ring
+        # it through this FIFO (read and write end here, so it never sees EOF).
+        fifo = directory / DRIVER_DATA_FIFO
+        os.mkfifo(fifo, context.file_mode)
+        fifo_fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            data_plane = DataPlane(
+                cnc.counters_values, doorbell, cnc.driver_data_doorbell(), fifo_fd,
+                context.idle_max_wait_ns, context.timer_interval_ns, context.loss_seed,
+            )  # fmt: skip
+        except BaseException:
+            os.close(fifo_fd)
+            cnc.close()
+            raise
         conductor = DriverConductor(
-            context, cnc, counters, error_log, epoch_ms, cnc.clients_doorbell().ring
+            context, cnc, counters, error_log, data_plane, epoch_ms, cnc.clients_doorbell().ring
         )
         conductor.on_start()
         cnc.signal_ready()
-        return cls(context, cnc, conductor, doorbell)
+        return cls(context, cnc, conductor, doorbell, fifo_fd)
 
     @property
     def directory(self) -> Path:
@@ -146,13 +160,12 @@ class MediaDriver:
     def run(self) -> None:
         """Drive the conductor until stopped; the caller's thread does the work."""
         to_driver = self.conductor.to_driver
-        watcher = self.socket_watcher
+        has_events = self.conductor.has_events
 
         def has_work() -> bool:
-            # Registered as a waiter now: re-arm the sockets so a datagram
-            # that is already there (or comes next) rings at once.
-            watcher.rearm()
-            return to_driver.producer_position > to_driver.consumer_position
+            # Registered as a waiter now: a command or a data plane event that
+            # came meanwhile (its ring found nobody) is seen here.
+            return to_driver.producer_position > to_driver.consumer_position or has_events()
 
         idle = idle_strategy_from_name(
             self.context.idle_strategy,
@@ -182,8 +195,9 @@ class MediaDriver:
         if self._closed:
             return
         self._closed = True
-        self.socket_watcher.close()  # its thread rings a doorbell inside cnc.dat
         self.conductor.on_close()
+        self.conductor.data_plane.close()  # its thread writes into cnc.dat: stopped before the unmap
+        os.close(self._fifo_fd)
         self.cnc.close()
         if self.context.delete_dir_on_shutdown:
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -12,6 +12,7 @@ the consensus module does in its slow tick work).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -125,6 +126,9 @@ class ClientConductor:
         self.counters_reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
         self.driver_doorbell = cnc.driver_doorbell()
         self.clients_doorbell = cnc.clients_doorbell()
+        # UDP publications wake the driver's data plane, which sends them.
+        self._driver_data_fd = cnc.open_driver_data_fifo()
+        self.driver_data_doorbell = cnc.driver_data_doorbell(self._driver_data_fd)
         # What this client sleeps on for data: its own doorbell once
         # ``open_doorbell`` has added it (fulmar.reader_doorbells), so that
         # writers wake it only for what it reads; the node's shared one until then.
@@ -517,11 +521,12 @@ class ClientConductor:
             self.cnc.counters_values,
             message.publication_limit_counter_id,
             bpe_id if bpe_id >= 0 else None,
-            # UDP data wakes the driver, whose sender sends it; IPC data only
-            # the log's readers (and the driver when it relays to more of them).
-            self.driver_doorbell if pending.args["channel"].startswith("aeron:udp") else None,
+            # UDP data wakes the driver's data plane, whose sender sends it;
+            # IPC data only the log's readers (and the data plane when it
+            # relays to more of them).
+            self.driver_data_doorbell if pending.args["channel"].startswith("aeron:udp") else None,
             messages_id if messages_id >= 0 else None,
-            relay_doorbell=self.driver_doorbell,
+            relay_doorbell=self.driver_data_doorbell,
         )
         self._publications[message.correlation_id] = publication
         pending.result, pending.done = publication, True
@@ -661,6 +666,9 @@ class ClientConductor:
                 log.close()
             self._log_buffers.clear()
             self._lingering.clear()
+            if self._driver_data_fd >= 0:
+                os.close(self._driver_data_fd)
+                self._driver_data_fd = -1
             self.cnc.close()
 
 

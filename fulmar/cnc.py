@@ -7,13 +7,16 @@ metadata and values, and the distinct error log.  The version is written
 last with a release store: a client that sees a non-zero version sees a
 complete file.
 
-fulmar also keeps three doorbells (see ``fulmar.idle``) in the unused part of
+fulmar also keeps four doorbells (see ``fulmar.idle``) in the unused part of
 the header, so an idle node burns no CPU yet wakes at once: clients ring the
 driver's after writing a command, the driver rings the clients' after
-answering, and publications ring the data doorbell after appending, which
-idle subscribers sleep on.  They are separate so that a stream of data does
-not keep waking conductors that only wait for commands.  Aeron's own
-clients never touch those bytes.
+answering, publications ring the data doorbell after appending, which idle
+subscribers without a doorbell of their own sleep on, and UDP publications
+ring the driver's data doorbell, which its data plane thread sleeps on (in
+epoll with its sockets, so that one is rung through the FIFO
+``data-doorbell`` in the driver's directory).  They are separate so that a
+stream of data does not keep waking conductors that only wait for commands.
+Aeron's own clients never touch those bytes.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ END_OF_METADATA_OFFSET = 128
 DRIVER_DOORBELL_OFFSET = 64
 CLIENTS_DOORBELL_OFFSET = 72
 DATA_DOORBELL_OFFSET = 80
+# What the driver's data plane thread sleeps on (with its sockets): rung
+# through the FIFO of this name in the driver's directory (doorbell.h).
+DRIVER_DATA_DOORBELL_OFFSET = 88
+DRIVER_DATA_FIFO = "data-doorbell"
 
 RING_BUFFER_TRAILER_LENGTH = 768
 BROADCAST_TRAILER_LENGTH = 128
@@ -210,6 +217,19 @@ class CncFile:
 
     def data_doorbell(self) -> Doorbell:
         return Doorbell(self.header, DATA_DOORBELL_OFFSET)
+
+    def driver_data_doorbell(self, fd: int = -1) -> Doorbell:
+        """The data plane's doorbell; ``fd`` is the driver's FIFO (``open_driver_data_fifo``)."""
+        return Doorbell(self.header, DRIVER_DATA_DOORBELL_OFFSET, fd)
+
+    def open_driver_data_fifo(self) -> int:
+        """The write end of the driver's data FIFO (non-blocking), or -1 when
+        it cannot be opened (a driver without a data plane): the caller then
+        rings the futex word, which wakes nobody but costs nothing."""
+        try:
+            return os.open(self.path.parent / DRIVER_DATA_FIFO, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return -1
 
     def close(self) -> None:
         self.mapped.close()

@@ -66,15 +66,18 @@ class Doorbell:
     system call, never a missed wake-up).
     """
 
-    __slots__ = ("buffer", "offset", "_address")
+    __slots__ = ("buffer", "offset", "fd", "_address")
 
-    def __init__(self, buffer: AtomicBuffer, offset: int = 0) -> None:
+    def __init__(self, buffer: AtomicBuffer, offset: int = 0, fd: int = -1) -> None:
         if offset < 0 or offset + DOORBELL_LENGTH > buffer.capacity:
             raise IndexError(f"doorbell at {offset} (+{DOORBELL_LENGTH}) outside buffer of {buffer.capacity} bytes")
         if offset % 8:
             raise ValueError(f"doorbell offset {offset} is not 8-byte aligned")
         self.buffer = buffer
         self.offset = offset
+        # >= 0: the sleeper waits in epoll on a FIFO (the media driver's data
+        # plane), and a ring writes to it (doorbell.h's FIFO doorbells).
+        self.fd = fd
         self._address = buffer.address
 
     @property
@@ -87,9 +90,12 @@ class Doorbell:
 
     def ring(self) -> bool:
         """Wake every waiter; True if there was one (False costs no system call)."""
-        result = int(lib.fulmar_doorbell_ring(self._address, self.offset))
+        if self.fd >= 0:
+            result = int(lib.fulmar_doorbell_ring_fifo(self._address, self.offset, self.fd))
+        else:
+            result = int(lib.fulmar_doorbell_ring(self._address, self.offset))
         if result < 0:
-            raise OSError(-result, f"futex wake failed: {os.strerror(-result)}")
+            raise OSError(-result, f"doorbell ring failed: {os.strerror(-result)}")
         return result > 0
 
     def prepare(self) -> int:

@@ -114,6 +114,9 @@ class _LogWriter:
             self._writer.counters_values = readers.address
             self._writer.counters_values_length = readers.capacity
         self._writer.relay_doorbell = _address(relay_doorbell)
+        # A doorbell with a FIFO (the media driver's data plane, which sleeps in epoll) is rung through it.
+        self._writer.doorbell_fd = doorbell.fd if doorbell is not None else -1
+        self._writer.relay_doorbell_fd = relay_doorbell.fd if relay_doorbell is not None else -1
         # Messages appended are counted in shared memory when a counter is given.
         self._messages_owner = messages_counter
         if messages_counter is not None:

@@ -96,16 +96,11 @@ class LogReaders:
         metadata.put_int32_ordered(_RELAY, 1 if self.relay else 0)
         metadata.put_int32_ordered(_COUNT, len(shown))
 
-    def ring(self) -> int:
-        """Ring every reader (the driver's side); how many had a sleeper."""
-        return ring_doorbells(self._values, self._ids, self.count) if self.count else 0
-
-    def ring_beyond_table(self) -> int:
-        """Ring the readers the table has no room for (the relay)."""
-        if not self.relay:
-            return 0
-        rest = self.count - LOG_READERS_CAPACITY
-        return ring_doorbells(self._values, self._ids + LOG_READERS_CAPACITY, rest)
+    @property
+    def beyond_table(self) -> list[int]:
+        """The readers the table has no room for: the driver's data plane rings
+        them (``fulmar_dp_set_readers``), as writers ring the table's."""
+        return [int(self._ids[index]) for index in range(LOG_READERS_CAPACITY, self.count)]
 
 
 def log_readers_in_table(log: LogBuffers) -> tuple[list[int], bool]:

@@ -24,7 +24,13 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
-public_headers = sorted(p for p in SRC.glob("*.h") if not p.name.startswith("_"))
+# cffi reads the headers in order, so a header whose types others use comes
+# first (the rest alphabetically).
+FOUNDATIONS = ("udp.h",)
+public_headers = sorted(
+    (p for p in SRC.glob("*.h") if not p.name.startswith("_")),
+    key=lambda p: (p.name not in FOUNDATIONS, p.name),
+)
 c_sources = sorted(SRC.glob("*.c"))
 
 ffibuilder = FFI()
@@ -45,6 +51,7 @@ ffibuilder.set_source(
     '#include "_common.h"\n' + "".join(f'#include "{h.name}"\n' for h in public_headers) + KEEP_THE_GIL,
     sources=[_relative(c) for c in c_sources],
     include_dirs=[_relative(SRC)],
+    libraries=["m"],  # the multicast NAK delay's log and exp
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
 

@@ -133,6 +133,55 @@ int32_t fulmar_doorbell_ring(char *base, int64_t offset)
     return 1;
 }
 
+/* ---------------------------------------------------------------- FIFO doorbells */
+
+int32_t fulmar_doorbell_ring_fifo(char *base, int64_t offset, int32_t fd)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(doorbell_waiters(base, offset), __ATOMIC_RELAXED) <= 0 ||
+        !fa_cas_i32(doorbell_sequence(base, offset), 0, 1))
+    {
+        return 0;
+    }
+    const char byte = 1;
+    ssize_t written;
+    do
+    {
+        written = write(fd, &byte, 1);
+    }
+    while (written < 0 && EINTR == errno);
+    if (written < 0 && EAGAIN != errno)
+    {
+        return -errno;
+    }
+    return 1;
+}
+
+void fulmar_doorbell_fifo_prepare(char *base, int64_t offset)
+{
+    fa_get_and_add_i32(doorbell_waiters(base, offset), 1);
+    /* Orders the registration before the sleeper's re-check for work (pairs
+     * with the fence in ring_fifo()). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+void fulmar_doorbell_fifo_done(char *base, int64_t offset, int32_t fd)
+{
+    fa_get_and_add_i32(doorbell_waiters(base, offset), -1);
+    /* Drained before the "on its way" mark is cleared: a ringer that sets the
+     * mark again writes a byte that is still to come, so a set mark always
+     * has a byte in the FIFO or on its way, and no sleep misses a ring.  (A
+     * byte that lands after the drain costs one spurious wake.) */
+    char scratch[64];
+    ssize_t got;
+    do
+    {
+        got = read(fd, scratch, sizeof(scratch));
+    }
+    while (got > 0 || (got < 0 && EINTR == errno));
+    fa_store_i32(doorbell_sequence(base, offset), 0);
+}
+
 /* ---------------------------------------------------------------- reader doorbells */
 
 static inline char *doorbell_of(char *counters_values, int64_t values_length, int32_t id)

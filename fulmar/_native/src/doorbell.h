@@ -26,6 +26,21 @@ void fulmar_doorbell_cancel(char *base, int64_t offset);
 int32_t fulmar_doorbell_wait(char *base, int64_t offset, int32_t token, int64_t timeout_ns);
 int32_t fulmar_doorbell_ring(char *base, int64_t offset);
 
+/* A doorbell whose sleeper waits in epoll rather than on the futex: the media
+ * driver's data thread, which must wake for its sockets as well.  The layout
+ * is the same; a ringer that finds a waiter writes one byte to the sleeper's
+ * FIFO.  The sequence word says "a byte is on its way", so a burst of rings
+ * while the sleeper wakes writes one byte, not one each.
+ *
+ * Sleeper: fulmar_doorbell_fifo_prepare(); re-check for work; epoll_wait on
+ * the FIFO's read end (among others); fulmar_doorbell_fifo_done(), which
+ * drains the FIFO.  Ringer: publish, then fulmar_doorbell_ring_fifo().
+ * Returns 1 when it wrote, 0 when nobody sleeps or a byte is on its way,
+ * -errno when the write failed (a full FIFO is no failure: it wakes). */
+int32_t fulmar_doorbell_ring_fifo(char *base, int64_t offset, int32_t fd);
+void fulmar_doorbell_fifo_prepare(char *base, int64_t offset);
+void fulmar_doorbell_fifo_done(char *base, int64_t offset, int32_t fd);
+
 /* Reader doorbells.  Every fulmar client sleeps on a doorbell of its own: the
  * value slot of a counter of type FULMAR_CLIENT_DOORBELL_TYPE_ID in cnc.dat,
  * so a writer can wake just the processes that read what it wrote, instead of

@@ -147,17 +147,29 @@ static inline void write_message(
 
 /* Wakes what sleeps on the writer's doorbell (a media driver's sender) and
  * the log's readers; each costs a fence and a load when nobody sleeps. */
+static inline void ring(char *doorbell, int32_t fd)
+{
+    if (fd >= 0)
+    {
+        fulmar_doorbell_ring_fifo(doorbell, 0, fd);
+    }
+    else
+    {
+        fulmar_doorbell_ring(doorbell, 0);
+    }
+}
+
 static inline void ring_doorbell(const fulmar_log_writer_t *w)
 {
     if (NULL != w->doorbell)
     {
-        fulmar_doorbell_ring(w->doorbell, 0);
+        ring(w->doorbell, w->doorbell_fd);
     }
     if (NULL != w->counters_values &&
         fulmar_log_ring_readers(w->metadata, w->counters_values, w->counters_values_length) &&
         NULL != w->relay_doorbell)
     {
-        fulmar_doorbell_ring(w->relay_doorbell, 0);
+        ring(w->relay_doorbell, w->relay_doorbell_fd);
     }
 }
 
@@ -248,6 +260,8 @@ void fulmar_log_writer_init(
     w->max_message_length = term_length / 8 < MAX_MESSAGE_LENGTH_CAP ? term_length / 8 : MAX_MESSAGE_LENGTH_CAP;
     w->session_id = session_id;
     w->stream_id = stream_id;
+    w->doorbell_fd = -1;
+    w->relay_doorbell_fd = -1;
     w->max_possible_position = (int64_t)term_length * ((int64_t)1 << 31);
 
     /* The exclusive writer resumes wherever the log's active tail stands. */

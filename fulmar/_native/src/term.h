@@ -29,6 +29,8 @@ typedef struct
     char *counters_values;          /* cnc.dat's counters values: ring the log's readers (doorbell.h); NULL: don't */
     int64_t counters_values_length;
     char *relay_doorbell;           /* rung too when the log's reader table says relay; NULL for none */
+    int32_t doorbell_fd;            /* >= 0: doorbell is a FIFO doorbell (doorbell.h), rung through this FIFO */
+    int32_t relay_doorbell_fd;      /* the same for relay_doorbell */
     char *messages_counter;         /* int64 count of messages appended; NULL for none */
     int32_t term_length;
     int32_t position_bits_to_shift;
