@@ -13,6 +13,8 @@
 #include "retransmit.h"
 #include "image_state.h"
 #include "dataplane.h"
+#include "doorbell.h"
+#include "term.h"
 
 /* Frame types and flags of Aeron's protocol (PROTOCOL.md). */
 #define DP_FRAME_PAD 0x00

@@ -3,8 +3,6 @@
  * dp_receive.c's. */
 #define _GNU_SOURCE
 #include "_dataplane.h"
-#include "doorbell.h"
-#include "term.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -5,7 +5,6 @@
  * Behaviour as driver/network_publication.py and send_channel_endpoint.py. */
 #define _GNU_SOURCE
 #include "_dataplane.h"
-#include "term.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -324,7 +323,7 @@ int32_t dp_network_publication_init(fulmar_dp_t *dp, dp_network_publication_t *p
     {
         return FULMAR_DP_INVALID;
     }
-    if (fulmar_sender_timing_init(&publication->timing, fulmar_dp_now_ns(), FULMAR_PUBLICATION_CONNECTION_TIMEOUT_NS,
+    if (fulmar_sender_timing_init(&publication->timing, fulmar_dp_now_ns(), FULMAR_PUBLICATION_CONNECTION_TIMEOUT_DEFAULT_NS,
                                   FULMAR_PUBLICATION_SETUP_TIMEOUT_NS, FULMAR_PUBLICATION_HEARTBEAT_TIMEOUT_NS,
                                   config->initial_setup_interval_ns) < 0 ||
         fulmar_retransmit_init(&publication->retransmit, config->has_group_semantics, FULMAR_RETRANSMIT_MAX_RESEND_DEFAULT,
@@ -670,11 +669,11 @@ static void on_nak(fulmar_dp_t *dp, dp_network_publication_t *publication, const
         dp_counter_add(dp, DP_INVALID_PACKETS, 1);
         return;
     }
-    const int64_t invalid_before = publication->retransmit.invalid_naks;
+    const int64_t invalid_before = publication->retransmit.stats.invalid_naks;
     resend_context_t context = { dp, publication };
     fulmar_retransmit_on_nak(&publication->retransmit, &publication->flow_control, fa_read_i32(frame + 16),
                              term_offset, length, publication->config.term_length, dp->now_ns, resend, &context);
-    if (publication->retransmit.invalid_naks != invalid_before)
+    if (publication->retransmit.stats.invalid_naks != invalid_before)
     {
         /* The handler ignores a NAK outside the term; the operator sees it here. */
         dp_counter_add(dp, DP_INVALID_PACKETS, 1);
