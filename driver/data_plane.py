@@ -149,6 +149,13 @@ class ImageStatus:
 
 
 @dataclass(frozen=True)
+class DataPlaneStats:
+    duty_cycles: int
+    sleeps: int
+    planned_wait_ns: int  # how long it meant to sleep the last time it found nothing to do
+
+
+@dataclass(frozen=True)
 class SetupEvent:
     """A SETUP of a subscribed stream with no image yet (the fields are the frame's)."""
 
@@ -350,6 +357,11 @@ class DataPlane:
                     events.append(ffi.string(event.message).decode("utf-8", errors="replace"))
             if count < _EVENT_BATCH:
                 return events
+
+    def stats(self) -> DataPlaneStats:
+        stats = ffi.new("fulmar_dp_stats_t *")
+        lib.fulmar_dp_stats(self._handle, stats)
+        return DataPlaneStats(stats.duty_cycles, stats.sleeps, stats.planned_wait_ns)
 
     def has_events(self) -> bool:
         return bool(lib.fulmar_dp_has_events(self._handle))

@@ -1,7 +1,8 @@
 """A UDP socket for the media driver's sender and receiver: non-blocking,
 moving batches of datagrams per system call (recvmmsg/sendmmsg in
-``_native/src/udp.c``), IPv4 and IPv6, unicast and multicast, with optional
-loss injection.
+``_native/src/udp.c``), IPv4 and IPv6, unicast and multicast.  The media
+driver opens and binds its sockets here; its data plane then moves their
+datagrams in C (and injects loss there, ``_native/src/loss.h``).
 
 The socket is never blocked on: an agent polls ``receive`` in its duty cycle
 and waits for readiness on ``fileno()`` (or its doorbell) when idle.  Linux is
@@ -29,9 +30,7 @@ from typing import Any, TypeAlias
 
 from fulmar._native import ffi, lib
 from fulmar.buffers import AtomicBuffer
-from fulmar.driver.loss_injection import LossInjector
 from fulmar.errors import FulmarError
-from fulmar.frames import CURRENT_VERSION, FRAME_HEADER, FRAME_HEADER_LENGTH
 
 DEFAULT_SLOT_LENGTH = 64 * 1024
 DEFAULT_RECEIVE_BATCH = 64
@@ -211,23 +210,6 @@ class ReceivedBatch:
             raise ChannelEndpointError(f"datagram {index} has no IP source address (family {source.family})")
         return _native_address(source)
 
-    def _drop_lost(self, injector: LossInjector) -> None:
-        """Remove the datagrams the injector drops, keeping arrival order."""
-        kept = 0
-        for index in range(self.count):
-            descriptor = self._descriptors[index]
-            frame_type = None
-            if descriptor.length >= FRAME_HEADER_LENGTH:
-                _length, version, _flags, frame_type = FRAME_HEADER.unpack_from(self.view, descriptor.offset)
-                if version != CURRENT_VERSION:
-                    frame_type = None
-            if injector.drop_incoming(frame_type):
-                continue
-            if kept != index:
-                self._descriptors[kept] = descriptor  # a struct copy
-            kept += 1
-        self.count = kept
-
 
 class UdpTransport:
     """One non-blocking UDP socket with batched send and receive; see the module doc."""
@@ -237,7 +219,6 @@ class UdpTransport:
         sock: socket.socket,
         receive_batch: int = DEFAULT_RECEIVE_BATCH,
         slot_length: int = DEFAULT_SLOT_LENGTH,
-        loss_injector: LossInjector | None = None,
     ) -> None:
         if not 1 <= receive_batch <= MAX_BATCH:
             raise ValueError(f"receive_batch {receive_batch} outside 1..{MAX_BATCH}")
@@ -250,7 +231,6 @@ class UdpTransport:
         self.family = sock.family
         self.receive_batch = receive_batch
         self.slot_length = slot_length
-        self.loss_injector = loss_injector
         # An anonymous mapping, not a bytearray (which zero-fills every page):
         # pages no datagram reaches are never faulted in, so 64 KiB slots for
         # 1408-byte datagrams cost address space, not memory.
@@ -276,7 +256,6 @@ class UdpTransport:
         so_rcvbuf: int = 0,
         receive_batch: int = DEFAULT_RECEIVE_BATCH,
         slot_length: int = DEFAULT_SLOT_LENGTH,
-        loss_injector: LossInjector | None = None,
     ) -> UdpTransport:
         """Open a socket, bound to ``bind`` (port 0: an ephemeral port; None:
         unbound until the first send).  The family follows ``bind`` or
@@ -314,7 +293,7 @@ class UdpTransport:
                 step = "bind UDP socket to"
                 sock.bind(bind_address.socket_address)
             _configure_multicast(sock, family, interface, multicast_group, multicast_ttl, multicast_loop)
-            return cls(sock, receive_batch, slot_length, loss_injector)
+            return cls(sock, receive_batch, slot_length)
         except OSError as exc:
             sock.close()
             raise _os_error(f"cannot {step} {where}", exc.errno or 0) from None
@@ -397,9 +376,6 @@ class UdpTransport:
             batch.count = 0
             raise _os_error(f"receive on {self._describe()}", -received)
         batch.count = received
-        injector = self.loss_injector
-        if received and injector is not None and injector.dropping_incoming():
-            batch._drop_lost(injector)
         return batch
 
     # Send -----------------------------------------------------------------
@@ -407,25 +383,12 @@ class UdpTransport:
     def send(self, buffer: AtomicBuffer | Buffer, regions: Regions, destination: UdpAddress | tuple[str, int]) -> int:
         """Send each (offset, length) region of ``buffer`` as one datagram to
         ``destination``.  Returns how many went, in order: fewer than asked
-        when the socket's send buffer is full (send the rest later).
-        Datagrams that loss injection drops count as sent: the network lost
-        them.  A failure before anything went raises ``ChannelEndpointError``."""
+        when the socket's send buffer is full (send the rest later).  A
+        failure before anything went raises ``ChannelEndpointError``."""
         self._check_open()
         target = self._destination(destination)
         pointer, length = self._pointer(buffer)
-        flat = _flat_regions(regions)
-        count = len(flat) // 2
-        injector = self.loss_injector
-        if count and injector is not None and injector.dropping_outgoing():
-            kept = _keep_outgoing(injector, buffer, flat)
-            kept_flat = array("i")
-            for index in kept:
-                kept_flat.append(flat[2 * index])
-                kept_flat.append(flat[2 * index + 1])
-            sent = self._send_native(pointer, length, kept_flat, target)
-            # Regions dropped before the first unsent one count as sent.
-            return count if sent == len(kept) else kept[sent]
-        return self._send_native(pointer, length, flat, target)
+        return self._send_native(pointer, length, _flat_regions(regions), target)
 
     def send_datagrams(self, datagrams: Iterable[Buffer], destination: UdpAddress | tuple[str, int]) -> int:
         """Send each buffer as one datagram (copies them into one; for
@@ -448,17 +411,6 @@ class UdpTransport:
         send buffer stops the rest (they report what they got, maybe 0)."""
         self._check_open()
         targets = [self._destination(d) for d in destinations]
-        injector = self.loss_injector
-        if injector is not None and injector.dropping_outgoing():
-            # Each destination's copy is lost independently, as on a network.
-            results: list[int | ChannelEndpointError] = []
-            for target in targets:
-                try:
-                    results.append(self.send(buffer, regions, target))
-                except ChannelEndpointError as exc:
-                    results.append(exc)
-            return results
-
         pointer, length = self._pointer(buffer)
         flat = _flat_regions(regions)
         natives = ffi.new("fulmar_udp_address_t[]", len(targets))
@@ -511,21 +463,6 @@ def _flat_regions(regions: Regions) -> array[int]:
             raise ValueError("regions array must be array('i') of offset, length pairs")
         return regions
     return array("i", itertools.chain.from_iterable(regions))
-
-
-def _keep_outgoing(injector: LossInjector, buffer: AtomicBuffer | Buffer, flat: array[int]) -> list[int]:
-    """Indexes of the regions the injector lets through."""
-    view = buffer.view if isinstance(buffer, AtomicBuffer) else memoryview(buffer).cast("B")
-    kept = []
-    for index in range(len(flat) // 2):
-        offset, length = flat[2 * index], flat[2 * index + 1]
-        frame_type = None
-        if length >= FRAME_HEADER_LENGTH and 0 <= offset and offset + length <= len(view):
-            _frame_length, version, _flags, raw_type = FRAME_HEADER.unpack_from(view, offset)
-            frame_type = raw_type if version == CURRENT_VERSION else None
-        if not injector.drop_outgoing(frame_type):
-            kept.append(index)
-    return kept
 
 
 def _interface_address(interface: str, family: int) -> tuple[bytes, int]:

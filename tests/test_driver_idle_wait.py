@@ -1,10 +1,15 @@
-"""How long an idle driver may sleep: its timer interval while anything is in
-flight (a reader behind a publication, an image its subscriber has not read),
-its idle wait once every reader has caught up.
+"""How long an idle driver sleeps.  Its data plane (the native thread that
+sends, receives and moves publishers' limits) wakes every timer interval
+while a reader is behind (a publication's subscriber, an image's: their
+progress rings nobody, and limits and status messages must follow it), and
+sleeps until its next deadline, at most the idle wait, once every reader has
+caught up.  The conductor sleeps the idle wait unless a closed publication is
+draining or something lingers.
 
-The driver runs in this process, its duty cycle on a thread of the test's,
-so that ``idle_wait_ns`` can be read between cycles (under the lock the
-cycles take); the client is an ordinary Aeron client on the same directory.
+The driver runs in this process, its conductor's duty cycle on a thread of
+the test's, so that ``idle_wait_ns`` can be read between cycles (under the
+lock the cycles take); the client is an ordinary Aeron client on the same
+directory.
 """
 
 from __future__ import annotations
@@ -49,11 +54,19 @@ class DrivenDriver:
             time.sleep(0.0002)
 
     def idle_wait_ns_after_cycles(self, cycles: int = 3) -> int:
-        """``idle_wait_ns`` once a few more duty cycles have seen the current state."""
+        """The conductor's ``idle_wait_ns`` once a few more duty cycles have seen the current state."""
         target = self.cycles + cycles
         wait_for(lambda: self.cycles >= target, 10, f"{cycles} more duty cycles")
         with self.lock:
             return self.driver.conductor.idle_wait_ns()
+
+    def data_plane_wait_ns(self) -> int:
+        """How long the data plane meant to sleep, once it has been to sleep twice more
+        (so that the answer comes from a cycle that saw the current state)."""
+        data_plane = self.driver.conductor.data_plane
+        target = data_plane.stats().sleeps + 2
+        wait_for(lambda: data_plane.stats().sleeps >= target, 10, "two more data plane sleeps")
+        return data_plane.stats().planned_wait_ns
 
     def close(self) -> None:
         self._stop.set()
@@ -82,22 +95,25 @@ def _drain(subscription, expected: int) -> None:
              f"{expected} messages read")
 
 
-def test_an_idle_driver_sleeps_long_until_a_reader_falls_behind(driven: DrivenDriver) -> None:
+def test_the_data_plane_keeps_its_timer_pace_while_an_ipc_reader_is_behind(driven: DrivenDriver) -> None:
     with Aeron.connect(driven.driver.directory) as aeron:
         publication = aeron.add_publication("aeron:ipc?term-length=64k", 7)
         subscription = aeron.add_subscription("aeron:ipc?term-length=64k", 7)
         wait_for(lambda: publication.is_connected, 10, "the IPC publication connected")
-        assert driven.idle_wait_ns_after_cycles() == IDLE_MAX_WAIT_NS  # nothing in flight
-
-        wait_for(lambda: publication.offer(b"x" * 100) > 0, 10, "an offer accepted")
-        # Unread: the publisher limit will have to move, so the driver keeps its timer pace.
-        assert driven.idle_wait_ns_after_cycles() == TIMER_INTERVAL_NS
-
-        _drain(subscription, 1)
+        wait_for(lambda: driven.data_plane_wait_ns() > TIMER_INTERVAL_NS, 10, "a long sleep with nothing in flight")
         assert driven.idle_wait_ns_after_cycles() == IDLE_MAX_WAIT_NS
 
+        wait_for(lambda: publication.offer(b"x" * 100) > 0, 10, "an offer accepted")
+        # Unread: the publisher limit will have to move, so the data plane keeps its timer pace.
+        assert 0 < driven.data_plane_wait_ns() <= TIMER_INTERVAL_NS
+        assert driven.idle_wait_ns_after_cycles() == IDLE_MAX_WAIT_NS  # not the conductor's business
 
-def test_an_unread_network_image_keeps_the_driver_on_its_timer_interval(driven: DrivenDriver) -> None:
+        _drain(subscription, 1)
+        wait_for(lambda: driven.data_plane_wait_ns() > TIMER_INTERVAL_NS, 10, "a long sleep once read")
+        assert driven.data_plane_wait_ns() <= IDLE_MAX_WAIT_NS
+
+
+def test_an_unread_network_image_keeps_the_data_plane_on_its_timer_interval(driven: DrivenDriver) -> None:
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k"
     with Aeron.connect(driven.driver.directory) as aeron:
@@ -105,15 +121,30 @@ def test_an_unread_network_image_keeps_the_driver_on_its_timer_interval(driven: 
         publication = aeron.add_publication(channel, 9)
         wait_for(lambda: publication.is_connected and subscription.is_connected, 10, "the UDP stream connected")
         # Setup, heartbeats and status messages settle; then nothing is in flight.
-        wait_for(lambda: driven.idle_wait_ns_after_cycles() == IDLE_MAX_WAIT_NS, 10, "an idle driver")
+        wait_for(lambda: driven.data_plane_wait_ns() > TIMER_INTERVAL_NS, 10, "an idle data plane")
 
         wait_for(lambda: publication.offer(b"y" * 200) > 0, 10, "an offer accepted")
         # Sent and received, but the image's subscriber has not read it.
-        wait_for(lambda: driven.idle_wait_ns_after_cycles() == TIMER_INTERVAL_NS, 10,
+        wait_for(lambda: 0 < driven.data_plane_wait_ns() <= TIMER_INTERVAL_NS, 10,
                  "the timer interval while the image is unread")
 
         _drain(subscription, 1)
-        wait_for(lambda: driven.idle_wait_ns_after_cycles() == IDLE_MAX_WAIT_NS, 10, "the idle wait once read")
+        wait_for(lambda: driven.data_plane_wait_ns() > TIMER_INTERVAL_NS, 10, "a long sleep once read")
+
+
+def test_a_draining_publication_keeps_the_conductor_on_its_timer_interval(driven: DrivenDriver) -> None:
+    with Aeron.connect(driven.driver.directory) as aeron:
+        publication = aeron.add_publication("aeron:ipc?term-length=64k", 11)
+        subscription = aeron.add_subscription("aeron:ipc?term-length=64k", 11)
+        wait_for(lambda: publication.is_connected, 10, "the IPC publication connected")
+        wait_for(lambda: publication.offer(b"z" * 100) > 0, 10, "an offer accepted")
+        assert driven.idle_wait_ns_after_cycles() == IDLE_MAX_WAIT_NS
+        publication.close()
+        # Its subscriber has yet to read to the end: it hears promptly once it has.
+        wait_for(lambda: driven.idle_wait_ns_after_cycles() == TIMER_INTERVAL_NS, 10, "the timer pace while draining")
+        _drain(subscription, 1)
+        # Then it lingers: the conductor sleeps until the linger ends, at most the idle wait.
+        wait_for(lambda: driven.idle_wait_ns_after_cycles() > TIMER_INTERVAL_NS, 10, "a long sleep once drained")
 
 
 def test_the_idle_wait_is_never_shorter_than_the_timer_interval() -> None:

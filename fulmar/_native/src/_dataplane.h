@@ -12,6 +12,7 @@
 #include "sender_timing.h"
 #include "retransmit.h"
 #include "image_state.h"
+#include "loss.h"
 #include "dataplane.h"
 #include "doorbell.h"
 #include "term.h"
@@ -189,12 +190,6 @@ struct dp_image_stct
     dp_readers_t readers;
 };
 
-typedef struct dp_rng_stct
-{
-    uint64_t state;
-}
-dp_rng_t;
-
 struct fulmar_dp_stct
 {
     pthread_mutex_t lock;
@@ -221,8 +216,8 @@ struct fulmar_dp_stct
     int32_t event_count;
     int64_t events_dropped;
 
-    dp_rng_t loss_incoming;
-    dp_rng_t loss_outgoing;
+    fulmar_loss_t loss_incoming;
+    fulmar_loss_t loss_outgoing;
 
     /* Receive scratch: one batch of slots, reused by every socket. */
     char *receive_buffer;
@@ -230,6 +225,7 @@ struct fulmar_dp_stct
     /* While a duty cycle runs: its time, and the earliest deadline it found. */
     int64_t now_ns;
     int64_t next_deadline_ns;
+    fulmar_dp_stats_t stats;
 };
 
 /* dataplane.c: shared helpers */

@@ -197,42 +197,14 @@ void dp_readers_free(dp_readers_t *readers)
 
 /* ---------------------------------------------------------------- loss injection */
 
-/* splitmix64: small, fast, and good enough to pick which datagrams a test loses. */
-static uint64_t rng_next(dp_rng_t *rng)
-{
-    uint64_t z = (rng->state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-/* The frame type of a datagram's first frame, or -1 when it is not an Aeron frame. */
-static int32_t frame_type_of(const char *datagram, int32_t length)
-{
-    if (length < 8 || 0 != (uint8_t)datagram[4])
-    {
-        return -1;
-    }
-    return fa_read_i16(datagram + 6);
-}
-
-static int32_t drop(fulmar_dp_t *dp, dp_rng_t *rng, int32_t rate_id, const char *datagram, int32_t length)
+static int32_t drop(fulmar_dp_t *dp, fulmar_loss_t *loss, int32_t rate_id, const char *datagram, int32_t length)
 {
     const int64_t rate = dp_counter_get(dp, rate_id);
     if (rate <= 0)
     {
-        return 0;
+        return 0;   /* loss off: one counter read */
     }
-    const int64_t mask = dp_counter_get(dp, DP_LOSS_FRAME_TYPE_MASK);
-    if (0 != mask)
-    {
-        const int32_t type = frame_type_of(datagram, length);
-        if (type < 0 || type > 62 || 0 == (mask & (1LL << type)))
-        {
-            return 0;
-        }
-    }
-    if (rate < 1000000 && (int64_t)(rng_next(rng) % 1000000ULL) >= rate)
+    if (!fulmar_loss_drop(loss, rate, dp_counter_get(dp, DP_LOSS_FRAME_TYPE_MASK), datagram, length))
     {
         return 0;
     }
@@ -343,6 +315,7 @@ static int32_t ipc_relay(fulmar_dp_t *dp, dp_ipc_publication_t *publication)
 static int32_t duty_cycle(fulmar_dp_t *dp)
 {
     int32_t work = 0;
+    dp->stats.duty_cycles++;
     dp->now_ns = fulmar_dp_now_ns();
     dp->next_deadline_ns = dp->now_ns + dp->config.idle_max_wait_ns;
 
@@ -448,10 +421,15 @@ static void *run(void *argument)
         }
         pthread_mutex_lock(&dp->lock);
         const int32_t appended = has_appended_work(dp) || dp->stop;
+        const int64_t wait_ns = deadline_ns - fulmar_dp_now_ns();
+        if (!appended)
+        {
+            dp->stats.planned_wait_ns = wait_ns;
+            dp->stats.sleeps += wait_ns >= DP_MIN_SLEEP_NS;
+        }
         pthread_mutex_unlock(&dp->lock);
         if (!appended)
         {
-            const int64_t wait_ns = deadline_ns - fulmar_dp_now_ns();
             if (wait_ns >= DP_MIN_SLEEP_NS)
             {
                 /* epoll counts in milliseconds: round up, a late wake is
@@ -510,8 +488,9 @@ fulmar_dp_t *fulmar_dp_start(const fulmar_dp_config_t *config)
     dp->data_doorbell_fd = config->data_doorbell_fd;
     dp->epoll_fd = -1;
     dp->wake_fd = -1;
-    dp->loss_incoming.state = config->loss_seed ^ 0x696E636F6D696E67ULL;  /* "incoming" */
-    dp->loss_outgoing.state = config->loss_seed ^ 0x6F7574676F696E67ULL;  /* "outgoing" */
+    /* One generator per direction, so that neither perturbs the other's sequence. */
+    fulmar_loss_init(&dp->loss_incoming, config->loss_seed ^ 0x696E636F6D696E67ULL);   /* "incoming" */
+    fulmar_loss_init(&dp->loss_outgoing, config->loss_seed ^ 0x6F7574676F696E67ULL);   /* "outgoing" */
     /* An anonymous mapping: pages no datagram reaches are never touched. */
     dp->receive_buffer = mmap(NULL, (size_t)DP_RECEIVE_BATCH * DP_RECEIVE_SLOT_LENGTH, PROT_READ | PROT_WRITE,
                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -1239,6 +1218,13 @@ int32_t fulmar_dp_image_status(fulmar_dp_t *dp, int64_t correlation_id, fulmar_d
     }
     pthread_mutex_unlock(&dp->lock);
     return result;
+}
+
+void fulmar_dp_stats(fulmar_dp_t *dp, fulmar_dp_stats_t *stats)
+{
+    pthread_mutex_lock(&dp->lock);
+    *stats = dp->stats;
+    pthread_mutex_unlock(&dp->lock);
 }
 
 int32_t fulmar_dp_has_events(fulmar_dp_t *dp)

@@ -147,6 +147,15 @@ typedef struct fulmar_dp_event_stct
 }
 fulmar_dp_event_t;
 
+/* What the thread has done, for tests and benchmarks. */
+typedef struct fulmar_dp_stats_stct
+{
+    int64_t duty_cycles;
+    int64_t sleeps;                 /* times it went to sleep in epoll */
+    int64_t planned_wait_ns;        /* how long it meant to sleep the last time it found nothing to do */
+}
+fulmar_dp_stats_t;
+
 /* Starts the thread; NULL when it cannot (errno says why). */
 fulmar_dp_t *fulmar_dp_start(const fulmar_dp_config_t *config);
 /* Stops and joins the thread and frees the data plane; closes no socket. */
@@ -201,6 +210,8 @@ int32_t fulmar_dp_poll_events(fulmar_dp_t *dp, fulmar_dp_event_t *events, int32_
 /* 1 when events wait: asked by a conductor that has registered to sleep, so
  * that an event whose ring found no sleeper is not missed. */
 int32_t fulmar_dp_has_events(fulmar_dp_t *dp);
+
+void fulmar_dp_stats(fulmar_dp_t *dp, fulmar_dp_stats_t *stats);
 
 /* The data plane's clock (CLOCK_MONOTONIC, as Python's time.monotonic_ns). */
 int64_t fulmar_dp_now_ns(void);

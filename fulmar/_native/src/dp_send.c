@@ -64,36 +64,40 @@ static void send_to_all(fulmar_dp_t *dp, dp_send_endpoint_t *endpoint, const cha
 /* Data regions of a log to every destination; a failing destination is
  * reported and the rest still get them (a retransmit repairs the loss). */
 static void send_regions(fulmar_dp_t *dp, dp_send_endpoint_t *endpoint, const char *log, int64_t log_length,
-                         int32_t *regions, int32_t count)
+                         const int32_t *regions, int32_t count)
 {
-    if (dp_counter_get(dp, DP_LOSS_SEND_RATE_PPM) > 0)
-    {
-        /* Loss injection: keep the regions the injector lets through. */
-        int32_t kept = 0;
-        for (int32_t i = 0; i < count; i++)
-        {
-            if (!dp_drop_outgoing(dp, log + regions[2 * i], regions[2 * i + 1]))
-            {
-                regions[2 * kept] = regions[2 * i];
-                regions[2 * kept + 1] = regions[2 * i + 1];
-                kept++;
-            }
-        }
-        count = kept;
-    }
-    if (0 == count)
-    {
-        return;
-    }
+    const int32_t lossy = dp_counter_get(dp, DP_LOSS_SEND_RATE_PPM) > 0;
+    int32_t kept_regions[2 * DP_MAX_DATAGRAMS_PER_SEND];
     for (int32_t i = 0; i < endpoint->destination_count; i++)
     {
         const fulmar_udp_address_t *to = &endpoint->destinations[i].address;
-        const int32_t sent = fulmar_udp_send_batch(endpoint->fd, log, log_length, regions, count, to);
+        const int32_t *sending = regions;
+        int32_t sending_count = count;
+        if (lossy)
+        {
+            /* Loss injection: each destination's copy is lost on its own, as on a network. */
+            sending_count = 0;
+            for (int32_t r = 0; r < count; r++)
+            {
+                if (!dp_drop_outgoing(dp, log + regions[2 * r], regions[2 * r + 1]))
+                {
+                    kept_regions[2 * sending_count] = regions[2 * r];
+                    kept_regions[2 * sending_count + 1] = regions[2 * r + 1];
+                    sending_count++;
+                }
+            }
+            sending = kept_regions;
+        }
+        if (0 == sending_count)
+        {
+            continue;
+        }
+        const int32_t sent = fulmar_udp_send_batch(endpoint->fd, log, log_length, sending, sending_count, to);
         if (sent < 0)
         {
             report_send_error(dp, endpoint, to, -sent);
         }
-        else if (sent < count)
+        else if (sent < sending_count)
         {
             dp_counter_add(dp, DP_SHORT_SENDS, 1);
         }
