@@ -98,7 +98,14 @@ class FlowControlSettings:
     group_min_size: int = FLOW_CONTROL_GROUP_MIN_SIZE_DEFAULT
 
 
-def flow_control_settings(uri: ChannelUri, multicast_default: str = FLOW_CONTROL_MAX) -> FlowControlSettings:
+def flow_control_settings(
+    uri: ChannelUri,
+    multicast_default: str = FLOW_CONTROL_MAX,
+    *,
+    receiver_timeout_ns: int = FLOW_CONTROL_RECEIVER_TIMEOUT_DEFAULT_NS,
+    group_tag: int = FLOW_CONTROL_GROUP_TAG_DEFAULT,
+    group_min_size: int = FLOW_CONTROL_GROUP_MIN_SIZE_DEFAULT,
+) -> FlowControlSettings:
     """The strategy for a publication's channel, with the driver's defaults
     for what the channel leaves out.
 
@@ -106,8 +113,9 @@ def flow_control_settings(uri: ChannelUri, multicast_default: str = FLOW_CONTROL
     an error (as Aeron's Java driver; the C driver ignores it).  Multicast and
     MDC channels get the ``fc`` strategy, or ``multicast_default`` (Aeron's
     ``MULTICAST_FLOW_CONTROL_STRATEGY_DEFAULT``: max).  The ``g:`` and ``t:``
-    options override the group tag, minimum group size and receiver timeout;
-    ``min`` ignores a group tag (only ``tagged`` uses it).
+    options override the driver-wide group tag, minimum group size and
+    receiver timeout; only ``tagged`` uses a group tag (``min`` keeps the
+    default), and only ``min`` and ``tagged`` a minimum group size.
     """
     fc = uri.flow_control()
     if not has_group_semantics(uri):
@@ -115,19 +123,19 @@ def flow_control_settings(uri: ChannelUri, multicast_default: str = FLOW_CONTROL
             raise InvalidChannelError(
                 str(uri), f"'{FLOW_CONTROL_PARAM}' applies to multicast and multi-destination channels, not unicast"
             )
-        return FlowControlSettings(int(lib.FULMAR_FC_UNICAST))
+        return FlowControlSettings(int(lib.FULMAR_FC_UNICAST), receiver_timeout_ns)
     strategy = multicast_default if fc is None else fc.strategy
-    timeout_ns = FLOW_CONTROL_RECEIVER_TIMEOUT_DEFAULT_NS
-    group_tag = FLOW_CONTROL_GROUP_TAG_DEFAULT
-    min_size = FLOW_CONTROL_GROUP_MIN_SIZE_DEFAULT
     if fc is not None:
-        timeout_ns = fc.timeout_ns if fc.timeout_ns is not None else timeout_ns
+        receiver_timeout_ns = fc.timeout_ns if fc.timeout_ns is not None else receiver_timeout_ns
         group_tag = fc.group_tag if fc.group_tag is not None else group_tag
-        min_size = fc.group_min_size if fc.group_min_size is not None else min_size
-    codes = {FLOW_CONTROL_MAX: lib.FULMAR_FC_MAX, FLOW_CONTROL_MIN: lib.FULMAR_FC_MIN, FLOW_CONTROL_TAGGED: lib.FULMAR_FC_TAGGED}
-    if strategy not in codes:
-        raise InvalidChannelError(str(uri), f"unknown flow control strategy {strategy!r} (expected max, min or tagged)")
-    return FlowControlSettings(int(codes[strategy]), timeout_ns, group_tag, min_size)
+        group_min_size = fc.group_min_size if fc.group_min_size is not None else group_min_size
+    if strategy == FLOW_CONTROL_MAX:
+        return FlowControlSettings(int(lib.FULMAR_FC_MAX), receiver_timeout_ns)
+    if strategy == FLOW_CONTROL_MIN:
+        return FlowControlSettings(int(lib.FULMAR_FC_MIN), receiver_timeout_ns, group_min_size=group_min_size)
+    if strategy == FLOW_CONTROL_TAGGED:
+        return FlowControlSettings(int(lib.FULMAR_FC_TAGGED), receiver_timeout_ns, group_tag, group_min_size)
+    raise InvalidChannelError(str(uri), f"unknown flow control strategy {strategy!r} (expected max, min or tagged)")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The native receive state of a network image (image_state.c), driven
-through cffi: every case of test_receiver_image_state.py on the C functions,
-the deadline the driver thread sleeps to, hostile datagrams, and the C state
-against the Python ImageReceiveState on random packet sequences."""
+through cffi: status messages, the window, inserting and rebuilding, loss
+and NAKs, end of stream, liveness, the deadline the driver thread sleeps to,
+hostile datagrams, the state's invariants on random packet sequences, and a
+whole stream over a lossy, reordering link."""
 
 from __future__ import annotations
 
@@ -10,28 +11,17 @@ import struct
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fulmar._native import ffi, lib
-from fulmar.driver.image_state import (
-    IMAGE_LIVENESS_TIMEOUT_DEFAULT_NS,
-    INITIAL_WINDOW_LENGTH_DEFAULT,
-    SM_END_OF_STREAM_FLAG,
-    STATUS_MESSAGE_TIMEOUT_DEFAULT_NS,
-    ImageReceiveState,
-    NakToSend,
-    PacketVerdict,
-    StatusMessageToSend,
-)
-from fulmar.driver.loss_detector import StaticDelayGenerator
 from fulmar.frames import DATA_HEADER, EOS_FLAG, FrameType
 from fulmar.logbuffer import END_OF_STREAM_POSITION_OFFSET, LogBuffers, compute_position, to_int32
-from test_receiver_image_state import Link
 from test_receiver_rebuild import Collector, datagram_span, frames_of, payload_for, publish_terms, sender_datagrams
 
 TERM = 64 * 1024
@@ -45,6 +35,42 @@ SM_TIMEOUT_NS = 200_000_000
 LIVENESS_NS = 10_000_000_000
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+INITIAL_WINDOW_LENGTH_DEFAULT = lib.FULMAR_INITIAL_WINDOW_LENGTH_DEFAULT
+STATUS_MESSAGE_TIMEOUT_DEFAULT_NS = lib.FULMAR_STATUS_MESSAGE_TIMEOUT_DEFAULT_NS
+IMAGE_LIVENESS_TIMEOUT_DEFAULT_NS = lib.FULMAR_IMAGE_LIVENESS_TIMEOUT_DEFAULT_NS
+SM_END_OF_STREAM_FLAG = lib.FULMAR_SM_EOS_FLAG
+
+
+class PacketVerdict(Enum):
+    """What became of a received datagram (FULMAR_VERDICT_*)."""
+
+    DATA = "data"  # accepted (inserted, or already there)
+    HEARTBEAT = "heartbeat"  # accepted, nothing to insert
+    OVER_RUN = "over-run"  # beyond the window the last SM granted: dropped
+    UNDER_RUN = "under-run"  # behind what the subscribers consumed: dropped
+    INVALID = "invalid"  # malformed: dropped, nothing written
+
+
+class StatusMessageToSend(NamedTuple):
+    """A fulmar_sm_t: an SM for the receiver to send."""
+
+    session_id: int
+    stream_id: int
+    consumption_term_id: int
+    consumption_term_offset: int
+    receiver_window: int
+    flags: int
+
+
+class NakToSend(NamedTuple):
+    """A fulmar_nak_t: a NAK for the receiver to send."""
+
+    session_id: int
+    stream_id: int
+    term_id: int
+    term_offset: int
+    length: int
+
 
 VERDICTS = {
     lib.FULMAR_VERDICT_DATA: PacketVerdict.DATA,
@@ -56,9 +82,8 @@ VERDICTS = {
 
 
 class NativeImage:
-    """The C state behind ImageReceiveState's interface: each method is one
-    native call, its results turned into the Python's types so the same
-    assertions hold."""
+    """The C state: each method is one native call, its results turned into
+    the Python types above."""
 
     def __init__(
         self,
@@ -203,13 +228,14 @@ def image(log: LogBuffers) -> NativeImage:
     return NativeImage(log, INITIAL_TERM_ID, 0, 0, delays=(DELAY_NS, RETRY_NS))
 
 
-def test_constants_are_the_pythons() -> None:
+def test_constants_are_aerons() -> None:
     assert {lib.FULMAR_VERDICT_DATA, lib.FULMAR_VERDICT_HEARTBEAT, lib.FULMAR_VERDICT_OVER_RUN,
             lib.FULMAR_VERDICT_UNDER_RUN, lib.FULMAR_VERDICT_INVALID} == {0, 1, 2, 3, 4}
-    assert lib.FULMAR_INITIAL_WINDOW_LENGTH_DEFAULT == INITIAL_WINDOW_LENGTH_DEFAULT
-    assert lib.FULMAR_STATUS_MESSAGE_TIMEOUT_DEFAULT_NS == STATUS_MESSAGE_TIMEOUT_DEFAULT_NS
-    assert lib.FULMAR_IMAGE_LIVENESS_TIMEOUT_DEFAULT_NS == IMAGE_LIVENESS_TIMEOUT_DEFAULT_NS
-    assert lib.FULMAR_SM_EOS_FLAG == SM_END_OF_STREAM_FLAG and lib.FULMAR_DATA_EOS_FLAG == EOS_FLAG
+    assert INITIAL_WINDOW_LENGTH_DEFAULT == 128 * 1024
+    assert STATUS_MESSAGE_TIMEOUT_DEFAULT_NS == 200_000_000
+    assert IMAGE_LIVENESS_TIMEOUT_DEFAULT_NS == 10_000_000_000
+    # Aeron's STATUS_MESSAGE END_OF_STREAM flag, and the DATA header's.
+    assert SM_END_OF_STREAM_FLAG == 0x40 and lib.FULMAR_DATA_EOS_FLAG == EOS_FLAG == 0x20
 
 
 def test_the_first_status_message_is_due_at_once_then_every_timeout(image: NativeImage) -> None:
@@ -234,8 +260,6 @@ def test_joining_mid_stream(log: LogBuffers) -> None:
         (INITIAL_TERM_ID, -32, lib.FULMAR_IMAGE_BAD_TERM_OFFSET),
         (INITIAL_TERM_ID - 1, 0, lib.FULMAR_IMAGE_BAD_TERM_ID),
     ]:
-        with pytest.raises(ValueError):
-            ImageReceiveState(log, term_id, offset, 0)
         assert lib.fulmar_image_state_init(
             state, log.address, TERM, INITIAL_TERM_ID, SESSION_ID, STREAM_ID, term_id, offset, 0,
             INITIAL_WINDOW_LENGTH_DEFAULT, SM_TIMEOUT_NS, LIVENESS_NS,
@@ -335,7 +359,7 @@ def test_malformed_packets_are_invalid_and_change_nothing(image: NativeImage, lo
     assert image.insert_packet(term_id, offset + 32, datagram, 1) is PacketVerdict.INVALID  # header disagrees
     assert image.insert_packet(term_id, -64, datagram, 1) is PacketVerdict.INVALID
     assert image.insert_packet(term_id, TERM, datagram, 1) is PacketVerdict.INVALID
-    # The Python's 2**40 does not fit the int32 parameter; the largest that does is as far outside.
+    # The largest term offset an int32 holds is far outside the term.
     assert image.on_data(term_id, 2**31 - 1, 64, 1) is PacketVerdict.INVALID
     assert image.invalid_packets == 6
     assert bytes(log.view) == before
@@ -685,7 +709,7 @@ def test_absurd_values_neither_crash_nor_overflow(
         assert image.is_timed_out(INT64_MAX) and not image.is_timed_out(INT64_MIN)
 
 
-# The C state and the Python ImageReceiveState, side by side.
+# The C state on random packet sequences: its rules hold after every call.
 
 
 @st.composite
@@ -746,77 +770,128 @@ def corrupt(position: int, how: str) -> tuple[int, int, bytes]:
     return term_id, term_offset, datagram[:8] + struct.pack("<i", term_offset + 32) + datagram[12:]
 
 
-def observable(image: Any) -> tuple[Any, ...]:
-    return (
-        image.hwm_position, image.rebuild_position, image.end_of_stream_position, image.packet_eos_position,
-        image.receiver_window_length, image.is_end_of_stream, image.has_gap, image.heartbeats_received,
-        image.flow_control_under_runs, image.flow_control_over_runs, image.invalid_packets,
-        image.status_messages_sent, image.naks_sent,
-    )
+COUNTER_OF_VERDICT = {
+    PacketVerdict.HEARTBEAT: "heartbeats_received",
+    PacketVerdict.OVER_RUN: "flow_control_over_runs",
+    PacketVerdict.UNDER_RUN: "flow_control_under_runs",
+    PacketVerdict.INVALID: "invalid_packets",
+}
+COUNTERS = ("heartbeats_received", "flow_control_over_runs", "flow_control_under_runs", "invalid_packets",
+            "status_messages_sent", "naks_sent")
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(operations(), min_size=5, max_size=60), join_slot=st.integers(0, 4), window=st.sampled_from([4096, 2**17]))
-def test_the_c_state_agrees_with_the_python(
+def test_the_state_keeps_its_rules_on_any_sequence(
     tmp_path: Path, ops: list[tuple[Any, ...]], join_slot: int, window: int
 ) -> None:
-    with fresh_logs(tmp_path, 2) as [c_log, py_log]:
+    """After every call: the verdict counted once in its own counter, each SM
+    and NAK taken counted, counters and positions never moving back, the
+    window fixed, NAKs inside a term, the end of stream fixed once set (and in
+    the log's metadata), and SMs saying end of stream only once the image has
+    ended, and from then on always."""
+    with fresh_logs(tmp_path) as [log]:
         join = join_slot * 4096
-        native = NativeImage(c_log, INITIAL_TERM_ID, join, 0, delays=(DELAY_NS, RETRY_NS),
-                             initial_window_length=window)
-        python = ImageReceiveState(py_log, INITIAL_TERM_ID, join, 0, delay_generator=StaticDelayGenerator(
-            DELAY_NS, RETRY_NS), initial_window_length=window)
+        image = NativeImage(log, INITIAL_TERM_ID, join, 0, delays=(DELAY_NS, RETRY_NS), initial_window_length=window)
+        assert image.hwm_position == image.rebuild_position == join
         now_ns = 0
+        eos_said = False
         for op in ops:
             kind = op[0]
-            if kind in ("data", "heartbeat", "corrupt"):
-                if kind == "data":
-                    packet = build_datagram(*op[1:5])
-                    record_eos = op[5]
-                elif kind == "heartbeat":
-                    packet = heartbeat(op[1], op[2])
-                    record_eos = op[3]
+            counts = {name: getattr(image, name) for name in COUNTERS}
+            positions = (image.hwm_position, image.rebuild_position)
+            end_of_stream = (image.is_end_of_stream, image.end_of_stream_position)
+            expected = dict(counts)
+            sm: StatusMessageToSend | None = None
+            nak: NakToSend | None = None
+            if kind in ("data", "heartbeat", "corrupt", "on_data"):
+                if kind == "on_data":
+                    term_count, term_offset = divmod(op[1], TERM)
+                    verdict = image.on_data(to_int32(INITIAL_TERM_ID + term_count), term_offset, op[2], now_ns, op[3], op[4])
                 else:
-                    packet = corrupt(op[1], op[2])
-                    record_eos = True
-                results = [image.insert_packet(*packet, now_ns, record_eos) for image in (native, python)]
-            elif kind == "on_data":
-                term_count, term_offset = divmod(op[1], TERM)
-                args = (to_int32(INITIAL_TERM_ID + term_count), term_offset, op[2], now_ns, op[3], op[4])
-                results = [image.on_data(*args) for image in (native, python)]
+                    if kind == "data":
+                        packet, record_eos = build_datagram(*op[1:5]), op[5]
+                    elif kind == "heartbeat":
+                        packet, record_eos = heartbeat(op[1], op[2]), op[3]
+                    else:
+                        packet, record_eos = corrupt(op[1], op[2]), True
+                    verdict = image.insert_packet(*packet, now_ns, record_eos)
+                event(f"{kind}: {verdict.name}")
+                if verdict in COUNTER_OF_VERDICT:
+                    expected[COUNTER_OF_VERDICT[verdict]] += 1
             elif kind == "rebuild":
-                results = [image.rebuild(now_ns, op[1]) for image in (native, python)]
+                image.rebuild(now_ns, op[1])
             elif kind == "cycle":
                 # The driver's duty cycle, with a subscriber that reads all there is.
                 now_ns += op[1]
-                reader = [native.rebuild_position]
-                results = [(image.rebuild(now_ns, reader), image.poll_status_message(now_ns), image.poll_nak())
-                           for image in (native, python)]
-                event(f"cycle: sm {results[0][1] is not None}, nak {results[0][2] is not None}")
+                image.rebuild(now_ns, [image.rebuild_position])
+                counts_after_rebuild = {name: getattr(image, name) for name in COUNTERS}
+                assert counts_after_rebuild == counts
+                sm, nak = image.poll_status_message(now_ns), image.poll_nak()
+                event(f"cycle: sm {sm is not None}, nak {nak is not None}")
             elif kind == "sm":
-                results = [image.poll_status_message(now_ns) for image in (native, python)]
+                sm = image.poll_status_message(now_ns)
             elif kind == "nak":
-                results = [image.poll_nak() for image in (native, python)]
+                nak = image.poll_nak()
             elif kind == "request":
-                results = [image.request_status_message() for image in (native, python)]
+                image.request_status_message()
             elif kind == "end_stream":
-                results = [image.end_stream(op[1]) for image in (native, python)]
+                image.end_stream(op[1])
             else:
                 now_ns += op[1]
-                results = [image.is_timed_out(now_ns) for image in (native, python)]
-            assert results[0] == results[1], op
-            if isinstance(results[0], PacketVerdict):
-                event(f"{kind}: {results[0].name}")
-            elif kind in ("sm", "nak") and results[0] is not None:
-                event(f"{kind} sent")
-            assert observable(native) == observable(python), op
-            assert native.clean_position == py_log.clean_position
-        assert c_log.end_of_stream_position == py_log.end_of_stream_position
-        event(f"rebuilt past the join: {native.rebuild_position > join}; end of stream: {native.is_end_of_stream}")
-        assert bytes(c_log.view) == bytes(py_log.view)
+                image.is_timed_out(now_ns)
+            if sm is not None:
+                expected["status_messages_sent"] += 1
+                assert (sm.session_id, sm.stream_id, sm.receiver_window) == (SESSION_ID, STREAM_ID, min(window, TERM // 2))
+                assert 0 <= sm.consumption_term_offset < TERM
+                # End of stream only once the image has ended, and from the first such SM on, every one.
+                assert sm.flags in (0, SM_END_OF_STREAM_FLAG)
+                assert sm.flags == 0 or image.is_end_of_stream
+                assert sm.flags == SM_END_OF_STREAM_FLAG or not eos_said
+                eos_said = eos_said or sm.flags == SM_END_OF_STREAM_FLAG
+                event("sm sent")
+            if nak is not None:
+                expected["naks_sent"] += 1
+                assert (nak.session_id, nak.stream_id) == (SESSION_ID, STREAM_ID)
+                assert 0 <= nak.term_offset and 0 < nak.length and nak.term_offset + nak.length <= TERM
+                event("nak sent")
+            assert {name: getattr(image, name) for name in COUNTERS} == expected, op
+            assert image.hwm_position >= positions[0] and image.rebuild_position >= positions[1], op
+            assert image.receiver_window_length == min(window, TERM // 2)
+            if end_of_stream[1] is not None:
+                assert image.end_of_stream_position == end_of_stream[1], op  # only the first end counts
+            if end_of_stream[0]:
+                assert image.is_end_of_stream
+            eos_position = image.end_of_stream_position
+            assert log.end_of_stream_position == (INT64_MAX if eos_position is None else eos_position)
+        event(f"rebuilt past the join: {image.rebuild_position > join}; end of stream: {image.is_end_of_stream}")
 
 
 # A whole stream.
+
+
+class Link:
+    """One direction of a network: loses, duplicates and reorders, by seed."""
+
+    def __init__(self, rng: random.Random, loss: float, duplication: float, max_delay_ns: int) -> None:
+        self._rng = rng
+        self._loss = loss
+        self._duplication = duplication
+        self._max_delay_ns = max_delay_ns
+        self._in_flight: list[tuple[int, int, Any]] = []
+        self._sequence = 0
+
+    def send(self, now_ns: int, item: Any) -> None:
+        copies = 0 if self._rng.random() < self._loss else 1
+        copies += self._rng.random() < self._duplication
+        for _ in range(copies):
+            self._sequence += 1
+            self._in_flight.append((now_ns + self._rng.randrange(self._max_delay_ns), self._sequence, item))
+
+    def receive(self, now_ns: int) -> list[Any]:
+        due = sorted(entry for entry in self._in_flight if entry[0] <= now_ns)
+        self._in_flight = [entry for entry in self._in_flight if entry[0] > now_ns]
+        return [item for _, _, item in due]
 
 
 def test_a_lossy_reordering_link_delivers_the_whole_stream(tmp_path: Path, log: LogBuffers) -> None:

@@ -1,9 +1,9 @@
-"""The C retransmit handler (retransmit.c), case for case against tests/test_sender_retransmit.py.
-
-The Python's delay generators are a static delay and linger here (fields of
-the handler, read at each NAK).  Besides the ported cases: the next deadline,
-bad arguments, and a property test driving the C and the Python handler with
-the same NAKs.
+"""The C retransmit handler (retransmit.c): unicast and multicast
+suppression, delay and linger (fields of the handler, read at each NAK), the
+concurrency limit, validation and clamps, the publication's resend window,
+bad arguments, the next deadline, and properties on random NAKs: the
+handler's invariants, and timeouts against a plain model (an action expires
+strictly after its expiry; a delayed one is resent and lingers).
 """
 
 from __future__ import annotations
@@ -16,24 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fulmar._native import ffi, lib
-from fulmar.driver.flow_control import MinFlowControl
-from fulmar.driver.network_publication import in_resend_window
-from fulmar.driver.retransmit_handler import (
-    MAX_RESEND_DEFAULT,
-    MAX_RESEND_MAX,
-    RETRANSMIT_UNICAST_DELAY_DEFAULT_NS,
-    RETRANSMIT_UNICAST_LINGER_DEFAULT_NS,
-    RetransmitHandler,
-    RetransmitState,
-    resend_window_length,
-    static_delay,
-)
 from fulmar.logbuffer import compute_max_message_length, compute_position
 
 TERM_LENGTH = 64 * 1024
 MTU = 1408
 TERM_ID = 3
-LINGER = RETRANSMIT_UNICAST_LINGER_DEFAULT_NS
+LINGER = lib.FULMAR_RETRANSMIT_LINGER_DEFAULT_NS
+MAX_RESEND_DEFAULT = lib.FULMAR_RETRANSMIT_MAX_RESEND_DEFAULT
+MAX_RESEND_MAX = lib.FULMAR_RETRANSMIT_MAX_RESEND_MAX
 MS = 1_000_000
 INT64_MAX = (1 << 63) - 1
 
@@ -61,15 +51,15 @@ class Resends:
 
 
 class NativeHandler:
-    """A fulmar_retransmit_handler_t driven through lib, with RetransmitHandler's call shapes."""
+    """A fulmar_retransmit_handler_t driven through lib."""
 
     def __init__(
         self,
         *,
         has_group_semantics: bool,
         max_retransmits: int = MAX_RESEND_DEFAULT,
-        delay_ns: int = RETRANSMIT_UNICAST_DELAY_DEFAULT_NS,
-        linger_ns: int = RETRANSMIT_UNICAST_LINGER_DEFAULT_NS,
+        delay_ns: int = lib.FULMAR_RETRANSMIT_DELAY_DEFAULT_NS,
+        linger_ns: int = lib.FULMAR_RETRANSMIT_LINGER_DEFAULT_NS,
         fc: Any = ffi.NULL,
     ) -> None:
         self.ptr = ffi.new("fulmar_retransmit_handler_t *")
@@ -105,11 +95,11 @@ def nak(handler: NativeHandler, resends: Resends, term_offset: int, length: int,
     handler.on_nak(term_id, term_offset, length, TERM_LENGTH, now_ns, resends)
 
 
-def test_constants_are_aerons_and_the_pythons() -> None:
-    assert lib.FULMAR_RETRANSMIT_DELAY_DEFAULT_NS == RETRANSMIT_UNICAST_DELAY_DEFAULT_NS == 0
-    assert lib.FULMAR_RETRANSMIT_LINGER_DEFAULT_NS == LINGER == 10 * MS
-    assert lib.FULMAR_RETRANSMIT_MAX_RESEND_DEFAULT == MAX_RESEND_DEFAULT == 16
-    assert lib.FULMAR_RETRANSMIT_MAX_RESEND_MAX == MAX_RESEND_MAX == 256
+def test_constants_are_aerons() -> None:
+    assert lib.FULMAR_RETRANSMIT_DELAY_DEFAULT_NS == 0
+    assert LINGER == 10 * MS
+    assert MAX_RESEND_DEFAULT == 16
+    assert MAX_RESEND_MAX == 256
     assert len(ffi.new("fulmar_retransmit_handler_t *").actions) == MAX_RESEND_MAX
 
 
@@ -192,7 +182,7 @@ def test_delayed_retransmit_fires_after_the_delay_then_lingers() -> None:
 
 
 def test_delay_is_read_per_nak_and_linger_is_configurable() -> None:
-    """The Python asks its delay generator per NAK; the C reads its delay field per NAK."""
+    """The delay field is read per NAK: changing it changes the next NAK's delay only."""
     handler = NativeHandler(has_group_semantics=True, delay_ns=0, linger_ns=1 * MS)
     resends = Resends()
     nak(handler, resends, 0, 100, now_ns=0)
@@ -298,7 +288,7 @@ def test_length_is_clamped_to_a_multiple_of_the_receiver_window() -> None:
     fc = ffi.new("fulmar_fc_t *")
     assert lib.fulmar_fc_init(fc, lib.FULMAR_FC_MIN, lib.FULMAR_FC_RECEIVER_TIMEOUT_DEFAULT_NS, 0, -1) == 0
     try:
-        assert fc.retransmit_receiver_window_multiple == MinFlowControl().retransmit_receiver_window_multiple
+        assert fc.retransmit_receiver_window_multiple == lib.FULMAR_FC_MIN_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE == 16
         handler = NativeHandler(has_group_semantics=True, fc=fc)
         handler.on_nak(TERM_ID, 0, big, big, 0, resends)
         assert resends.take() == [(TERM_ID, 0, 16 * 128 * 1024)]
@@ -307,8 +297,8 @@ def test_length_is_clamped_to_a_multiple_of_the_receiver_window() -> None:
 
 
 def test_suppression_uses_the_clamped_length() -> None:
-    # The Python test clamps with min(n, 256); here a strategy whose window
-    # multiple allows 256 bytes of a 512-byte term (window 256, multiple 1).
+    # A strategy whose window multiple allows 256 bytes of a 512-byte term
+    # (window 256, multiple 1) clamps every NAK to 256 bytes.
     fc = ffi.new("fulmar_fc_t *")
     assert lib.fulmar_fc_init(fc, lib.FULMAR_FC_MAX, lib.FULMAR_FC_RECEIVER_TIMEOUT_DEFAULT_NS, 0, -1) == 0
     fc.retransmit_receiver_window_multiple = 1
@@ -346,8 +336,7 @@ def test_resend_window_length() -> None:
 
 def test_resend_window_is_below_the_sender_position_and_at_most_half_a_term_and_a_message_behind() -> None:
     """A NAK for data older than that (stale, or forged) resends nothing: its
-    slot in the log may hold a later term by now.  (The Python test asks
-    in_resend_window; here the same positions go through the C's length.)"""
+    slot in the log may hold a later term by now."""
     term = 64 * 1024
     bits = 16
     initial = 0
@@ -358,7 +347,7 @@ def test_resend_window_is_below_the_sender_position_and_at_most_half_a_term_and_
         term_id = position >> bits
         assert -(2**31) <= term_id < 2**31  # keep within what a NAK can name
         answer = lib.fulmar_retransmit_resend_window_length(term_id, position & (term - 1), 32, sender, initial, bits) > 0
-        assert answer == in_resend_window(position, sender, term)
+        assert answer == (bottom <= position < sender)
         return bool(answer)
 
     assert resendable(sender - 32)
@@ -374,11 +363,25 @@ def test_resend_window_bad_arguments_resend_nothing() -> None:
     sender = 10 * TERM_LENGTH
     for bits in (-1, 32, 64):
         assert length(9, 0, 64, sender, 0, bits) == 0
-    assert length(9, 0, -64, sender, 0, 16) == 0 == resend_window_length(9, 0, -64, sender, 0, 16)
+    assert length(9, 0, -64, sender, 0, 16) == 0
     assert length(9, 0, 0, sender, 0, 16) == 0
     # Sender positions at the int64 ends.
     assert length(0, 0, 64, INT64_MAX, 0, 16) == 0
     assert length(0, 0, 64, -(1 << 63), 0, 16) == 0
+
+
+def resend_window_length_model(
+    term_id: int, term_offset: int, length: int, sender_position: int, initial_term_id: int, bits: int
+) -> int:
+    """Aeron's NetworkPublication.resend bound: only what was sent and is still in
+    the log (from half a term and a max message behind the sender position, up
+    to it), cut at the sender position."""
+    term_length = 1 << bits
+    position = compute_position(term_id, term_offset, bits, initial_term_id)
+    bottom = sender_position - (term_length >> 1) - compute_max_message_length(term_length)
+    if not bottom <= position < sender_position:
+        return 0
+    return max(0, min(length, sender_position - position))
 
 
 @settings(max_examples=300, deadline=None)
@@ -390,7 +393,7 @@ def test_resend_window_bad_arguments_resend_nothing() -> None:
     length=st.integers(-10, 2**31 - 1),
     sender_delta=st.integers(-(2**32), 2**32),
 )
-def test_resend_window_length_matches_the_python(
+def test_resend_window_length_matches_the_model(
     bits: int, initial_term_id: int, term_count: int, term_offset: int, length: int, sender_delta: int
 ) -> None:
     term_offset &= (1 << bits) - 1
@@ -399,7 +402,7 @@ def test_resend_window_length_matches_the_python(
     sender = position + sender_delta
     assert lib.fulmar_retransmit_resend_window_length(
         term_id, term_offset, length, sender, initial_term_id, bits
-    ) == resend_window_length(term_id, term_offset, length, sender, initial_term_id, bits)
+    ) == resend_window_length_model(term_id, term_offset, length, sender, initial_term_id, bits)
 
 
 # --- bad arguments, deadlines -----------------------------------------------------------------
@@ -411,8 +414,6 @@ def test_init_refuses_bad_arguments() -> None:
     assert lib.fulmar_retransmit_init(raw, True, 16, 0, -1) == lib.FULMAR_RETRANSMIT_INVALID_DELAY
     assert raw.pool_size == 0 and raw.active_count == 0
     assert lib.fulmar_retransmit_init(ffi.NULL, True, 16, 0, LINGER) == lib.FULMAR_RETRANSMIT_NULL
-    with pytest.raises(ValueError, match="negative"):
-        static_delay(-1)
     assert lib.fulmar_retransmit_init(raw, False, 16, 0, LINGER) == 0
     assert raw.pool_size == 1 and not raw.has_group_semantics
 
@@ -517,9 +518,6 @@ def test_handler_invariants(group: bool, delay_ns: int, events: list[tuple[int, 
     assert stats.naks_received == stats.invalid_naks + stats.naks_suppressed + stats.retransmit_overflows + accepted
 
 
-_STATE = {RetransmitState.INACTIVE: INACTIVE, RetransmitState.DELAYED: DELAYED, RetransmitState.LINGERING: LINGERING}
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     group=st.booleans(),
@@ -540,54 +538,57 @@ _STATE = {RetransmitState.INACTIVE: INACTIVE, RetransmitState.DELAYED: DELAYED, 
         max_size=80,
     ),
 )
-def test_c_agrees_with_the_python_on_any_sequence_of_naks(
+def test_timeouts_follow_a_model_and_the_deadline_is_exact(
     group: bool, max_retransmits: int, delay_ns: int, linger_ns: int, events: list[tuple[tuple[Any, ...], int]]
 ) -> None:
-    """Every resend, every action and every counter, after each call, as
-    RetransmitHandler's; and next_deadline_ns is exact."""
-    python = RetransmitHandler(
-        has_group_semantics=group,
-        max_retransmits=max_retransmits,
-        delay_generator=static_delay(delay_ns),
-        linger_generator=static_delay(linger_ns),
-    )
+    """On any sequence of NAKs: process_timeouts against a plain model (an
+    action expires strictly after its expiry; a delayed one is then resent and
+    lingers for the linger; a lingering one is freed), next_deadline_ns just
+    after the earliest expiry and exact, a NAK resends at most once and only
+    with no delay, and the pool never holds more than it may."""
     handler = NativeHandler(has_group_semantics=group, max_retransmits=max_retransmits, delay_ns=delay_ns, linger_ns=linger_ns)
+    pool = max_retransmits if group else 1
     resends = Resends()
-    python_resends: list[tuple[int, int, int]] = []
 
-    def python_resend(term_id: int, term_offset: int, length: int) -> None:
-        python_resends.append((term_id, term_offset, length))
+    def timeouts(now_ns: int) -> int:
+        before = handler.active()
+        sent = handler.stats.retransmits_sent
+        expired = [a for a in before if a[4] < now_ns]
+        expected_active = [
+            (LINGERING, a[1], a[2], a[3], now_ns + linger_ns) if a[0] == DELAYED else None for a in expired
+        ]
+        count = handler.process_timeouts(now_ns, resends)
+        assert count == len(expired)
+        assert resends.take() == [(a[1], a[2], a[3]) for a in expired if a[0] == DELAYED]
+        assert handler.stats.retransmits_sent == sent + sum(a[0] == DELAYED for a in expired)
+        after = [a if a[4] >= now_ns else expected_active[expired.index(a)] for a in before]
+        assert handler.active() == [a for a in after if a is not None]
+        return count
 
     now = 0
     for event, advance in events:
         now += advance
         if event[0] == "nak":
             _, term_delta, term_offset, length = event
+            received = handler.stats.naks_received
             nak(handler, resends, term_offset, length, now, term_id=TERM_ID + term_delta)
-            python.on_nak(TERM_ID + term_delta, term_offset, length, TERM_LENGTH, MTU, now, python_resend)
+            calls = resends.take()
+            assert handler.stats.naks_received == received + 1
+            assert len(calls) <= 1 and (delay_ns == 0 or calls == [])
+            for term_id, offset, resent in calls:
+                assert (term_id, offset) == (TERM_ID + term_delta, term_offset) and 0 < resent <= length
         elif event[0] == "timeouts":
-            assert handler.process_timeouts(now, resends) == python.process_timeouts(now, python_resend)
+            timeouts(now)
         else:
             deadline = handler.next_deadline_ns()
             if deadline == INT64_MAX:
                 assert handler.active_count == 0
                 continue
             if deadline > now:
-                assert handler.process_timeouts(deadline - 1, resends) == 0
-                assert python.process_timeouts(deadline - 1, python_resend) == 0
+                assert timeouts(deadline - 1) == 0
                 now = deadline
-            assert handler.process_timeouts(now, resends) > 0
-            assert python.process_timeouts(now, python_resend) > 0
-        assert resends.take() == python_resends
-        python_resends.clear()
-        expected = [(_STATE[a.state], a.term_id, a.term_offset, a.length, a.expiry_ns) for a in python.active()]
-        assert handler.active() == expected
-        assert handler.active_count == python.active_count
-        stats = handler.stats
-        assert (stats.naks_received, stats.invalid_naks, stats.naks_suppressed, stats.retransmit_overflows, stats.retransmits_sent) == (
-            python.stats.naks_received,
-            python.stats.invalid_naks,
-            python.stats.naks_suppressed,
-            python.stats.retransmit_overflows,
-            python.stats.retransmits_sent,
-        )
+            assert timeouts(now) > 0
+        active = handler.active()
+        assert handler.active_count == len(active) <= pool
+        expected_deadline = min((a[4] for a in active), default=INT64_MAX)
+        assert handler.next_deadline_ns() == (INT64_MAX if expected_deadline == INT64_MAX else expected_deadline + 1)

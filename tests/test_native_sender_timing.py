@@ -1,8 +1,7 @@
-"""The C sender timing (sender_timing.c), case for case against tests/test_sender_timing.py.
-
-Only the timing is ported: datagram packing (pack_datagrams, plan_send) stays
-in Python.  Besides the ported cases: the C's next deadline, and a property
-test that drives the C and the Python SenderTiming with the same calls.
+"""The C sender timing (sender_timing.c): SETUP, heartbeats, receiver
+liveness and connection, the SETUP back-off, bad arguments, the next
+deadline, and a property on random calls: the live receivers against a plain
+model, and the next deadline exact (nothing due before it, something at it).
 """
 
 from __future__ import annotations
@@ -15,17 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fulmar._native import ffi, lib
-from fulmar.driver.sender_timing import (
-    PUBLICATION_CONNECTION_TIMEOUT_DEFAULT_NS,
-    PUBLICATION_HEARTBEAT_TIMEOUT_NS,
-    PUBLICATION_SETUP_TIMEOUT_NS,
-    SenderTiming,
-    SetupDue,
-)
 
-SETUP = PUBLICATION_SETUP_TIMEOUT_NS
-HEARTBEAT = PUBLICATION_HEARTBEAT_TIMEOUT_NS
-CONNECTION = PUBLICATION_CONNECTION_TIMEOUT_DEFAULT_NS
+SETUP = lib.FULMAR_PUBLICATION_SETUP_TIMEOUT_NS
+HEARTBEAT = lib.FULMAR_PUBLICATION_HEARTBEAT_TIMEOUT_NS
+CONNECTION = lib.FULMAR_PUBLICATION_CONNECTION_TIMEOUT_DEFAULT_NS
 T0 = 1_000_000_000_000
 INT64_MAX = (1 << 63) - 1
 
@@ -35,7 +27,7 @@ ELICITED = lib.FULMAR_SETUP_ELICITED
 
 
 class NativeTiming:
-    """A fulmar_sender_timing_t driven through lib, with SenderTiming's call shapes."""
+    """A fulmar_sender_timing_t driven through lib."""
 
     def __init__(
         self,
@@ -103,7 +95,7 @@ class NativeTiming:
         return tuple(sorted(self.ptr.receivers[i].receiver_id for i in range(self.ptr.receiver_count)))
 
     def state(self) -> tuple[Any, ...]:
-        """Everything SenderTiming also holds, to compare the two."""
+        """Everything the timing holds, to see whether a call changed it."""
         t = self.ptr
         return (
             t.time_of_last_setup_ns,
@@ -116,20 +108,6 @@ class NativeTiming:
             self.receiver_ids,
             self.setup_backing_off,
         )
-
-
-def python_state(timing: SenderTiming) -> tuple[Any, ...]:
-    return (
-        timing.time_of_last_setup_ns,
-        timing.time_of_last_data_or_heartbeat_ns,
-        timing.time_of_last_status_message_ns,
-        timing.has_initial_connection,
-        timing.is_setup_elicited,
-        timing.has_receivers,
-        timing._setup_interval_ns,
-        timing.liveness.receiver_ids,
-        timing.setup_backing_off,
-    )
 
 
 @pytest.fixture
@@ -146,11 +124,11 @@ def new() -> Iterator[Any]:
         timing.close()
 
 
-def test_constants_are_aerons_and_the_pythons() -> None:
-    assert lib.FULMAR_PUBLICATION_SETUP_TIMEOUT_NS == SETUP == 100_000_000
-    assert lib.FULMAR_PUBLICATION_HEARTBEAT_TIMEOUT_NS == HEARTBEAT == 100_000_000
-    assert lib.FULMAR_PUBLICATION_CONNECTION_TIMEOUT_DEFAULT_NS == CONNECTION == 5_000_000_000
-    assert (NO, INITIAL, ELICITED) == (SetupDue.NO, SetupDue.INITIAL, SetupDue.ELICITED)
+def test_constants_are_aerons() -> None:
+    assert SETUP == 100_000_000
+    assert HEARTBEAT == 100_000_000
+    assert CONNECTION == 5_000_000_000
+    assert (NO, INITIAL, ELICITED) == (0, 1, 2)
 
 
 # --- SETUP ------------------------------------------------------------------------
@@ -252,7 +230,7 @@ def test_end_of_stream_and_error_remove_a_receiver_at_once(new: Any) -> None:
     assert timing.time_of_last_status_message_ns == T0 + 1
 
 
-def test_nothing_heard_is_the_pythons_none(new: Any) -> None:
+def test_nothing_heard_has_no_status_message_time(new: Any) -> None:
     timing = new(T0)
     assert timing.time_of_last_status_message_ns is None
     timing.on_trigger_send_setup(T0 + 5)
@@ -331,21 +309,25 @@ def test_init_refuses_negative_timeouts_and_null() -> None:
 
 
 def test_times_near_the_int64_ends_do_not_wrap(new: Any) -> None:
-    """The Python's ints are unbounded; the C's sums near INT64_MAX stay exact.
+    """The C's sums near INT64_MAX stay exact: a time past INT64_MAX never comes.
 
     (The initial "due at once" times saturate for a now_ns within a timeout of
     INT64_MIN, which no monotonic clock gives: the earliest case here is the
     first that does not.)"""
-    for now in (INT64_MAX - 5, INT64_MAX - CONNECTION, -(1 << 63) + SETUP + 1, 0):
-        timing, python = new(now), SenderTiming(now)
-        assert timing.setup_due(now) == python.setup_due(now) == INITIAL
-        assert timing.setup_due(INT64_MAX) == python.setup_due(INT64_MAX)
-        timing.on_status_message(1, False, now)
-        python.on_status_message(1, False, now)
+    # now, is the next SETUP due by INT64_MAX, is the receiver still live at INT64_MAX
+    for now, setup_again, still_live in (
+        (INT64_MAX - 5, False, True),  # the setup and connection timeouts would end past INT64_MAX
+        (INT64_MAX - CONNECTION, True, False),  # silent for exactly the connection timeout: gone
+        (-(1 << 63) + SETUP + 1, True, False),
+        (0, True, False),
+    ):
+        timing = new(now)
+        assert timing.setup_due(now) == INITIAL
+        assert timing.setup_due(INT64_MAX) == (INITIAL if setup_again else NO)
+        assert timing.on_status_message(1, False, now)
         timing.on_idle(INT64_MAX)
-        python.on_idle(INT64_MAX)
-        assert timing.receiver_ids == python.liveness.receiver_ids
-        assert timing.heartbeat_due(INT64_MAX) == python.heartbeat_due(INT64_MAX)
+        assert timing.receiver_ids == ((1,) if still_live else ())
+        assert timing.heartbeat_due(INT64_MAX)  # nothing was ever sent
 
 
 # --- the next deadline ------------------------------------------------------------------------
@@ -436,40 +418,48 @@ _timing_calls = st.lists(
     connection_timeout_ns=st.sampled_from([0, 1, SETUP, CONNECTION]),
     initial_setup_interval_ns=st.sampled_from([None, 1, 5_000_000, SETUP, 3 * SETUP]),
 )
-def test_c_agrees_with_the_python_and_its_deadline_holds(
+def test_live_receivers_follow_a_model_and_the_deadline_holds(
     calls: list[tuple[str, int, int]], connection_timeout_ns: int, initial_setup_interval_ns: int | None
 ) -> None:
-    """Every answer and every field, after each call, as SenderTiming's; and the
-    next deadline is exact: nothing happens before it, something at it."""
-    python = SenderTiming(
-        T0, connection_timeout_ns=connection_timeout_ns, initial_setup_interval_ns=initial_setup_interval_ns
-    )
+    """The live receivers, connection and the answers of on_status_message and
+    on_error, after each call, against a plain model (a receiver is live from
+    its status message until it says end of stream, sends an error or is silent
+    for the connection timeout); and the next deadline is exact: nothing
+    happens before it, something at it."""
     timing = NativeTiming(
         T0, connection_timeout_ns=connection_timeout_ns, initial_setup_interval_ns=initial_setup_interval_ns
     )
+    live: dict[int, int] = {}  # receiver id -> time of its last status message
+
+    def idle(now_ns: int) -> None:
+        for receiver_id in [r for r, heard in live.items() if now_ns - heard >= connection_timeout_ns]:
+            del live[receiver_id]
+
     try:
         now = T0
         for kind, receiver_id, advance in calls:
             now += advance
             if kind == "sm" or kind == "eos":
                 eos = kind == "eos"
-                assert timing.on_status_message(receiver_id, eos, now) == python.on_status_message(receiver_id, eos, now)
+                was_live = bool(live)
+                if eos:
+                    live.pop(receiver_id, None)
+                else:
+                    live[receiver_id] = now
+                assert timing.on_status_message(receiver_id, eos, now) == (not was_live and bool(live))
             elif kind.startswith("trigger"):
-                eos = kind == "trigger_eos"
-                timing.on_trigger_send_setup(now, eos)
-                python.on_trigger_send_setup(now, eos)
+                timing.on_trigger_send_setup(now, kind == "trigger_eos")
             elif kind == "error":
-                assert timing.on_error(receiver_id) == python.on_error(receiver_id)
+                assert timing.on_error(receiver_id) == (live.pop(receiver_id, None) is not None)
             elif kind == "setup":
-                assert timing.setup_due(now) == python.setup_due(now)
+                timing.setup_due(now)
             elif kind == "heartbeat":
-                assert timing.heartbeat_due(now) == python.heartbeat_due(now)
+                timing.heartbeat_due(now)
             elif kind == "data":
                 timing.on_data_sent(now)
-                python.on_data_sent(now)
             elif kind == "idle":
                 timing.on_idle(now)
-                python.on_idle(now)
+                idle(now)
             else:
                 # Jump to the deadline, checking the nanosecond before it is quiet.
                 deadline = timing.next_deadline_ns()
@@ -477,16 +467,11 @@ def test_c_agrees_with_the_python_and_its_deadline_holds(
                     continue
                 if deadline > now:
                     _nothing_due_before(timing, deadline, [now, deadline - 1])
-                    python.setup_due(deadline - 1)
-                    python.heartbeat_due(deadline - 1)
-                    python.on_idle(deadline - 1)
                     now = deadline
                 _something_due_at(timing, now)
-                python.setup_due(now)
-                python.heartbeat_due(now)
-                python.on_idle(now)
-            assert timing.state() == python_state(timing=python)
-            assert timing.is_connected() == python.is_connected()
-            assert timing.is_connected(False) == python.is_connected(False)
+                idle(now)
+            assert timing.receiver_ids == tuple(sorted(live))
+            assert timing.is_connected() == bool(live)
+            assert not timing.is_connected(False)
     finally:
         timing.close()

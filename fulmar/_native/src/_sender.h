@@ -19,8 +19,8 @@ static inline int64_t fulmar_saturating_add(int64_t a, int64_t b)
     return sum;
 }
 
-/* Exactly a + b < t, as the Python's "a + b - t < 0" with unbounded ints
- * (a saturated sum would be wrong where it equals t). */
+/* Exactly a + b < t, as "a + b - t < 0" with unbounded integers (a
+ * saturated sum would be wrong where it equals t). */
 static inline bool fulmar_sum_is_before(int64_t a, int64_t b, int64_t t)
 {
     int64_t sum;

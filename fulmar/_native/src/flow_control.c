@@ -103,8 +103,8 @@ int32_t fulmar_fc_init(
     {
         return FULMAR_FC_INVALID_TIMEOUT;
     }
-    /* Unicast and max take no group size (the Python classes have none), so
-     * only the strategies that use it refuse a negative one. */
+    /* Unicast and max take no group size, so only the strategies that use it
+     * refuse a negative one. */
     bool is_min = FULMAR_FC_MIN == strategy || FULMAR_FC_TAGGED == strategy;
     if (is_min && group_min_size < 0)
     {

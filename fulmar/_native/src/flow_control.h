@@ -1,8 +1,9 @@
 /* Sender flow control: how far a network publication may send, given its
- * receivers' status messages.  The C twin of driver/flow_control.py, call for
- * call: the same strategies (Aeron's UnicastFlowControl, MaxMulticast-,
- * MinMulticast- and TaggedMulticastFlowControl), the same corner cases, pure
- * state (every call takes now_ns; no clock, socket or thread).
+ * receivers' status messages.  Aeron's strategies (UnicastFlowControl,
+ * MaxMulticast-, MinMulticast- and TaggedMulticastFlowControl) with their
+ * corner cases, pure state (every call takes now_ns; no clock, socket or
+ * thread).  Which strategy a channel gets is chosen in Python
+ * (driver/data_plane.py flow_control_settings).
  *
  * A frame's group tag is optional, so it arrives as has_group_tag (0: the
  * frame carries none) and group_tag.  Positions and times are int64; term ids
@@ -14,7 +15,7 @@
 #define FULMAR_FC_TAGGED 3
 
 /* Aeron's defaults (Configuration.java / aeron_driver_context.c); the caller
- * passes them explicitly, as new_flow_control does. */
+ * passes them explicitly, as flow_control_settings does. */
 #define FULMAR_FC_RECEIVER_TIMEOUT_DEFAULT_NS 5000000000
 #define FULMAR_FC_GROUP_TAG_DEFAULT -1
 #define FULMAR_FC_GROUP_MIN_SIZE_DEFAULT 0
@@ -52,7 +53,7 @@ typedef struct fulmar_fc_stct
 
     /* Min and tagged: a receiver asked for a SETUP; the sender limit when the
      * elicited SETUP went out caps the minimum until a receiver joins or the
-     * receiver timeout passes (Python's _last_setup_sender_limit, None when
+     * receiver timeout passes (last_setup_sender_limit, none when
      * has_last_setup_sender_limit is 0). */
     int32_t has_tagged_status_message_triggered_setup;
     int32_t has_last_setup_sender_limit;
@@ -121,13 +122,14 @@ int32_t fulmar_fc_has_required_receivers(const fulmar_fc_t *fc);
 /* The most one NAK may have retransmitted: the least of resend_length, the
  * rest of the term and the strategy's multiple of receiver windows.  fc NULL
  * is not allowed here.  Arguments naming nothing to resend (term_length <= 0,
- * term_offset outside [0, term_length], resend_length <= 0) give 0, where the
- * Python would give a negative length. */
+ * term_offset outside [0, term_length], resend_length <= 0) give 0, where a
+ * plain minimum of the three would be negative. */
 int32_t fulmar_fc_max_retransmission_length(
     const fulmar_fc_t *fc, int32_t term_offset, int32_t resend_length, int32_t term_length);
 
 /* As fulmar_fc_max_retransmission_length with an explicit window multiple
- * (calculate_retransmission_length); the retransmit handler's default. */
+ * (Aeron's FlowControl.calculateRetransmissionLength); the retransmit
+ * handler's default. */
 int32_t fulmar_fc_calculate_retransmission_length(
     int32_t resend_length, int32_t term_length, int32_t term_offset, int32_t retransmit_receiver_window_multiple);
 

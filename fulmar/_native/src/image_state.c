@@ -47,7 +47,7 @@ static inline int64_t compute_position(const fulmar_image_state_t *s, int32_t te
 }
 
 /* Floor division by the term length (positions below zero included, as
- * Python's >> on the positions of the Python port). */
+ * rounding towards minus infinity). */
 static inline int64_t term_count_of(int64_t position, int32_t position_bits_to_shift)
 {
     return position >> position_bits_to_shift;
@@ -88,8 +88,7 @@ int32_t fulmar_loss_detector_init_multicast(
     /* Nonnenmacher and Biersack's optimal multicast feedback, as Aeron draws
      * it: delay = T/lambda * ln(x * (e^lambda - 1) * T/lambda), x uniform in
      * [lambda / (T (e^lambda - 1)), that + lambda/T), so the logarithm's
-     * argument runs from 1 to e^lambda and the delay from 0 to T.  The same
-     * expressions as the Python, so one uniform draw gives the same delay. */
+     * argument runs from 1 to e^lambda and the delay from 0 to T. */
     double lambda = log((double)group_size) + 1.0;
     double backoff = (double)max_backoff_ns;
     d->rand_max = lambda / backoff;

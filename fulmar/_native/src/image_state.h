@@ -1,6 +1,5 @@
 /* The receive side of a network image as plain state (Aeron's
- * PublicationImage and LossDetector, as driver/image_state.py and
- * driver/loss_detector.py hold them): window checks, inserting datagrams
+ * PublicationImage and LossDetector): window checks, inserting datagrams
  * into the image's log, the high-water mark, loss detection and NAK timing,
  * status message scheduling, end of stream and liveness.  It owns no socket,
  * clock or thread: the caller passes the time in and sends what it hands
@@ -26,7 +25,7 @@
 #define FULMAR_DATA_EOS_FLAG 0x20
 #define FULMAR_SM_EOS_FLAG 0x40
 
-/* Initialisation failures (the Python raises ValueError for these). */
+/* Initialisation failures. */
 #define FULMAR_IMAGE_BAD_TERM_OFFSET -1     /* not a frame-aligned offset inside the term */
 #define FULMAR_IMAGE_BAD_TERM_ID -2         /* the joining term id is before the initial term id */
 #define FULMAR_IMAGE_BAD_TERM_LENGTH -3     /* not a power of two from 64 KiB to 1 GiB */

@@ -1,16 +1,14 @@
 /* Retransmission on NAKs: which NAKed ranges a network publication resends,
- * and when.  The C twin of RetransmitHandler in driver/retransmit_handler.py
- * (Aeron's RetransmitHandler): a NAK outside the term is counted and
+ * and when (Aeron's RetransmitHandler): a NAK outside the term is counted and
  * ignored; its length is clamped by the flow control; a NAK starting inside
  * a range already scheduled or lingering is suppressed; otherwise the resend
  * goes after the delay and then lingers.  Group semantics (multicast, MDC)
  * keep up to max_retransmits actions and count an overflow when all are
  * busy; unicast keeps one, which a NAK outside it replaces.
  *
- * The Python takes delay generators; here the delay and the linger are
- * static (Aeron's StaticDelayGenerator, the only kind its driver uses for
- * the sender): FULMAR_RETRANSMIT_DELAY_DEFAULT_NS and _LINGER_DEFAULT_NS by
- * default.  Both are fields, read at each NAK, so they may be changed.
+ * The delay and the linger are static (Aeron's StaticDelayGenerator, the
+ * only kind its driver uses for the sender): FULMAR_RETRANSMIT_DELAY_DEFAULT_NS
+ * and _LINGER_DEFAULT_NS by default.  Both are fields, read at each NAK, so they may be changed.
  *
  * No clock, no log buffer: time is now_ns, resends go out through resend. */
 

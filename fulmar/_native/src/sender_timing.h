@@ -1,9 +1,8 @@
 /* The sender's clockwork for one network publication: when SETUP frames and
- * heartbeats are due, and which receivers are live.  The C twin of
- * SenderTiming and ReceiverLivenessTracker in driver/sender_timing.py (timing
- * as Aeron's NetworkPublication), pure state: every call takes now_ns.
+ * heartbeats are due, and which receivers are live (timing as Aeron's
+ * NetworkPublication), pure state: every call takes now_ns.
  *
- * One duty cycle, as the Python's docstring:
+ * One duty cycle:
  *
  *     due = setup_due(now); if due: (ELICITED: flow control on_setup) send SETUP
  *     send data; if any: on_data_sent(now)
@@ -17,7 +16,7 @@
 #define FULMAR_PUBLICATION_HEARTBEAT_TIMEOUT_NS 100000000
 #define FULMAR_PUBLICATION_CONNECTION_TIMEOUT_DEFAULT_NS 5000000000
 
-/* fulmar_sender_timing_setup_due (SetupDue): ELICITED means a receiver asked,
+/* fulmar_sender_timing_setup_due's answer: ELICITED means a receiver asked,
  * so the flow control's on_setup must see it before the SETUP is sent. */
 #define FULMAR_SETUP_NO 0
 #define FULMAR_SETUP_INITIAL 1
@@ -48,7 +47,7 @@ typedef struct fulmar_sender_timing_stct
     int64_t time_of_last_setup_ns;
     int64_t time_of_last_data_or_heartbeat_ns;
     int64_t time_of_last_status_message_ns;  /* meaningful when has_status_message_time */
-    int32_t has_status_message_time;         /* 0: the Python's None (nothing heard yet) */
+    int32_t has_status_message_time;         /* 0: nothing heard yet */
     int32_t has_initial_connection;
     int32_t is_setup_elicited;
     int32_t has_receivers;
