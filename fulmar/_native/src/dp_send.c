@@ -416,35 +416,9 @@ static int32_t max_message_length(int32_t term_length)
 static int32_t collect_regions(const dp_network_publication_t *publication, int64_t position, int64_t limit_length,
                                int32_t *regions, int64_t *advance)
 {
-    const int32_t term_length = publication->config.term_length;
-    const int64_t partition_base =
-        (int64_t)((position >> publication->position_bits_to_shift) % FULMAR_PARTITION_COUNT) * term_length;
-    const char *term = publication->config.log + partition_base;
-    int32_t offset = (int32_t)(position & (term_length - 1));
-    int32_t count = 0;
-    int64_t advanced = 0;
-    while (limit_length > advanced && count < DP_MAX_DATAGRAMS_PER_SEND && offset < term_length)
-    {
-        int32_t padding = 0;
-        const int64_t room = limit_length - advanced;
-        const int32_t max_length = room < publication->config.mtu ? (int32_t)room : publication->config.mtu;
-        const int32_t available = fulmar_term_scan_for_availability(term, term_length, offset, max_length, &padding);
-        if (available <= 0)
-        {
-            break;
-        }
-        regions[2 * count] = (int32_t)(partition_base + offset);
-        regions[2 * count + 1] = available;
-        count++;
-        offset += available + padding;
-        advanced += available + padding;
-        if (0 != padding)
-        {
-            break;  /* a term ends with the padding */
-        }
-    }
-    *advance = advanced;
-    return count;
+    return fulmar_term_pack_datagrams(publication->config.log, publication->config.term_length, position,
+                                      limit_length, publication->config.mtu, DP_MAX_DATAGRAMS_PER_SEND, regions,
+                                      advance);
 }
 
 static int64_t log_length(const dp_network_publication_t *publication)

@@ -763,6 +763,40 @@ int32_t fulmar_term_scan_for_availability(
     return available;
 }
 
+int32_t fulmar_term_pack_datagrams(
+    const char *log, int32_t term_length, int64_t position, int64_t max_length, int32_t mtu,
+    int32_t max_datagrams, int32_t *regions, int64_t *advance)
+{
+    const int32_t bits = __builtin_ctz((unsigned)term_length);
+    const int64_t partition_base = (int64_t)((position >> bits) % FULMAR_PARTITION_COUNT) * term_length;
+    const char *term = log + partition_base;
+    int32_t offset = (int32_t)(position & (term_length - 1));
+    int32_t count = 0;
+    int64_t advanced = 0;
+    while (max_length > advanced && count < max_datagrams && offset < term_length)
+    {
+        int32_t padding = 0;
+        const int64_t room = max_length - advanced;
+        const int32_t length = room < mtu ? (int32_t)room : mtu;
+        const int32_t available = fulmar_term_scan_for_availability(term, term_length, offset, length, &padding);
+        if (available <= 0)
+        {
+            break;
+        }
+        regions[2 * count] = (int32_t)(partition_base + offset);
+        regions[2 * count + 1] = available;
+        count++;
+        offset += available + padding;
+        advanced += available + padding;
+        if (0 != padding)
+        {
+            break;  /* a term ends with its padding */
+        }
+    }
+    *advance = advanced;
+    return count;
+}
+
 int32_t fulmar_term_block_scan(const char *term, int32_t term_offset, int32_t limit_offset)
 {
     int32_t offset = term_offset;

@@ -123,6 +123,17 @@ void fulmar_log_clean(char *log, int32_t term_length, int64_t from_position, int
 int32_t fulmar_term_scan_for_availability(
     const char *term, int32_t term_length, int32_t term_offset, int32_t max_length, int32_t *padding);
 
+/* A network publication's sender: the datagrams to send from position, at
+ * most max_length bytes of whole committed frames, each datagram at most an
+ * MTU, within position's term, at most max_datagrams of them (each
+ * fulmar_term_scan_for_availability).  A padding frame ends the run: its
+ * header is sent, the rest of the term skipped.  Fills regions with
+ * (offset from the log's first byte, length) pairs, returns how many, and
+ * sets *advance to how far the position moves (sent bytes and skipped padding). */
+int32_t fulmar_term_pack_datagrams(
+    const char *log, int32_t term_length, int64_t position, int64_t max_length, int32_t mtu,
+    int32_t max_datagrams, int32_t *regions, int64_t *advance);
+
 /* Aeron's TermBlockScanner: the offset after the last whole committed frame
  * (data or padding) from term_offset before limit_offset (a length below a
  * header's ends the run), so a recorder can
