@@ -927,7 +927,12 @@ class DriverConductor:
             if client is not None and client.doorbell_id is not None:
                 ids.append(client.doorbell_id)
         readers.update(ids)
-        log_id = log_owner.correlation_id if isinstance(log_owner, PublicationImage) else log_owner.registration_id
+        if isinstance(log_owner, PublicationImage):
+            if not log_owner.in_data_plane:
+                return  # lingering: nothing lands in it any more
+            log_id = log_owner.correlation_id
+        else:
+            log_id = log_owner.registration_id
         self.data_plane.set_readers(log_id, [link.position.id for link in log_owner.subscribers], readers.beyond_table)
 
     def _ring_client(self, client_id: int) -> None:

@@ -78,7 +78,8 @@ class PublicationImage:
             status_message_timeout_ns=STATUS_MESSAGE_TIMEOUT_DEFAULT_NS,
             image_liveness_timeout_ns=image_liveness_timeout_ns,
         )
-        self._in_data_plane = True
+        # Until it lingers: then nothing lands in it and the data plane forgets it.
+        self.in_data_plane = True
         self._last_status = self._data_plane.image_status(correlation_id)
 
     @property
@@ -91,7 +92,7 @@ class PublicationImage:
 
     def receive_status(self) -> ImageStatus:
         """What the data plane knows of the stream (the last it knew, once lingering)."""
-        if self._in_data_plane:
+        if self.in_data_plane:
             self._last_status = self._data_plane.image_status(self.correlation_id)
         return self._last_status
 
@@ -118,6 +119,6 @@ class PublicationImage:
 
     def close(self) -> None:
         """Out of the data plane (once): its log may be unmapped after this."""
-        if self._in_data_plane:
-            self._in_data_plane = False
+        if self.in_data_plane:
+            self.in_data_plane = False
             self._data_plane.remove(self.correlation_id)

@@ -123,9 +123,10 @@ const char *dp_address_text(const fulmar_udp_address_t *address, char *buffer, s
 
 int64_t dp_compute_position(int32_t term_id, int32_t term_offset, int32_t bits, int32_t initial_term_id)
 {
-    /* Term ids wrap: the count of terms is their int32 difference. */
+    /* Term ids wrap: the count of terms is their int32 difference, negative
+     * before the initial term (multiplied, not shifted: defined for those). */
     const int64_t term_count = (int32_t)((uint32_t)term_id - (uint32_t)initial_term_id);
-    return (term_count << bits) + term_offset;
+    return term_count * ((int64_t)1 << bits) + term_offset;
 }
 
 int32_t dp_position_bits(int32_t term_length)
