@@ -501,13 +501,12 @@ class DriverConductor:
                 raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
             self.send_endpoints[endpoint_key] = endpoint
         counters = self.counters
-        publication_counters = [
-            counters.new_counter(f"pub-lmt: {suffix}", PUBLISHER_LIMIT_TYPE_ID, key, registration_id),
-            counters.new_counter(f"pub-pos: {suffix}", PUBLISHER_POSITION_TYPE_ID, key, registration_id),
-            counters.new_counter(f"snd-pos: {suffix}", SENDER_POSITION_TYPE_ID, key, registration_id),
-            counters.new_counter(f"snd-bpe: {suffix}", SENDER_BPE_TYPE_ID, key, registration_id),
-            counters.new_counter(f"pub-msgs: {suffix}", PUBLISHER_MESSAGES_TYPE_ID, key, registration_id),
-        ]
+        limit = counters.new_counter(f"pub-lmt: {suffix}", PUBLISHER_LIMIT_TYPE_ID, key, registration_id)
+        position = counters.new_counter(f"pub-pos: {suffix}", PUBLISHER_POSITION_TYPE_ID, key, registration_id)
+        sent = counters.new_counter(f"snd-pos: {suffix}", SENDER_POSITION_TYPE_ID, key, registration_id)
+        back_pressure = counters.new_counter(f"snd-bpe: {suffix}", SENDER_BPE_TYPE_ID, key, registration_id)
+        messages = counters.new_counter(f"pub-msgs: {suffix}", PUBLISHER_MESSAGES_TYPE_ID, key, registration_id)
+        publication_counters = [limit, position, sent, back_pressure, messages]
         try:
             publication = NetworkPublication(
                 registration_id,
@@ -521,7 +520,11 @@ class DriverConductor:
                 endpoint,
                 self.data_plane,
                 flow_control,
-                *publication_counters,
+                limit,
+                position,
+                sent,
+                back_pressure,
+                messages,
                 self.context.term_window_length(log.term_length),
                 self.context.initial_setup_interval_ns,
             )
