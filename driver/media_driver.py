@@ -26,7 +26,7 @@ from fulmar.counters import CountersManager
 from fulmar.error_log import DistinctErrorLog
 from fulmar.errors import FulmarError
 from fulmar.idle import Doorbell, DoorbellIdleStrategy, idle_strategy_from_name
-from fulmar.permissions import make_directory
+from fulmar.permissions import apply_file_group, file_mode, make_directory
 from fulmar.ring_buffer import ManyToOneRingBuffer
 from fulmar.stop_signals import StopGate, StopKind, StopSignalHandlers, StopSignals
 
@@ -125,8 +125,13 @@ class MediaDriver:
         # The data plane sleeps in epoll with its sockets: UDP publishers ring
         # it through this FIFO (read and write end here, so it never sees EOF).
         fifo = directory / DRIVER_DATA_FIFO
-        os.mkfifo(fifo, context.file_mode)
+        os.mkfifo(fifo, file_mode())
         fifo_fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            apply_file_group(fifo_fd)  # the file group's clients ring it too
+        except BaseException:
+            os.close(fifo_fd)
+            raise
         try:
             data_plane = DataPlane(
                 cnc.counters_values, doorbell, cnc.driver_data_doorbell(), fifo_fd,

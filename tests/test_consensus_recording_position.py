@@ -42,10 +42,27 @@ def rec_pos(manager: CountersManager, archive_id: int, value: int, registration_
     return counter_id
 
 
+class Watch:
+    """The client's counter watch (fulmar.reader_doorbells.CounterWatch): which counters it watches."""
+
+    def __init__(self) -> None:
+        self.watched: set[int] = set()
+
+    def watch(self, counter_id: int) -> bool:
+        self.watched.add(counter_id)
+        return True
+
+    def unwatch(self, counter_id: int) -> None:
+        self.watched.discard(counter_id)
+
+
 def follower(manager: CountersManager, archive_id: int = LIVE_ARCHIVE_ID) -> ConsensusModuleAgent:
     """The agent's state that reading the append position uses, nothing more."""
     agent = ConsensusModuleAgent.__new__(ConsensusModuleAgent)
-    agent.aeron = SimpleNamespace(counters_reader=manager)  # type: ignore[assignment]
+    watch = Watch()
+    agent.aeron = SimpleNamespace(  # type: ignore[assignment]
+        counters_reader=manager, conductor=SimpleNamespace(counter_watch=lambda: watch), watch=watch)
+    agent._watched_recording_counter_id = NULL_VALUE
     agent.log_recording_id = RECORDING_ID
     agent.log_session_id = SESSION_ID
     agent.append_position = 1024
@@ -68,6 +85,7 @@ def test_a_dead_archives_lingering_counter_is_not_read() -> None:
     agent = follower(manager)
     assert agent.read_append_position() == 1_200_960
     assert agent._recording_position_counter_id == live
+    assert agent.aeron.watch.watched == {live}  # woken when the live archive records more
     manager.set_counter_value(live, 1_300_000)
     assert agent.read_append_position() == 1_300_000
 

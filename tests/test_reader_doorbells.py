@@ -14,6 +14,7 @@ from pathlib import Path
 
 from driver_support import wait_for
 
+from fulmar._native import ffi
 from fulmar.aeron import Aeron
 from fulmar.buffers import AtomicBuffer
 from fulmar.counters import COUNTER_LENGTH, CountersManager
@@ -29,6 +30,7 @@ from fulmar.reader_doorbells import (
     client_doorbell,
     log_readers_in_table,
     ring_counter_watchers,
+    ring_doorbells,
     ring_log_readers,
 )
 
@@ -86,7 +88,9 @@ def test_more_readers_than_the_table_holds_are_relayed_by_the_driver(tmp_path: P
         tokens = sleeping(values, ids)
         assert ring_log_readers(log, values)  # the writer must ring the driver too
         assert woken(values, tokens) == set(ids[:LOG_READERS_CAPACITY])
-        readers.ring_beyond_table()  # what the driver does on that ring
+        beyond = readers.beyond_table
+        assert beyond == ids[LOG_READERS_CAPACITY:]
+        ring_doorbells(values, ffi.new("int32_t[]", beyond), len(beyond))  # what the driver's data plane does
         assert woken(values, tokens) == set(ids)
         readers.update(ids[:2])
         assert log_readers_in_table(log) == (ids[:2], False) and not readers.relay
