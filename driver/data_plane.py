@@ -32,7 +32,7 @@ from fulmar.channel_uri import (
 from fulmar.errors import FulmarError
 from fulmar.idle import Doorbell
 
-from fulmar.driver.udp_transport import UdpAddress
+from fulmar.driver.udp_transport import UdpAddress, native_address
 
 CONTROL_UNICAST = int(lib.FULMAR_DP_CONTROL_UNICAST)
 CONTROL_MANUAL = int(lib.FULMAR_DP_CONTROL_MANUAL)
@@ -182,13 +182,6 @@ class SetupEvent:
 
 def _address(address: UdpAddress | None) -> object:
     return ffi.NULL if address is None else address.native
-
-
-def _from_native(source: object) -> UdpAddress:
-    family = int(source.family)  # type: ignore[attr-defined]
-    packed = bytes(ffi.buffer(source.address, 16 if family == 10 else 4))  # type: ignore[attr-defined]
-    return UdpAddress(family, packed, int(source.port), int(source.scope_id))  # type: ignore[attr-defined]
-
 
 class DataPlane:
     """The running data plane thread; ``close`` stops it."""
@@ -356,7 +349,7 @@ class DataPlane:
                 if event.type == EVENT_SETUP:
                     events.append(
                         SetupEvent(
-                            event.endpoint_id, event.transport_index, _from_native(event.source), event.term_offset,
+                            event.endpoint_id, event.transport_index, native_address(event.source), event.term_offset,
                             event.session_id, event.stream_id, event.initial_term_id, event.active_term_id,
                             event.term_length, event.mtu, event.ttl,
                         )  # fmt: skip

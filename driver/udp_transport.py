@@ -139,7 +139,8 @@ _SOURCE_CACHE: dict[tuple[int, bytes, int, int], UdpAddress] = {}
 _SOURCE_CACHE_LIMIT = 4096
 
 
-def _native_address(source: Any) -> UdpAddress:
+def native_address(source: Any) -> UdpAddress:
+    """The UdpAddress of a native ``fulmar_udp_address_t`` (cached: the same few peers recur)."""
     family = int(source.family)
     packed = bytes(ffi.buffer(source.address, 4 if family == socket.AF_INET else 16))
     key = (family, packed, int(source.port), int(source.scope_id))
@@ -208,7 +209,7 @@ class ReceivedBatch:
         source = self._descriptor(index).source
         if source.family not in (socket.AF_INET, socket.AF_INET6):
             raise ChannelEndpointError(f"datagram {index} has no IP source address (family {source.family})")
-        return _native_address(source)
+        return native_address(source)
 
 
 class UdpTransport:
