@@ -183,6 +183,7 @@ class SetupEvent:
 def _address(address: UdpAddress | None) -> object:
     return ffi.NULL if address is None else address.native
 
+
 class DataPlane:
     """The running data plane thread; ``close`` stops it."""
 
