@@ -26,6 +26,7 @@ from fulmar.archive.conductor import ArchiveConductor
 from fulmar.archive.context import ArchiveContext
 from fulmar.archive.mark_file import ArchiveMarkFile
 from fulmar.clock import epoch_ms
+from fulmar.driver.context import default_driver_dir
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.permissions import make_directory
 from fulmar.stop_signals import StopGate, StopKind, StopSignalHandlers, StopSignals
@@ -57,21 +58,23 @@ class Archive:
         context.validate()
         archive_dir = Path(context.archive_dir)
         make_directory(archive_dir)
-        aeron = Aeron.connect(context.driver_dir)
-        mark_file = catalog = None
+        # The directory is claimed and the catalog verified (and what a crash
+        # left open repaired) before the driver is asked for anything: a
+        # damaged catalog is reported as such even when the driver is gone.
+        driver_dir = Path(context.driver_dir) if context.driver_dir is not None else default_driver_dir()
+        mark_file = catalog = aeron = None
         try:
-            archive_id = context.archive_id if context.archive_id != -1 else aeron.client_id
             mark_file = ArchiveMarkFile.create(
                 archive_dir,
                 pid=os.getpid(),
-                archive_id=archive_id,
+                archive_id=context.archive_id,
                 control_channel=context.control_channel or "",
                 control_stream_id=context.control_stream_id,
                 local_control_channel=context.local_control_channel,
                 local_control_stream_id=context.local_control_stream_id,
                 events_channel=context.recording_events_channel or "",
                 events_stream_id=context.recording_events_stream_id,
-                aeron_directory=str(aeron.directory),
+                aeron_directory=str(driver_dir),
                 liveness_timeout_ms=context.mark_file_liveness_timeout_ms,
                 now_ms=epoch_ms(),
             )
@@ -81,9 +84,12 @@ class Archive:
             catalog = Catalog.open(archive_dir, file_sync_level=context.catalog_file_sync_level,
                                    checksum=zlib.crc32 if context.record_checksum else None)
             recovered = recover(catalog, archive_dir, epoch_ms(), verify_crc=context.record_checksum)
+            aeron = Aeron.connect(driver_dir)
+            if context.archive_id == -1:
+                # Aeron's default: the archive is known by its client id (the conductor does the same).
+                mark_file.set_archive_id(aeron.client_id)
             error_log = mark_file.error_log(epoch_ms)
             data_doorbell = aeron.conductor.data_doorbell
-            context.archive_id = archive_id
             conductor = ArchiveConductor(context, aeron, catalog, epoch_ms, error_log.record, data_doorbell.ring)
             mark_file.signal_ready()
         except BaseException:
@@ -91,7 +97,8 @@ class Archive:
                 catalog.close()
             if mark_file is not None:
                 mark_file.close()
-            aeron.close()
+            if aeron is not None:
+                aeron.close()
             raise
         return cls(context, aeron, catalog, mark_file, conductor, recovered)
 

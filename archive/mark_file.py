@@ -50,6 +50,7 @@ SEMANTIC_VERSION = CATALOG_VERSION
 _VERSION_OFFSET = 0
 _ACTIVITY_TIMESTAMP_OFFSET = 8
 _PID_OFFSET = 24
+_ARCHIVE_ID_OFFSET = 56
 _MESSAGE_HEADER = struct.Struct("<HHHH")
 _LIVENESS = struct.Struct("<i4xqqq")  # version, activityTimestamp, startTimestamp, pid
 
@@ -145,6 +146,11 @@ class ArchiveMarkFile:
     def signal_ready(self) -> None:
         """Publish the version, which readers take as "the archive is up" (Aeron's signalReady)."""
         self._header.put_int32_ordered(MESSAGE_HEADER_LENGTH + _VERSION_OFFSET, SEMANTIC_VERSION)
+
+    def set_archive_id(self, archive_id: int) -> None:
+        """Name the archive once it is known (by default its driver client id,
+        which exists only after the catalog was verified and the driver joined)."""
+        self._header.put_int64_ordered(MESSAGE_HEADER_LENGTH + _ARCHIVE_ID_OFFSET, archive_id)
 
     def update_activity_timestamp(self, now_ms: int) -> None:
         """Proof of life; call at least every second or so (well within the liveness timeout)."""

@@ -75,6 +75,10 @@ def test_layout_matches_aeron(tmp_path: Path) -> None:
         assert decoder.version == SEMANTIC_VERSION == 0x030100
         assert decoder.activity_timestamp == NOW + 500 == mark.activity_timestamp()
         assert mark.decoder().archive_id == 42
+        # An archive with the default id names itself once its driver client exists.
+        mark.set_archive_id(7)
+        assert struct.unpack_from("<q", (tmp_path / MARK_FILE_NAME).read_bytes(), 8 + 56)[0] == 7
+        assert read_mark_file(tmp_path).aeron_directory == "/dev/shm/fulmar-test"  # the tail is untouched
         mark.force()
     finally:
         mark.close()

@@ -38,6 +38,7 @@ from fulmar.archive.client import (
     RecordingSignalEvent,
     SourceLocation,
 )
+from fulmar.archive.mark_file import SEMANTIC_VERSION, read_mark_file
 from fulmar.archive.protocol import ArchiveErrorCode
 from fulmar.archive.segment import list_segment_files
 from fulmar.channel_uri import ChannelUri
@@ -718,6 +719,19 @@ def test_concurrent_replays_to_two_clients(system: System) -> None:
         assert drain.receiver.last_position == publisher.position
         assert drain.end_position == publisher.position
         assert drain.receiver.digest.hexdigest() == publisher.digest.hexdigest()
+
+
+def test_the_mark_file_names_the_running_archive(system: System) -> None:
+    """By default the archive's id is its driver client id, which exists only
+    after the catalog is verified: the mark file is filled in then, and
+    agrees with what the control protocol answers."""
+    system.start_driver()
+    system.start_archive()
+    aeron, client = system.connect()
+    mark = read_mark_file(system.archive_dir())
+    assert mark.archive_id == client.archive_id() != -1
+    assert mark.aeron_directory == str(system.driver_dir)
+    assert mark.version == SEMANTIC_VERSION
 
 
 def test_errors_are_clear(system: System) -> None:
