@@ -16,12 +16,24 @@ row (``cluster3``: PySyncObj's 3-node figure for the same work, ratio
 fulmar/PySyncObj; without ``pysyncobj_peer`` in the run, the 1-node cluster's,
 ratio 3-node/1-node).  Rows given no reference either way show none.
 
+A module may also add rows made from its own rows once the medians over the
+repetitions are taken: ``derived_rows(rows) -> list[dict]``, given the
+module's aggregated rows (``median``, ``min``, ``max``, ...) and returning
+more with every key of theirs (``pysyncobj_peer``: its best figure of both
+settings under the name ``cluster3`` maps to, a copy of one setting's row).
+Such a row may carry a ``"note"`` (which setting and window it is), shown in
+the table's note column; a row whose reference is a row with a note shows
+that note too (``reference: ...``).
+
 A row's value may be None (no figure in that run: shown as n/a).  A latency
 row may carry ``"histogram"`` (an HdrHistogram of nanoseconds) and
-``"histogram_id"`` (``rtt-RATE``, ``ping``); a throughput row may carry
+``"histogram_id"`` (``rtt-RATE``, ``ping``), and ``"histogram_system"``
+when the module measures more than one system (``pysyncobj_peer``: one per
+setting; the module's name otherwise); a throughput row may carry
 ``"throughput_plot": {"size": B}``.  Besides the JSON, each run writes
 (``bench.report``) ``bench-STAMP.md`` (the table in Markdown, also printed),
-``bench-STAMP-MODULE-ID.hgrm`` per histogram (repeats merged; HdrHistogram's
+``bench-STAMP-SYSTEM-ID.hgrm`` per histogram (SYSTEM: the module, or the
+row's ``histogram_system``; repeats merged; HdrHistogram's
 percentile distribution in us) and PNG plots (latency percentiles per rate
 and for ping, one curve per system; throughput bars per payload size).
 """
@@ -60,6 +72,7 @@ def main() -> None:
         reference_modules: tuple[str, ...] = getattr(module, "REFERENCE_MODULES", ())
         earlier = {(row["module"], row["name"]): row for row in rows if row["module"] in reference_modules}
         samples: dict[str, list[dict[str, Any]]] = {}
+        module_rows: list[dict[str, Any]] = []
         for _ in range(repeat):
             for result in module.run(args.quick):
                 samples.setdefault(result["name"], []).append(result)
@@ -71,6 +84,7 @@ def main() -> None:
             reference = statistics.median(references) if references else None
             # A row names what its reference is ("reference_kind"); by default the same loop in C.
             reference_kind = runs[0].get("reference_kind", "C") if reference else None
+            reference_note = None
             for reference_module in reference_modules if reference is None else ():
                 other = earlier.get((reference_module, module.reference_name(name, reference_module) or ""))
                 if other is not None:
@@ -79,9 +93,10 @@ def main() -> None:
                     # than one against the next module's figure in a column of fulmar / PySyncObj.
                     if other["median"] is not None:
                         reference, reference_kind = other["median"], reference_module
+                        reference_note = other.get("note")  # e.g. the peer's setting behind its best figure
                     break
             median = statistics.median(values) if values else None
-            rows.append(
+            module_rows.append(
                 {
                     "module": module_name,
                     "name": name,
@@ -93,18 +108,23 @@ def main() -> None:
                     "reference_kind": reference_kind,
                     "ratio": median / reference if reference and median is not None else None,
                     "runs": len(values),
+                    **({"reference_note": reference_note} if reference_note else {}),
                     **({"throughput_plot": runs[0]["throughput_plot"]} if runs[0].get("throughput_plot") else {}),
                 }
             )
+        # After the medians: a derived row is made of whole aggregated rows (pysyncobj_peer: one
+        # setting's median and min-max), not of one repetition's figures.
+        derived = getattr(module, "derived_rows", None)
+        rows += module_rows + (derived(module_rows) if derived else [])
 
-    header = f"{'benchmark':<52} {'median':>14} {'min-max':>25} {'unit':<8} {'reference':>14} {'ratio':>7}"
+    header = f"{'benchmark':<52} {'median':>14} {'min-max':>25} {'unit':<8} {'reference':>14} {'ratio':>7}  note"
     print(header)
     print("-" * len(header))
     for row in rows:
         reference = report.format_value(row["reference"]) if row["reference"] else "-"
         ratio = f"{row['ratio']:.3f}" if row["ratio"] else "-"
         print(f"{row['name']:<52} {report.format_value(row['median']):>14} {report.spread(row):>25} "
-              f"{row['unit']:<8} {reference:>14} {ratio:>7}")
+              f"{row['unit']:<8} {reference:>14} {ratio:>7}  {report.note(row)}".rstrip())
 
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")

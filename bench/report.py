@@ -4,8 +4,10 @@ per latency histogram, and PNG plots (latency percentile curves per offered
 rate and for ping, one curve per system; throughput bars per payload size).
 
 Everything here works on the aggregated rows of ``__main__`` and on
-histograms keyed by (module, histogram id), so it can be exercised with
-synthetic figures (``tests/test_bench_report.py``).
+histograms keyed by (system, histogram id), the system being the module's
+name unless a row says otherwise (``"histogram_system"``: each setting of
+the PySyncObj peer), so it can be exercised with synthetic figures
+(``tests/test_bench_report.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ from hdrh.histogram import HdrHistogram
 
 from bench.openloop import WINDOW
 
-# The systems of the cluster modules, in the order they are drawn.
-SYSTEMS = {"cluster": "fulmar 1-node", "cluster3": "fulmar 3-node", "pysyncobj_peer": "PySyncObj 3-node"}
+# The systems of the cluster modules, in the order they are drawn.  The peer's latency
+# curves are per setting (histogram_system); its throughput bars are its best rows'.
+SYSTEMS = {"cluster": "fulmar 1-node", "cluster3": "fulmar 3-node",
+           "pysyncobj_peer": "PySyncObj 3-node, its best setting and window",
+           "pysyncobj_peer-no-batch": "PySyncObj 3-node, no batch", "pysyncobj_peer-batch": "PySyncObj 3-node, batch"}
 NS_PER_US = 1000  # histograms hold nanoseconds; files and plots show microseconds
 REFERENCE_NOTES = {
     "C": "the same loop in C, measured in this run",
-    "pysyncobj_peer": "cluster3 rows: PySyncObj's 3-node cluster doing the same work in this run "
+    "pysyncobj_peer": "cluster3 rows: PySyncObj's 3-node cluster doing the same work in this run, its best "
+                      "of both settings for each figure (no batch / batch: appendEntriesUseBatch False / True; "
+                      "throughput at window 1000 or 10000, whichever was higher), named in the note column "
                       "(ratio = fulmar / PySyncObj: above 1 is better for fulmar in msgs/s and MB/s, "
                       "below 1 in us, ms, cores, MiB and msgs)",
     "cluster": "cluster3 rows without a PySyncObj figure in this run: the 1-node cluster's median "
@@ -47,21 +54,33 @@ def spread(row: Mapping[str, Any]) -> str:
     return f"{format_value(row['min'])}-{format_value(row['max'])}"
 
 
+def note(row: Mapping[str, Any]) -> str:
+    """The note column: the row's own note (the peer's best rows: the setting and window it came
+    from), then its reference's (cluster3's rows: the peer's setting and window behind the ratio)."""
+    parts = []
+    if row.get("note"):
+        parts.append(str(row["note"]))
+    if row.get("reference_note"):
+        parts.append(f"reference: {row['reference_note']}")
+    return "; ".join(parts)
+
+
 def reference_notes(kinds: Iterable[str]) -> str:
     return "; ".join(REFERENCE_NOTES.get(kind, f"the {kind} module's median for the same work in this run "
                                                f"(ratio = this / that)") for kind in sorted(set(kinds)))
 
 
 def markdown_table(rows: Iterable[Mapping[str, Any]]) -> str:
-    """benchmark | median | min-max | unit | reference | ratio, one line per row."""
-    lines = ["| benchmark | median | min-max | unit | reference | ratio |",
-             "|---|---:|---:|---|---:|---:|"]
+    """benchmark | median | min-max | unit | reference | ratio | note, one line per row."""
+    lines = ["| benchmark | median | min-max | unit | reference | ratio | note |",
+             "|---|---:|---:|---|---:|---:|---|"]
     for row in rows:
         reference = format_value(row["reference"]) if row["reference"] is not None else "-"
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
         name = str(row["name"]).replace("|", "\\|")
+        remark = note(row).replace("|", "\\|")
         lines.append(f"| {name} | {format_value(row['median'])} | {spread(row)} | {row['unit']} | {reference} "
-                     f"| {ratio} |")
+                     f"| {ratio} | {remark} |")
     return "\n".join(lines) + "\n"
 
 
@@ -77,12 +96,13 @@ def write_markdown(path: Path, rows: list[Mapping[str, Any]], heading: str) -> P
 def merge_histograms(into: dict[tuple[str, str], HdrHistogram], module: str,
                      runs: Iterable[Mapping[str, Any]]) -> None:
     """The histograms the repeats of one row carry (``"histogram"``, ``"histogram_id"``),
-    added into ``into[(module, id)]``: a new histogram, the rows' own are left as they are."""
+    added into ``into[(system, id)]``, the system ``"histogram_system"`` or else ``module``:
+    a new histogram, the rows' own are left as they are."""
     for run in runs:
         histogram = run.get("histogram")
         if histogram is None:
             continue
-        key = (module, str(run["histogram_id"]))
+        key = (str(run.get("histogram_system", module)), str(run["histogram_id"]))
         if key not in into:
             into[key] = HdrHistogram(histogram.lowest_trackable_value, histogram.highest_trackable_value,
                                      histogram.significant_figures)
@@ -211,7 +231,7 @@ def plot_throughput(directory: Path, stamp: str, rows: Iterable[Mapping[str, Any
     ax.set_xticks(range(len(sizes)))
     ax.set_xticklabels([f"{size} B" for size in sizes])
     ax.set_ylabel("echoes per second (median; bars: min-max)")
-    ax.set_title(f"windowed echo throughput ({WINDOW} in flight)")
+    ax.set_title(f"windowed echo throughput ({WINDOW} in flight unless the legend says otherwise)")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     path = directory / f"bench-{stamp}-throughput.png"

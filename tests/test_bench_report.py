@@ -29,16 +29,21 @@ def _histogram(values_us: list[int]) -> HdrHistogram:
 
 
 def test_markdown_table() -> None:
-    rows = [_row("cluster3", "cluster3 echo RTT at 1,000/s p50", 1234.5, reference=617.25),
+    rows = [_row("cluster3", "cluster3 echo RTT at 1,000/s p50", 1234.5, reference=617.25, reference_note="no batch"),
             _row("cluster3", "cluster3 echo RTT at 50,000/s p50", None),
-            _row("cluster", "cluster a|b", 12.345, unit="msgs/s")]
+            _row("cluster", "cluster a|b", 12.345, unit="msgs/s"),
+            _row("pysyncobj_peer", "pysyncobj echo 32 B, window 1000", 4000, unit="msgs/s",
+                 note="batch, window 10000")]
     lines = report.markdown_table(rows).splitlines()
-    assert lines[0] == "| benchmark | median | min-max | unit | reference | ratio |"
+    assert lines[0] == "| benchmark | median | min-max | unit | reference | ratio | note |"
     assert lines[1].startswith("|---|")
-    assert lines[2] == "| cluster3 echo RTT at 1,000/s p50 | 1,234 | 1,111-1,481 | us | 617 | 2.000 |"
-    assert lines[3] == "| cluster3 echo RTT at 50,000/s p50 | n/a | n/a | us | - | - |"
-    assert lines[4] == "| cluster a\\|b | 12.35 | 11.11-14.81 | msgs/s | - | - |"
-    assert len(lines) == 5
+    assert lines[2] == ("| cluster3 echo RTT at 1,000/s p50 | 1,234 | 1,111-1,481 | us | 617 | 2.000 "
+                        "| reference: no batch |")
+    assert lines[3] == "| cluster3 echo RTT at 50,000/s p50 | n/a | n/a | us | - | - |  |"
+    assert lines[4] == "| cluster a\\|b | 12.35 | 11.11-14.81 | msgs/s | - | - |  |"
+    assert lines[5] == ("| pysyncobj echo 32 B, window 1000 | 4,000 | 3,600-4,800 | msgs/s | - | - "
+                        "| batch, window 10000 |")
+    assert len(lines) == 6
 
 
 def test_write_markdown(tmp_path: Path) -> None:
@@ -46,7 +51,7 @@ def test_write_markdown(tmp_path: Path) -> None:
     path = report.write_markdown(tmp_path / "bench-x.md", rows, "heading")
     text = path.read_text()
     assert text.startswith("# heading\n\n| benchmark |")
-    assert "| cluster3 echo ping 32 B p50 | 800 | 720-960 | us | 400 | 2.000 |" in text
+    assert "| cluster3 echo ping 32 B p50 | 800 | 720-960 | us | 400 | 2.000 |  |" in text
     assert "fulmar / PySyncObj" in text
 
 
@@ -117,3 +122,15 @@ def test_merge_histograms_of_repeats() -> None:
     histogram = merged[("cluster3", "ping")]
     assert histogram.get_total_count() == 4 and histogram.get_max_value() == pytest.approx(300_000, rel=1e-3)
     assert first.get_total_count() == 3  # the runs' own histograms untouched
+
+
+def test_histograms_of_each_system_apart() -> None:
+    """The peer's two settings: one module, a histogram (a file, a curve) per setting."""
+    runs = [{"name": f"pysyncobj[{setting}] echo ping 32 B p50", "value": 1.0, "histogram": _histogram([value]),
+             "histogram_id": "ping", "histogram_system": f"pysyncobj_peer-{setting}"}
+            for setting, value in (("no-batch", 100), ("batch", 100_000))]
+    merged: dict[tuple[str, str], HdrHistogram] = {}
+    for run in runs:
+        report.merge_histograms(merged, "pysyncobj_peer", [run])
+    assert sorted(merged) == [("pysyncobj_peer-batch", "ping"), ("pysyncobj_peer-no-batch", "ping")]
+    assert all(h.get_total_count() == 1 for h in merged.values())
