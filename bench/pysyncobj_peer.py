@@ -1,36 +1,96 @@
 """The peer: PySyncObj (from PyPI, the optional ``bench`` extra) as a 3-node
-cluster doing fulmar's echo work, side by side in the same run.
+cluster doing fulmar's echo work, side by side in the same run, in both of
+its settings of ``appendEntriesUseBatch``; ``bench.cluster3`` compares each
+of its figures with the peer's best.
 
 Three node processes on 127.0.0.1 (free TCP ports), each ``python -m
-bench.pysyncobj_peer node SELF OTHER OTHER STATUS``: a ``SyncObj`` subclass
-whose one ``@replicated`` method ``append(payload)`` appends the payload to
-a list and returns the count (the state machine's work for fulmar's echo:
-a replicated append of the same payload).  Each node writes its Raft state
-to a small JSON file every 50 ms, which is how this process sees leaders and
-commit indexes.
+bench.pysyncobj_peer node appendEntriesUseBatch=B SELF OTHER OTHER STATUS``:
+a ``SyncObj`` subclass whose one ``@replicated`` method ``append(payload)``
+appends the payload to a list and returns the count (the state machine's
+work for fulmar's echo: a replicated append of the same payload).  Each node
+writes its Raft state to a small JSON file every 50 ms, which is how this
+process sees leaders and commit indexes.
 
 The client is a fourth process, ``python -m bench.pysyncobj_peer client
-NODE NODE NODE``: a read-only ``SyncObj`` (``selfNode=None``: PySyncObj's
-non-member; it votes in no election and is in no quorum) whose calls
-``append(payload, callback=...)`` are forwarded to the leader and answered
-once committed and applied, like a fulmar client's ingress -> log -> egress
-round trip.  (The leader also streams its log to a read-only node: one more
-follower's worth of sending than fulmar's leader has.)  It ticks PySyncObj
-itself (``autoTick=False``) from one thread and takes commands from this
-process one JSON line at a time.
+appendEntriesUseBatch=B NODE NODE NODE``: a read-only ``SyncObj``
+(``selfNode=None``: PySyncObj's non-member; it votes in no election and is
+in no quorum) whose calls ``append(payload, callback=...)`` are forwarded to
+the leader and answered once committed and applied, like a fulmar client's
+ingress -> log -> egress round trip.  (The leader also streams its log to a
+read-only node: one more follower's worth of sending than fulmar's leader
+has.)  It ticks PySyncObj itself (``autoTick=False``) from one thread and
+takes commands from this process one JSON line at a time.
+
+The two settings, each a cluster of its own started in turn (the setting is
+on every process's command line, as above):
+
+- ``no batch``, ``appendEntriesUseBatch=False``: PySyncObj's documented
+  setting for "single request speed": the leader sends each new entry at
+  once (and a commit index as soon as it moves);
+- ``batch``, ``appendEntriesUseBatch=True``, PySyncObj's default: the leader
+  sends new entries every ``appendEntriesPeriod`` (0.1 s), many to a
+  message: more calls per second when many are in flight, but a call waits
+  for two of those sends (its entry, then the commit index the client, a
+  read-only node, applies it by): one call at a time takes about 0.2 s.
 
 Measurements are ``bench.cluster``'s (counts in ``bench.openloop``), in
-``bench.cluster3``'s order (resources, failovers, echo): first each node process's CPU (cores) and RSS over a 3 s idle window and
+``bench.cluster3``'s order (resources, failovers, echo), in each setting:
+first each node process's CPU (cores) and RSS over a 3 s idle window and
 during a 1,000/s echo run (``bench.resources``); then 32, 288 and 1344 B
-payloads with 1000 calls in flight; one call at a time (ping: the next call
-made once the previous one's callback ran); round trips at 1,000, 10,000 and 50,000 per
-second open loop, each from its intended send time, in an HdrHistogram
-(sent back encoded; unanswered calls counted after a bounded drain);
-failover: one call at a time (each given ``REQUEST_TIMEOUT_S``, sent again
-on timeout or error), the leader's process gets SIGKILL, and the time to
-the first answer to a call sent after the kill is taken; ``FAILOVERS`` runs
-(quick: one), the killed node started again (empty log: PySyncObj keeps it
-in memory here) and caught up between runs.
+payloads with 1,000 calls in flight (fulmar's window) and with
+``PEER_WINDOW`` (10,000) in flight, a run of at least two windows of calls
+(``max(count, 2 * window)``: quick runs' 2,000 calls would otherwise never
+have 10,000 in flight); one call at a time (ping: the next call made once
+the previous one's callback ran); round trips at 1,000, 10,000 and 50,000
+per second open loop, each from its intended send time, in an HdrHistogram
+(sent back encoded; unanswered calls counted after a bounded drain).  An
+echo run that PySyncObj fails in (an exception in the client, seen with
+``batch`` at 10,000 in flight) has no figure, says why, and the setting's
+cluster is started again for the next run (``EchoCommands``).
+
+Failover, in the ``no batch`` setting only (``FAILOVER_SETTING``): one call
+at a time (each given ``REQUEST_TIMEOUT_S``, sent again on timeout or
+error), the leader's process gets SIGKILL, and the time to the first answer
+to a call sent after the kill is taken; ``FAILOVERS`` runs (quick: one), the
+killed node started again (empty log: PySyncObj keeps it in memory here) and
+caught up between runs.  Why one setting: the election does not depend on
+``appendEntriesUseBatch`` (a follower stands after its random
+``raftMinTimeout``-``raftMaxTimeout`` without the leader, asks for votes at
+once, and a new leader sends its first entries at once in both settings);
+what batching changes is the first call under the new leader, which waits
+for the leader's sends as every call does: up to two ``appendEntriesPeriod``
+(0.2 s) more.  So ``no batch`` is the setting with the shorter failover, and
+a second setting would add ``FAILOVERS`` kills and restarts per repetition
+only to take the lower of two draws of a 1.0-1.5 s random timer.
+
+Rows: every figure per setting, ``pysyncobj[no batch] ...`` and
+``pysyncobj[batch] ...`` (throughput also at ``window 10000``).  Then, by
+``derived_rows`` (``python -m bench``'s hook, called once the medians over
+the repetitions are taken), the peer's best figure under the plain name
+that ``bench.cluster3.reference_name`` maps to (``pysyncobj echo 32 B,
+window 1000``, ``pysyncobj echo ping 32 B p50``, ...), a copy of the
+per-setting row it came from (its median and min-max) with a ``note``
+naming the setting and, for throughput, the window (``batch, window
+10000``):
+
+- msgs/s (throughput, the achieved rate of an open-loop run): the highest
+  median; a throughput figure for window 1,000 is the best of windows 1,000
+  and 10,000 (the peer's best window for that size); the 32 B window 64 of
+  full runs stays its own;
+- us and ms (percentiles, the failover): the lowest median; a setting
+  without a figure (nothing answered after the warm-up) is passed over;
+- rows that describe the work of another row follow that row's choice, so
+  that a best row never mixes runs: MB/s and a throughput run's unanswered
+  calls follow its msgs/s; an open-loop run's late sends and unanswered
+  calls follow its achieved rate; ping's round trips follow its p50; CPU
+  and RSS (idle and loaded) follow the setting of the best p50 at
+  ``resources.LOAD_RATE`` (1,000/s): the setting a user would run at that
+  rate, and what it costs.
+
+The best is chosen between medians, not within a repetition: each best row
+is then exactly one setting's row, its median over the repetitions and its
+min-max, rather than a median of per-repetition maxima (which would favour
+whichever setting was luckier in each repetition where the two are close).
 
 Timeouts, matched to ``bench.cluster3``'s 1 s leader heartbeat timeout:
 ``raftMinTimeout=1.0``, ``raftMaxTimeout=1.5`` (a follower that hears nothing
@@ -38,19 +98,14 @@ from the leader for a random 1.0-1.5 s stands for election: PySyncObj's one
 timer is both the heartbeat timeout and the election timeout, and its spread
 is what keeps votes from splitting); ``appendEntriesPeriod`` is left at
 PySyncObj's 0.1 s default (its leader's heartbeat interval, fulmar's is
-200 ms).  ``appendEntriesUseBatch=False``: PySyncObj's documented setting for
-"single request speed" (the leader sends each entry at once); with its
-default (True) the leader sends new entries only every
-``appendEntriesPeriod``, which on this machine gave round trips of 100-400 ms
-and fewer calls per second at a window of 64 (set
-``FULMAR_BENCH_PYSYNCOBJ_BATCH=1`` to measure that).  Everything else is
-PySyncObj's default.
+200 ms).  Everything else is PySyncObj's default.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -59,6 +114,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -66,6 +122,8 @@ from bench import resources
 from bench.openloop import (
     PING_WARMUP,
     SETTLE_QUIET_S,
+    SIZES,
+    WINDOW,
     EchoSettings,
     OpenLoop,
     describe,
@@ -76,6 +134,14 @@ from bench.openloop import (
 )
 
 PREFIX = "pysyncobj"
+# The settings, in the order they run: a row's name is pysyncobj[SETTING] ...,
+# the value is appendEntriesUseBatch.
+SETTINGS = {"no batch": False, "batch": True}
+FAILOVER_SETTING = "no batch"  # the only setting whose failover is measured (module docstring)
+PEER_WINDOW = 10_000  # the peer's throughput runs also have this many calls in flight
+# Each setting's latency histograms in their own files and curves (``bench.report.SYSTEMS``),
+# not merged into one: a histogram's key is (system, histogram id).
+HISTOGRAM_SYSTEMS = {"no batch": "pysyncobj_peer-no-batch", "batch": "pysyncobj_peer-batch"}
 MEMBERS = 3
 WARMUP_S = 1.0  # defaults of Client.latency (the resource-use run); the echo runs use EchoSettings
 DRAIN_S = 2.0
@@ -85,7 +151,6 @@ REQUEST_TIMEOUT_S = 0.2
 STEADY_S = 1.0
 RAFT_MIN_TIMEOUT_S = 1.0
 RAFT_MAX_TIMEOUT_S = 1.5
-APPEND_ENTRIES_USE_BATCH = os.environ.get("FULMAR_BENCH_PYSYNCOBJ_BATCH", "0") == "1"
 START_TIMEOUT_S = 60
 COMMAND_TIMEOUT_S = 300
 STALL_S = 5.0  # a throughput run without an answer for this long is over (calls lost)
@@ -104,11 +169,23 @@ def available() -> bool:
     return True
 
 
-def _conf(**extra: Any) -> Any:
+def _conf(use_batch: bool, **extra: Any) -> Any:
     from pysyncobj import SyncObjConf
 
     return SyncObjConf(raftMinTimeout=RAFT_MIN_TIMEOUT_S, raftMaxTimeout=RAFT_MAX_TIMEOUT_S,
-                       appendEntriesUseBatch=APPEND_ENTRIES_USE_BATCH, **extra)
+                       appendEntriesUseBatch=use_batch, **extra)
+
+
+def _batch_argument(use_batch: bool) -> str:
+    """The setting on a node's or the client's command line (seen in ps, never taken from the environment)."""
+    return f"appendEntriesUseBatch={use_batch}"
+
+
+def _parse_batch_argument(argument: str) -> bool:
+    for use_batch in (False, True):
+        if argument == _batch_argument(use_batch):
+            return use_batch
+    raise SystemExit(f"bench.pysyncobj_peer: expected appendEntriesUseBatch=True or =False, got {argument!r}")
 
 
 def _appender_class() -> Any:
@@ -131,11 +208,11 @@ def _appender_class() -> Any:
 # ------------------------------------------------------------------ node process
 
 
-def node_main(self_node: str, others: list[str], status_path: Path) -> None:
+def node_main(self_node: str, others: list[str], status_path: Path, use_batch: bool) -> None:
     """One cluster member until SIGTERM, its Raft state in ``status_path``."""
     stopping = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
-    node = _appender_class()(self_node, others, _conf())
+    node = _appender_class()(self_node, others, _conf(use_batch))
     temp = status_path.with_suffix(".tmp")
     try:
         while not stopping:
@@ -158,8 +235,10 @@ class Client:
     """A read-only SyncObj ticked from this thread; every call's answer
     arrives through ``tick``."""
 
-    def __init__(self, nodes: list[str]) -> None:
-        self.obj = _appender_class()(None, nodes, _conf(autoTick=False))
+    def __init__(self, nodes: list[str], use_batch: bool) -> None:
+        # The client's own setting matters little (it forwards each call on its next tick either
+        # way), but it is a SyncObj of the same cluster: the same configuration as the nodes'.
+        self.obj = _appender_class()(None, nodes, _conf(use_batch, autoTick=False))
 
     def tick(self, wait_s: float) -> None:
         self.obj.doTick(wait_s)
@@ -172,8 +251,9 @@ class Client:
         try:
             self.obj.append(payload, callback=callback)
         except BlockingIOError:
-            # PySyncObj queues the call, then writes a wake-up byte to a
-            # non-blocking pipe that only a tick drains: more than 64 KiB of
+            # PySyncObj queues the call, then (appendEntriesUseBatch=False only)
+            # writes a wake-up byte to a non-blocking pipe that only a tick
+            # drains: more than 64 KiB of
             # calls between two ticks (an open-loop client behind its
             # schedule) fill it.  The call is queued all the same and the
             # pipe already holds wake-ups to spare.
@@ -358,9 +438,9 @@ class Client:
                                    f"(client's leader now {self.leader()}, {resent} calls re-sent)")
 
 
-def client_main(nodes: list[str]) -> None:
+def client_main(nodes: list[str], use_batch: bool) -> None:
     """Commands on stdin, one JSON object per line; one JSON answer each on stdout."""
-    client = Client(nodes)
+    client = Client(nodes, use_batch)
     client.ready()
     print(json.dumps({"ready": True, "leader": client.leader()}), flush=True)
     for line in sys.stdin:
@@ -373,6 +453,7 @@ def client_main(nodes: list[str]) -> None:
             else:
                 answer = getattr(client, kind)(**command)
         except Exception as error:  # told to the bench, which raises it
+            traceback.print_exc()  # into client.log: where in PySyncObj, which the one line does not say
             answer = {"error": f"{type(error).__name__}: {error}"}
         print(json.dumps(answer), flush=True)
     client.obj.destroy()
@@ -429,7 +510,8 @@ class PeerCluster:
     """Three nodes and the client, under a temporary directory; ``close``
     reaps every process and removes the directory whatever state it is in."""
 
-    def __init__(self) -> None:
+    def __init__(self, use_batch: bool) -> None:
+        self.use_batch = use_batch
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-bench-pysyncobj-"))
         self.addresses = [f"127.0.0.1:{port}" for port in _free_tcp_ports(MEMBERS)]
         self.nodes: dict[int, Process] = {}
@@ -437,7 +519,8 @@ class PeerCluster:
         try:
             for member in range(MEMBERS):
                 self.start_node(member)
-            self.client = Process(["client", *self.addresses], self.base / "client.log", pipe=True)
+            self.client = Process(["client", _batch_argument(use_batch), *self.addresses], self.base / "client.log",
+                                  pipe=True)
             self._read_answer(START_TIMEOUT_S)
         except BaseException as error:
             logs = self.log_tails()
@@ -450,8 +533,8 @@ class PeerCluster:
         others = [a for i, a in enumerate(self.addresses) if i != member]
         status = self.base / f"node{member}.json"
         status.unlink(missing_ok=True)
-        self.nodes[member] = Process(["node", self.addresses[member], *others, str(status)],
-                                     self.base / f"node{member}.log")
+        self.nodes[member] = Process(["node", _batch_argument(self.use_batch), self.addresses[member], *others,
+                                      str(status)], self.base / f"node{member}.log")
 
     def statuses(self) -> dict[int, dict[str, Any]]:
         found = {}
@@ -529,38 +612,84 @@ class PeerCluster:
             shutil.rmtree(self.base, ignore_errors=True)
 
 
-def _rows(cluster: PeerCluster, settings: EchoSettings) -> list[dict[str, Any]]:
-    """``bench.cluster.echo_results``'s work and rows, by the client process."""
+def _throughput_cases(settings: EchoSettings) -> list[tuple[int, int, int]]:
+    """(size, window, calls) of each throughput run: ``settings.cases`` (fulmar's), then
+    every size at ``PEER_WINDOW``; at least two windows of calls, so that a window is full
+    for half the run or more (the quick runs' 2,000 calls would never have 10,000 in flight)."""
+    cases = [*settings.cases, *((size, PEER_WINDOW) for size in SIZES)]
+    return [(size, window, max(settings.count, 2 * window)) for size, window in cases]
+
+
+class EchoCommands:
+    """The echo runs' commands to one setting's cluster.  PySyncObj can fail
+    in a run: seen with ``batch`` and 10,000 calls in flight, the client's
+    IndexError in ``__getEntries`` (a read-only node far behind the leader,
+    sent snapshots, then entries its emptied journal does not reach), the
+    nodes' logs saying "state machine may have diverged".  That run then has
+    no figure (None: n/a, passed over by ``derived_rows``), which is said
+    with the processes' logs, and the setting's cluster is started again,
+    empty, for the next run, rather than the whole ``python -m bench`` failing."""
+
+    def __init__(self, cluster: PeerCluster, tag: str) -> None:
+        self.cluster = cluster
+        self.tag = tag
+
+    def __call__(self, what: str, cmd: str, **args: Any) -> dict[str, Any] | None:
+        try:
+            return self.cluster.command(cmd, **args)
+        except (RuntimeError, TimeoutError) as error:
+            print(f"{self.tag}: {what}: no figure, the run failed: {error}\n{self.cluster.log_tails()}\n"
+                  f"{self.tag}: the cluster is started again (an empty log) for the next run", flush=True)
+            self.cluster.close()
+            self.cluster = PeerCluster(self.cluster.use_batch)
+            self.cluster.wait_settled("a leader and two followers (started again)")
+            return None
+
+
+def _rows(command: EchoCommands, settings: EchoSettings, setting: str) -> list[dict[str, Any]]:
+    """``bench.cluster.echo_results``'s work and rows, by the client process, named ``pysyncobj[setting] ...``."""
     from hdrh.histogram import HdrHistogram
 
+    prefix = f"{PREFIX}[{setting}]"
+    tag = f"bench.{PREFIX}_peer[{setting}]"
     results: list[dict[str, Any]] = []
-    cluster.command("throughput", size=32, window=64, count=min(settings.count, 1_000))  # warm-up
-    for size, window in settings.cases:
-        answer = cluster.command("throughput", size=size, window=window, count=settings.count)
-        results += throughput_rows(PREFIX, size, window, answer["good"], answer["elapsed"])
-        if answer["lost"]:  # said, and a row of its own (fulmar's throughput fails rather than lose an echo)
+    command("the warm-up", "throughput", size=32, window=64, count=min(settings.count, 1_000))
+    for size, window, count in _throughput_cases(settings):
+        answer = command(f"{size} B, window {window}", "throughput", size=size, window=window, count=count)
+        good, elapsed = (answer["good"], answer["elapsed"]) if answer else (0, 0.0)  # 0: no figure (None)
+        for row in throughput_rows(prefix, size, window, good, elapsed):
+            row["throughput_plot"] = None  # the throughput bars are the best rows' (derived_rows)
+            results.append(row)
+        if answer and answer["lost"]:  # said, and a row of its own (fulmar's throughput fails rather than lose an echo)
             lost = answer["lost"] - answer["failed"]
-            print(f"bench.{PREFIX}_peer: {size} B, window {window}: {answer['lost']:,} of {settings.count:,} calls "
+            print(f"{tag}: {size} B, window {window}: {answer['lost']:,} of {count:,} calls "
                   f"without a good answer ({answer['failed']:,} answered with an error, {lost:,} never answered"
                   + (f": the run ended after {STALL_S:g} s without an answer" if lost else "")
                   + f"); msgs/s counts the {answer['good']:,} answered well", flush=True)
-            results.append({"name": f"{PREFIX} echo {size} B, window {window}, unanswered", "value": answer["lost"],
+            results.append({"name": f"{prefix} echo {size} B, window {window}, unanswered", "value": answer["lost"],
                             "unit": "msgs", "reference": None})
-    answer = cluster.command("ping", count=settings.pings, max_s=settings.ping_max_s)
-    if answer["lost"]:
-        print(f"bench.{PREFIX}_peer: {answer['lost']} pings lost (no answer in {PING_TIMEOUT_S:g} s, or an error)",
-              flush=True)
-    results += ping_rows(PREFIX, HdrHistogram.decode(answer["histogram"]))
+    answer = command("ping", "ping", count=settings.pings, max_s=settings.ping_max_s)
+    if answer and answer["lost"]:
+        print(f"{tag}: {answer['lost']} pings lost (no answer in {PING_TIMEOUT_S:g} s, or an error)", flush=True)
+    # An empty histogram: no figure (None) for the percentiles of a failed run.
+    echo = ping_rows(prefix, HdrHistogram.decode(answer["histogram"]) if answer else new_histogram())
     for rate in settings.rates:
-        answer = cluster.command("latency", rate=rate, seconds=settings.seconds, warmup_s=settings.warmup_s,
-                                 drain_s=settings.drain_s, settle_s=settings.settle_s)
+        answer = command(f"{rate:,}/s open loop", "latency", rate=rate, seconds=settings.seconds,
+                         warmup_s=settings.warmup_s, drain_s=settings.drain_s, settle_s=settings.settle_s)
+        if answer is None:
+            echo += latency_rows(prefix, rate, new_histogram(),
+                                 {"achieved_rate": None, "late_sends": None, "unanswered": None})
+            continue
         if answer["unanswered"]:
-            print(describe(f"bench.{PREFIX}_peer", rate, answer), flush=True)
-        results += latency_rows(PREFIX, rate, HdrHistogram.decode(answer.pop("histogram")), answer)
-    return results
+            print(describe(tag, rate, answer), flush=True)
+        echo += latency_rows(prefix, rate, HdrHistogram.decode(answer.pop("histogram")), answer)
+    for row in echo:
+        if "histogram" in row:
+            row["histogram_system"] = HISTOGRAM_SYSTEMS[setting]
+    return results + echo
 
 
-def resource_use(cluster: PeerCluster) -> list[dict[str, Any]]:
+def resource_use(cluster: PeerCluster, setting: str) -> list[dict[str, Any]]:
     """Each node process (``bench.resources``): a window of ``IDLE_S`` with
     the client connected and sending nothing, then one during an echo run at
     ``LOAD_RATE``/s (``LOAD_S`` after its 1 s warm-up), as ``bench.cluster3``
@@ -574,10 +703,51 @@ def resource_use(cluster: PeerCluster) -> list[dict[str, Any]]:
     total = {name: resources.Usage(sum(u.cores for u in named.values()), sum(u.rss_mib for u in named.values()))
              for name, named in load.items()}
     each = resources.breakdown(total, {name: pids["node"] for name, pids in nodes.items()}, total=None)
-    print(f"bench.pysyncobj_peer: resource use during the {resources.LOAD_RATE:,}/s echo run (achieved "
+    print(f"bench.{PREFIX}_peer[{setting}]: resource use during the {resources.LOAD_RATE:,}/s echo run (achieved "
           f"{answers[0]['achieved_rate']:,.0f}/s): {each}", flush=True)
     label = f"during {resources.LOAD_RATE:,}/s echo"
-    return resources.rows(PREFIX, "idle", idle) + resources.rows(PREFIX, label, load)
+    prefix = f"{PREFIX}[{setting}]"
+    return resources.rows(prefix, "idle", idle) + resources.rows(prefix, label, load)
+
+
+def run_setting(setting: str, settings: EchoSettings, failovers: int) -> list[dict[str, Any]]:
+    """One setting's cluster, from start to close: resource use, ``failovers`` failovers, the echo runs."""
+    tag = f"bench.{PREFIX}_peer[{setting}]"
+    began = time.monotonic()
+    cluster = PeerCluster(SETTINGS[setting])
+    try:
+        print(f"{tag}: appendEntriesUseBatch {SETTINGS[setting]}; 3 node processes {cluster.pids()} + a client "
+              f"process (pid {cluster.client.process.pid if cluster.client else '-'}); {failovers} failover(s)",
+              flush=True)
+        cluster.wait_settled("a leader and two followers")
+        # Resource use and failovers first, as bench.cluster3: the overloaded open-loop runs may leave a backlog.
+        results = resource_use(cluster, setting)
+        for index in range(failovers):
+            if index:
+                cluster.wait_settled("the killed node caught up")
+                cluster.command("ready", timeout_s=START_TIMEOUT_S + 10)
+            sample = cluster.command("failover", timeout_s=STEADY_S + FAILOVER_TIMEOUT_S + 10, pids=cluster.pids())
+            member = cluster.reap_killed(sample["killed"])
+            print(f"{tag}: failover {index + 1}: SIGKILL to node {member} (the leader); first answer "
+                  f"after {sample['answered_ms']:,.0f} ms from {sample['new_leader']}; {sample['resent']} calls "
+                  f"re-sent", flush=True)
+            results.append({"name": f"{PREFIX}[{setting}] failover, kill to first answer",
+                            "value": sample["answered_ms"], "unit": "ms", "reference": None})
+            cluster.start_node(member)
+        if failovers:  # the echo runs are a three-member cluster's: the last killed node caught up
+            cluster.wait_settled("the killed node caught up")
+            cluster.command("ready", timeout_s=START_TIMEOUT_S + 10)
+        command = EchoCommands(cluster, tag)
+        try:
+            results += _rows(command, settings, setting)
+        finally:
+            cluster = command.cluster  # the one to close: started again after a failed run
+    except Exception as error:
+        raise RuntimeError(f"{tag} failed: {error}\n{cluster.log_tails()}") from error
+    finally:
+        cluster.close()
+    print(f"{tag}: {time.monotonic() - began:.0f} s", flush=True)
+    return results
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
@@ -589,52 +759,128 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
     settings = EchoSettings(quick, 2_000 if quick else 20_000)
     failovers = 1 if quick else FAILOVERS
+    print(f"bench.pysyncobj_peer: PySyncObj {VERSION}, in each setting of appendEntriesUseBatch in turn "
+          f"({', '.join(f'{name}: {use_batch}' for name, use_batch in SETTINGS.items())}) 3 node processes + a "
+          f"client process that is a read-only SyncObj (PySyncObj's non-member: calls forwarded to the leader, "
+          f"answered once applied; a client hop like fulmar's); raftMinTimeout {RAFT_MIN_TIMEOUT_S:g} s, "
+          f"raftMaxTimeout {RAFT_MAX_TIMEOUT_S:g} s (election after 1.0-1.5 s without the leader, vs fulmar's 1 s "
+          f"heartbeat timeout), appendEntriesPeriod 0.1 s (default); {settings.describe()}; throughput also at "
+          f"window {PEER_WINDOW:,} for each size ({_throughput_cases(settings)[-1][2]:,} calls each); "
+          f"{failovers} failover(s) in the {FAILOVER_SETTING} setting only", flush=True)
     load_before = os.getloadavg()[0]
     began = time.monotonic()
-    cluster = PeerCluster()
-    try:
-        print(f"bench.pysyncobj_peer: PySyncObj {VERSION}, 3 node processes {cluster.pids()} + a client process "
-              f"(pid {cluster.client.process.pid if cluster.client else '-'}) that is a read-only SyncObj "
-              f"(PySyncObj's non-member: calls forwarded to the leader, answered once applied; a client hop "
-              f"like fulmar's); raftMinTimeout {RAFT_MIN_TIMEOUT_S:g} s, raftMaxTimeout {RAFT_MAX_TIMEOUT_S:g} s "
-              f"(election after 1.0-1.5 s without the leader, vs fulmar's 1 s heartbeat timeout), "
-              f"appendEntriesPeriod 0.1 s (default), appendEntriesUseBatch {APPEND_ENTRIES_USE_BATCH} "
-              f"(FULMAR_BENCH_PYSYNCOBJ_BATCH=1 for True, PySyncObj's default); {settings.describe()}; "
-              f"{failovers} failover(s)", flush=True)
-        cluster.wait_settled("a leader and two followers")
-        # Resource use and failovers first, as bench.cluster3: the overloaded open-loop runs may leave a backlog.
-        results = resource_use(cluster)
-        for index in range(failovers):
-            if index:
-                cluster.wait_settled("the killed node caught up")
-                cluster.command("ready", timeout_s=START_TIMEOUT_S + 10)
-            sample = cluster.command("failover", timeout_s=STEADY_S + FAILOVER_TIMEOUT_S + 10, pids=cluster.pids())
-            member = cluster.reap_killed(sample["killed"])
-            print(f"bench.pysyncobj_peer: failover {index + 1}: SIGKILL to node {member} (the leader); first answer "
-                  f"after {sample['answered_ms']:,.0f} ms from {sample['new_leader']}; {sample['resent']} calls "
-                  f"re-sent", flush=True)
-            results.append({"name": f"{PREFIX} failover, kill to first answer", "value": sample["answered_ms"],
-                            "unit": "ms", "reference": None})
-            cluster.start_node(member)
-        if failovers:  # the echo runs are a three-member cluster's: the last killed node caught up
-            cluster.wait_settled("the killed node caught up")
-            cluster.command("ready", timeout_s=START_TIMEOUT_S + 10)
-        results += _rows(cluster, settings)
-    except Exception as error:
-        raise RuntimeError(f"bench.pysyncobj_peer failed: {error}\n{cluster.log_tails()}") from error
-    finally:
-        cluster.close()
+    results: list[dict[str, Any]] = []
+    for setting in SETTINGS:
+        results += run_setting(setting, settings, failovers if setting == FAILOVER_SETTING else 0)
     print(f"bench.pysyncobj_peer: run of {time.monotonic() - began:.0f} s, 1-minute load average "
           f"{load_before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     return results
 
 
+# ------------------------------------------------------------------ the best of both settings
+
+_THROUGHPUT_NAME = re.compile(r"(echo (\d+) B), window (\d+)(.*)")  # the label, size, window, what follows
+
+
+def _candidate(name: str) -> tuple[str, str, int | None] | None:
+    """A per-setting row's name -> (its setting, the plain name of the figure it
+    may be the best of, its window for a throughput row, else None); None for
+    any other name.  A throughput row at ``PEER_WINDOW`` is a candidate for the
+    same size's ``WINDOW`` figure: the peer's best window for that size."""
+    for setting in SETTINGS:
+        head = f"{PREFIX}[{setting}] "
+        if not name.startswith(head):
+            continue
+        rest = name[len(head):]
+        throughput = _THROUGHPUT_NAME.fullmatch(rest)
+        if throughput is None:
+            return setting, f"{PREFIX} {rest}", None
+        label, _, window, tail = throughput.groups()
+        plain_window = WINDOW if int(window) == PEER_WINDOW else int(window)
+        return setting, f"{PREFIX} {label}, window {plain_window}{tail}", int(window)
+    return None
+
+
+def _lead(plain: str) -> str | None:
+    """The figure whose choice of setting (and window) the row ``plain`` follows,
+    because it describes that figure's run or what it cost; None for a figure
+    chosen by its own value."""
+    if plain.startswith(f"{PREFIX} node "):  # CPU and RSS: what the setting a user runs at LOAD_RATE costs
+        return f"{PREFIX} echo RTT at {resources.LOAD_RATE:,}/s p50"
+    if plain.endswith(" MB/s"):  # msgs/s times the size: the same run
+        return plain[:-len(" MB/s")]
+    label, _, what = plain.rpartition(", ")
+    if " RTT at " in label and what in ("sends >1 interval late", "unanswered"):
+        return f"{label}, achieved"
+    if " ping " in label and what == "round trips":
+        return f"{label} p50"
+    if ", window " in label and what == "unanswered":
+        return label
+    return None
+
+
+# The better of two medians of a figure chosen by its own value, by unit; a
+# figure of another unit is reported per setting only.
+_BEST = {"msgs/s": max, "us": min, "ms": min}
+
+
+def derived_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``python -m bench``'s hook, given this module's rows once the medians over
+    the repetitions are taken (``median``, ``min``, ``max``, ...): the best
+    rows (module docstring), each a copy of the per-setting row it came from
+    under the plain name, with a ``note`` saying which setting and window."""
+    candidates: dict[str, dict[tuple[str, int | None], dict[str, Any]]] = {}  # plain name -> (setting, window) -> row
+    # The best rows in the order of the per-setting rows: a plain name's place is its earliest
+    # among its setting's rows (a row only the second setting has then follows its neighbours).
+    place: dict[str, int] = {}
+    counted = {setting: 0 for setting in SETTINGS}
+    for row in rows:
+        found = _candidate(row["name"])
+        if found is not None:
+            setting, plain, window = found
+            candidates.setdefault(plain, {})[(setting, window)] = row
+            place[plain] = min(place.get(plain, counted[setting]), counted[setting])
+            counted[setting] += 1
+    chosen: dict[str, tuple[str, int | None] | None] = {}  # figures chosen by their own value
+    for plain, options in candidates.items():
+        better = _BEST.get(next(iter(options.values()))["unit"])
+        if _lead(plain) is None and better is not None:
+            # A setting without a figure (None: nothing answered after the warm-up) is passed over.
+            measured = [key for key, row in options.items() if row["median"] is not None]
+            chosen[plain] = better(measured, key=lambda key: options[key]["median"]) if measured else None
+    best = []
+    for plain, options in candidates.items():
+        lead = _lead(plain)
+        if (plain if lead is None else lead) not in chosen:
+            continue  # no rule for its unit: per setting only
+        key = chosen[plain if lead is None else lead]
+        if key is None:
+            source = next(iter(options.values()))
+            note = "no figure in either setting" if lead is None else f"no figure in either setting for {lead}"
+            best.append({**source, "name": plain, "median": None, "min": None, "max": None, "runs": 0,
+                         "note": note})
+            continue
+        if key not in options:
+            continue  # e.g. no unanswered calls in the run its msgs/s came from
+        setting, window = key
+        note = setting if window is None else f"{setting}, window {window}"
+        if lead is None and len({s for s, _ in options}) == 1:
+            note += " (the only setting measured)"  # the failover
+        row = {**options[key], "name": plain, "note": note}
+        throughput = _THROUGHPUT_NAME.fullmatch(plain[len(PREFIX) + 1:])
+        if throughput is not None and int(throughput[3]) == WINDOW and not throughput[4]:
+            row["throughput_plot"] = {"size": int(throughput[2])}  # the peer's bar: its best at each size
+        best.append(row)
+    return sorted(best, key=lambda row: place[row["name"]])
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["node"]:
-        node_main(argv[1], argv[2:-1], Path(argv[-1]))
+        node_main(argv[2], argv[3:-1], Path(argv[-1]), _parse_batch_argument(argv[1]))
     elif argv[:1] == ["client"]:
-        client_main(argv[1:])
+        client_main(argv[2:], _parse_batch_argument(argv[1]))
     else:
+        # Per setting only: the best rows are python -m bench's (derived_rows, over the repetitions' medians).
         for row in run("--quick" in argv):
             print(f"{row['name']}: {'n/a' if row['value'] is None else format(row['value'], ',.2f')} {row['unit']}")
 
