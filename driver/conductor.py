@@ -95,6 +95,7 @@ class SubscriptionLink:
     session_id: int | None
     endpoint: "ReceiveChannelEndpoint | None" = None  # UDP subscriptions: where their stream arrives
     spy_key: str | None = None  # spies: the endpoint key of the publications they watch
+    wake_on_data: bool = True  # wake-on-data=false: data landing does not ring its client
 
 
 class DriverConductor:
@@ -577,7 +578,8 @@ class DriverConductor:
         stream_id, channel = command.stream_id, command.channel  # type: ignore[attr-defined]
         self._client(client_id)
         uri = self._parse_channel(channel, subscription=True)
-        subscription = SubscriptionLink(correlation_id, client_id, stream_id, channel, self._session_id_filter(uri))
+        subscription = SubscriptionLink(correlation_id, client_id, stream_id, channel, self._session_id_filter(uri),
+                                        wake_on_data=uri.wake_on_data() is not False)
         status_id = NULL_VALUE
         if uri.is_spy:
             subscription.spy_key = self._endpoint_key(uri)
@@ -796,7 +798,8 @@ class DriverConductor:
             subscription.registration_id,
         )
         position.set(join_position)
-        publication.subscribers.append(SubscriberLink(subscription.registration_id, subscription.client_id, position))
+        publication.subscribers.append(SubscriberLink(subscription.registration_id, subscription.client_id, position,
+                                                      subscription.wake_on_data))
         self._update_readers(publication)
         if isinstance(publication, IpcPublication):
             publication.set_connected()
@@ -927,7 +930,7 @@ class DriverConductor:
         ids = []
         for link in log_owner.subscribers:
             client = self.clients.get(link.client_id)
-            if client is not None and client.doorbell_id is not None:
+            if link.wake_on_data and client is not None and client.doorbell_id is not None:
                 ids.append(client.doorbell_id)
         readers.update(ids)
         if isinstance(log_owner, PublicationImage):

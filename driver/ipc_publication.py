@@ -36,6 +36,7 @@ class SubscriberLink:
     subscription_registration_id: int
     client_id: int
     position: AtomicCounter
+    wake_on_data: bool = True  # the channel's wake-on-data: is its doorbell in the log's reader table
 
 
 class IpcPublication:

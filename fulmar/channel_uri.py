@@ -90,6 +90,12 @@ UNTETHERED_WINDOW_LIMIT_TIMEOUT_PARAM = "untethered-window-limit-timeout"
 UNTETHERED_RESTING_TIMEOUT_PARAM = "untethered-resting-timeout"
 RESPONSE_CORRELATION_ID_PARAM = "response-correlation-id"
 MAX_RESEND_PARAM = "max-resend"
+# fulmar's own (an Aeron driver has no reader doorbells): a subscription with
+# wake-on-data=false is not woken by data landing in its images, only by what
+# else its client waits on (a counter it watches, the driver's news).  A
+# cluster service reads the log only up to the commit position, whose moves
+# ring it; a ring for every uncommitted append woke it for nothing.
+WAKE_ON_DATA_PARAM = "wake-on-data"
 
 CONTROL_MODE_MANUAL = "manual"
 CONTROL_MODE_DYNAMIC = "dynamic"
@@ -647,6 +653,9 @@ class ChannelUri:
     def rejoin(self) -> bool | None:
         return self._value(REJOIN_PARAM, parse_bool)
 
+    def wake_on_data(self) -> bool | None:
+        return self._value(WAKE_ON_DATA_PARAM, parse_bool)
+
     def spies_simulate_connection(self) -> bool | None:
         return self._value(SPIES_SIMULATE_CONNECTION_PARAM, parse_bool)
 
@@ -823,6 +832,7 @@ _CHECKS: dict[str, Callable[[ChannelUri], object]] = {
     TETHER_PARAM: ChannelUri.tether,
     REJOIN_PARAM: ChannelUri.rejoin,
     SPIES_SIMULATE_CONNECTION_PARAM: ChannelUri.spies_simulate_connection,
+    WAKE_ON_DATA_PARAM: ChannelUri.wake_on_data,
     GROUP_PARAM: ChannelUri.group,
     LINGER_PARAM: ChannelUri.linger_ns,
     NAK_DELAY_PARAM: lambda uri: uri.duration_ns(NAK_DELAY_PARAM),

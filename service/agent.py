@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from fulmar.archive.client import AeronArchive
-from fulmar.channel_uri import ChannelUri
+from fulmar.channel_uri import WAKE_ON_DATA_PARAM, ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
@@ -150,6 +150,7 @@ class ClusteredServiceAgent:
         self._log_assembler = FragmentAssembler(self._on_log_message)
         self._session_header = codecs.SessionMessageHeaderDecoder()  # reused for every log message
         self._commit_counter_id = protocol.NULL_VALUE
+        self._commit_watched = False  # is this container rung when commit-pos moves
         self._active_log: Any = None
         self._log_subscription: "Subscription | None" = None
         self._log_image: "Image | None" = None
@@ -168,9 +169,10 @@ class ClusteredServiceAgent:
                                                       "the commit position counter")
         # The module rings commit-pos's watchers when it moves it: this
         # service then wakes for what it may apply, not for every append.
-        if not self.aeron.conductor.counter_watch().watch(self._commit_counter_id):
+        self._commit_watched = self.aeron.conductor.counter_watch().watch(self._commit_counter_id)
+        if not self._commit_watched:
             self.record_error(f"service {self.service_id}: commit-pos counter {self._commit_counter_id} has no free "
-                              "watcher slot: this service notices commits by its idle timeout")
+                              "watcher slot: this service notices commits by its idle timeout and the log's data")
         key = self.aeron.counters_reader.counter_key(recovery)
         term_id, log_position, timestamp, _, _, count = _RECOVERY_HEAD.unpack_from(key, 0)
         snapshot_ids = [struct.unpack_from("<q", key, _RECOVERY_HEAD.size + 8 * i)[0] for i in range(count)]
@@ -285,6 +287,11 @@ class ClusteredServiceAgent:
             channel = ChannelUri.parse(log.log_channel)
             if channel.get("session-id") is None:
                 channel = channel.with_param("session-id", log.log_session_id)
+            if self._commit_watched:
+                # The log is read up to the commit position, and its module rings
+                # this container whenever that moves (never before the log holds
+                # it): data landing beyond it would wake it for nothing.
+                channel = channel.with_param(WAKE_ON_DATA_PARAM, False)
             self._log_subscription = self.aeron.add_subscription(str(channel), log.log_stream_id)
         image = self._log_subscription.image_by_session_id(log.log_session_id)
         if image is None:

@@ -248,3 +248,35 @@ def test_a_closed_client_leaves_the_reader_tables(start_driver) -> None:
         wait_for_table(log, [stays.conductor.doorbell_id, leaving_client.conductor.doorbell_id])
         leaving_client.close()
         wait_for_table(log, [stays.conductor.doorbell_id])
+
+
+def test_a_subscription_with_wake_on_data_false_is_read_but_not_rung(start_driver) -> None:
+    """wake-on-data=false (a cluster service on its log, woken by commit-pos
+    instead): its client is left out of the log's reader table, over IPC and
+    for a UDP image, and still reads everything; the other reader is rung."""
+    driver = start_driver()
+    udp = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    with Aeron.connect(driver.directory) as rung, Aeron.connect(driver.directory) as quiet, \
+            Aeron.connect(driver.directory) as writer:
+        for channel, stream_id in (("aeron:ipc", 41), (udp, 42)):
+            woken = rung.add_subscription(channel, stream_id)
+            not_woken = quiet.add_subscription(f"{channel}{'|' if '?' in channel else '?'}wake-on-data=false",
+                                               stream_id)
+            publication = writer.add_publication(channel, stream_id)
+            wait_for(lambda: woken.images and not_woken.images and publication.is_connected, 10,
+                     f"the images of {channel}")
+            # One log for both over IPC; over UDP the image's log is shared in the driver.
+            wait_for_table(woken.images[0].log, [rung.conductor.doorbell_id])
+            rung_doorbell, quiet_doorbell = rung.conductor.data_doorbell, quiet.conductor.data_doorbell
+            rung_token, quiet_token = rung_doorbell.prepare(), quiet_doorbell.prepare()
+            try:
+                offer(publication, b"ping")
+                wait_for(lambda: rung_doorbell.sequence != rung_token, 10, "the woken reader's doorbell to ring")
+                got: list[bytes] = []
+                wait_for(lambda: not_woken.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 10) >= 0
+                         and got, 10, f"the quiet reader to read the message of {channel}")
+                assert got == [b"ping"]
+                assert quiet_doorbell.sequence == quiet_token, f"{channel}: the quiet reader was rung"
+            finally:
+                rung_doorbell.cancel()
+                quiet_doorbell.cancel()
