@@ -1558,7 +1558,22 @@ class ConsensusModuleAgent:
         return 1
 
     def _follower_work(self, now_ns: int) -> int:
-        work = self._apply_follower_log() + self._check_follower_snapshot() + self._check_follower_termination()
+        applied = self._apply_follower_log()
+        image = self._log_image
+        if applied == 0 and image is not None and image.is_closed and \
+                self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
+            # As Aeron's follower: the leader's log went away under this member
+            # (its image timed out or ended) while the leader itself may still
+            # send heartbeats.  The archive recorded that image and no other, so
+            # nothing after it would ever be recorded or committed here: only an
+            # election (a catch-up from the leader and a new log image) brings
+            # this member back, rather than it serving stale forever.
+            self._error(f"log disconnected from leader: its image closed (log position "
+                        f"{self.log_position}, commit position {self.commit_position}, term {self.leadership_term_id}, "
+                        f"leader {self.leader_member_id})")
+            self.start_election("log disconnected from leader")
+            return 1
+        work = applied + self._check_follower_snapshot() + self._check_follower_termination()
         position = self.append_position
         if position != self._last_append_position_sent or \
                 now_ns >= self._time_of_last_append_position_sent_ns + self.context.leader_heartbeat_interval_ns:

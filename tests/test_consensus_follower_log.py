@@ -19,7 +19,7 @@ from cluster_support import bare_member_agent
 from driver_support import wait_for
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
-from fulmar.consensus.agent import ConsensusModuleAgent
+from fulmar.consensus.agent import ConsensusModuleAgent, ConsensusModuleState
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 
@@ -100,3 +100,30 @@ def test_the_follower_module_reads_no_further_than_its_archive_recorded(follower
     agent._apply_follower_log()
     assert agent.log_position == agent.commit_position_counter.get() == positions[1]
     assert not agent.has_work()  # the rest waits for the archive (its rec-pos counter), not a busy loop
+
+
+def test_a_follower_whose_log_image_closes_starts_an_election(follower: Any) -> None:
+    """As Aeron's follower ("log disconnected from leader"): once the log image
+    is closed and nothing is left to read, the module starts an election; the
+    archive records no other image, so waiting on would commit nothing more
+    while the leader's heartbeats kept it a follower (a member left behind)."""
+    agent, aeron = follower
+    publication = aeron.add_exclusive_publication(LOG, LOG_STREAM)
+    subscription = aeron.add_subscription(LOG, LOG_STREAM)
+    image = wait_for(lambda: subscription.image_by_session_id(publication.session_id), 10, "the log image")
+    agent.host.is_log_joined = True
+    agent.on_log_image(image)
+    elections: list[str] = []
+    agent.start_election = elections.append  # type: ignore[method-assign]  # the decision, not a real election
+
+    agent.state = ConsensusModuleState.ACTIVE  # a follower serving, its election over
+    now_ns = agent._now_ns
+    agent._time_of_last_leader_message_ns = now_ns  # the leader is alive: no heartbeat timeout
+    errors_before = agent.error_counter.get()
+    agent._follower_work(now_ns)
+    assert elections == [] and agent.error_counter.get() == errors_before  # an open image: it follows on
+    subscription.close()
+    assert image.is_closed
+    assert agent._follower_work(now_ns) == 1
+    assert elections == ["log disconnected from leader"]
+    assert agent.error_counter.get() == errors_before + 1  # counted, as Aeron's WARN is
