@@ -361,23 +361,13 @@ class SegmentWriter:
             scratch.extend(bytes(len(view) - len(scratch)))
         out = memoryview(scratch)[: len(view)]
         out[:] = view
-        offset = 0
-        end = len(out)
-        # Inline rather than through frame_checksum: this runs for every frame recorded.
-        while offset < end:
-            frame_length, _version, _flags, frame_type = _FRAME_HEADER_START.unpack_from(out, offset)
-            if frame_length < HEADER_LENGTH:
-                raise ValueError(
-                    f"recording {self.recording_id}: frame at block offset {offset} has length {frame_length}"
-                )
-            aligned = (frame_length + FRAME_ALIGNMENT - 1) & ~(FRAME_ALIGNMENT - 1)
-            if offset + aligned > end:
-                break  # reported below
-            if frame_type == _DATA:
-                crc = zlib.crc32(out[offset + HEADER_LENGTH : offset + aligned])
-                _I32.pack_into(out, offset + SESSION_ID_OFFSET, crc - (1 << 32) if crc >= 1 << 31 else crc)
-            offset += aligned
-        if offset != len(out):
+        # In C: this runs for every frame recorded.
+        end = lib.fulmar_record_checksums(ffi.from_buffer(out), len(out))
+        if end < 0:
+            offset = lib.FULMAR_CHECKSUM_BAD_FRAME - end
+            frame_length = _I32.unpack_from(out, offset)[0]
+            raise ValueError(f"recording {self.recording_id}: frame at block offset {offset} has length {frame_length}")
+        if end != len(out):
             raise ValueError(f"recording {self.recording_id}: last frame runs past the end of the block")
         return out
 

@@ -1064,6 +1064,9 @@ class ConsensusModuleAgent:
         publication = self.aeron.add_exclusive_publication(str(channel), context.log_stream_id)
         self._log_publication = publication
         self.log_publisher.publication = publication
+        # Appended in batches (all the ingress a cycle takes): its readers are
+        # rung once per cycle, by ConsensusModule.run.
+        publication.defer_rings()
         self.log_session_id = publication.session_id
         # The recording names this publication's session: a dead predecessor's
         # log publication (until the driver times it out) must not be recorded.
@@ -1652,6 +1655,9 @@ class ConsensusModuleAgent:
             publication.add_destination(f"aeron:udp?endpoint={follower.log_endpoint}")
         self._log_publication = publication
         self.log_publisher.publication = publication
+        # Appended in batches (all the ingress a cycle takes): its readers are
+        # rung once per cycle, by ConsensusModule.run.
+        publication.defer_rings()
         self.log_session_id = publication.session_id
         self._recording_position_counter_id = NULL_VALUE
         for follower in self._followers.values():

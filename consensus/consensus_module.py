@@ -135,6 +135,7 @@ class ConsensusModule:
 
     def run(self) -> None:
         agent = self.agent
+        ring_deferred = self.aeron.ring_deferred
         # Its sleeps are intended idles, not stalls of the duty cycle.
         idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns,
                                     has_work=agent.has_work, on_wait=agent.duty_cycle_tracker.on_idle_wait)
@@ -178,6 +179,7 @@ class ConsensusModule:
             else:
                 pause_ns = 0
                 failures.on_success()
+            ring_deferred()  # the log's readers, once for all this cycle appended
             now_ms = epoch_ms()
             if now_ms >= next_mark_ms:
                 self.mark_file.update_activity_timestamp(now_ms)

@@ -29,6 +29,7 @@ from fulmar.codecs.runtime import MessageEncoder
 from fulmar.client_liveness import process_declaration
 from fulmar.counters import NULL_COUNTER_ID, AtomicCounter, CountersReader, append_to_label
 from fulmar.errors import FulmarError
+from fulmar.log_writer import ring_log_writer
 from fulmar.logbuffer import LogBuffers
 from fulmar.publication import ExclusivePublication, Publication
 from fulmar.reader_doorbells import CLIENT_DOORBELL_TYPE_ID, CounterWatch, client_doorbell, ring_counter_watchers
@@ -140,6 +141,10 @@ class ClientConductor:
         self._scratch = bytearray(64 * 1024)
         self._pending: dict[int, _Pending] = {}
         self._publications: dict[int, Publication] = {}  # by this client's registration (correlation) id
+        # The native writers of publications whose appends ring nobody until
+        # ring_deferred() (Publication.defer_rings), by registration id.
+        self._deferred_writers: dict[int, Any] = {}
+        self._deferred_list: list[Any] = []
         self._subscriptions: dict[int, Subscription] = {}
         self._counters: dict[int, Counter] = {}
         self._log_buffers: dict[str, tuple[LogBuffers, int]] = {}  # path -> (mapping, users)
@@ -156,7 +161,23 @@ class ClientConductor:
 
     # ------------------------------------------------------------------ duty cycle
 
+    def defer_rings_of(self, registration_id: int, writer: Any) -> None:
+        with self.lock:
+            writer.defer_rings = 1
+            self._deferred_writers[registration_id] = writer
+            self._deferred_list = list(self._deferred_writers.values())
+
+    def ring_deferred(self) -> int:
+        """Ring what the deferred publications' appends since the last call
+        would have rung; how many publications had appended."""
+        rung = 0
+        for writer in self._deferred_list:
+            rung += ring_log_writer(writer)
+        return rung
+
     def do_work(self, now_ns: int) -> int:
+        if self._deferred_list:
+            self.ring_deferred()
         with self.lock:
             if self._closed or self._terminal_error is not None:
                 return 0
@@ -439,6 +460,10 @@ class ClientConductor:
                 return
             publication._mark_closed()
             self._publications.pop(publication.registration_id, None)
+            writer = self._deferred_writers.pop(publication.registration_id, None)
+            if writer is not None:
+                ring_log_writer(writer)  # what its last appends were owed
+                self._deferred_list = list(self._deferred_writers.values())
             self._release_log(str(publication.log.path))
             if self._closed or self._terminal_error is not None:
                 return
@@ -641,6 +666,9 @@ class ClientConductor:
     # ------------------------------------------------------------------ close
 
     def _close_resources(self) -> None:
+        self.ring_deferred()  # what the last appends were owed, while the logs are mapped
+        self._deferred_writers.clear()
+        self._deferred_list = []
         for publication in list(self._publications.values()):
             publication._mark_closed()
         for subscription in list(self._subscriptions.values()):
@@ -769,6 +797,10 @@ class Aeron:
     @property
     def directory(self) -> Path:
         return Path(self.conductor.cnc.path).parent
+
+    def ring_deferred(self) -> int:
+        """Ring for the appends of deferring publications (``Publication.defer_rings``)."""
+        return self.conductor.ring_deferred()
 
     def do_work(self, now_ns: int | None = None) -> int:
         """Invoker mode: run one conductor duty cycle from the caller's loop."""

@@ -42,6 +42,10 @@ def _address(doorbell: Doorbell | None) -> object:
     return doorbell.buffer.address + doorbell.offset if doorbell is not None else ffi.NULL
 
 
+# Rings for a writer's deferred appends (Publication.defer_rings); 1 if it had any.
+ring_log_writer = lib.fulmar_log_writer_ring
+
+
 class BufferClaim:
     """Space claimed in the log for one frame, written in place.
 

@@ -187,6 +187,15 @@ class Publication:
     def _mark_closed(self) -> None:
         self._closed = True
 
+    def defer_rings(self) -> None:
+        """From now on an append wakes nobody until the client's
+        ``ring_deferred()``: for an agent that appends a batch per duty cycle
+        and rings once at its end, so that its readers (the driver's sender,
+        the log's subscribers) wake once per batch rather than once per
+        message.  The owner must call ``Aeron.ring_deferred()`` after every
+        cycle that may have appended (``Aeron.do_work`` does too)."""
+        self._conductor.defer_rings_of(self.registration_id, self._native_state)
+
     def __enter__(self) -> "Publication":
         return self
 

@@ -91,6 +91,8 @@ class ClientSessionHandle:
     def connect(self, aeron: "Aeron") -> None:
         if self.publication is None:
             self.publication = aeron.add_publication(self.response_channel, self.response_stream_id)
+            # Replies of a cycle's messages go out together: the container rings once per cycle.
+            self.publication.defer_rings()
 
     def disconnect(self) -> None:
         if self.publication is not None:

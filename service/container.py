@@ -109,6 +109,7 @@ class ServiceContainer:
 
     def run(self) -> str:
         agent = self.agent
+        ring_deferred = self.aeron.ring_deferred
         idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns,
                                     has_work=agent.has_work)
         agent.idle_strategy = idle
@@ -128,6 +129,7 @@ class ServiceContainer:
                         f"{type(error).__name__}: {error}")
                 agent.record_error(text)
                 raise ServiceFailedError(text) from error
+            ring_deferred()  # the egress readers, once for all the replies of this cycle
             if now_ns >= next_slow_ns:
                 next_slow_ns = now_ns + 10_000_000
                 work += self.aeron.do_work(now_ns)

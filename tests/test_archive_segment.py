@@ -261,6 +261,17 @@ def test_writer_checksums_frames_without_touching_the_callers_buffer(tmp_path: P
     assert checked > 100
 
 
+def test_checksumming_writer_names_a_frame_shorter_than_its_header(tmp_path: Path) -> None:
+    (position, block), _ = blocks_until(0, 3 * 16 * 1024)[:2]
+    frames = bytearray(block)
+    second = align(struct.unpack_from("<i", frames, 0)[0], 32)
+    struct.pack_into("<i", frames, second, 8)  # the second frame says 8 bytes
+    with SegmentWriter(tmp_path, 5, 0, TERM, SEG, checksum=True) as writer:
+        with pytest.raises(ValueError, match=f"frame at block offset {second} has length 8"):
+            writer.write(memoryview(frames), position)
+        assert writer.position == 0
+
+
 def test_writer_refuses_wrong_position_and_bad_blocks(tmp_path: Path) -> None:
     blocks = blocks_until(0, 3 * 16 * 1024)
     with SegmentWriter(tmp_path, 0, 0, TERM, SEG) as writer:

@@ -280,3 +280,42 @@ def test_a_subscription_with_wake_on_data_false_is_read_but_not_rung(start_drive
             finally:
                 rung_doorbell.cancel()
                 quiet_doorbell.cancel()
+
+
+def test_a_deferring_publication_rings_its_readers_once_when_told(start_driver) -> None:
+    """Publication.defer_rings (an agent's log and egress): appends wake
+    nobody until the client's ring_deferred(), which rings once for all of
+    them and then has nothing more to ring; the client's do_work rings too,
+    and so does closing the publication, so no append is left unrung."""
+    driver = start_driver()
+    with Aeron.connect(driver.directory) as reader, Aeron.connect(driver.directory) as writer:
+        subscription = reader.add_subscription("aeron:ipc", 41)
+        publication = writer.add_publication("aeron:ipc", 41)
+        wait_for(lambda: subscription.images and publication.is_connected, 10, "the IPC image")
+        wait_for_table(subscription.images[0].log, [reader.conductor.doorbell_id])
+        publication.defer_rings()
+        doorbell = reader.conductor.data_doorbell
+        token = doorbell.prepare()
+        try:
+            for payload in (b"one", b"two", b"three"):
+                offer(publication, payload)
+            assert doorbell.sequence == token  # appended, nobody woken yet
+            assert writer.ring_deferred() == 1
+            assert doorbell.sequence != token
+            assert writer.ring_deferred() == 0  # nothing appended since
+        finally:
+            doorbell.cancel()
+        for ring in (writer.do_work, publication.close):
+            token = doorbell.prepare()
+            try:
+                if not publication.is_closed:
+                    offer(publication, b"more")
+                    assert doorbell.sequence == token
+                ring()
+                assert doorbell.sequence != token, f"{ring.__name__} did not ring"
+            finally:
+                doorbell.cancel()
+        received: list[bytes] = []
+        wait_for(lambda: subscription.poll(lambda b, o, n, h: received.append(bytes(b[o:o + n])), 10) >= 0
+                 and len(received) >= 5, 10, "the five messages")
+        assert received == [b"one", b"two", b"three", b"more", b"more"]

@@ -190,6 +190,8 @@ struct dp_image_stct
     dp_readers_t readers;
 };
 
+#define DP_READABLE_FDS 65536
+
 struct fulmar_dp_stct
 {
     pthread_mutex_t lock;
@@ -226,7 +228,25 @@ struct fulmar_dp_stct
     int64_t now_ns;
     int64_t next_deadline_ns;
     fulmar_dp_stats_t stats;
+    /* Which sockets epoll said are readable since they were last read: a
+     * cycle reads those only, instead of asking every socket and getting
+     * EAGAIN from most (a system call each).  Sockets past the table's
+     * size are read every cycle. */
+    uint8_t readable[DP_READABLE_FDS];
+    int32_t readable_fresh;         /* the blocking wait just filled it: the next cycle need not ask */
 };
+
+static inline int32_t dp_take_readable(fulmar_dp_t *dp, int32_t fd)
+{
+    if (fd >= DP_READABLE_FDS)
+    {
+        return 1;
+    }
+    /* Level-triggered: a socket left with datagrams is reported again. */
+    const int32_t readable = dp->readable[fd];
+    dp->readable[fd] = 0;
+    return readable;
+}
 
 /* dataplane.c: shared helpers */
 int64_t *dp_counter(fulmar_dp_t *dp, int32_t counter_id);

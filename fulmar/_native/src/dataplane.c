@@ -394,6 +394,23 @@ static void drain_wake_fd(fulmar_dp_t *dp)
     }
 }
 
+/* Marks the sockets epoll reported readable; drains the wake-up eventfd. */
+static void note_readable(fulmar_dp_t *dp, const struct epoll_event *ready, int count)
+{
+    for (int i = 0; i < count; i++)
+    {
+        const int32_t fd = ready[i].data.fd;
+        if (fd == dp->wake_fd)
+        {
+            drain_wake_fd(dp);
+        }
+        else if (fd >= 0 && fd < DP_READABLE_FDS)
+        {
+            dp->readable[fd] = 1;
+        }
+    }
+}
+
 static void *run(void *argument)
 {
     fulmar_dp_t *dp = argument;
@@ -408,6 +425,11 @@ static void *run(void *argument)
             pthread_mutex_unlock(&dp->lock);
             break;
         }
+        if (!dp->readable_fresh)
+        {
+            note_readable(dp, ready, epoll_wait(dp->epoll_fd, ready, DP_EPOLL_EVENTS, 0));
+        }
+        dp->readable_fresh = 0;
         const int32_t work = duty_cycle(dp);
         const int64_t deadline_ns = dp->next_deadline_ns;
         pthread_mutex_unlock(&dp->lock);
@@ -437,13 +459,10 @@ static void *run(void *argument)
                  * harmless and an early one only costs a cycle. */
                 const int timeout_ms = (int)((wait_ns + 999999) / 1000000);
                 const int count = epoll_wait(dp->epoll_fd, ready, DP_EPOLL_EVENTS, timeout_ms);
-                for (int i = 0; i < count; i++)
-                {
-                    if (ready[i].data.fd == dp->wake_fd)
-                    {
-                        drain_wake_fd(dp);
-                    }
-                }
+                pthread_mutex_lock(&dp->lock);
+                note_readable(dp, ready, count);
+                dp->readable_fresh = 1;
+                pthread_mutex_unlock(&dp->lock);
             }
         }
         if (NULL != doorbell)

@@ -204,7 +204,7 @@ int32_t dp_receive_endpoint_poll(fulmar_dp_t *dp, dp_receive_endpoint_t *endpoin
     for (int32_t transport_index = 0; transport_index < FULMAR_DP_MAX_TRANSPORTS; transport_index++)
     {
         const int32_t fd = endpoint->fds[transport_index];
-        if (fd < 0)
+        if (fd < 0 || !dp_take_readable(dp, fd))
         {
             continue;
         }

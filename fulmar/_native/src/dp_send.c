@@ -241,6 +241,10 @@ static void dispatch(fulmar_dp_t *dp, dp_send_endpoint_t *endpoint, const char *
 
 int32_t dp_send_endpoint_poll(fulmar_dp_t *dp, dp_send_endpoint_t *endpoint)
 {
+    if (!dp_take_readable(dp, endpoint->fd))
+    {
+        return 0;
+    }
     const int32_t received = fulmar_udp_receive_batch(endpoint->fd, dp->receive_buffer, DP_RECEIVE_SLOT_LENGTH,
                                                       DP_RECEIVE_BATCH, dp->receive_datagrams);
     if (received < 0)

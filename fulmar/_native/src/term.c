@@ -159,7 +159,7 @@ static inline void ring(char *doorbell, int32_t fd)
     }
 }
 
-static inline void ring_doorbell(const fulmar_log_writer_t *w)
+static inline void ring_now(const fulmar_log_writer_t *w)
 {
     if (NULL != w->doorbell)
     {
@@ -171,6 +171,32 @@ static inline void ring_doorbell(const fulmar_log_writer_t *w)
     {
         ring(w->relay_doorbell, w->relay_doorbell_fd);
     }
+}
+
+/* A writer that defers its rings (an agent appending a batch in one duty
+ * cycle) only marks them pending: ringing after each append would wake the
+ * reader for each message, and on two cores the woken reader takes the core
+ * from the writer before the batch is done. */
+static inline void ring_doorbell(fulmar_log_writer_t *w)
+{
+    if (w->defer_rings)
+    {
+        __atomic_store_n(&w->rings_pending, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    ring_now(w);
+}
+
+int32_t fulmar_log_writer_ring(fulmar_log_writer_t *w)
+{
+    /* An exchange, not a load and a store: an append that marks the ring
+     * pending between the two would otherwise lose its ring. */
+    if (!__atomic_exchange_n(&w->rings_pending, 0, __ATOMIC_ACQ_REL))
+    {
+        return 0;
+    }
+    ring_now(w);
+    return 1;
 }
 
 static inline void count_messages(const fulmar_log_writer_t *w, int64_t count)
@@ -568,7 +594,7 @@ int64_t fulmar_exclusive_append_block(fulmar_log_writer_t *w, const char *block,
     return w->term_begin_position + w->term_offset;
 }
 
-void fulmar_claim_commit(const fulmar_log_writer_t *w, const fulmar_claim_t *claim)
+void fulmar_claim_commit(fulmar_log_writer_t *w, const fulmar_claim_t *claim)
 {
     fa_store_i32(w->log + claim->frame_offset, claim->frame_length);
     ring_doorbell(w);

@@ -45,6 +45,10 @@ typedef struct
     int32_t term_offset;
     int32_t active_partition_index;
     int64_t term_begin_position;
+    /* Non-zero: an append marks rings_pending instead of ringing; the owner
+     * rings once with fulmar_log_writer_ring() at the end of its duty cycle. */
+    int32_t defer_rings;
+    int32_t rings_pending;
 } fulmar_log_writer_t;
 
 typedef struct
@@ -91,7 +95,10 @@ int64_t fulmar_exclusive_offer_batch(
 int64_t fulmar_exclusive_append_block(fulmar_log_writer_t *writer, const char *block, int32_t length);
 
 /* A claim is published by its commit, or turned into padding by its abort. */
-void fulmar_claim_commit(const fulmar_log_writer_t *w, const fulmar_claim_t *claim);
+void fulmar_claim_commit(fulmar_log_writer_t *w, const fulmar_claim_t *claim);
+
+/* Rings what the deferred appends since the last call would have rung; 1 if any. */
+int32_t fulmar_log_writer_ring(fulmar_log_writer_t *w);
 void fulmar_claim_abort(char *log, const fulmar_claim_t *claim);
 
 /* Reads frames from position up to limit_position or the end of the term,
