@@ -360,7 +360,7 @@ class FakeAgent:
 
 def module_with(agent: FakeAgent) -> ConsensusModule:
     aeron = SimpleNamespace(conductor=SimpleNamespace(data_doorbell=Doorbell(AtomicBuffer(bytearray(8)))),
-                            is_closed=False)
+                            is_closed=False, ring_deferred=lambda: 0)
     context = SimpleNamespace(idle_max_wait_ns=1_000_000)
     mark_file = SimpleNamespace(update_activity_timestamp=lambda now_ms: None)
     return ConsensusModule(context, aeron, None, mark_file, None, agent)  # type: ignore[arg-type]
