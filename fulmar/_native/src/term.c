@@ -2,6 +2,8 @@
 #include "term.h"
 #include "doorbell.h"
 
+#include <zlib.h>
+
 /* Log buffer metadata offsets (Aeron's LogBufferDescriptor). */
 #define TERM_TAIL_COUNTERS_OFFSET 0
 #define ACTIVE_TERM_COUNT_OFFSET 24
@@ -839,6 +841,35 @@ int32_t fulmar_term_block_scan(const char *term, int32_t term_offset, int32_t li
             break; /* a block is whole frames: this one waits for the next */
         }
         offset += aligned_length;
+    }
+    return offset;
+}
+
+int32_t fulmar_record_checksums(char *block, int32_t length)
+{
+    int32_t offset = 0;
+    while (offset < length)
+    {
+        int32_t frame_length;
+        int16_t frame_type;
+        memcpy(&frame_length, block + offset, sizeof(frame_length));
+        memcpy(&frame_type, block + offset + TYPE_OFFSET, sizeof(frame_type));
+        if (frame_length < FULMAR_HEADER_LENGTH)
+        {
+            return FULMAR_CHECKSUM_BAD_FRAME - offset;
+        }
+        const int64_t aligned = FULMAR_ALIGN((int64_t)frame_length, FULMAR_FRAME_ALIGNMENT);
+        if (aligned > length - offset)
+        {
+            break;
+        }
+        if (FULMAR_FRAME_TYPE_DATA == frame_type)
+        {
+            const uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)(block + offset + FULMAR_HEADER_LENGTH),
+                                                 (uInt)(aligned - FULMAR_HEADER_LENGTH));
+            memcpy(block + offset + SESSION_ID_OFFSET, &crc, sizeof(crc));
+        }
+        offset += (int32_t)aligned;
     }
     return offset;
 }

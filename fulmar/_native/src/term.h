@@ -96,10 +96,21 @@ int64_t fulmar_exclusive_append_block(fulmar_log_writer_t *writer, const char *b
 
 /* A claim is published by its commit, or turned into padding by its abort. */
 void fulmar_claim_commit(fulmar_log_writer_t *w, const fulmar_claim_t *claim);
+void fulmar_claim_abort(char *log, const fulmar_claim_t *claim);
 
 /* Rings what the deferred appends since the last call would have rung; 1 if any. */
 int32_t fulmar_log_writer_ring(fulmar_log_writer_t *w);
-void fulmar_claim_abort(char *log, const fulmar_claim_t *claim);
+
+/* The archive's record checksum (fulmar.archive.segment): before a block of
+ * frames is written to a segment, each DATA frame's CRC-32 (zlib's, i.e.
+ * java.util.zip.CRC32's) over its bytes after the header, padding to the
+ * frame alignment included, replaces the frame's session id; PAD frames keep
+ * theirs (Aeron records only a padding frame's header).  Returns the offset
+ * after the last whole frame (the block's length when it ends on a frame), or
+ * FULMAR_CHECKSUM_BAD_FRAME - offset when the frame at offset has a length
+ * below the header's. */
+#define FULMAR_CHECKSUM_BAD_FRAME -1
+int32_t fulmar_record_checksums(char *block, int32_t length);
 
 /* Reads frames from position up to limit_position or the end of the term,
  * at most fragment_limit data fragments (capped at FULMAR_BATCH_CAPACITY). */
