@@ -473,13 +473,17 @@ _CM_DEFAULTS = ConsensusModuleContext
               default=format_duration(_CM_DEFAULTS.cycle_threshold_ns),
               help="A duty cycle longer than this (from one cycle's start to the next's, intended idle "
                    "sleeps left out) counts in the cycle-time-exceeded counter.")
+@click.option("--accept-standby-snapshots/--refuse-standby-snapshots", default=_CM_DEFAULTS.accept_standby_snapshots,
+              help="Record the snapshots another node announces with a StandbySnapshot on the consensus stream "
+                   "in this member's recording log (STANDBY_SNAPSHOT entries).")
 def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_id: int, ingress_channel: str,
               log_channel: str, archive_control_channel: str, service_count: int, session_timeout: int,
               max_concurrent_sessions: int,
               authenticator_secret: str | None, app_version: int, cluster_members: str, appointed_leader_id: int,
               election_timeout: int, election_status_interval: int, startup_canvass_timeout: int,
               leader_heartbeat_timeout: int, leader_heartbeat_interval: int, service_heartbeat_timeout: int,
-              consensus_channel: str, replication_channel: str, cycle_threshold: int) -> None:
+              consensus_channel: str, replication_channel: str, cycle_threshold: int,
+              accept_standby_snapshots: bool) -> None:
     """Run a consensus module in the foreground until SIGTERM or SIGINT (a
     snapshot and an orderly stop of the services at one log position).  A
     repeated SIGTERM, or a SIGINT with it, is the same request; a second
@@ -504,7 +508,7 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
         startup_canvass_timeout_ns=startup_canvass_timeout, leader_heartbeat_timeout_ns=leader_heartbeat_timeout,
         leader_heartbeat_interval_ns=leader_heartbeat_interval, consensus_channel=consensus_channel,
         replication_channel=replication_channel, service_heartbeat_timeout_ns=service_heartbeat_timeout,
-        cycle_threshold_ns=cycle_threshold,
+        cycle_threshold_ns=cycle_threshold, accept_standby_snapshots=accept_standby_snapshots,
     )
     if authenticator_secret:
         context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())

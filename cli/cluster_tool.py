@@ -1983,6 +1983,9 @@ _OPERATIONS: dict[str, _Operation] = {
                            "the consensus module to exit (after a snapshot)"),
     "abort": _Operation(ControlToggle.ABORT, (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED),
                         "the consensus module to exit"),
+    "standby-snapshot": _Operation(ControlToggle.STANDBY_SNAPSHOT,
+                                   (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED),
+                                   "the toggle to return to NEUTRAL (the request appended to the log)"),
 }
 
 
@@ -2082,6 +2085,9 @@ def _toggle_and_wait(
                 return f"suspended {where} in {time.monotonic() - started:.2f} s"
             elif name == "resume" and state == ConsensusModuleState.ACTIVE and toggle != operation.toggle:
                 return f"resumed {where} in {time.monotonic() - started:.2f} s"
+            elif name == "standby-snapshot" and toggle == ControlToggle.NEUTRAL:
+                return (f"standby snapshot requested by {where}: a SNAPSHOT with the standby flag is in the log "
+                        f"({time.monotonic() - started:.2f} s); the members take no snapshot on it")
         if time.monotonic() > deadline:
             withdrawn = ""
             if (counters.value(state_type) in operation.from_states
@@ -2145,6 +2151,12 @@ _operation_command(
     "Ask the leader to stop without a snapshot (ABORT=6): the services stop at the current log position, "
     "the module exits.  Done when the consensus module's process is gone." + _OPERATION_HELP_TAIL,
 )
+_operation_command(
+    "standby-snapshot", "Ask standby members for a snapshot (in the log; members take none).",
+    "Ask the leader to append a SNAPSHOT action with the standby flag (STANDBY_SNAPSHOT=7, seed 004): "
+    "a standby member would take a snapshot at that log position; the cluster's own members and services "
+    "go on without one.  Done when the toggle is back to NEUTRAL." + _OPERATION_HELP_TAIL,
+)
 
 
 def _is_cluster_dir(directory: Path) -> bool:
@@ -2158,7 +2170,7 @@ def _is_cluster_dir(directory: Path) -> bool:
 # the same commands as under ``cluster``; errors and counters above tell a
 # node's directory from a driver's.
 for _name in ("describe", "pid", "list-members", "is-leader", "recording-log", "mark-file",
-              "snapshot", "suspend", "resume", "shutdown", "abort"):
+              "snapshot", "suspend", "resume", "shutdown", "abort", "standby-snapshot"):
     main.add_command(cluster_group.commands[_name], _name)
 
 # The Spark jobs over archived logs (the spark extra; imported lazily inside).

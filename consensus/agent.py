@@ -35,6 +35,7 @@ from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.consensus.cluster_member import (
     ClusterMember,
+    encode_cluster_members,
     find_member,
     ingress_endpoints,
     parse_cluster_members,
@@ -47,6 +48,8 @@ from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, C
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.mark_file import read_activity_timestamp, service_mark_file_name
 from fulmar.consensus.protocol import (
+    CLUSTER_ACTION_FLAGS_DEFAULT,
+    CLUSTER_ACTION_FLAGS_STANDBY_SNAPSHOT,
     CLUSTER_SCHEMA_ID,
     NULL_POSITION,
     NULL_VALUE,
@@ -56,9 +59,10 @@ from fulmar.consensus.protocol import (
     CloseReason,
     ClusterAction,
     EventCode,
+    cluster_action_flags,
 )
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
-from fulmar.consensus.recording_log import RecordingLog
+from fulmar.consensus.recording_log import RecordingLog, RecordingLogError
 from fulmar.consensus.timer_service import TimerService
 from fulmar.counters import RECORD_ALLOCATED
 from fulmar.duty_cycle import DutyCycleStallTracker
@@ -71,12 +75,15 @@ from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shi
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron, Counter
-    from fulmar.publication import ExclusivePublication
+    from fulmar.publication import ExclusivePublication, Publication
     from fulmar.subscription import Image, Subscription
 
 # Service session ids (for messages a service offers to the cluster) count up
 # from here, far below any client session id.
 SERVICE_SESSION_ID_BASE = -(2**63) + 1
+# Backup, heartbeat and standby snapshot sessions count down from here: an
+# authenticator tells them apart, and none is a client's (those are >= 1).
+BACKUP_SESSION_ID_FIRST = -2
 
 
 class ConsensusModuleState(IntEnum):
@@ -169,6 +176,12 @@ class ConsensusModuleAgent:
         self.pending_sessions: list[ClusterSession] = []
         self.rejected_sessions: list[ClusterSession] = []
         self.redirect_sessions: list[ClusterSession] = []
+        # Seed 000: the sessions of tools that are not clients (a backup's
+        # BackupQuery, a HeartbeatRequest, a StandbySnapshot): answered once
+        # and closed, never in the log, so never given a client session id.
+        self.pending_backup_sessions: list[ClusterSession] = []
+        self.rejected_backup_sessions: list[ClusterSession] = []
+        self._next_backup_session_id = BACKUP_SESSION_ID_FIRST
         self.timers = TimerService()
         self.pending_service_messages: deque[tuple[int, bytes]] = deque()
         self.terminated = False
@@ -300,6 +313,8 @@ class ConsensusModuleAgent:
         self.timers_counter = self._counter(protocol.CLUSTER_TIMERS_TYPE_ID, "Cluster timers", key)
         self.invalid_requests_counter = self._counter(
             protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID, "Cluster invalid requests (ignored)", key)
+        self.standby_snapshot_counter = self._counter(
+            protocol.CLUSTER_STANDBY_SNAPSHOT_COUNTER_TYPE_ID, "Cluster standby snapshots received", key)
         self.leadership_term_counter.set(NULL_VALUE)
         self.commit_position_counter.set(0)
         self.control_toggle.set(ControlToggle.INACTIVE)
@@ -422,7 +437,12 @@ class ConsensusModuleAgent:
         if self.election is None and self.role is ClusterRole.LEADER:
             work += self._check_control_toggle(now_ns)
             work += self._process_pending_sessions(now_ns)
+            work += self._process_pending_backup_sessions(now_ns)
             work += self._check_sessions(now_ns)
+        elif self.election is None:
+            # Seed 000: a follower answers the backup, heartbeat and standby
+            # snapshot sessions too (a backup's answer names the leader).
+            work += self._process_pending_backup_sessions(now_ns)
         return work
 
     def _leader_work(self, now_ns: int) -> int:
@@ -692,11 +712,172 @@ class ConsensusModuleAgent:
             "" if ok else "the cluster cannot take a snapshot now (another action is under way)")
         return True
 
+    # ----------------------------- backup, heartbeat and standby snapshot sessions
+
+    def _new_backup_session(self, action: ClusterSessionAction, correlation_id: int, response_stream_id: int,
+                            response_channel: str) -> ClusterSession | None:
+        """A session for a tool's one request (Aeron's onBackupQuery and the
+        like): only while no election runs and the module runs, as in Aeron;
+        the tool asks again when it hears nothing."""
+        if self.election is not None or self.state not in (ConsensusModuleState.ACTIVE,
+                                                           ConsensusModuleState.SUSPENDED):
+            return None
+        if len(self.pending_backup_sessions) + len(self.rejected_backup_sessions) >= \
+                self.context.max_concurrent_sessions:
+            # A flood of requests gets no more response publications than clients could.
+            self.invalid_requests_counter.increment()
+            return None
+        session = ClusterSession(self._next_backup_session_id, response_stream_id, response_channel,
+                                 correlation_id, self._now_ns, action)
+        self._next_backup_session_id -= 1
+        try:
+            session.async_connect(self.aeron, self._error)
+        except FulmarError as error:
+            self._error(f"cannot connect the response channel of a {action.name} request "
+                        f"({response_channel}): {error}")
+            self.invalid_requests_counter.increment()
+            return None
+        return session
+
+    def _admit_backup_session(self, session: ClusterSession, version: int | None, encoded_credentials: bytes) -> None:
+        if version is not None and major_version(version) != protocol.PROTOCOL_MAJOR_VERSION:
+            session.detail = (f"invalid client version {protocol.version_text(version)}, "
+                              f"cluster is {protocol.version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}")
+            self.rejected_backup_sessions.append(session)
+            return
+        self._authenticator.on_connect_request(session.id, encoded_credentials, self.epoch_ms())
+        self.pending_backup_sessions.append(session)
+
+    def on_backup_query(self, correlation_id: int, response_stream_id: int, version: int, response_channel: str,
+                        encoded_credentials: bytes) -> None:
+        session = self._new_backup_session(ClusterSessionAction.BACKUP, correlation_id, response_stream_id,
+                                           response_channel)
+        if session is not None:
+            self._admit_backup_session(session, version, encoded_credentials)
+
+    def on_heartbeat_request(self, correlation_id: int, response_stream_id: int, response_channel: str,
+                             encoded_credentials: bytes) -> None:
+        session = self._new_backup_session(ClusterSessionAction.HEARTBEAT, correlation_id, response_stream_id,
+                                           response_channel)
+        if session is not None:
+            self._admit_backup_session(session, None, encoded_credentials)  # (the request has no version)
+
+    def on_standby_snapshot(self, correlation_id: int, version: int, response_stream_id: int,
+                            snapshots: list[Any], response_channel: str, encoded_credentials: bytes) -> None:
+        if not self.context.accept_standby_snapshots:
+            # Aeron's default too: another node's snapshots are not taken into
+            # this member's recording log unless it is configured to.
+            self.invalid_requests_counter.increment()
+            self._error("a StandbySnapshot was refused: this member does not accept standby snapshots "
+                        "(accept_standby_snapshots is off)")
+            return
+        session = self._new_backup_session(ClusterSessionAction.STANDBY_SNAPSHOT, correlation_id,
+                                           response_stream_id, response_channel)
+        if session is not None:
+            session.request_input = snapshots
+            self._admit_backup_session(session, version, encoded_credentials)
+
+    def on_consensus_challenge_response(self, correlation_id: int, cluster_session_id: int,
+                                        encoded_credentials: bytes) -> None:
+        for session in self.pending_backup_sessions:
+            if session.id == cluster_session_id and session.state is ClusterSessionState.CHALLENGED:
+                session.time_of_last_activity(self._now_ns)
+                session.correlation_id = correlation_id
+                self._authenticator.on_challenge_response(session.id, encoded_credentials, self.epoch_ms())
+                return
+        self.invalid_requests_counter.increment()
+
+    def _process_pending_backup_sessions(self, now_ns: int) -> int:
+        """Seed 000's pendingBackupSessions: once a session's response channel is
+        connected and its tool authenticated, answer its one request and close it."""
+        work = 0
+        for session in list(self.pending_backup_sessions):
+            if session.state is ClusterSessionState.INVALID:  # the driver refused its response publication
+                self.pending_backup_sessions.remove(session)
+                session.close()
+                self.invalid_requests_counter.increment()
+                continue
+            if now_ns - session.time_of_last_activity_ns > self.context.session_timeout_ns:
+                self.pending_backup_sessions.remove(session)
+                session.close(CloseReason.TIMEOUT)
+                continue
+            if session.state is ClusterSessionState.CONNECTING and session.is_response_publication_connected:
+                session.state = ClusterSessionState.CONNECTED
+                self._authenticator.on_connected_session(SessionProxy(session), self.epoch_ms())
+                work += 1
+            if session.state is ClusterSessionState.CHALLENGED:
+                if session.encoded_challenge is not None and session.publication is not None:
+                    if self._egress.challenge(session.publication, session.correlation_id, session.id,
+                                              session.encoded_challenge):
+                        session.encoded_challenge = None
+                self._authenticator.on_challenged_session(SessionProxy(session), self.epoch_ms())
+            if session.state is ClusterSessionState.AUTHENTICATED:
+                if self._answer_backup_session(session):
+                    self.pending_backup_sessions.remove(session)
+                    session.close(CloseReason.CLIENT_ACTION)
+                    work += 1
+            elif session.state is ClusterSessionState.REJECTED:
+                self.pending_backup_sessions.remove(session)
+                session.detail = "authentication rejected"
+                self.rejected_backup_sessions.append(session)
+        return work
+
+    def _answer_backup_session(self, session: ClusterSession) -> bool:
+        """The answer to an authenticated session's request; False to try again
+        on the next slow tick (its response publication is back pressured)."""
+        publication = session.publication
+        if publication is None:
+            return False
+        if session.action is ClusterSessionAction.HEARTBEAT:
+            return self._egress.heartbeat_response(publication, session.correlation_id)
+        if session.action is ClusterSessionAction.STANDBY_SNAPSHOT:
+            recorded = 0
+            for entry in session.request_input:
+                try:
+                    self.recording_log.append_standby_snapshot(
+                        entry.recording_id, entry.leadership_term_id, entry.term_base_log_position,
+                        entry.log_position, entry.timestamp, entry.service_id, entry.archive_endpoint)
+                    recorded += 1
+                except RecordingLogError as error:  # a tool's bad entry: refused, the rest kept
+                    self.invalid_requests_counter.increment()
+                    self._error(f"a standby snapshot entry was refused: {error}")
+            self.standby_snapshot_counter.increment()
+            self.log_event(f"standby snapshots: {recorded} of {len(session.request_input)} entries recorded")
+            return True
+        return self._send_backup_response(session, publication)
+
+    def _send_backup_response(self, session: ClusterSession, publication: "Publication") -> bool:
+        """BackupResponse (Aeron's ConsensusPublisher.backupResponse): where this
+        member's log is recorded, its newest complete set of snapshots, the
+        members and the leader, from the recording log (no archive round trip
+        on the duty cycle)."""
+        last_term = self.recording_log.find_last_term()
+        if last_term is None:
+            return False  # nothing recorded yet: the backup asks again
+        snapshots = [
+            {"recording_id": snapshot.recording_id, "leadership_term_id": snapshot.leadership_term_id,
+             "term_base_log_position": snapshot.term_base_log_position, "log_position": snapshot.log_position,
+             "timestamp": snapshot.timestamp, "service_id": snapshot.service_id}
+            for snapshot in self.recording_log.latest_snapshot_set(self.context.service_count)]
+        leader = self.leader_member_id if self.is_multi_member else self.member_id
+        members = encode_cluster_members(self.members) if self.is_multi_member else ""
+        return self._egress.backup_response(
+            publication, session.correlation_id, log_recording_id=last_term.recording_id,
+            # (Aeron's from its recovery plan's log, which is the last term too
+            # when the plan is fresh; this one always is.)
+            log_leadership_term_id=last_term.leadership_term_id,
+            log_term_base_log_position=last_term.term_base_log_position,
+            last_leadership_term_id=last_term.leadership_term_id,
+            last_term_base_log_position=last_term.term_base_log_position,
+            commit_position_counter_id=self.commit_position_counter.id, leader_member_id=leader,
+            member_id=self.member_id, snapshots=snapshots, cluster_members=members)
+
     # -------------------------------------------------------------- sessions
 
     def _process_redirect_and_rejected(self, now_ns: int) -> int:
         work = 0
-        for collection, code in ((self.redirect_sessions, EventCode.REDIRECT), (self.rejected_sessions, None)):
+        for collection, code in ((self.redirect_sessions, EventCode.REDIRECT), (self.rejected_sessions, None),
+                                 (self.rejected_backup_sessions, None)):
             for session in list(collection):
                 if session.state is ClusterSessionState.INVALID:  # the driver refused its egress
                     collection.remove(session)
@@ -995,7 +1176,9 @@ class ConsensusModuleAgent:
             action = message.action_raw
             if action in (codecs.ClusterAction.SUSPEND, codecs.ClusterAction.RESUME):
                 self.on_replay_suspend_or_resume(action == codecs.ClusterAction.SUSPEND)
-            elif self.is_multi_member and action == codecs.ClusterAction.SNAPSHOT:
+            elif (self.is_multi_member and action == codecs.ClusterAction.SNAPSHOT
+                  and cluster_action_flags(message) == CLUSTER_ACTION_FLAGS_DEFAULT):
+                # (A standby snapshot is not this member's to take.)
                 self._on_follower_snapshot_action(message.log_position)
             # (one member alone: a replayed snapshot already happened)
         self.sessions_counter.set(len(self.sessions))
@@ -1149,8 +1332,14 @@ class ConsensusModuleAgent:
                 self._set_state(ConsensusModuleState.SNAPSHOT)
         elif action is ControlToggle.ABORT and self.state in running:
             self._begin_termination(ControlToggle.ABORT)
-        elif action is ControlToggle.STANDBY_SNAPSHOT:
-            self.control_toggle.set(ControlToggle.NEUTRAL)  # no standby members here
+        elif action is ControlToggle.STANDBY_SNAPSHOT and self.state in running:
+            # Seed 004: carried in the log as a SNAPSHOT with the standby flag;
+            # the members go on (only a standby member snapshots on it), so the
+            # toggle is done once the action is appended.
+            result, _position = self._append_action(ClusterAction.SNAPSHOT, CLUSTER_ACTION_FLAGS_STANDBY_SNAPSHOT)
+            if result <= 0:
+                return 0  # back pressured: the toggle waits for the next tick
+            self.control_toggle.set(ControlToggle.NEUTRAL)
         else:
             return 0  # not now (a snapshot or a stop is under way): the toggle waits
         return 1
@@ -1163,8 +1352,9 @@ class ConsensusModuleAgent:
         self.node_control_toggle.set(ControlToggle.NEUTRAL)
         return 1
 
-    def _append_action(self, action: ClusterAction) -> tuple[int, int]:
-        return self.log_publisher.append_cluster_action(self.leadership_term_id, self.cluster_time(), int(action))
+    def _append_action(self, action: ClusterAction, flags: int = CLUSTER_ACTION_FLAGS_DEFAULT) -> tuple[int, int]:
+        return self.log_publisher.append_cluster_action(self.leadership_term_id, self.cluster_time(), int(action),
+                                                        flags)
 
     def _append_running_state_action(self, action: ClusterAction, state: ConsensusModuleState) -> bool:
         """The leader appends SUSPEND or RESUME and acts on it at once (the
@@ -2030,7 +2220,8 @@ class ConsensusModuleAgent:
     report_error = _error
 
     def close(self) -> None:
-        for session in list(self.sessions.values()) + self.pending_sessions + self.rejected_sessions + self.redirect_sessions:
+        for session in (list(self.sessions.values()) + self.pending_sessions + self.rejected_sessions
+                        + self.redirect_sessions + self.pending_backup_sessions + self.rejected_backup_sessions):
             session.disconnect()
         self.close_log_replay()
         if self._log_publication is not None:

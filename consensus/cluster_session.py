@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum, IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE, CloseReason
 from fulmar.errors import FulmarError
@@ -63,6 +63,9 @@ class ClusterSession:
         self.detail = ""  # why it is rejected or redirected
         self.has_new_leader_event_pending = False
         self.has_open_event_pending = False  # SessionEvent OK not yet delivered
+        # What a non-client session's request carried until it is answered (a
+        # StandbySnapshot's entries; Aeron's requestInput).
+        self.request_input: list[Any] = []
         self._publication: "Publication | None" = None
         # The egress publication the driver is adding (Aeron's responsePublicationId).
         self.response_publication_id = NULL_VALUE

@@ -1,6 +1,9 @@
 """Decoder of the consensus stream (stream 108): turns each fragment into a
 call of an ``on_<message>`` method of a listener (the consensus module agent,
-which passes election messages on to its election).
+which passes election messages on to its election).  Besides the members'
+own messages, the stream carries the requests of tools that are not members:
+a cluster backup's BackupQuery, a HeartbeatRequest and a StandbySnapshot,
+and a tool's ChallengeResponse when its session was challenged.
 
 The adapter only decodes.  A fragment that is not a consensus message (an
 unknown template id, another schema, a truncated or corrupt body) is counted
@@ -50,6 +53,18 @@ class ConsensusListener(Protocol):
 
     def on_termination_ack(self, leadership_term_id: int, log_position: int, member_id: int) -> None: ...
 
+    def on_backup_query(self, correlation_id: int, response_stream_id: int, version: int, response_channel: str,
+                        encoded_credentials: bytes) -> None: ...
+
+    def on_heartbeat_request(self, correlation_id: int, response_stream_id: int, response_channel: str,
+                             encoded_credentials: bytes) -> None: ...
+
+    def on_standby_snapshot(self, correlation_id: int, version: int, response_stream_id: int,
+                            snapshots: list[Any], response_channel: str, encoded_credentials: bytes) -> None: ...
+
+    def on_consensus_challenge_response(self, correlation_id: int, cluster_session_id: int,
+                                        encoded_credentials: bytes) -> None: ...
+
 
 class Pollable(Protocol):
     def poll(self, handler: Callable[..., None], fragment_limit: int) -> int: ...
@@ -75,6 +90,10 @@ class ConsensusAdapter:
         self._stop_catchup = codecs.StopCatchupDecoder()
         self._termination_position = codecs.TerminationPositionDecoder()
         self._termination_ack = codecs.TerminationAckDecoder()
+        self._backup_query = codecs.BackupQueryDecoder()
+        self._heartbeat_request = codecs.HeartbeatRequestDecoder()
+        self._standby_snapshot = codecs.StandbySnapshotDecoder()
+        self._challenge_response = codecs.ChallengeResponseDecoder()
 
     def poll(self) -> int:
         """Poll the subscription; returns the number of fragments read."""
@@ -142,5 +161,23 @@ class ConsensusAdapter:
         elif template_id == codecs.TerminationAckDecoder.TEMPLATE_ID:
             k = self._termination_ack.wrap_and_apply_header(buffer, offset, length)
             listener.on_termination_ack(k.leadership_term_id, k.log_position, k.member_id)
+        elif template_id == codecs.BackupQueryDecoder.TEMPLATE_ID:
+            b = self._backup_query.wrap_and_apply_header(buffer, offset, length)
+            listener.on_backup_query(b.correlation_id, b.response_stream_id, b.version, b.response_channel,
+                                     bytes(b.encoded_credentials))
+        elif template_id == codecs.HeartbeatRequestDecoder.TEMPLATE_ID:
+            h = self._heartbeat_request.wrap_and_apply_header(buffer, offset, length)
+            listener.on_heartbeat_request(h.correlation_id, h.response_stream_id, h.response_channel,
+                                          bytes(h.encoded_credentials))
+        elif template_id == codecs.StandbySnapshotDecoder.TEMPLATE_ID:
+            y = self._standby_snapshot.wrap_and_apply_header(buffer, offset, length)
+            listener.on_standby_snapshot(y.correlation_id, y.version, y.response_stream_id, list(y.snapshots),
+                                         y.response_channel, bytes(y.encoded_credentials))
+        elif template_id == codecs.ChallengeResponseDecoder.TEMPLATE_ID:
+            # A tool's answer to the challenge its session was sent (Aeron's
+            # onConsensusChallengeResponse): the tools talk on this stream.
+            c = self._challenge_response.wrap_and_apply_header(buffer, offset, length)
+            listener.on_consensus_challenge_response(c.correlation_id, c.cluster_session_id,
+                                                     bytes(c.encoded_credentials))
         else:
             self._error(f"unknown consensus template id {template_id}")

@@ -53,6 +53,10 @@ class ConsensusModuleContext:
     app_version: int = 0
     authenticator: Authenticator = field(default_factory=AllowAllAuthenticator)
     mark_file_liveness_timeout_ms: int = 10_000
+    # Take another node's snapshots into the recording log when it says it
+    # has some (a StandbySnapshot on the consensus stream); off by default,
+    # as in Aeron (its CLUSTER_ACCEPT_STANDBY_SNAPSHOTS).
+    accept_standby_snapshots: bool = False
     # -- a cluster of several members (seed 001) ----------------------------------
     # Aeron's cluster members string (``id,ingress,consensus,log,catchup,archive|...``);
     # empty: this member alone (the single-node path).  With members, the

@@ -11,11 +11,13 @@ seeds and Aeron's ``ConsensusModule.Configuration`` /
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.semantic_version import compose_version, version_text
 
 NULL_VALUE = -1
+_INT32_NULL = -(2**31)  # SBE's null value of an optional int32
 
 # A client message's frame on ingress, in the log and on egress: the SBE
 # message header (block length, template id, schema id, version) and the
@@ -90,6 +92,20 @@ CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID = 217
 CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID = 233
 CLUSTER_ELECTION_COUNT_TYPE_ID = 238
 CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID = 239
+CLUSTER_STANDBY_SNAPSHOT_COUNTER_TYPE_ID = 232
+
+# ClusterActionRequest flags (Aeron's ConsensusModule.CLUSTER_ACTION_FLAGS_*):
+# a SNAPSHOT with the standby flag is for standby members only; members and
+# their services go on without one.
+CLUSTER_ACTION_FLAGS_DEFAULT = 0
+CLUSTER_ACTION_FLAGS_STANDBY_SNAPSHOT = 1
+
+
+def cluster_action_flags(request: Any) -> int:
+    """A decoded ClusterActionRequest's flags; a log written before the field
+    existed (schema version < 11) decodes it as its null value: the default."""
+    flags: int = request.flags
+    return CLUSTER_ACTION_FLAGS_DEFAULT if flags == _INT32_NULL else flags
 
 EventCode = codecs.EventCode
 CloseReason = codecs.CloseReason

@@ -5,6 +5,7 @@ a negative code (back pressure, not connected) to retry later."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fulmar.codecs.generated import cluster as codecs
@@ -74,9 +75,12 @@ class LogPublisher(_Encoding):
         return self.append(codecs.TimerEventEncoder, leadership_term_id=leadership_term_id,
                            correlation_id=correlation_id, timestamp=timestamp)
 
-    def append_cluster_action(self, leadership_term_id: int, timestamp: int, action: int) -> tuple[int, int]:
+    def append_cluster_action(self, leadership_term_id: int, timestamp: int, action: int,
+                              flags: int = 0) -> tuple[int, int]:
         """Append a ClusterActionRequest whose logPosition is the end of its own
-        frame (where a snapshot is taken); returns (result, that position)."""
+        frame (where a snapshot is taken); returns (result, that position).
+        ``flags`` is CLUSTER_ACTION_FLAGS_DEFAULT, or for a SNAPSHOT that only
+        standby members take, CLUSTER_ACTION_FLAGS_STANDBY_SNAPSHOT."""
         assert self.publication is not None
         frame_length = (32 + codecs.HEADER_LENGTH + codecs.ClusterActionRequestEncoder.BLOCK_LENGTH + 31) & ~31
         position = self.publication.position
@@ -85,7 +89,7 @@ class LogPublisher(_Encoding):
             position = (position | (term_length - 1)) + 1  # the frame goes to the next term
         log_position = position + frame_length
         result = self.append(codecs.ClusterActionRequestEncoder, leadership_term_id=leadership_term_id,
-                             log_position=log_position, timestamp=timestamp, action=action, flags=0)
+                             log_position=log_position, timestamp=timestamp, action=action, flags=flags)
         return result, log_position
 
     def append_new_leadership_term(self, leadership_term_id: int, log_position: int, timestamp: int,
@@ -138,3 +142,21 @@ class EgressPublisher(_Encoding):
         return _offer(publication, self.encode(
             codecs.AdminResponseEncoder, cluster_session_id=cluster_session_id, correlation_id=correlation_id,
             request_type=request_type, response_code=response_code, message=message, payload=b"")) > 0
+
+    # The answers to the tools that are not members (a backup's BackupQuery, a
+    # HeartbeatRequest) go back on the session's response publication too, as
+    # Aeron's ConsensusPublisher sends them on the session's.
+
+    def backup_response(self, publication: "Publication", correlation_id: int, log_recording_id: int,
+                        log_leadership_term_id: int, log_term_base_log_position: int, last_leadership_term_id: int,
+                        last_term_base_log_position: int, commit_position_counter_id: int, leader_member_id: int,
+                        member_id: int, snapshots: Sequence[Mapping[str, int]], cluster_members: str) -> bool:
+        return _offer(publication, self.encode(
+            codecs.BackupResponseEncoder, correlation_id=correlation_id, log_recording_id=log_recording_id,
+            log_leadership_term_id=log_leadership_term_id, log_term_base_log_position=log_term_base_log_position,
+            last_leadership_term_id=last_leadership_term_id, last_term_base_log_position=last_term_base_log_position,
+            commit_position_counter_id=commit_position_counter_id, leader_member_id=leader_member_id,
+            member_id=member_id, snapshots=snapshots, cluster_members=cluster_members)) > 0
+
+    def heartbeat_response(self, publication: "Publication", correlation_id: int) -> bool:
+        return _offer(publication, self.encode(codecs.HeartbeatResponseEncoder, correlation_id=correlation_id)) > 0

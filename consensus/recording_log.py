@@ -713,6 +713,12 @@ class RecordingLog:
             skipped_snapshot_sets=tuple(skipped),
         )
 
+    def latest_snapshot_set(self, service_count: int) -> list[Snapshot]:
+        """The newest complete set of snapshots, as a recovery plan would load
+        it ([consensus module, service 0, ...]; empty if there is none)."""
+        _check_int("service_count", service_count, 0, _INT32_MAX)
+        return self._latest_consistent_snapshots(service_count)[0]
+
     def _latest_consistent_snapshots(self, service_count: int) -> tuple[list[Snapshot], list[str]]:
         skipped: list[str] = []
         for i in range(len(self._sorted) - 1, -1, -1):

@@ -24,10 +24,12 @@ from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.consensus.protocol import (
+    CLUSTER_ACTION_FLAGS_DEFAULT,
     CLUSTER_SCHEMA_ID,
     SESSION_MESSAGE_BLOCK_LENGTH,
     SESSION_MESSAGE_FRAME,
     SESSION_MESSAGE_TEMPLATE_ID,
+    cluster_action_flags,
     session_message_frame,
 )
 from fulmar.consensus.mark_file import read_cluster_mark_file
@@ -400,7 +402,10 @@ class ClusteredServiceAgent:
             self.service.on_timer_event(message.correlation_id, message.timestamp)
         elif isinstance(message, codecs.ClusterActionRequestDecoder):
             self.time = message.timestamp
-            if message.action_raw == codecs.ClusterAction.SNAPSHOT:
+            # Seed 004: a SNAPSHOT flagged for standby members is not this
+            # member's to take (Aeron's shouldSnapshot; no standby runs here).
+            if (message.action_raw == codecs.ClusterAction.SNAPSHOT
+                    and cluster_action_flags(message) == CLUSTER_ACTION_FLAGS_DEFAULT):
                 recording_id = self._take_snapshot(message.log_position, message.leadership_term_id)
                 self._ack(message.log_position, recording_id)
         elif isinstance(message, codecs.NewLeadershipTermEventDecoder):

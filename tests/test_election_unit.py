@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ElectionState
 from fulmar.consensus.cluster_member import ClusterMember
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
@@ -1079,6 +1080,44 @@ def test_publisher_and_adapter_round_trip_every_consensus_message() -> None:
         ("on_termination_position", (2, D)),
         ("on_termination_ack", (2, D, 0)),
     ]
+
+
+def test_adapter_passes_on_the_requests_of_tools_that_are_not_members() -> None:
+    """BackupQuery, HeartbeatRequest and StandbySnapshot (a cluster backup's and
+    other tools' requests on the consensus stream) reach the listener decoded."""
+    buffer = bytearray(1024)
+    messages = []
+    length = codecs.BackupQueryEncoder.encode(buffer, 0, correlation_id=11, response_stream_id=108, version=65536,
+                                              response_channel="aeron:udp?endpoint=127.0.0.1:9100",
+                                              encoded_credentials=b"user:pw")
+    messages.append(bytes(buffer[:length]))
+    length = codecs.HeartbeatRequestEncoder.encode(buffer, 0, correlation_id=12, response_stream_id=109,
+                                                   response_channel="aeron:udp?endpoint=127.0.0.1:9101",
+                                                   encoded_credentials=b"")
+    messages.append(bytes(buffer[:length]))
+    length = codecs.StandbySnapshotEncoder.encode(
+        buffer, 0, correlation_id=13, version=65536, response_stream_id=110,
+        snapshots=[dict(recording_id=5, leadership_term_id=2, term_base_log_position=0, log_position=4096,
+                        timestamp=99, service_id=0, archive_endpoint="127.0.0.1:8010")],
+        response_channel="aeron:udp?endpoint=127.0.0.1:9102", encoded_credentials=b"x")
+    messages.append(bytes(buffer[:length]))
+    listener = Listener()
+    adapter = ConsensusAdapter(listener)
+    for message in messages:
+        adapter.on_fragment(message, 0, len(message))
+    assert adapter.errors == 0
+    assert listener.calls[:2] == [
+        ("on_backup_query", (11, 108, 65536, "aeron:udp?endpoint=127.0.0.1:9100", b"user:pw")),
+        ("on_heartbeat_request", (12, 109, "aeron:udp?endpoint=127.0.0.1:9101", b"")),
+    ]
+    name, (correlation_id, version, stream_id, snapshots, channel, credentials) = listener.calls[2]
+    assert (name, correlation_id, version, stream_id, channel, credentials) == \
+        ("on_standby_snapshot", 13, 65536, 110, "aeron:udp?endpoint=127.0.0.1:9102", b"x")
+    assert [(s.recording_id, s.leadership_term_id, s.log_position, s.service_id, s.archive_endpoint)
+            for s in snapshots] == [(5, 2, 4096, 0, "127.0.0.1:8010")]
+    # A truncated one is an error the adapter counts, not an exception.
+    adapter.on_fragment(messages[0][:20], 0, 20)
+    assert adapter.errors == 1
 
 
 def test_adapter_counts_bad_fragments_without_raising() -> None:
