@@ -176,8 +176,8 @@ class ConsensusAdapter:
         elif template_id == codecs.ChallengeResponseDecoder.TEMPLATE_ID:
             # A tool's answer to the challenge its session was sent (Aeron's
             # onConsensusChallengeResponse): the tools talk on this stream.
-            c = self._challenge_response.wrap_and_apply_header(buffer, offset, length)
-            listener.on_consensus_challenge_response(c.correlation_id, c.cluster_session_id,
-                                                     bytes(c.encoded_credentials))
+            answer = self._challenge_response.wrap_and_apply_header(buffer, offset, length)
+            listener.on_consensus_challenge_response(answer.correlation_id, answer.cluster_session_id,
+                                                     bytes(answer.encoded_credentials))
         else:
             self._error(f"unknown consensus template id {template_id}")
