@@ -21,6 +21,7 @@ from fulmar.archive.context import ArchiveContext
 from fulmar.archive.errors import ArchiveAlreadyActiveError
 from fulmar.archive.mark_file import live_owner_pid as live_archive_pid
 from fulmar.consensus.authenticator import CredentialsAuthenticator
+from fulmar.consensus.backup import LOG_SOURCES, ClusterBackup, ClusterBackupContext, run_cluster_backup
 from fulmar.consensus.consensus_module import ConsensusModule, run_consensus_module
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.mark_file import FILENAME as CLUSTER_MARK_FILE
@@ -557,6 +558,71 @@ def service(cluster_dir: str, driver_dir: str | None, service_name: str, service
         click.echo(f"cluster-node service: {type(error).__name__}: {error}", err=True)
         sys.exit(EXIT_FAILURE)
     click.echo(f"service {service_id} stopped: {reason}")
+
+
+_BACKUP_DEFAULTS = ClusterBackupContext(cluster_dir=Path("."))
+
+
+@main.command(name="cluster-backup")
+@click.option("--cluster-dir", required=True, type=click.Path(file_okay=False, dir_okay=True),
+              help="The backup's cluster directory: its recording.log and cluster-mark.dat.")
+@click.option("--driver-dir", type=click.Path(file_okay=False, dir_okay=True), envvar=DRIVER_DIR_ENV, default=None,
+              help="The backup's own media driver's directory.")
+@click.option("--cluster-id", type=int, default=0)
+@click.option("--cluster-consensus-endpoints", required=True,
+              help="The members' consensus endpoints to query, host:port,host:port,...")
+@click.option("--consensus-endpoint", default=_BACKUP_DEFAULTS.consensus_endpoint,
+              help="Where the members answer this backup (host:port; port 0: any free one).")
+@click.option("--catchup-endpoint", required=True,
+              help="Where the log source's archive replays the log to this backup's archive (host:port).")
+@click.option("--archive-control-channel", default=_BACKUP_DEFAULTS.archive_control_channel,
+              help="This backup's own archive.")
+@click.option("--replication-channel", default=_BACKUP_DEFAULTS.replication_channel,
+              help="Where this backup's archive receives snapshots replicated from a member's (port 0: any).")
+@click.option("--log-source", type=click.Choice(list(LOG_SOURCES)), default=_BACKUP_DEFAULTS.log_source,
+              help="Which member's log to follow.")
+@click.option("--backup-interval", type=Duration(min_ns=10_000_000),
+              default=format_duration(_BACKUP_DEFAULTS.backup_interval_ns),
+              help="How often to ask again (new snapshots, a new leader).")
+@click.option("--backup-response-timeout", type=Duration(min_ns=10_000_000),
+              default=format_duration(_BACKUP_DEFAULTS.backup_response_timeout_ns),
+              help="A member that does not answer within this is passed over for the next.")
+@click.option("--backup-progress-timeout", type=Duration(min_ns=10_000_000),
+              default=format_duration(_BACKUP_DEFAULTS.backup_progress_timeout_ns),
+              help="Without a live log for this long, the backup starts over.")
+@click.option("--cool-down-interval", type=Duration(min_ns=0),
+              default=format_duration(_BACKUP_DEFAULTS.cool_down_interval_ns),
+              help="The pause before starting over after an error or a change of log source.")
+@click.option("--credentials", envvar="FULMAR_CLUSTER_SECRET", default=None,
+              help="Credentials for the members' authenticator (default: none).")
+def cluster_backup(cluster_dir: str, driver_dir: str | None, cluster_id: int, cluster_consensus_endpoints: str,
+                   consensus_endpoint: str, catchup_endpoint: str, archive_control_channel: str,
+                   replication_channel: str, log_source: str, backup_interval: int, backup_response_timeout: int,
+                   backup_progress_timeout: int, cool_down_interval: int, credentials: str | None) -> None:
+    """Run a cluster backup in the foreground until SIGTERM or SIGINT: a copy of
+    a cluster's log and latest snapshots in this backup's own archive (its
+    own media driver and archive run beside it), kept up to date."""
+    context = ClusterBackupContext(
+        cluster_dir=Path(cluster_dir), driver_dir=resolve_driver_dir(driver_dir), cluster_id=cluster_id,
+        cluster_consensus_endpoints=cluster_consensus_endpoints, consensus_endpoint=consensus_endpoint,
+        catchup_endpoint=catchup_endpoint, archive_control_channel=archive_control_channel,
+        replication_channel=replication_channel, log_source=log_source, backup_interval_ns=backup_interval,
+        backup_response_timeout_ns=backup_response_timeout, backup_progress_timeout_ns=backup_progress_timeout,
+        cool_down_interval_ns=cool_down_interval, encoded_credentials=(credentials or "").encode())
+
+    def announce(backup: ClusterBackup) -> None:
+        click.echo(f"cluster backup pid {os.getpid()} backing up {cluster_consensus_endpoints} into {cluster_dir}")
+        sys.stdout.flush()
+
+    try:
+        reason = run_cluster_backup(context, on_ready=announce)
+    except ClusterMarkFileActiveError as error:
+        click.echo(f"cluster-node cluster-backup: {error}", err=True)
+        sys.exit(EXIT_DRIVER_ACTIVE)
+    except (FulmarError, OSError, ValueError) as error:
+        click.echo(f"cluster-node cluster-backup: {type(error).__name__}: {error}", err=True)
+        sys.exit(EXIT_FAILURE)
+    click.echo(f"cluster backup stopped: {reason}")
 
 
 # ---------------------------------------------------------------------------- start
