@@ -48,6 +48,7 @@ from fulmar.archive.segment import (
 )
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
+from fulmar.counters import RECORD_ALLOCATED
 from fulmar.errors import FulmarError
 from fulmar.semantic_version import major_version
 from fulmar.codecs.generated import archive as codecs
@@ -673,15 +674,13 @@ class ArchiveConductor:
         if problem is not None:
             session.send_error(correlation_id, problem)
             return
-        limit_counter = None
+        limit_counter: Callable[[], int] | None = None
         if limit_counter_id is not None:
-            reader = self.aeron.counters_reader
-            try:
-                reader.counter_value(limit_counter_id)
-            except (IndexError, ValueError) as error:
-                session.send_error(correlation_id, f"invalid limit counter id {limit_counter_id}: {error}")
+            bound = self._limit_counter(limit_counter_id)
+            if isinstance(bound, str):
+                session.send_error(correlation_id, bound)
                 return
-            limit_counter = lambda: reader.counter_value(limit_counter_id)  # noqa: E731
+            limit_counter = bound
         replay_channel = self._replay_channel(message.replay_channel, descriptor, position)
         publication = self.aeron.add_exclusive_publication(replay_channel, message.replay_stream_id)
         replay_session_id = protocol.replay_session_id(self._replay_id, publication.session_id)
@@ -711,6 +710,31 @@ class ArchiveConductor:
         )
         self.replays[replay_session_id] = replay
         session.send_ok(correlation_id, replay_session_id)
+
+    def _limit_counter(self, counter_id: int) -> Callable[[], int] | str:
+        """A bounded replay's limit: the counter's value while it is the counter
+        the replay was bounded by (Aeron's ReadableCounter).  Once its owner
+        frees it (a consensus module that died) its id may go to another
+        counter whose value means nothing here, perhaps a position past what
+        was committed: the replay then ends with an error instead of reading
+        it.  A counter that is not allocated: why, as text."""
+        reader = self.aeron.counters_reader
+        try:
+            state = reader.counter_state(counter_id)
+            registration_id = reader.counter_registration_id(counter_id)
+        except (IndexError, ValueError) as error:
+            return f"invalid limit counter id {counter_id}: {error}"
+        if state != RECORD_ALLOCATED:
+            return f"invalid limit counter id {counter_id}: it is not allocated"
+
+        def limit() -> int:
+            if reader.counter_state(counter_id) != RECORD_ALLOCATED \
+                    or reader.counter_registration_id(counter_id) != registration_id:
+                raise ArchiveError(f"the limit counter {counter_id} of the bounded replay was freed")
+            value: int = reader.counter_value(counter_id)
+            return value
+
+        return limit
 
     def _replay_position_problem(
         self, recording_id: int, descriptor: RecordingDescriptor, position: int, length: int

@@ -731,5 +731,44 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
     sys.exit(_supervisor.run_local_cluster(configs, endpoints))
 
 
+# ---------------------------------------------------------------------------- backup
+
+from fulmar.cli import backup_node as _backup_node  # noqa: E402 - beside start, which it resembles
+
+
+@main.command(context_settings={"max_content_width": 110})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The backup's TOML configuration: tables [backup], [driver], [archive].")
+@click.option("--local", "local_base", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Back up the local cluster under this base directory (cluster-node start --local 3 --dir "
+              "BASE): the backup lives in BASE/backup.")
+def backup(config_path: Path | None, local_base: Path | None) -> None:
+    """Start a cluster backup: its own media driver, its own archive and the
+    backup (cluster-node cluster-backup), each its own process, in that order;
+    then supervise them.  The backup keeps a copy of the cluster's log and
+    latest snapshots, and a recording.log a member can be restored from.
+
+    \b
+    cluster-node backup --config backup.toml
+    cluster-node backup --local BASE
+
+    SIGINT, SIGTERM or SIGHUP stop the backup, then its archive, then its
+    driver.  If a process dies, the supervisor names it, shows the end of its
+    log and stops the rest.  Exit codes as for start: 0 stopped cleanly on
+    request, 1 a process died or could not start, 2 a configuration error,
+    3 stopped on request, but something had to be killed.
+    """
+    if (config_path is None) == (local_base is None):
+        raise _supervisor.ConfigError("give --config FILE or --local BASE")
+    if config_path is not None:
+        config = _backup_node.read_backup_config(config_path)
+    else:
+        assert local_base is not None
+        config = _backup_node.local_backup_config(local_base.absolute())
+        config.backup_dir.mkdir(parents=True, exist_ok=True)
+        (config.backup_dir / "backup.toml").write_text(config.to_toml())
+    sys.exit(_backup_node.run_backup(config))
+
+
 if __name__ == "__main__":
     main()

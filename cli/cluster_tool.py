@@ -61,6 +61,11 @@ from fulmar.codecs.generated.archive_mark import MarkFileHeaderDecoder
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.consensus import protocol as cluster_protocol
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
+from fulmar.consensus.backup import CLUSTER_BACKUP_ERROR_COUNT_TYPE_ID as BACKUP_ERROR_COUNT_TYPE_ID
+from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID as BACKUP_LIVE_LOG_POSITION_TYPE_ID
+from fulmar.consensus.backup import CLUSTER_BACKUP_QUERY_DEADLINE_TYPE_ID as BACKUP_QUERY_DEADLINE_TYPE_ID
+from fulmar.consensus.backup import CLUSTER_BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID as BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID
+from fulmar.consensus.backup import ClusterBackupState
 from fulmar.consensus.mark_file import FILE_EXTENSION as CLUSTER_MARK_FILE_EXTENSION
 from fulmar.consensus.mark_file import FILENAME as CLUSTER_MARK_FILE_NAME
 from fulmar.consensus.mark_file import LIVENESS_TIMEOUT_MS_DEFAULT as MARK_FILE_LIVENESS_TIMEOUT_MS
@@ -1065,6 +1070,7 @@ _COUNTER_ENUMS: dict[str, type[IntEnum]] = {
 }
 
 _NODE_DIR_NAME = re.compile(r"^node(\d+)$")
+BACKUP_DIR_NAME = "backup"  # a local cluster's backup, beside node0, node1, ...
 _SERVICE_MARK_FILE_NAME = re.compile(
     "^" + re.escape(SERVICE_FILENAME_PREFIX) + r"(\d+)" + re.escape(CLUSTER_MARK_FILE_EXTENSION) + "$"
 )
@@ -1122,7 +1128,11 @@ def resolve_cluster_nodes(directory: Path) -> tuple[str, list[ClusterNode]]:
             f"{directory}: no cluster files ({CLUSTER_MARK_FILE_NAME} or {RECORDING_LOG_FILE_NAME}) here, "
             f"in cluster/, or in node<N>/cluster/"
         )
-    return "base", [node for _, node in sorted(nodes, key=lambda pair: pair[0])]
+    found = [node for _, node in sorted(nodes, key=lambda pair: pair[0])]
+    if _has_cluster_files(directory / BACKUP_DIR_NAME / "cluster"):
+        # A backup of this local cluster (cluster-node backup --local BASE) is shown beside the members.
+        found.append(ClusterNode(BACKUP_DIR_NAME, directory / BACKUP_DIR_NAME / "cluster"))
+    return "base", found
 
 
 def _component_name(raw: int) -> str:
@@ -1392,8 +1402,43 @@ def _module_state(node: ClusterNode, now_ms: int) -> tuple[ClusterMarkFileConten
     return contents, cluster_mark_document(contents, now_ms)
 
 
+def _is_backup(mark: dict[str, Any]) -> bool:
+    return bool(mark["component_type"] == ClusterComponentType.BACKUP.name)
+
+
+def backup_counters_document(contents: ClusterMarkFileContents) -> dict[str, Any]:
+    """A running cluster backup's counters (Aeron's ClusterBackup ones, keyed by
+    the cluster id); ``CncError`` if its driver's files are unusable."""
+    directory = contents.header.aeron_directory
+    if not directory:
+        raise CncError(f"{contents.path}: the mark file names no aeron directory")
+    key = _CLUSTER_KEY.pack(contents.header.cluster_id)
+    wanted = {cluster_protocol.CLUSTER_BACKUP_STATE_TYPE_ID: "state", BACKUP_LIVE_LOG_POSITION_TYPE_ID: "live_log_position",
+              BACKUP_QUERY_DEADLINE_TYPE_ID: "next_query_deadline_ms", BACKUP_ERROR_COUNT_TYPE_ID: "errors",
+              BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID: "snapshots_retrieved"}
+    with open_cnc(directory) as cnc:
+        reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
+        newest: dict[int, tuple[int, int]] = {}  # type id -> (registration id, value)
+        for counter in reader:
+            if counter.type_id in wanted and counter.key[: len(key)] == key:
+                registration = reader.counter_registration_id(counter.counter_id)
+                if registration >= newest.get(counter.type_id, (-(2**63), 0))[0]:
+                    newest[counter.type_id] = (registration, reader.counter_value(counter.counter_id))
+    if cluster_protocol.CLUSTER_BACKUP_STATE_TYPE_ID not in newest:
+        raise CncError(f"no cluster backup counters for cluster id {contents.header.cluster_id} in {directory}")
+    document: dict[str, Any] = {"driver_dir": str(directory)}
+    for type_id, name in wanted.items():
+        document[name] = newest[type_id][1] if type_id in newest else None
+    document["state_name"] = _enum_name(ClusterBackupState, document["state"])
+    return document
+
+
 def _live_counters(contents: ClusterMarkFileContents, mark: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
     """The module's counters when it runs, else (None, why not)."""
+    if _is_backup(mark):
+        if not mark["running"]:
+            return None, f"the cluster backup is {mark['state']}"
+        return None, "a cluster backup, not a member"
     if not mark["running"]:
         return None, f"the consensus module is {mark['state']}"
     try:
@@ -1408,9 +1453,16 @@ def cluster_describe_node(node: ClusterNode, now_ms: int) -> dict[str, Any]:
     mark: dict[str, Any] | None = None
     counters: dict[str, Any] | None = None
     counters_note: str | None = "no consensus module mark file"
+    backup: dict[str, Any] | None = None
     if mark_path.exists():
         contents, mark = _module_state(node, now_ms)
         counters, counters_note = _live_counters(contents, mark)
+        if _is_backup(mark) and mark["running"]:
+            try:
+                backup = backup_counters_document(contents)
+                counters_note = None
+            except CncError as error:
+                counters_note = str(error)
     recording_log: dict[str, Any] | None = None
     if (node.cluster_dir / RECORDING_LOG_FILE_NAME).exists():
         recording_log = _recording_log_summary(node.cluster_dir)
@@ -1427,6 +1479,7 @@ def cluster_describe_node(node: ClusterNode, now_ms: int) -> dict[str, Any]:
         mark_file=mark,
         counters=counters,
         counters_note=counters_note,
+        backup=backup,
         recording_log=recording_log,
         services=services,
     )
@@ -1438,6 +1491,13 @@ def cluster_member_node(node: ClusterNode, now_ms: int) -> dict[str, Any]:
     contents, mark = _module_state(node, now_ms)
     counters, note = _live_counters(contents, mark)
     role = None if counters is None else counters["role"]
+    backup: dict[str, Any] | None = None
+    if _is_backup(mark) and mark["running"]:
+        try:
+            backup = backup_counters_document(contents)
+            note = None
+        except CncError as error:
+            note = str(error)
     return {
         **_node_base(node),
         "running": mark["running"],
@@ -1455,6 +1515,8 @@ def cluster_member_node(node: ClusterNode, now_ms: int) -> dict[str, Any]:
         "ingress_stream_id": mark["ingress_stream_id"],
         "aeron_directory": mark["aeron_directory"],
         "counters_note": note,
+        "is_backup": _is_backup(mark),
+        "backup": backup,
     }
 
 
@@ -1588,8 +1650,10 @@ def _render_describe_node(node: dict[str, Any]) -> list[str]:
             activity = f"{mark['activity_timestamp_ms']} (never)"
         else:
             activity = f"{mark['activity_age_ms']} ms ago (liveness timeout {mark['liveness_timeout_ms']} ms)"
+        component = "cluster backup" if mark["component_type"] == ClusterComponentType.BACKUP.name \
+            else "consensus module"
         lines += [
-            f"consensus module in {node['cluster_dir']}: {mark['state']}",
+            f"{component} in {node['cluster_dir']}: {mark['state']}",
             f"  pid             {mark['pid']} ({'running' if mark['pid_exists'] else 'not running'})",
             f"  member id       {mark['member_id']}, cluster id {mark['cluster_id']}",
             f"  component       {mark['component_type']}, mark file version {mark['version']}"
@@ -1610,6 +1674,15 @@ def _render_describe_node(node: dict[str, Any]) -> list[str]:
             f"  sessions        {counters['sessions']} open, {counters['timers']} timers",
             f"  counters        {_plural(counters['snapshot_count'], 'snapshot')} taken, "
             f"{_plural(counters['errors'], 'error')}, {_plural(counters['invalid_requests'], 'invalid request')}",
+        ]
+    elif node.get("backup") is not None:
+        backup = node["backup"]
+        deadline = backup["next_query_deadline_ms"]
+        due = "-" if not deadline else f"in {max(0, deadline - epoch_ms())} ms"
+        lines += [
+            f"  backup          state {backup['state_name']}, live log position {backup['live_log_position']}",
+            f"  counters        next query {due}, {_plural(backup['snapshots_retrieved'], 'snapshot retrieval')}, "
+            f"{_plural(backup['errors'], 'error')}",
         ]
     elif node["counters_note"]:
         lines.append(f"  counters        none: {node['counters_note']}")
@@ -1654,6 +1727,12 @@ def format_cluster_members(document: dict[str, Any]) -> str:
     for node in document["nodes"]:
         if "error" in node:
             rows.append((node["node"], "-", "-", "-", "-", "-", f"cluster-tool: {node['error']}"))
+            continue
+        if node.get("is_backup"):
+            backup = node.get("backup")
+            state = f"BACKUP {backup['state_name']}" if backup else ("BACKUP" if node["running"] else "not running")
+            position = "-" if not backup or backup["live_log_position"] is None else str(backup["live_log_position"])
+            rows.append((node["node"], "-", state, "no", "-", position, "(a backup: live log position)"))
             continue
         rows.append(
             (
@@ -1784,7 +1863,8 @@ def cluster_group() -> None:
 
 
 def _exit_if_not_running(document: dict[str, Any]) -> None:
-    if any(not node.get("running", False) for node in document["nodes"] if "error" not in node):
+    if any(not node.get("running", False) for node in document["nodes"]
+           if "error" not in node and not node.get("is_backup")):
         sys.exit(EXIT_CLUSTER_NOT_RUNNING)
 
 

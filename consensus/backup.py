@@ -244,6 +244,7 @@ class ClusterBackupAgent:
         self._live_log_counter_id = NULL_VALUE
         self._archive_id: int | None = None
         self.closed = False
+        self._routine_query = False
         self.next_query_deadline_counter.set(0)
 
     # ------------------------------------------------------------ duty cycle
@@ -308,7 +309,16 @@ class ClusterBackupAgent:
     def _set_state(self, new_state: ClusterBackupState) -> None:
         if new_state is not self.state:
             old = self.state
-            self.log_event(f"backup {old.name} -> {new_state.name}")
+            # The query at each interval that changes nothing goes unsaid: the
+            # log shows what the backup did, not that it asked.
+            if old is ClusterBackupState.BACKING_UP and new_state is ClusterBackupState.BACKUP_QUERY:
+                self._routine_query = True
+            elif new_state in (ClusterBackupState.SNAPSHOT_RETRIEVE, ClusterBackupState.RESET_BACKUP):
+                self._routine_query = False
+            if not self._routine_query:
+                self.log_event(f"backup {old.name} -> {new_state.name}")
+            if new_state is ClusterBackupState.BACKING_UP:
+                self._routine_query = False
             self.state = new_state
             self.state_counter.set(int(new_state))
             if self.context.on_state_change is not None:

@@ -28,6 +28,7 @@ from archive_support import ArchiveProcess
 from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron
+from fulmar.cli import cluster_tool
 from fulmar.archive.client import (
     NULL_LENGTH,
     NULL_POSITION,
@@ -573,6 +574,47 @@ def test_replay_follows_a_live_recording_to_its_end(system: System) -> None:
     assert receiver.last_position == publisher.position
     assert drain.end_position == publisher.position
     assert receiver.digest.hexdigest() == publisher.digest.hexdigest()
+
+
+def test_a_bounded_replay_stops_at_its_limit_counter_and_ends_when_the_counter_is_freed(system: System) -> None:
+    """BoundedReplayRequest (what a cluster backup asks of a member's archive,
+    bounded by its commit position): nothing past the limit counter's value
+    is replayed; raising it lets the replay go on; once the counter's owner
+    frees it, the replay ends (its id may be given to another counter, whose
+    value would mean nothing), and the archive says why in its error."""
+    system.start_driver()
+    system.start_archive()
+    aeron, client = system.connect()
+    publication, recording_id = start_recorded_publication(system, aeron, client, IPC_CHANNEL)
+    publisher = Publisher(publication)
+    publisher.publish(2 * MB, 30)
+    seqs = sorted(publisher.starts)
+    middle_seq = seqs[len(seqs) // 2]
+    middle = publisher.starts[middle_seq]
+    wait_recorded(client, recording_id, publisher.position)
+    limit = aeron.add_counter(1500, "a test's commit position")
+    limit.set(middle)
+    subscription = client.replay(recording_id, REPLAY_CHANNEL, 2003, 0, NULL_LENGTH, limit_counter_id=limit.id)
+    try:
+        receiver = Receiver(0, publisher.starts)
+        drain = ReplayDrain(subscription, receiver)
+        wait_for(lambda: drain.poll() >= 0 and receiver.last_position == middle, 30,
+                 f"the replay to reach the limit {middle}")
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            drain.poll()
+        assert receiver.last_position == middle and receiver.next_seq == middle_seq, "replayed past the limit"
+        limit.set(publisher.position)
+        wait_for(lambda: drain.poll() >= 0 and receiver.last_position == publisher.position, 30,
+                 "the replay to follow the raised limit")
+        assert not drain.done
+        limit.close()
+        drain.run(30, "the bounded replay to end once its limit counter is freed")
+    finally:
+        subscription.close()
+    assert receiver.digest.hexdigest() == publisher.digest.hexdigest()
+    errors = [error["text"] for error in cluster_tool.archive_errors_document(system.archive_dir())["errors"]]
+    assert any("the limit counter" in text and "of the bounded replay was freed" in text for text in errors), errors
 
 
 def test_sigkill_while_recording_then_recover_replay_and_extend(system: System) -> None:

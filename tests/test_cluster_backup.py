@@ -9,18 +9,23 @@ The backup runs as a node would: its own media driver, its own archive, and
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import struct
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from cluster_support import _DRIVER_ARGS, NodeProcess, LocalCluster
 from driver_support import new_driver_dir, remove_driver_dir, wait_for
-from fulmar.cli import cluster_tool
+from fulmar.cli import cluster_node, cluster_tool
 from fulmar.cli.supervisor import free_udp_ports
 from fulmar.cnc import CncFile
 from fulmar.consensus.backup import (
@@ -164,3 +169,123 @@ def test_the_backup_follows_the_log_through_a_failover_and_holds_the_members_log
     finally:
         if backup is not None:
             backup.close()
+
+
+def test_a_cluster_restored_from_the_backup_holds_every_acknowledged_write(cluster: LocalCluster) -> None:
+    """The restore procedure of the README: the backup is stopped, every member
+    is killed and its archive and cluster directories deleted; each member gets
+    a copy of the backup's archive and cluster directories and starts: it
+    loads the snapshot, replays the log after it, and the cluster elects a
+    leader and serves the counter every acknowledged write made."""
+    workload = CounterWorkload(cluster).start()
+    backup: Backup | None = None
+    try:
+        workload.wait_for_acks(150, 30)
+        print(cluster_tool.cluster_operate(cluster.base, "snapshot", 30))
+        backup = Backup(cluster)
+        workload.wait_for_acks(150, 30)
+        wait_for(lambda: backup.counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID) == ClusterBackupState.BACKING_UP,
+                 30, f"the backup to be BACKING_UP: {backup.output()[-2000:]}")
+    finally:
+        workload.stop()
+    try:
+        assert backup is not None
+        final = read_counter(cluster.connect_client())
+        workload.check(final)
+        leader = wait_for_leader(cluster, 30).member
+        position = member_view(cluster, leader).commit_position
+        assert position is not None
+        wait_for(lambda: backup.counter(CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID) >= position, 30,
+                 f"the backup's live log to reach {position}: {backup.output()[-3000:]}")
+        for process in reversed(backup.processes):
+            assert process.stop(15) == 0, process.output()[-2000:]
+        backup.processes.clear()
+        for client in list(cluster.clients):
+            client.close()
+            cluster.clients.remove(client)
+        for member in range(cluster.size):
+            cluster.kill_member(member)
+            shutil.rmtree(cluster.archive_dir(member))
+            shutil.rmtree(cluster.cluster_dir(member))
+            shutil.copytree(backup.archive_dir, cluster.archive_dir(member))
+            shutil.copytree(backup.cluster_dir, cluster.cluster_dir(member))
+        cluster.start()
+        wait_for_leader(cluster, 30)
+        assert read_counter(cluster.connect_client()) == final
+    finally:
+        if backup is not None:
+            backup.close()
+
+
+def _wait_line(path: Path, text: str, process: "subprocess.Popen[bytes]", timeout_s: float) -> str:
+    def seen() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"exited with {process.returncode}: {path.read_text()[-3000:]}")
+        return text in path.read_text()
+
+    wait_for(seen, timeout_s, f"{text!r} in {path}")
+    return path.read_text()
+
+
+def test_cluster_node_backup_local_runs_beside_a_local_cluster_and_cluster_tool_shows_it() -> None:
+    """``cluster-node start --local 3 --dir BASE`` and ``cluster-node backup
+    --local BASE``: the backup's three processes start in order, list-members
+    shows it beside the members with its state and live log position,
+    describe shows its counters, and SIGTERM stops it cleanly."""
+    base = Path(tempfile.mkdtemp(prefix="fulmar-backup-local-"))
+    command = [sys.executable, "-m", "fulmar.cli.cluster_node"]
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        cluster_out = base / "cluster.out"
+        with open(cluster_out, "wb") as out:
+            processes.append(subprocess.Popen([*command, "start", "--local", "3", "--dir", str(base),
+                                               "--consensus-startup-canvass-timeout", "2s"],
+                                              stdout=out, stderr=subprocess.STDOUT, process_group=0))
+        _wait_line(cluster_out, "local cluster ready", processes[0], 60)
+        backup_out = base / "backup.out"
+        with open(backup_out, "wb") as out:
+            processes.append(subprocess.Popen([*command, "backup", "--local", str(base)],
+                                              stdout=out, stderr=subprocess.STDOUT, process_group=0))
+        _wait_line(backup_out, "cluster backup ready", processes[1], 60)
+        assert (base / "backup" / "backup.toml").exists()
+
+        def listed() -> str:
+            result = subprocess.run([sys.executable, "-m", "fulmar.cli.cluster_tool", "list-members", "--dir",
+                                     str(base)], capture_output=True, text=True, timeout=30)
+            assert result.returncode == 0, result.stdout + result.stderr
+            return result.stdout
+
+        wait_for(lambda: "BACKUP BACKING_UP" in listed(), 30, "list-members to show the backup BACKING_UP")
+        row = next(line for line in listed().splitlines() if line.startswith("backup"))
+        assert "(a backup: live log position)" in row
+        described = subprocess.run([sys.executable, "-m", "fulmar.cli.cluster_tool", "describe", "--dir",
+                                    str(base / "backup")], capture_output=True, text=True, timeout=30)
+        assert described.returncode == 0, described.stdout + described.stderr
+        assert "cluster backup in" in described.stdout and "state BACKING_UP" in described.stdout
+        processes[1].send_signal(signal.SIGTERM)
+        assert processes[1].wait(60) == 0, backup_out.read_text()[-3000:]
+        assert "cluster backup stopped cleanly" in backup_out.read_text()
+    finally:
+        for process in reversed(processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(10)
+        for directory in Path("/dev/shm").glob(f"fulmar-*-{base.name}-*"):
+            shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_cluster_node_backup_names_what_its_configuration_lacks(tmp_path: Path) -> None:
+    config = tmp_path / "backup.toml"
+    config.write_text('[backup]\ndir = "b"\ncatchup_endpoint = "127.0.0.1:9999"\n')
+    result = CliRunner().invoke(cluster_node.backup, ["--config", str(config)])
+    assert result.exit_code == 2
+    assert "[backup] cluster_consensus_endpoints is required" in result.output
+    result = CliRunner().invoke(cluster_node.backup, [])
+    assert result.exit_code == 2 and "give --config FILE or --local BASE" in result.output
+    result = CliRunner().invoke(cluster_node.backup, ["--local", str(tmp_path)])
+    assert result.exit_code == 2 and "no local cluster's configuration" in result.output
