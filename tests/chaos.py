@@ -85,9 +85,11 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import linearizability  # noqa: E402
+from backup_support import Backup, backup_log  # noqa: E402
 from cluster_support import FAST_ELECTION_ARGS, KEY_VALUE_SERVICE, KINDS, LocalCluster  # noqa: E402
 from driver_support import wait_for  # noqa: E402
 from multi_node_support import LEADER, assert_same_logs, leaders, log_frames, member_view  # noqa: E402
+from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID as BACKUP_LIVE_LOG_POSITION_TYPE_ID  # noqa: E402
 
 from fulmar.aeron import Aeron  # noqa: E402
 from fulmar.archive.catalog import Catalog  # noqa: E402
@@ -137,6 +139,9 @@ class ChaosConfig:
     artifacts: Path = Path("chaos-artifacts")
     converge_timeout_s: float = 120.0
     keep_artifacts: bool = False  # save history, schedule and logs even when nothing is wrong
+    # A cluster backup follows the log through the faults; at the end its
+    # copy must equal the members' log (issue 20).
+    backup: bool = True
 
     def nemesis_kinds(self) -> tuple[str, ...]:
         if self.nemeses:
@@ -691,6 +696,9 @@ class ChaosReport:
     # Whether the healed cluster converged (one leader, every member running and
     # at its commit position); None when the run ended before the wait.
     converged: bool | None = None
+    # Whether the backup's log equals the members' up to the commit position
+    # (None: no backup in this run, or the run ended before the check).
+    backup_matches: bool | None = None
 
     def summary(self) -> str:
         c = self.config
@@ -720,6 +728,8 @@ class ChaosReport:
         verdict = {True: "yes", False: "NO", None: "undecided (search budget)"}[self.linearizable]
         lines.append(f"  linearizable    {verdict} ({self.keys_checked} keys); log {self.log_requests} requests "
                      f"up to position {self.commit_position}, identical on every member")
+        if self.backup_matches is not None:
+            lines.append(f"  backup          {'log identical to the members' if self.backup_matches else 'DIFFERS'}")
         lines.append(f"  anomalies       {len(self.anomalies)}")
         lines.extend(f"    - {a}" for a in self.anomalies[:20])
         if len(self.anomalies) > 20:
@@ -833,11 +843,14 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
     history = History()
     cluster = LocalCluster(config.members, KEY_VALUE_SERVICE, extra_consensus_args=CHAOS_CONSENSUS_ARGS)
     nemesis: Nemesis | None = None
+    backup: Backup | None = None
     stop = threading.Event()
     clients: list[KvClient] = []
     try:
         cluster.start()
         wait_for(lambda: len(leaders(cluster)) == 1, 60, "a first leader")
+        if config.backup:
+            backup = Backup(cluster)
         progress(f"cluster of {config.members} up; workload and nemesis for {config.seconds:g} s (seed {config.seed})")
         started_ns = time.monotonic_ns()
         nemesis = Nemesis(cluster, config, time.monotonic())
@@ -869,6 +882,8 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
         report.commit_position = position
         progress("checking the history, the logs and the service states")
         _check(cluster, history, report, position, before_snapshot)
+        if backup is not None:
+            _check_backup(cluster, backup, report, position, config.converge_timeout_s)
         report.availability = _availability(history.all(), nemesis.events, started_ns, nemesis.ended)
         report.events = [asdict(e) for e in nemesis.events]
         report.sessions = sum(c.sessions for c in clients)
@@ -889,9 +904,31 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
         report.anomalies += [f"a reply nobody asked for: {r[:120]}" for r in history.strange_replies]
         report.elapsed_s = time.monotonic() - began
         if report.anomalies or config.keep_artifacts:
-            report.artifacts = str(_save_artifacts(config, cluster, history, report))
+            report.artifacts = str(_save_artifacts(config, cluster, history, report, backup))
+        if backup is not None:
+            backup.close()
         cluster.close()
     return report
+
+
+def _check_backup(cluster: LocalCluster, backup: Backup, report: ChaosReport, position: int,
+                  timeout_s: float) -> None:
+    """The backup followed the log through every fault: its copy reaches the
+    converged commit position and holds the members' log, frame for frame."""
+    try:
+        wait_for(lambda: backup.counter(BACKUP_LIVE_LOG_POSITION_TYPE_ID) >= position, timeout_s,
+                 f"the backup's live log to reach {position}", poll_s=0.2)
+        theirs = log_frames(cluster, 0, position)
+        mine = backup_log(backup, position)
+    except AssertionError as error:
+        report.backup_matches = False
+        report.anomalies.append(f"the backup did not keep up: {error}")
+        return
+    report.backup_matches = mine == theirs
+    if mine != theirs:
+        differing = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        report.anomalies.append(f"the backup's log differs from the members' at frame {differing} "
+                                f"({len(mine)} frames against {len(theirs)})")
 
 
 def _has_snapshot_after(cluster: LocalCluster, member: int, position: int) -> bool:
@@ -938,7 +975,8 @@ def _check(cluster: LocalCluster, history: History, report: ChaosReport, positio
                                     f"{log_state.get(op.key)}")
 
 
-def _save_artifacts(config: ChaosConfig, cluster: LocalCluster, history: History, report: ChaosReport) -> Path:
+def _save_artifacts(config: ChaosConfig, cluster: LocalCluster, history: History, report: ChaosReport,
+                    backup: Backup | None = None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     directory = config.artifacts / f"{stamp}-{config.members}members-seed{config.seed}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -953,6 +991,10 @@ def _save_artifacts(config: ChaosConfig, cluster: LocalCluster, history: History
     client_log = cluster.base / "client-driver.log"
     if client_log.exists():
         shutil.copy(client_log, directory / "client-driver.log")
+    if backup is not None:
+        for name in ("driver.log", "archive.log", "backup.log"):
+            if (backup.base / name).exists():
+                shutil.copy(backup.base / name, directory / f"backup-{name}")
     report.artifacts = str(directory)
     (directory / "report.txt").write_text(report.summary() + "\n")
     return directory

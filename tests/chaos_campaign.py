@@ -47,10 +47,12 @@ class SeedResult:
     operations: dict[str, int] = field(default_factory=dict)
     faults: int = 0
     artifacts: str | None = None
+    backup_matches: bool | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.anomalies and self.converged is True and self.linearizable is True
+        return not self.anomalies and self.converged is True and self.linearizable is True \
+            and self.backup_matches is not False
 
     def line(self) -> str:
         ops = self.operations
@@ -58,8 +60,9 @@ class SeedResult:
         linearizable = {True: "yes", False: "NO", None: "undecided"}[self.linearizable]
         text = (f"{self.members} members  seed {self.seed:<10d}  {verdict:<13}  "
                 f"{ops.get('ok', 0):6d} ok {ops.get('unknown', 0):4d} unknown {ops.get('fail', 0):4d} fail  "
-                f"{self.faults:3d} faults  linearizable {linearizable:<9}  {len(self.anomalies)} anomalies  "
-                f"{self.seconds_taken:4.0f} s")
+                f"{self.faults:3d} faults  linearizable {linearizable:<9}  "
+                f"backup {({True: 'same log', False: 'DIFFERS', None: '-'})[self.backup_matches]:<8}  "
+                f"{len(self.anomalies)} anomalies  {self.seconds_taken:4.0f} s")
         if not self.ok:
             first = self.anomalies[0].splitlines()[0] if self.anomalies else "no report"
             text += f"\n    {first[:300]}"
@@ -97,7 +100,8 @@ def run_seed(members: int, seed: int, seconds: float, clients: int, artifacts: P
         report: dict[str, Any] = json.loads(report_path.read_text())
     return SeedResult(members, seed, taken, anomalies=list(report["anomalies"]), converged=report.get("converged"),
                       linearizable=report.get("linearizable"), operations=dict(report.get("operations", {})),
-                      faults=len(report.get("events", [])), artifacts=report.get("artifacts"))
+                      faults=len(report.get("events", [])), artifacts=report.get("artifacts"),
+                      backup_matches=report.get("backup_matches"))
 
 
 def summarize(results: list[SeedResult]) -> list[str]:

@@ -40,6 +40,7 @@ def _run(config: ChaosConfig, kinds: tuple[str, ...]) -> None:
     print(summary)
     assert not report.anomalies, summary
     assert report.linearizable is True, summary
+    assert report.backup_matches is True, summary  # a backup followed the log through every fault
     assert {e["kind"] for e in report.events} == set(kinds), summary  # at least one whole round
     assert report.operations.get("ok", 0) > 100 * config.seconds / 60, summary
     # Every fault was healed and the cluster had a leader again afterwards.
