@@ -56,9 +56,9 @@ from fulmar.cli.supervisor import (
 from fulmar.consensus.cluster_member import parse_cluster_members
 from fulmar.stop_signals import StopSignals
 
-_BACKUP_KEYS_OF_THE_FILE = ("dir", "driver_dir", "start_timeout", "stop_timeout")
 DEFAULT_START_TIMEOUT_S = 60.0
 DEFAULT_STOP_TIMEOUT_S = 30.0
+_LAUNCHER = "cluster-node backup"
 
 
 @dataclass
@@ -96,15 +96,15 @@ class BackupConfig:
             ChildSpec("media driver", "driver",
                       ["driver", "--dir", driver_dir, "--stop-after", str(self.cluster_dir),
                        "--stop-after", str(self.archive_dir), "--stop-after-timeout", step, *_flags(self.driver)],
-                      "media driver pid", env),
+                      "media driver pid", env, _LAUNCHER),
             ChildSpec("archive", "archive",
                       ["archive", "--dir", str(self.archive_dir), "--driver-dir", driver_dir,
                        "--stop-after", str(self.cluster_dir), "--stop-after-timeout", step, *_flags(self.archive)],
-                      "archive pid", env),
+                      "archive pid", env, _LAUNCHER),
             ChildSpec("cluster backup", "backup",
                       ["cluster-backup", "--cluster-dir", str(self.cluster_dir), "--driver-dir", driver_dir,
                        *_flags({k: v for k, v in self.backup.items() if k != "credentials"})],
-                      "cluster backup pid", backup_env),
+                      "cluster backup pid", backup_env, _LAUNCHER),
         ]
 
     def to_toml(self) -> str:

@@ -323,6 +323,7 @@ class ChildSpec:
     args: list[str]
     ready_text: str
     env: dict[str, str]
+    launcher: str = "cluster-node start"  # who started it, in the log's header line
 
 
 @dataclass
@@ -910,7 +911,7 @@ class Child:
 
     def start(self, preexec: Callable[[], None] | None) -> None:
         with open(self.log_path, "ab") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster-node start (pid {os.getpid()}): "
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {self.spec.launcher} (pid {os.getpid()}): "
                       f"{' '.join(self.spec.args)}\n".encode())
             log.flush()
             self._start_offset = log.tell()
