@@ -89,7 +89,7 @@ from bench.cluster import (
     latency,
 )
 from fulmar.aeron import Aeron
-from fulmar.cli.cluster_tool import ClusterNode, ClusterReadError, ModuleCounters, cluster_member_node
+from fulmar.cli.cluster_commands import ClusterNode, ClusterReadError, ModuleCounters, cluster_member_node
 from fulmar.clock import epoch_ms
 from fulmar.cnc import CncError, CncFile
 from fulmar.consensus import protocol as cluster_protocol

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from fulmar.aeron import Aeron
-from fulmar.cli.cluster_tool import ClusterNode, ClusterReadError, cluster_member_node
+from fulmar.cli.cluster_commands import ClusterNode, ClusterReadError, cluster_member_node
 from fulmar.clock import epoch_ms
 from fulmar.consensus.agent import ClusterRole
 from fulmar.consensus.client import ClusterClient

@@ -19,7 +19,7 @@ from multi_node_support import COUNTER_SERVICE, member_view, wait_for_commit, wa
 
 from cluster_support import LocalCluster
 from fulmar.analytics.log_decoder import read_log
-from fulmar.cli.cluster_tool import cluster_operate
+from fulmar.cli.cluster_commands import cluster_operate
 from fulmar.consensus.recording_log import RecordingLog
 
 FRAGMENTED_LENGTH = 5000  # over the default MTU (1408): fragmented in the log

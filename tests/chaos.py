@@ -94,7 +94,8 @@ from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID as 
 from fulmar.aeron import Aeron  # noqa: E402
 from fulmar.archive.catalog import Catalog  # noqa: E402
 from fulmar.archive.segment import list_segment_files, segment_base_of_file  # noqa: E402
-from fulmar.cli.cluster_tool import cluster_operate, set_loss  # noqa: E402
+from fulmar.cli.aeron_stat import set_loss  # noqa: E402
+from fulmar.cli.cluster_commands import cluster_operate  # noqa: E402
 from fulmar.codecs.generated import cluster as cluster_codecs  # noqa: E402
 from fulmar.consensus.client import ClusterClient, _wait_for_data  # noqa: E402
 from fulmar.consensus.recording_log import RecordingLog  # noqa: E402

@@ -15,7 +15,7 @@ from driver_support import wait_for
 
 from cluster_support import LocalCluster
 from fulmar.archive.segment import segment_base_of_file
-from fulmar.cli.cluster_tool import ClusterNode, cluster_member_node
+from fulmar.cli.cluster_commands import ClusterNode, cluster_member_node
 from fulmar.clock import epoch_ms
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog

@@ -28,7 +28,7 @@ from archive_support import ArchiveProcess
 from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron
-from fulmar.cli import cluster_tool
+from fulmar.cli import archive_tool
 from fulmar.archive.client import (
     NULL_LENGTH,
     NULL_POSITION,
@@ -613,7 +613,7 @@ def test_a_bounded_replay_stops_at_its_limit_counter_and_ends_when_the_counter_i
     finally:
         subscription.close()
     assert receiver.digest.hexdigest() == publisher.digest.hexdigest()
-    errors = [error["text"] for error in cluster_tool.archive_errors_document(system.archive_dir())["errors"]]
+    errors = [error["text"] for error in archive_tool.archive_errors_document(system.archive_dir())["errors"]]
     assert any("the limit counter" in text and "of the bounded replay was freed" in text for text in errors), errors
 
 

@@ -22,7 +22,7 @@ import pytest
 from cluster_support import FAST_ELECTION_ARGS, LocalCluster
 from driver_support import wait_for
 from fulmar.aeron import Aeron
-from fulmar.cli import cluster_tool, supervisor
+from fulmar.cli import cluster_commands, supervisor
 from fulmar.cnc import CncFile
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
@@ -117,7 +117,7 @@ def recording_log_entries(cluster: LocalCluster, member: int) -> list[Any]:
 
 
 def take_snapshot(cluster: LocalCluster) -> None:
-    print(cluster_tool.cluster_operate(cluster.base, "snapshot", 30))
+    print(cluster_commands.cluster_operate(cluster.base, "snapshot", 30))
 
 
 def test_each_member_answers_a_backup_query_with_its_log_snapshots_members_and_leader(
@@ -205,7 +205,7 @@ def test_the_standby_snapshot_action_is_in_every_log_with_its_flag_and_no_member
     snapshot_counts = [counter(cluster, m, protocol.SNAPSHOT_COUNTER_TYPE_ID) for m in range(cluster.size)]
     snapshot_entries = [sum(1 for e in recording_log_entries(cluster, m) if e.entry_type == ENTRY_TYPE_SNAPSHOT)
                         for m in range(cluster.size)]
-    print(cluster_tool.cluster_operate(cluster.base, "standby-snapshot", 30))
+    print(cluster_commands.cluster_operate(cluster.base, "standby-snapshot", 30))
     client = cluster.connect_client()
     assert client.request(b"after the standby snapshot", timeout_s=10) == b"after the standby snapshot"
     leader = wait_for_leader(cluster, 30).member

@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 
 from cluster_support import SingleNodeCluster
 from driver_support import wait_for
-from fulmar.cli import cluster_tool
+from fulmar.cli import cluster_commands, cluster_tool
 from fulmar.cnc import CncFile
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.consensus.agent import ControlToggle
@@ -342,7 +342,7 @@ def test_suspend_holds_requests_until_resume(cluster_of: Any) -> None:
         # The toggle is not NEUTRAL (a SNAPSHOT request the suspended module leaves pending): the
         # compare-and-set fails and the tool says what the toggle holds.
         with CncFile.open(cluster.driver_dir) as cnc:
-            counters_in_cnc = cluster_tool.ModuleCounters(cnc, 0)
+            counters_in_cnc = cluster_commands.ModuleCounters(cnc, 0)
             # INACTIVE: a value the module leaves alone, so the refusal is the tool's, deterministically.
             assert counters_in_cnc.compare_and_set(CONTROL_TOGGLE, ControlToggle.NEUTRAL, ControlToggle.INACTIVE)
             one_line_error(tool("resume", "--dir", str(cluster.base)), "control toggle is INACTIVE, not NEUTRAL")

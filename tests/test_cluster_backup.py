@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from backup_support import Backup, backup_log
 from cluster_support import LocalCluster
 from driver_support import wait_for
-from fulmar.cli import cluster_node, cluster_tool
+from fulmar.cli import cluster_commands, cluster_node
 from fulmar.consensus.backup import (
     CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID,
     CLUSTER_BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID,
@@ -51,7 +51,7 @@ def test_the_backup_follows_the_log_through_a_failover_and_holds_the_members_log
     backup: Backup | None = None
     try:
         workload.wait_for_acks(200, 30)
-        print(cluster_tool.cluster_operate(cluster.base, "snapshot", 30))
+        print(cluster_commands.cluster_operate(cluster.base, "snapshot", 30))
         workload.wait_for_acks(100, 30)
         backup = Backup(cluster)
         wait_for(lambda: backup.counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID) == ClusterBackupState.BACKING_UP,
@@ -104,7 +104,7 @@ def test_a_cluster_restored_from_the_backup_holds_every_acknowledged_write(clust
     backup: Backup | None = None
     try:
         workload.wait_for_acks(150, 30)
-        print(cluster_tool.cluster_operate(cluster.base, "snapshot", 30))
+        print(cluster_commands.cluster_operate(cluster.base, "snapshot", 30))
         backup = Backup(cluster)
         workload.wait_for_acks(150, 30)
         wait_for(lambda: backup.counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID) == ClusterBackupState.BACKING_UP,

@@ -35,7 +35,7 @@ import pytest
 from cluster_support import LocalCluster
 from driver_support import wait_for
 from fulmar.aeron import Aeron
-from fulmar.cli import cluster_tool
+from fulmar.cli import archive_tool, cluster_commands
 from fulmar.cli.cnc_reader import read_errors
 from fulmar.cnc import CncFile
 from fulmar.codecs.generated import archive as archive_codecs
@@ -546,8 +546,8 @@ def cluster_counter(cluster: LocalCluster, member: int, type_id: int) -> int:
 
 def module_errors(cluster: LocalCluster, member: int) -> list[str]:
     """The consensus module's distinct errors, as ``cluster-tool errors --dir <node dir>`` reads them."""
-    node = cluster_tool.ClusterNode(f"node{member}", cluster.cluster_dir(member))
-    document = cluster_tool.cluster_errors_node(node)
+    node = cluster_commands.ClusterNode(f"node{member}", cluster.cluster_dir(member))
+    document = cluster_commands.cluster_errors_node(node)
     return [error["text"] for file in document["files"] if file["component"] == "consensus module"
             for error in file["errors"]]
 
@@ -635,7 +635,7 @@ def test_forged_setups_get_no_image_where_no_subscription_takes_them(cluster: Lo
             wait_for(lambda: cluster_counter(cluster, member, cluster_protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID)
                      > invalid_before, 10, f"member {member}'s consensus module to count the stranger's ingress garbage")
             wait_for(lambda: any(e["text"].startswith("archive: malformed control request ignored")
-                                 for e in cluster_tool.archive_errors_document(cluster.archive_dir(member))["errors"]),
+                                 for e in archive_tool.archive_errors_document(cluster.archive_dir(member))["errors"]),
                      10, f"member {member}'s archive to log the stranger's garbage")
 
 
@@ -791,7 +791,7 @@ def archive_control_garbage(cluster: LocalCluster, aeron: Aeron, member: int, rn
         archive_dir = cluster.archive_dir(member)
 
         def observations(prefix: str) -> int:
-            errors = cluster_tool.archive_errors_document(archive_dir)["errors"]
+            errors = archive_tool.archive_errors_document(archive_dir)["errors"]
             return sum(e["observation_count"] for e in errors if e["text"].startswith(prefix))
 
         for message, expected in messages:
