@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,25 @@ def counters_document(directory: str) -> dict[str, Any]:
         return {"dir": str(directory), "driver_pid": cnc.pid, "counters": read_counters(cnc)}
 
 
+def add_rates(document: dict[str, Any], previous: dict[str, Any] | None, interval_s: float | None) -> dict[str, Any]:
+    """``document`` with each counter's change per second since ``previous``.
+
+    Each counter gets ``rate_per_s`` and the document ``interval_s`` (the
+    seconds between the two reads).  A counter has no rate (None) on the first
+    read, when it was allocated since (a freed id taken again has a new
+    registration id) or when the driver is another one (restarted).
+    """
+    comparable = previous is not None and interval_s and previous["driver_pid"] == document["driver_pid"]
+    earlier: dict[tuple[int, int], int] = {}
+    if previous is not None and comparable:
+        earlier = {(c["id"], c["registration_id"]): c["value"] for c in previous["counters"]}
+    for counter in document["counters"]:
+        value = earlier.get((counter["id"], counter["registration_id"]))
+        counter["rate_per_s"] = None if value is None or not interval_s else (counter["value"] - value) / interval_s
+    document["interval_s"] = interval_s if comparable else None
+    return document
+
+
 @click.command()
 @driver_dir_option
 @click.option(
@@ -54,7 +72,8 @@ def counters_document(directory: str) -> dict[str, Any]:
     type=click.FloatRange(min=0.05),
     default=None,
     metavar="SECONDS",
-    help="Refresh every SECONDS until Ctrl-C (with --json: one JSON document per line); "
+    help="Refresh every SECONDS until Ctrl-C, with each counter's change per second since the "
+    "refresh before (with --json: one JSON document per line, rate_per_s on each counter); "
     "while the directory holds no driver, show why and keep trying.",
 )
 @json_option
@@ -75,28 +94,30 @@ def counters(directory: str | None, watch: float | None, as_json: bool) -> None:
             fail(str(error), EXIT_NO_DRIVER)
         click.echo(json.dumps(document) if as_json else format_counters(document))
         return
-    _watch(path, counters_document, format_counters, watch, as_json)
+    _watch_counters(path, watch, as_json)
 
 
-def _watch(
-    directory: str,
-    read: Callable[[str], dict[str, Any]],
-    render: Callable[[dict[str, Any]], str],
-    interval_s: float,
-    as_json: bool,
-) -> None:
-    """Redraw ``render(read())`` every interval until Ctrl-C.
+def _watch_counters(directory: str, interval_s: float, as_json: bool) -> None:
+    """Redraw the counters, with their rates, every interval until Ctrl-C.
 
     On a terminal the screen is cleared and redrawn in one write (no flicker);
     piped, the refreshes follow each other, each starting with its header.
+    The rates divide by the time measured between the reads, not the
+    interval asked for: a slow read or a late wake-up does not skew them.
     """
+    previous: dict[str, Any] | None = None
+    previous_read_s = 0.0
     try:
         while True:
             try:
-                document = read(directory)
-                text = json.dumps(document) if as_json else render(document)
+                document = counters_document(directory)
+                read_s = time.monotonic()
+                add_rates(document, previous, read_s - previous_read_s if previous is not None else None)
+                previous, previous_read_s = document, read_s
+                text = json.dumps(document) if as_json else format_counters(document)
             except CncError as error:
                 # A node being restarted: its directory comes back shortly.
+                previous = None
                 text = json.dumps({"dir": directory, "error": str(error)}) if as_json else f"cluster-tool: {error}"
             if not as_json and sys.stdout.isatty():
                 text = CLEAR_SCREEN + text

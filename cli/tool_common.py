@@ -19,14 +19,32 @@ def fail(message: str, code: int) -> NoReturn:
 
 
 def format_counters(document: dict[str, Any]) -> str:
+    """The counters as a table: id, type, value and label; with a rate/s column
+    when the document has rates (``cluster-tool counters --watch``)."""
     counters = document["counters"]
-    lines = [f"driver pid {document['driver_pid']} in {document['dir']}: {len(counters)} counters"]
+    with_rates = "interval_s" in document
+    title = f"driver pid {document['driver_pid']} in {document['dir']}: {len(counters)} counters"
+    if with_rates:
+        interval_s = document["interval_s"]
+        title += (f", rates per second over the last {interval_s:.2f} s" if interval_s is not None
+                  else ", rates from the next refresh")
     value_width = max([len("value")] + [len(str(counter["value"])) for counter in counters])
-    lines.append(f"{'id':>4}  {'type':<22}  {'value':>{value_width}}  label")
-    for counter in counters:
+    rates = [_format_rate(counter.get("rate_per_s")) for counter in counters]
+    rate_width = max([len("rate/s")] + [len(rate) for rate in rates])
+    rate_title = f"  {'rate/s':>{rate_width}}" if with_rates else ""
+    lines = [title, f"{'id':>4}  {'type':<22}  {'value':>{value_width}}{rate_title}  label"]
+    for counter, rate in zip(counters, rates):
         kind = f"{counter['type_id']}" + (f" {counter['type']}" if counter["type"] else "")
-        lines.append(f"{counter['id']:>4}  {kind:<22}  {counter['value']:>{value_width}}  {counter['label']}")
+        rate_cell = f"  {rate:>{rate_width}}" if with_rates else ""
+        lines.append(f"{counter['id']:>4}  {kind:<22}  {counter['value']:>{value_width}}{rate_cell}  {counter['label']}")
     return "\n".join(lines)
+
+
+def _format_rate(rate_per_s: float | None) -> str:
+    """``-`` without a rate; whole numbers from 100 up, two decimals below (one event a minute shows)."""
+    if rate_per_s is None:
+        return "-"
+    return f"{rate_per_s:.0f}" if abs(rate_per_s) >= 100 else f"{rate_per_s:.2f}"
 
 
 def format_error_list(errors: list[dict[str, Any]], title: str, indent: str = "") -> list[str]:

@@ -26,9 +26,10 @@ import pytest
 from click.testing import CliRunner
 
 from fulmar.aeron import Aeron, RegistrationError
-from fulmar.cli import cluster_tool
+from fulmar.cli import aeron_stat, cluster_tool
 from fulmar.cli.cnc_reader import iso_utc
 from fulmar.cli.options import Duration, Size, format_duration, format_size
+from fulmar.cli.tool_common import format_counters
 from fulmar.cnc import BROADCAST_TRAILER_LENGTH, RING_BUFFER_TRAILER_LENGTH, CncError, CncFile
 from fulmar.codecs.generated import driver as protocol
 from fulmar.driver.counters import CLIENT_HEARTBEAT_TYPE_ID, SYSTEM_COUNTER_TYPE_ID, SystemCounter
@@ -417,6 +418,62 @@ def test_watch_refreshes_until_interrupted(workspace: Path, as_json: bool) -> No
             assert "Traceback" not in stderr
         finally:
             reap(watcher)
+
+
+def test_watch_shows_each_counters_change_per_second_between_two_reads(workspace: Path) -> None:
+    """counters --watch: a counter moved by 1000 between two refreshes has the
+    rate 1000 / the seconds between those reads; the first refresh has none."""
+    directory = workspace / "node0"
+    label = "test rate counter"
+    with running_driver(directory), Aeron.connect(directory) as aeron:
+        counter = aeron.add_counter(1001, label)
+        command = [sys.executable, "-m", "fulmar.cli.cluster_tool", "counters", "--dir", str(directory),
+                   "--watch", "0.1", "--json"]
+        with children_interruptible():
+            watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            def ours(line: str) -> dict[str, Any]:
+                return by_label(json.loads(line))[label]
+
+            first = json.loads(read_lines(watcher, 1, lambda line: line.startswith("{"))[0])
+            assert first["interval_s"] is None
+            assert all(c["rate_per_s"] is None for c in first["counters"])
+            # Two refreshes see the same value: its rate is 0 and interval_s is the time between the reads.
+            still = json.loads(read_lines(watcher, 1, lambda line: line.startswith("{") and ours(line)["value"] == 0)[0])
+            assert still["interval_s"] >= 0.1 and ours(json.dumps(still))["rate_per_s"] == 0
+            counter.set(1000)
+            moved = json.loads(read_lines(watcher, 1, lambda line: line.startswith("{") and ours(line)["value"] == 1000)[0])
+            assert by_label(moved)[label]["rate_per_s"] == pytest.approx(1000 / moved["interval_s"])
+            assert moved["interval_s"] >= 0.1
+            watcher.send_signal(signal.SIGINT)
+            _, stderr = watcher.communicate(timeout=DEADLINE_S)
+            assert watcher.returncode == 0 and "Traceback" not in stderr
+        finally:
+            reap(watcher)
+
+
+def test_rates_keep_to_the_same_counter_and_show_in_a_column() -> None:
+    """A freed counter id taken by a new counter (another registration id), or
+    another driver, gives no rate; the text has a rate/s column only when watching."""
+    def read(pid: int, *counters: tuple[int, int, int]) -> dict[str, Any]:
+        return {"dir": "/d", "driver_pid": pid, "counters": [
+            {"id": cid, "type_id": 0, "type": "system", "label": f"c{cid}", "value": value, "registration_id": reg}
+            for cid, reg, value in counters]}
+
+    first = aeron_stat.add_rates(read(7, (0, 10, 100), (1, 11, 5)), None, None)
+    assert first["interval_s"] is None and [c["rate_per_s"] for c in first["counters"]] == [None, None]
+    second = aeron_stat.add_rates(read(7, (0, 10, 350), (1, 12, 9)), first, 0.5)
+    assert second["interval_s"] == 0.5
+    assert [c["rate_per_s"] for c in second["counters"]] == [500.0, None]
+    restarted = aeron_stat.add_rates(read(8, (0, 10, 400)), second, 0.5)
+    assert restarted["interval_s"] is None and restarted["counters"][0]["rate_per_s"] is None
+    text = format_counters(second).splitlines()
+    assert text[0] == "driver pid 7 in /d: 2 counters, rates per second over the last 0.50 s"
+    assert text[1].split() == ["id", "type", "value", "rate/s", "label"]
+    assert text[2].split() == ["0", "0", "system", "350", "500", "c0"]
+    assert text[3].split() == ["1", "0", "system", "9", "-", "c1"]
+    plain = format_counters(read(7, (0, 10, 350))).splitlines()
+    assert plain[0] == "driver pid 7 in /d: 1 counters" and "rate/s" not in plain[1]
 
 
 # ---------------------------------------------------------------------- option types and formatting
