@@ -199,7 +199,8 @@ class ArchiveMarkFile:
 def read_mark_file(archive_dir: str | os.PathLike[str]) -> MarkFileHeaderDecoder:
     """Decode an existing mark file's header (for tools), with or without Aeron's message header."""
     path = Path(archive_dir) / MARK_FILE_NAME
-    data = path.read_bytes()[:HEADER_LENGTH]
+    with open(path, "rb") as file:  # the header only, not the error buffer behind it
+        data = file.read(HEADER_LENGTH)
     try:
         if _body_offset(data):
             return MarkFileHeaderDecoder().wrap_and_apply_header(data, 0)

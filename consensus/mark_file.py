@@ -31,6 +31,7 @@ The candidate term id (the term this member last voted in) survives restarts:
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -207,16 +208,21 @@ def _read_errors(path: Path, decoder: MarkFileHeaderDecoder) -> list[ErrorObserv
     length = decoder.error_buffer_length
     if length <= 0:
         return []
+    # Mapped copy-on-write rather than read: only the records' pages are
+    # touched, not the whole (mostly empty) buffer, and nothing reaches the file.
     with open(path, "rb") as f:
-        f.seek(decoder.header_length)
-        region = bytearray(f.read(length))
-    if len(region) < length:  # shrank since it was measured
-        raise CorruptErrorLogError(f"error buffer is {len(region)} bytes, the header says {length}")
-    buffer = AtomicBuffer(region)
+        memory = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     try:
-        return list(read_error_log(buffer))
+        if decoder.header_length + length > len(memory):  # shrank since it was measured
+            raise CorruptErrorLogError(f"error buffer is {len(memory) - decoder.header_length} bytes, "
+                                       f"the header says {length}")
+        buffer = AtomicBuffer(memory, decoder.header_length, length)
+        try:
+            return list(read_error_log(buffer))
+        finally:
+            buffer.release()
     finally:
-        buffer.release()
+        memory.close()
 
 
 def read_activity_timestamp(path: str | os.PathLike[str]) -> int | None:
