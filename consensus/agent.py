@@ -141,6 +141,7 @@ class ClusterTerminationError(FulmarError):
 
 
 _CLUSTER_KEY = struct.Struct("<i")
+_MEMBER_KEY = struct.Struct("<ii")  # cluster id, member id
 
 
 class ConsensusModuleAgent:
@@ -315,6 +316,19 @@ class ConsensusModuleAgent:
             protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID, "Cluster invalid requests (ignored)", key)
         self.standby_snapshot_counter = self._counter(
             protocol.CLUSTER_STANDBY_SNAPSHOT_COUNTER_TYPE_ID, "Cluster standby snapshots received", key)
+        # Each election this module starts, the one at start-up included (Aeron's election count).
+        self.election_count_counter = self._counter(protocol.CLUSTER_ELECTION_COUNT_TYPE_ID, "Cluster election count",
+                                                    key)
+        # What each follower last reported it has appended, while this member
+        # leads (Aeron keeps it in memory only): tools and the metrics show each
+        # follower's lag behind the leader from it.
+        self._follower_position_counters = {
+            member_id: self._counter(protocol.CLUSTER_MEMBER_APPEND_POSITION_TYPE_ID,
+                                     f"Cluster member append position: memberId={member_id}",
+                                     _MEMBER_KEY.pack(context.cluster_id, member_id))
+            for member_id in self._followers}
+        self._follower_positions_shown = dict.fromkeys(self._followers, 0)
+        self._show_follower_positions()
         self.leadership_term_counter.set(NULL_VALUE)
         self.commit_position_counter.set(0)
         self.control_toggle.set(ControlToggle.INACTIVE)
@@ -322,6 +336,7 @@ class ConsensusModuleAgent:
         self.consensus_publisher: ConsensusPublisher | None = None
         self.consensus_adapter: ConsensusAdapter | None = None
         self.election: Any
+        self.election_count_counter.increment()
         if self.is_multi_member:
             self._open_consensus_streams()
             from fulmar.consensus.election_host import NodeElectionHost
@@ -333,6 +348,15 @@ class ConsensusModuleAgent:
 
     def _counter(self, type_id: int, label: str, key: bytes) -> "Counter":
         return self.aeron.add_counter(type_id, f"{label} - clusterId={self.context.cluster_id}", key)
+
+    def _show_follower_positions(self) -> None:
+        """Each follower's append position into its counter, where it changed
+        (a comparison per follower in the leader's cycle; a store only on news)."""
+        shown = self._follower_positions_shown
+        for member_id, follower in self._followers.items():
+            if shown[member_id] != follower.log_position:
+                shown[member_id] = follower.log_position
+                self._follower_position_counters[member_id].set(follower.log_position)
 
     # ------------------------------------------------------------ duty cycle
 
@@ -1580,6 +1604,7 @@ class ConsensusModuleAgent:
     def start_election(self, reason: str) -> None:
         self.log_event(f"election: {reason} (term {self.leadership_term_id}, "
                        f"{'leader' if self.role is ClusterRole.LEADER else 'follower'})")
+        self.election_count_counter.increment()
         self.election = MemberElection(self, is_startup=False)
 
     def _multi_member_election_work(self, now_ns: int) -> int:
@@ -1686,6 +1711,7 @@ class ConsensusModuleAgent:
         quorum = quorum_position([append_position] +
                                  [follower.log_position for follower in self._followers.values()])
         commit = min(quorum, append_position)
+        self._show_follower_positions()
         work = 0
         if commit > self.term_base_log_position and commit > self.commit_position:
             self.commit_position = commit
@@ -1916,6 +1942,7 @@ class ConsensusModuleAgent:
             if follower.catchup_replay_session_id != NULL_VALUE:
                 self._stop_catchup_replay(follower)
             follower.log_position = NULL_POSITION
+        self._show_follower_positions()
         publication = self._log_publication
         if publication is not None:
             deadline = time.monotonic() + 1.0

@@ -88,6 +88,10 @@ CLUSTER_MAX_CYCLE_TIME_TYPE_ID = 216
 CLUSTER_SESSIONS_TYPE_ID = 1200
 CLUSTER_TIMERS_TYPE_ID = 1201
 CLUSTER_INVALID_REQUESTS_TYPE_ID = 1202
+# Per follower, on the leader: the position the follower last reported it has
+# appended (AppendPosition); NULL_POSITION while this member does not lead.
+# Keyed by the cluster id and the follower's member id (two int32s).
+CLUSTER_MEMBER_APPEND_POSITION_TYPE_ID = 1203
 CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID = 217
 CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID = 233
 CLUSTER_ELECTION_COUNT_TYPE_ID = 238
