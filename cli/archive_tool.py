@@ -108,7 +108,7 @@ def _segment_files(archive_dir: Path) -> dict[int, list[tuple[int, str, int]]]:
     return found
 
 
-def _mark_file_decoder(archive_dir: Path) -> tuple[MarkFileHeaderDecoder, int]:
+def mark_file_decoder(archive_dir: Path) -> tuple[MarkFileHeaderDecoder, int]:
     """The mark file's header and the file's length; ``ArchiveReadError`` if unusable."""
     path = archive_dir / MARK_FILE_NAME
     try:
@@ -134,7 +134,7 @@ def _mark_file_decoder(archive_dir: Path) -> tuple[MarkFileHeaderDecoder, int]:
     return decoder, length
 
 
-def _read_archive_errors(archive_dir: Path, decoder: MarkFileHeaderDecoder) -> list[dict[str, Any]]:
+def read_archive_errors(archive_dir: Path, decoder: MarkFileHeaderDecoder) -> list[dict[str, Any]]:
     """The mark file's distinct error log, oldest first (mapped copy-on-write, never written)."""
     path = archive_dir / MARK_FILE_NAME
     if decoder.error_buffer_length == 0:
@@ -168,7 +168,7 @@ def _read_archive_errors(archive_dir: Path, decoder: MarkFileHeaderDecoder) -> l
         memory.close()
 
 
-def _mark_status(decoder: MarkFileHeaderDecoder, file_length: int, now_ms: int) -> dict[str, Any]:
+def mark_status(decoder: MarkFileHeaderDecoder, file_length: int, now_ms: int) -> dict[str, Any]:
     """Who owns the directory and whether it is alive, as a new archive judges it.
 
     Running means what ``ArchiveMarkFile.create`` refuses to start over: a
@@ -217,7 +217,7 @@ def _mark_status(decoder: MarkFileHeaderDecoder, file_length: int, now_ms: int) 
     }
 
 
-def _liveness(archive_dir: Path, now_ms: int) -> tuple[dict[str, Any] | None, str | None]:
+def archive_liveness(archive_dir: Path, now_ms: int) -> tuple[dict[str, Any] | None, str | None]:
     """The mark file's status (None without a mark file) and why it could not be read, if so.
 
     For the commands that need only "is an archive running": a missing or
@@ -225,12 +225,12 @@ def _liveness(archive_dir: Path, now_ms: int) -> tuple[dict[str, Any] | None, st
     archive rewrites it before anything else).
     """
     try:
-        decoder, length = _mark_file_decoder(archive_dir)
+        decoder, length = mark_file_decoder(archive_dir)
     except ArchiveReadError as error:
         if not (archive_dir / MARK_FILE_NAME).exists():
             return None, None
         return None, str(error)
-    return _mark_status(decoder, length, now_ms), None
+    return mark_status(decoder, length, now_ms), None
 
 
 def _recording_document(
@@ -278,10 +278,10 @@ def archive_describe_document(archive_dir: Path, now_ms: int) -> dict[str, Any]:
     _check_archive_dir(archive_dir)
     mark: dict[str, Any] | None = None
     if (archive_dir / MARK_FILE_NAME).exists():
-        decoder, length = _mark_file_decoder(archive_dir)
-        mark = _mark_status(decoder, length, now_ms)
+        decoder, length = mark_file_decoder(archive_dir)
+        mark = mark_status(decoder, length, now_ms)
         try:
-            mark["error_count"] = len(_read_archive_errors(archive_dir, decoder))
+            mark["error_count"] = len(read_archive_errors(archive_dir, decoder))
         except ArchiveReadError:
             mark["error_count"] = None  # `archive errors` reports why
     with open_catalog_read_only(archive_dir) as catalog:
@@ -364,7 +364,7 @@ def archive_recordings_document(
     ``LookupError`` if ``recording_id`` is not in the catalog.
     """
     _check_archive_dir(archive_dir)
-    mark, mark_error = _liveness(archive_dir, now_ms)
+    mark, mark_error = archive_liveness(archive_dir, now_ms)
     running = mark is not None and mark["running"]
     with open_catalog_read_only(archive_dir) as catalog:
         entries = catalog.entries()
@@ -431,7 +431,7 @@ def archive_verify_document(archive_dir: Path, now_ms: int, checksum: bool = Fal
     with ``checksum`` also walk every frame, checking its header and the CRC-32
     recorded with it (Aeron's ArchiveTool verify -checksum)."""
     _check_archive_dir(archive_dir)
-    mark, mark_error = _liveness(archive_dir, now_ms)
+    mark, mark_error = archive_liveness(archive_dir, now_ms)
     running = mark is not None and mark["running"]
     problems: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -494,8 +494,8 @@ def format_archive_verify(document: dict[str, Any]) -> str:
 
 def archive_errors_document(archive_dir: Path) -> dict[str, Any]:
     _check_archive_dir(archive_dir)
-    decoder, _ = _mark_file_decoder(archive_dir)
-    return {"dir": str(archive_dir), "archive_pid": decoder.pid, "errors": _read_archive_errors(archive_dir, decoder)}
+    decoder, _ = mark_file_decoder(archive_dir)
+    return {"dir": str(archive_dir), "archive_pid": decoder.pid, "errors": read_archive_errors(archive_dir, decoder)}
 
 
 def format_archive_errors(document: dict[str, Any]) -> str:

@@ -78,11 +78,13 @@ EXIT_CLUSTER_NOT_RUNNING = 3  # not running, or (is-leader and the operations) n
 SESSIONS_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_SESSIONS_TYPE_ID
 TIMERS_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_TIMERS_TYPE_ID
 INVALID_REQUESTS_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID
+MEMBER_APPEND_POSITION_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_MEMBER_APPEND_POSITION_TYPE_ID
 
 # Aeron's cluster counter type ids span 200..249 (AeronCounters); fulmar's own
 # cluster counters sit at 1200 and up.
 _CLUSTER_COUNTER_TYPE_IDS = set(range(200, 250)) | {
-    SESSIONS_COUNTER_TYPE_ID, TIMERS_COUNTER_TYPE_ID, INVALID_REQUESTS_COUNTER_TYPE_ID}
+    SESSIONS_COUNTER_TYPE_ID, TIMERS_COUNTER_TYPE_ID, INVALID_REQUESTS_COUNTER_TYPE_ID,
+    MEMBER_APPEND_POSITION_COUNTER_TYPE_ID}
 
 CLUSTER_COUNTER_TYPE_NAMES: dict[int, str] = {
     cluster_protocol.CONSENSUS_MODULE_STATE_TYPE_ID: "cm-state",
@@ -100,6 +102,7 @@ CLUSTER_COUNTER_TYPE_NAMES: dict[int, str] = {
     SESSIONS_COUNTER_TYPE_ID: "sessions",
     TIMERS_COUNTER_TYPE_ID: "timers",
     INVALID_REQUESTS_COUNTER_TYPE_ID: "invalid-requests",
+    MEMBER_APPEND_POSITION_COUNTER_TYPE_ID: "member-append-pos",
     cluster_protocol.CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID: "node-control-toggle",
     cluster_protocol.CLUSTER_ELECTION_COUNT_TYPE_ID: "election-count",
     cluster_protocol.CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID: "leadership-term-id",
@@ -216,7 +219,7 @@ def _observations(errors: list[ErrorObservation]) -> list[dict[str, Any]]:
     ]
 
 
-def _read_cluster_mark(path: Path) -> ClusterMarkFileContents:
+def read_cluster_mark(path: Path) -> ClusterMarkFileContents:
     """A mark file, read (never written); ``ClusterReadError`` naming the file if unusable."""
     try:
         return read_cluster_mark_file(path)
@@ -293,7 +296,7 @@ def cluster_mark_document(contents: ClusterMarkFileContents, now_ms: int) -> dic
     }
 
 
-def _service_mark_paths(cluster_dir: Path) -> list[tuple[int, Path]]:
+def service_mark_paths(cluster_dir: Path) -> list[tuple[int, Path]]:
     """(service id, path) of every ``cluster-mark-service-<id>.dat``, by id."""
     found = []
     try:
@@ -458,7 +461,7 @@ def _node_base(node: ClusterNode) -> dict[str, Any]:
 
 def _module_state(node: ClusterNode, now_ms: int) -> tuple[ClusterMarkFileContents, dict[str, Any]]:
     """The consensus module's mark file (``ClusterReadError`` if absent or unusable) and its status."""
-    contents = _read_cluster_mark(node.cluster_dir / CLUSTER_MARK_FILE_NAME)
+    contents = read_cluster_mark(node.cluster_dir / CLUSTER_MARK_FILE_NAME)
     return contents, cluster_mark_document(contents, now_ms)
 
 
@@ -527,9 +530,9 @@ def cluster_describe_node(node: ClusterNode, now_ms: int) -> dict[str, Any]:
     if (node.cluster_dir / RECORDING_LOG_FILE_NAME).exists():
         recording_log = _recording_log_summary(node.cluster_dir)
     services = []
-    for service_id, path in _service_mark_paths(node.cluster_dir):
+    for service_id, path in service_mark_paths(node.cluster_dir):
         try:
-            service = cluster_mark_document(_read_cluster_mark(path), now_ms)
+            service = cluster_mark_document(read_cluster_mark(path), now_ms)
         except ClusterReadError as error:
             services.append({"service_id": service_id, "path": str(path), "error": str(error)})
             continue
@@ -597,7 +600,7 @@ def _mark_files(node: ClusterNode) -> list[tuple[str, Path]]:
     module = node.cluster_dir / CLUSTER_MARK_FILE_NAME
     if module.exists():
         files.append(("consensus module", module))
-    files.extend((f"service {service_id}", path) for service_id, path in _service_mark_paths(node.cluster_dir))
+    files.extend((f"service {service_id}", path) for service_id, path in service_mark_paths(node.cluster_dir))
     if not files:
         raise ClusterReadError(f"{node.cluster_dir}: no cluster mark files")
     return files
@@ -606,7 +609,7 @@ def _mark_files(node: ClusterNode) -> list[tuple[str, Path]]:
 def cluster_errors_node(node: ClusterNode) -> dict[str, Any]:
     files = []
     for component, path in _mark_files(node):
-        contents = _read_cluster_mark(path)
+        contents = read_cluster_mark(path)
         files.append(
             {"component": component, "path": str(path), "pid": contents.header.pid,
              "errors": _observations(contents.errors)}
@@ -617,12 +620,12 @@ def cluster_errors_node(node: ClusterNode) -> dict[str, Any]:
 def cluster_mark_file_node(node: ClusterNode, now_ms: int) -> dict[str, Any]:
     files = []
     for component, path in _mark_files(node):
-        files.append({"component": component, **cluster_mark_document(_read_cluster_mark(path), now_ms)})
+        files.append({"component": component, **cluster_mark_document(read_cluster_mark(path), now_ms)})
     return {**_node_base(node), "files": files}
 
 
 def cluster_counters_node(node: ClusterNode) -> dict[str, Any]:
-    contents = _read_cluster_mark(node.cluster_dir / CLUSTER_MARK_FILE_NAME)
+    contents = read_cluster_mark(node.cluster_dir / CLUSTER_MARK_FILE_NAME)
     directory = contents.header.aeron_directory
     try:
         with open_cnc(directory) as cnc:
@@ -1098,7 +1101,7 @@ def cluster_mark_file(directory: Path, as_json: bool) -> None:
 @cluster_dir_option
 @json_option
 def cluster_counters(directory: Path, as_json: bool) -> None:
-    """List the cluster counters (type ids 200-249, and fulmar's 1200-1202) in the node's media
+    """List the cluster counters (type ids 200-249, and fulmar's 1200-1203) in the node's media
     driver's cnc.dat (found through the mark file): id, type, value, label."""
     document = _read_cluster(directory, cluster_counters_node)
     _cluster_emit(document, as_json, lambda d: _render_nodes(d, _render_cluster_counters_node))

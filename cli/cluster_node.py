@@ -705,10 +705,16 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
     base_flag = flags.get("dir")
     base = Path(str(base_flag)).absolute() if base_flag else _supervisor.default_local_base()
     flags["dir"] = None  # --dir is the cluster's base here; member i's node directory is base/node<i>
+    # --metrics-port P: member i serves on P + i, as with --ingress-port (0: each a free port).
+    metrics_flag = flags.pop("metrics_port", None)
+    metrics_ports = _supervisor.local_metrics_ports(metrics_flag if isinstance(metrics_flag, int) else None,
+                                                    local_members)
     ports = _supervisor.allocate_local_ports(local_members, ingress_port)
     configs = []
     for member_id, layer in enumerate(_supervisor.local_cluster_layers(base, ports)):
         layer[("service", "service")] = _supervisor.DEFAULT_LOCAL_SERVICE
+        if metrics_ports is not None:
+            layer[("node", "metrics_port")] = metrics_ports[member_id]
         try:
             config = _supervisor.resolve_config(_START_OPTIONS, flags, None, layer)
             _supervisor.validate(config)

@@ -10,6 +10,8 @@ as Aeron's tools are split:
   are also at the top level (``cluster-tool describe --dir NODE``);
 - ``cli/archive_tool.py``: the archive's view (ArchiveTool):
   ``archive describe | recordings | verify | errors``;
+- ``cli/metrics_server.py``: ``metrics serve``, a node's metrics for
+  Prometheus (``cli/node_metrics.py``) with ``/health`` and ``/leader``;
 - ``cli/analytics_commands.py``: the Spark jobs ``analyze`` and ``replay``.
 
 Each module's docstring gives its exit codes.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import click
 
-from fulmar.cli import aeron_stat, analytics_commands, archive_tool, cluster_commands
+from fulmar.cli import aeron_stat, analytics_commands, archive_tool, cluster_commands, metrics_server
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -41,6 +43,7 @@ for _command in (aeron_stat.counters, aeron_stat.errors, aeron_stat.driver, aero
     main.add_command(_command)
 main.add_command(archive_tool.archive_group)
 main.add_command(cluster_commands.cluster_group)
+main.add_command(metrics_server.metrics_group)
 
 # Aeron's ClusterTool verbs at the top level too (cluster-tool describe --dir NODE):
 # the same commands as under ``cluster``; errors and counters tell a node's

@@ -119,9 +119,24 @@ def read_errors(cnc: CncFile) -> list[dict[str, Any]]:
 
 
 def process_exists(pid: int) -> bool:
-    """True if ``pid`` is a running process (a zombie has finished running)."""
+    """True if ``pid`` is a running process (a zombie has finished running).
+
+    On Linux one read of ``/proc/<pid>/stat`` (its state follows the command
+    name's closing parenthesis) answers it: a tenth of what psutil's process
+    object costs, and a metrics scrape asks it for every process of the node.
+    """
     if pid <= 0:
         return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        stat = b""  # no /proc (another system), or no access: psutil knows how
+    end = stat.rfind(b")")
+    if end > 0 and len(stat) > end + 2:
+        return stat[end + 2 : end + 3] != b"Z"
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

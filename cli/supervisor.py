@@ -241,6 +241,11 @@ def _node_options() -> list[Option]:
                "print its readiness line.", "60s", flag="--start-timeout"),
         Option("node", "stop_timeout", Duration(min_ns=1_000_000), "How long each step of an orderly stop "
                "may take before what is left is killed.", "30s", flag="--stop-timeout"),
+        Option("node", "metrics_port", click.IntRange(0, 65535), "Serve the node's metrics for Prometheus "
+               "(/metrics), /health and /leader over HTTP on this TCP port, from the supervisor (0: any free "
+               "port; with --local: member i's is this + i).  Default: not served.", None, flag="--metrics-port"),
+        Option("node", "metrics_host", click.STRING, "The address the metrics are served on (0.0.0.0: every "
+               "interface).", "127.0.0.1", flag="--metrics-host"),
     ]
 
 
@@ -340,6 +345,8 @@ class NodeConfig:
     service: str
     service_count: int
     ingress_channel: str
+    metrics_port: int | None = None  # None: no metrics served
+    metrics_host: str = "127.0.0.1"
     values: dict[tuple[str, str], Any] = field(default_factory=dict)  # set values of the mirrored options
     options: dict[tuple[str, str], Option] = field(default_factory=dict)
 
@@ -392,9 +399,11 @@ class NodeConfig:
     def to_toml(self) -> str:
         """The configuration as a file ``cluster-node start --config`` reads back."""
         lines = ["# written by cluster-node start", "[node]"]
-        node = {"member_id": self.member_id, "cluster_id": self.cluster_id, "dir": str(self.node_dir),
-                "driver_dir": str(self.driver_dir), "archive_dir": str(self.archive_dir),
-                "cluster_dir": str(self.cluster_dir), "log_dir": str(self.log_dir)}
+        node: dict[str, Any] = {"member_id": self.member_id, "cluster_id": self.cluster_id, "dir": str(self.node_dir),
+                                "driver_dir": str(self.driver_dir), "archive_dir": str(self.archive_dir),
+                                "cluster_dir": str(self.cluster_dir), "log_dir": str(self.log_dir)}
+        if self.metrics_port is not None:
+            node.update(metrics_port=self.metrics_port, metrics_host=self.metrics_host)
         lines += [f"{key} = {_toml_value(value)}" for key, value in node.items()]
         for section in ("driver", "archive", "consensus"):
             entries = [(key, value) for (s, key), value in self.values.items()
@@ -502,6 +511,8 @@ def resolve_config(
         service=str(service),
         service_count=int(resolved.get(("service", "count"), 1)),
         ingress_channel=str(ingress),
+        metrics_port=resolved.get(("node", "metrics_port")),
+        metrics_host=str(resolved.get(("node", "metrics_host"), "127.0.0.1")),
         values=values,
         options=by_place,
     )
@@ -604,6 +615,19 @@ def allocate_local_ports(count: int, first_ingress_port: int | None = None) -> l
         ports = free_udp_ports(5 * count)
         ingress, others = ports[:count], ports[count:]
     return [LocalPorts(ingress[i], *others[4 * i:4 * i + 4]) for i in range(count)]
+
+
+def local_metrics_ports(first_port: int | None, count: int) -> list[int] | None:
+    """Each member's metrics port of a local cluster of ``count``: member i's
+    is ``first_port + i`` (0: each a free port; None: no metrics served)."""
+    if first_port is None:
+        return None
+    if first_port == 0:
+        return [0] * count
+    if first_port + count - 1 > 65535:
+        raise ConfigError(f"--metrics-port {first_port}: members 0..{count - 1} take ports "
+                          f"{first_port}..{first_port + count - 1}, beyond 65535")
+    return [first_port + i for i in range(count)]
 
 
 def local_members_string(ports: list[LocalPorts]) -> str:
@@ -784,6 +808,21 @@ def _check_port_free(option: str, channel: str, fixed: bool = False) -> None:
                               "stop what uses it or choose another port") from None
 
 
+def _check_tcp_port_free(place: str, host: str, port: int) -> None:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as error:
+        raise ConfigError(f"{place}: cannot resolve {host!r}: {error.strerror}") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise ConfigError(f"{place}: TCP port {port} on {host} is in use ({error.strerror}); "
+                              "stop what uses it or choose another port") from None
+
+
 def _ensure_dir(what: str, path: Path) -> None:
     try:
         make_directory(path)
@@ -838,6 +877,8 @@ def validate(config: NodeConfig) -> None:
     control = config.values.get(("archive", "control_channel"), config.options[("archive", "control_channel")].default_text)
     if control and str(control).lower() != "none":
         _check_port_free("[archive] control_channel", str(control))
+    if config.metrics_port:
+        _check_tcp_port_free("[node] metrics_port", config.metrics_host, config.metrics_port)
     for what, path in (("node directory", config.node_dir), ("archive directory", config.archive_dir),
                        ("cluster directory", config.cluster_dir), ("log directory", config.log_dir)):
         _ensure_dir(what, path)
@@ -1015,6 +1056,7 @@ class Supervisor:
         self._next_child = 0  # the start: the next child to launch ...
         self._starting: Child | None = None  # ... and the one launched, not yet ready
         self._start_deadline = 0.0
+        self._metrics: Any = None  # the node's MetricsServer, with a metrics port
 
     def say(self, text: str) -> None:
         _write_line(self.out, f"{self.prefix}{text}")
@@ -1045,10 +1087,42 @@ class Supervisor:
                     child.kill()
                 wait_all(self.children, 10)
             finally:
+                self.stop_metrics()
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)
 
+    def start_metrics(self) -> str | None:
+        """Serve the node's metrics, /health and /leader (with a metrics port)
+        from this process, before its processes start (meanwhile /health says
+        what is not running); why it cannot, or None."""
+        config = self.config
+        if config.metrics_port is None:
+            return None
+        # Imported here: every process of the node imports this module, and
+        # only the supervisor serves metrics.
+        from fulmar.cli.metrics_server import MetricsServer
+        from fulmar.cli.node_metrics import MetricsNode
+
+        node = MetricsNode(f"node{config.member_id}", config.cluster_dir, config.archive_dir, config.driver_dir)
+        try:
+            self._metrics = MetricsServer(node, config.metrics_host, config.metrics_port).start()
+        except OSError as error:
+            return f"cannot serve the metrics on {config.metrics_host}:{config.metrics_port}: " \
+                   f"{error.strerror or error}"
+        url = self._metrics.url
+        self.say(f"metrics of node {config.member_id}: {url}/metrics, {url}/health, {url}/leader")
+        return None
+
+    def stop_metrics(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
     def _run(self) -> int:
+        failure = self.start_metrics()
+        if failure is not None:
+            self.warn(failure)
+            return EXIT_FAILURE
         self.announce_start()
         while not self.all_started and not self.stop_requested:
             failure = self.advance_start()
@@ -1293,10 +1367,17 @@ class LocalClusterSupervisor:
                     child.kill()
                 wait_all(children, 10)
             finally:
+                for node in self.nodes:
+                    node.stop_metrics()
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)
 
     def _run(self) -> int:
+        for node in self.nodes:
+            failure = node.start_metrics()
+            if failure is not None:
+                node.warn(failure)
+                return EXIT_FAILURE
         for node in self.nodes:
             node.announce_start()
         announced = False
