@@ -69,6 +69,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,7 @@ class LocalCluster:
     client driver; every process reaped and every directory removed by
     ``close`` whatever state it is in."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_args: Sequence[str] = ()) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster3-", dir=DISK_PARENT))
         self.client_driver_dir = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster3-", dir=SHM_PARENT)) / "client"
         self.ingress_channel = "aeron:udp"
@@ -220,7 +221,7 @@ class LocalCluster:
         try:
             self.local = self._supervise(["--local", str(MEMBERS), "--dir", str(self.base), "--service",
                                           SERVICE, "--consensus-leader-heartbeat-timeout", LEADER_HEARTBEAT_TIMEOUT,
-                                          "--consensus-election-timeout", ELECTION_TIMEOUT],
+                                          "--consensus-election-timeout", ELECTION_TIMEOUT, *extra_args],
                                          "local-cluster.log")
             ready = _wait("the local cluster's ready line", START_TIMEOUT_S, self._local_ready, details=self.log_tails)
             self.ingress_endpoints = ready

@@ -35,6 +35,8 @@ REFERENCE_NOTES = {
                       "below 1 in us, ms, cores, MiB and msgs)",
     "cluster": "cluster3 rows without a PySyncObj figure in this run: the 1-node cluster's median "
                "for the same work (ratio = 3-node / 1-node)",
+    "unscraped": "metrics rows: the same echo run without scraping, alternated with the scraped one in this run "
+                 "(ratio = scraped / not scraped)",
     "read": "spark_decode rows: the read named in the row's parentheses, of the same log in this run "
             "(ratio = this / that; local[2] vs local[1] is the scaling from 1 to 2 cores)",
 }

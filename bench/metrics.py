@@ -1,0 +1,227 @@
+"""Whether scraping a node's metrics disturbs it: the three-node windowed echo
+(32 B, 1000 in flight) with and without the leader's ``/metrics`` scraped 100
+times a second, and, as a control, with the same scraper asking the same
+server for a path it answers 404 at once (the cost of the HTTP exchange
+alone, on this machine, with no metrics read).
+
+The cluster is ``bench.cluster3``'s (``cluster-node start --local 3``, the
+echo service), started with ``--metrics-port 0``: each node's supervisor
+serves its metrics (``cli/metrics_server.py``), as an operator's would, on
+threads of the lowest CPU priority (nice 19): on a machine the node keeps
+busy, scrapes wait for a free core, so fewer than asked for are served (the
+achieved rate is a row of its own).  The
+scraper is a thread in a process of its own (``python -m bench.metrics
+--scrape URL RATE``), as Prometheus is not part of a cluster's client: a
+scraping thread in this process would take the client's own interpreter from
+it, and measure that rather than the node.  It scrapes on a fixed schedule
+(a late scrape is not made up for) while the bench tells it to, and reports
+how many scrapes it made and how long they took.
+
+Each repetition runs ``ROUNDS`` rounds of three echo runs of ``COUNT``
+messages: not scraped, ``/metrics`` scraped, the control; the order rotates
+from round to round, so that a drift of the machine's load over the run falls
+on all alike.  Rows: each run's throughput (the scraped and control rows'
+reference is the unscraped run of the same round, so the table's ratio is
+scraped / not scraped), the scrapes achieved per second, a scrape's mean
+response time, and the supervisor's CPU per scrape (its CPU in the scraped
+run less that in the unscraped one, at the same rate per second).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+
+from bench.cluster import throughput
+from bench.cluster3 import LocalCluster
+from fulmar.aeron import Aeron
+
+SCRAPES_PER_S = 100
+SIZE = 32
+WINDOW = 1000
+COUNT = 200_000
+ROUNDS = 3
+CONTROL_PATH = "/control-no-such-path"  # answered 404 by the metrics server, nothing read
+_METRICS_LINE = re.compile(r"^\[node (\d+)\] metrics of node \d+: (http://\S+)/metrics,", re.MULTILINE)
+
+
+def _get(url: str) -> int:
+    """One request: the bytes of the answer (http.client: no proxy from the environment).
+    ``/metrics`` must answer 200, the control path 404."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    try:
+        connection.request("GET", parts.path)
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != (404 if parts.path == CONTROL_PATH else 200):
+            raise RuntimeError(f"{url} answered {response.status}")
+        return len(body)
+    finally:
+        connection.close()
+
+
+def scraper_main(rate: float) -> None:
+    """The scraper process: on each ``start URL`` line of stdin a thread asks
+    for URL ``rate`` times a second until the next ``stop`` line, then one JSON
+    line reports it (requests, seconds, mean and max response time, bytes)."""
+    for line in sys.stdin:
+        command, _, url = line.strip().partition(" ")
+        if command != "start":
+            continue
+        stop = threading.Event()
+        times: list[float] = []
+        sizes: list[int] = []
+
+        def scrape() -> None:
+            interval = 1.0 / rate
+            next_at = time.monotonic()
+            while not stop.is_set():
+                began = time.monotonic()
+                sizes.append(_get(url))
+                times.append(time.monotonic() - began)
+                next_at = max(next_at + interval, time.monotonic() - interval)  # no burst to catch up
+                stop.wait(max(0.0, next_at - time.monotonic()))
+
+        began = time.monotonic()
+        thread = threading.Thread(target=scrape, name="scraper")
+        thread.start()
+        for command in sys.stdin:
+            if command.strip() == "stop":
+                break
+        stop.set()
+        thread.join()
+        seconds = time.monotonic() - began
+        print(json.dumps({"requests": len(times), "seconds": seconds, "mean_ms": statistics.fmean(times) * 1e3,
+                          "max_ms": max(times) * 1e3, "bytes": statistics.fmean(sizes)}), flush=True)
+
+
+class Scraper:
+    """The scraper process, driven through its stdin."""
+
+    def __init__(self, rate: float) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.metrics", "--scrape", str(rate)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def start(self, url: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"start {url}\n")
+        self.process.stdin.flush()
+
+    def stop(self) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write("stop\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the scraper exited with {self.process.wait(10)}")
+        return dict(json.loads(line))
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def _metrics_urls(cluster: LocalCluster) -> dict[int, str]:
+    return {int(member): url for member, url in _METRICS_LINE.findall(cluster.local.output())}
+
+
+def _echo(aeron: Aeron, cluster: LocalCluster, count: int, supervisor: psutil.Process) -> tuple[float, float]:
+    """(msgs/s, CPU seconds of the supervisor during the run)."""
+    before = supervisor.cpu_times()
+    elapsed = throughput(aeron, cluster, SIZE, WINDOW, count)
+    after = supervisor.cpu_times()
+    return count / elapsed, (after.user + after.system) - (before.user + before.system)
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    count = 50_000 if quick else COUNT
+    rounds = 1 if quick else ROUNDS
+    cluster = LocalCluster(["--metrics-port", "0"])
+    scraper: Scraper | None = None
+    results: list[dict[str, Any]] = []
+    name = f"metrics echo, {SIZE} B, {WINDOW} in flight"
+    cases = ("not scraped", "scraped", "control")
+    try:
+        leader = int(cluster.wait_for_leader()["member_id"])
+        base_url = _metrics_urls(cluster)[leader]
+        urls = {"scraped": base_url + "/metrics", "control": base_url + CONTROL_PATH}
+        supervisor = psutil.Process(cluster.local.process.pid)
+        scraper = Scraper(SCRAPES_PER_S)
+        assert cluster.client_driver is not None
+        with Aeron.connect(cluster.client_driver_dir) as aeron:
+            throughput(aeron, cluster, SIZE, WINDOW, count // 5)  # warm-up, not recorded
+            for round_index in range(rounds):
+                figures: dict[str, tuple[float, float]] = {}
+                stats: dict[str, dict[str, Any]] = {}
+                order = cases[round_index % 3:] + cases[:round_index % 3]
+                for case in order:
+                    if case in urls:
+                        scraper.start(urls[case])
+                        figures[case] = _echo(aeron, cluster, count, supervisor)
+                        stats[case] = scraper.stop()
+                    else:
+                        figures[case] = _echo(aeron, cluster, count, supervisor)
+                plain, plain_cpu = figures["not scraped"]
+                loaded, loaded_cpu = figures["scraped"]
+                control = figures["control"][0]
+                scraped = stats["scraped"]
+                rate = scraped["requests"] / scraped["seconds"]
+                # The supervisor's own CPU (its polls) over the scraped run's duration, at the unscraped rate.
+                baseline_cpu = plain_cpu / (count / plain) * (count / loaded)
+                cpu_per_scrape_ms = max(0.0, loaded_cpu - baseline_cpu) / max(1, scraped["requests"]) * 1e3
+                print(f"bench.metrics: round {round_index + 1} ({', '.join(order)}): not scraped {plain:,.0f} msgs/s; "
+                      f"/metrics scraped {loaded:,.0f} msgs/s (ratio {loaded / plain:.3f}), {scraped['requests']} "
+                      f"scrapes of node {leader} in {scraped['seconds']:.2f} s ({rate:.1f}/s), "
+                      f"{scraped['bytes'] / 1024:.1f} KiB each, mean {scraped['mean_ms']:.2f} ms, max "
+                      f"{scraped['max_ms']:.1f} ms, supervisor CPU {cpu_per_scrape_ms:.2f} ms per scrape; control "
+                      f"(404s) {control:,.0f} msgs/s (ratio {control / plain:.3f}), "
+                      f"{stats['control']['requests'] / stats['control']['seconds']:.1f}/s", flush=True)
+                results += [
+                    {"name": f"{name}, not scraped", "value": plain, "unit": "msgs/s", "reference": None},
+                    {"name": f"{name}, /metrics asked for {SCRAPES_PER_S}/s", "value": loaded, "unit": "msgs/s",
+                     "reference": plain, "reference_kind": "unscraped"},
+                    {"name": f"{name}, control: a 404 asked {SCRAPES_PER_S}/s", "value": control, "unit": "msgs/s",
+                     "reference": plain, "reference_kind": "unscraped"},
+                    {"name": "metrics scrapes achieved during the echo", "value": rate, "unit": "/s",
+                     "reference": None},
+                    {"name": "metrics scrape response time, mean", "value": scraped["mean_ms"], "unit": "ms",
+                     "reference": None},
+                    {"name": "metrics server CPU per scrape (supervisor)", "value": cpu_per_scrape_ms, "unit": "ms",
+                     "reference": None},
+                ]
+    except Exception as error:
+        raise RuntimeError(f"bench.metrics failed: {error}\n{cluster.describe(30)}") from error
+    finally:
+        try:
+            if scraper is not None:
+                scraper.close()
+        finally:
+            cluster.close()
+    return results
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--scrape"]:
+        scraper_main(float(sys.argv[2]))
+    else:
+        for row in run("--quick" in sys.argv):
+            ratio = f" (ratio {row['value'] / row['reference']:.3f})" if row.get("reference") else ""
+            print(f"{row['name']}: {row['value']:,.2f} {row['unit']}{ratio}")
