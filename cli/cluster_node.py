@@ -48,6 +48,7 @@ from fulmar.driver.media_driver import (
     check_reclaimable,
     run_driver,
 )
+from fulmar import log_lines
 from fulmar.errors import FulmarError
 from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH
 from fulmar.logbuffer import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, TERM_MIN_LENGTH
@@ -84,14 +85,30 @@ _MIN_COUNTERS_BUFFER = 2 * len(SystemCounter) * COUNTER_LENGTH
 _MAX_COUNTERS_BUFFER = 256 * 1024 * 1024
 
 
+# The name a process's log lines carry, by subcommand (refined by the command: a service's id, a member).
+_PROCESS_NAMES = {"driver": "media driver", "archive": "archive", "consensus": "consensus module",
+                  "service": "service", "cluster-backup": "cluster backup", "start": "cluster-node start",
+                  "backup": "cluster-node backup"}
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--file-group", envvar=FILE_GROUP_ENV, show_envvar=True, default=None, metavar="GROUP",
               help="Let the members of this group use the node's files too: files group read-write (0660), "
               "directories 2770, owned by the group (so that its members can attach clients to the driver "
               "and read the archive).  Default: owner-only (0600 files, 0700 directories).  Goes before the "
               "subcommand: cluster-node --file-group G start ...")
-def main(file_group: str | None) -> None:
+@click.option("--log-format", type=click.Choice(log_lines.LOG_FORMATS), envvar=log_lines.LOG_FORMAT_ENV,
+              show_envvar=True, default=log_lines.PLAIN,
+              help="The form of this process's log lines (and of the processes it starts): plain text, or "
+              "JSON, one object per line (time, process, member, level, event, fields).  Goes before the "
+              "subcommand: cluster-node --log-format json archive ...  (cluster-node start takes it as the "
+              "node key [node] log_format too, for the node's processes.)")
+@click.pass_context
+def main(ctx: click.Context, file_group: str | None, log_format: str) -> None:
     """Run the processes of a fulmar cluster node."""
+    # Before anything is printed; the processes this one starts inherit it.
+    log_lines.configure(log_format, _PROCESS_NAMES.get(ctx.invoked_subcommand or ""))
+    os.environ[log_lines.LOG_FORMAT_ENV] = log_format
     # SIGUSR1 prints every thread's stack to stderr: how to see what a stuck
     # node process is doing without stopping it.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -499,6 +516,7 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
                                  leader_heartbeat_interval)
     except _supervisor.ClusterSettingError as error:
         raise click.BadParameter(error.message, param_hint=f"'{error.option}'") from None
+    log_lines.identify("consensus module", member_id)
     context = ConsensusModuleContext(
         cluster_dir=Path(cluster_dir), driver_dir=resolve_driver_dir(driver_dir), member_id=member_id,
         cluster_id=cluster_id, ingress_channel=ingress_channel, log_channel=log_channel,
@@ -541,6 +559,7 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
 def service(cluster_dir: str, driver_dir: str | None, service_name: str, service_id: int, member_id: int,
             cluster_id: int, archive_control_channel: str) -> None:
     """Run a clustered service container with the given service in the foreground."""
+    log_lines.identify(f"service {service_id}", member_id)
     context = ServiceContext(cluster_dir=Path(cluster_dir), driver_dir=resolve_driver_dir(driver_dir),
                              service_id=service_id, member_id=member_id, cluster_id=cluster_id,
                              service_name=service_name, archive_control_channel=archive_control_channel)

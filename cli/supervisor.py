@@ -91,6 +91,7 @@ from typing import Any, TextIO
 import click
 import psutil
 
+from fulmar import log_lines
 from fulmar.channel_uri import ChannelUri
 from fulmar.cli.options import Duration, format_duration, format_size, Size
 from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, parse_cluster_members
@@ -246,6 +247,9 @@ def _node_options() -> list[Option]:
                "port; with --local: member i's is this + i).  Default: not served.", None, flag="--metrics-port"),
         Option("node", "metrics_host", click.STRING, "The address the metrics are served on (0.0.0.0: every "
                "interface).", "127.0.0.1", flag="--metrics-host"),
+        Option("node", "log_format", click.Choice(log_lines.LOG_FORMATS), "The form of the node's log lines: "
+               "plain text, or JSON, one object per line (time, process, member, level, event, fields); "
+               "passed to every process of the node.", log_lines.PLAIN, flag="--log-format"),
     ]
 
 
@@ -329,6 +333,9 @@ class ChildSpec:
     ready_text: str
     env: dict[str, str]
     launcher: str = "cluster-node start"  # who started it, in the log's header line
+    # The form of its log (its header line's too); by default what this process was told.
+    log_format: str = field(default_factory=lambda: os.environ.get(log_lines.LOG_FORMAT_ENV, log_lines.PLAIN))
+    member: int | None = None  # the member it belongs to, in JSON log lines
 
 
 @dataclass
@@ -347,12 +354,15 @@ class NodeConfig:
     ingress_channel: str
     metrics_port: int | None = None  # None: no metrics served
     metrics_host: str = "127.0.0.1"
+    log_format: str = log_lines.PLAIN
     values: dict[tuple[str, str], Any] = field(default_factory=dict)  # set values of the mirrored options
     options: dict[tuple[str, str], Option] = field(default_factory=dict)
 
     def child_specs(self) -> list[ChildSpec]:
         base_env = {key: value for key, value in os.environ.items() if key != SECRET_ENV}
         base_env["PYTHONUNBUFFERED"] = "1"
+        base_env[log_lines.LOG_FORMAT_ENV] = self.log_format
+        base_env[log_lines.LOG_MEMBER_ENV] = str(self.member_id)
 
         def mirrored(section: str) -> list[str]:
             args: list[str] = []
@@ -394,6 +404,10 @@ class NodeConfig:
                 args += ["--archive-control-channel", str(archive_control)]
             specs.append(ChildSpec(f"service {service_id}", f"service{service_id}", args,
                                    f"service {service_id} (", base_env))
+        for spec in specs:
+            spec.log_format, spec.member = self.log_format, self.member_id
+            if self.log_format != log_lines.PLAIN:  # on the command line too, where the header line shows it
+                spec.args = ["--log-format", self.log_format, *spec.args]
         return specs
 
     def to_toml(self) -> str:
@@ -404,6 +418,8 @@ class NodeConfig:
                                 "cluster_dir": str(self.cluster_dir), "log_dir": str(self.log_dir)}
         if self.metrics_port is not None:
             node.update(metrics_port=self.metrics_port, metrics_host=self.metrics_host)
+        if self.log_format != log_lines.PLAIN:
+            node["log_format"] = self.log_format
         lines += [f"{key} = {_toml_value(value)}" for key, value in node.items()]
         for section in ("driver", "archive", "consensus"):
             entries = [(key, value) for (s, key), value in self.values.items()
@@ -513,6 +529,7 @@ def resolve_config(
         ingress_channel=str(ingress),
         metrics_port=resolved.get(("node", "metrics_port")),
         metrics_host=str(resolved.get(("node", "metrics_host"), "127.0.0.1")),
+        log_format=str(resolved.get(("node", "log_format"), log_lines.PLAIN)),
         values=values,
         options=by_place,
     )
@@ -951,9 +968,16 @@ class Child:
         return self.popen is not None
 
     def start(self, preexec: Callable[[], None] | None) -> None:
+        spec = self.spec
+        if spec.log_format == log_lines.JSON:
+            header = log_lines.record(f"started by {spec.launcher} (pid {os.getpid()})", process=spec.name,
+                                      member=spec.member, launcher=spec.launcher, launcher_pid=os.getpid(),
+                                      args=spec.args)
+        else:
+            header = f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {spec.launcher} (pid {os.getpid()}): " \
+                     f"{' '.join(spec.args)}"
         with open(self.log_path, "ab") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {self.spec.launcher} (pid {os.getpid()}): "
-                      f"{' '.join(self.spec.args)}\n".encode())
+            log.write(f"{header}\n".encode())
             log.flush()
             self._start_offset = log.tell()
             self.popen = subprocess.Popen(
@@ -972,7 +996,8 @@ class Child:
             return ""
 
     def tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
-        return [line for line in self.output().splitlines() if line.strip()][-lines:]
+        """The last lines of its output, as text (a JSON line's event)."""
+        return [log_lines.event_text(line) for line in self.output().splitlines() if line.strip()][-lines:]
 
     def is_ready(self) -> bool:
         return self.spec.ready_text in self.output()
@@ -1183,7 +1208,7 @@ class Supervisor:
             if not child.is_ready():
                 return self._start_problem(child)
             line = next((line for line in child.output().splitlines() if child.spec.ready_text in line), "")
-            self.say(f"{line.strip()}  [log {child.log_path}]")
+            self.say(f"{log_lines.event_text(line).strip()}  [log {child.log_path}]")
             self._starting = None
 
     def _start_problem(self, child: Child) -> str | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import random
 import struct
-import sys
 import time
 from pathlib import Path
 from collections import deque
@@ -66,6 +65,7 @@ from fulmar.consensus.recording_log import RecordingLog, RecordingLogError
 from fulmar.consensus.timer_service import TimerService
 from fulmar.counters import RECORD_ALLOCATED
 from fulmar.duty_cycle import DutyCycleStallTracker
+from fulmar import log_lines
 from fulmar.errors import FulmarError
 from fulmar.retry import DistinctErrorPrinter, RetryBackoff
 from fulmar.semantic_version import major_version
@@ -1561,9 +1561,7 @@ class ConsensusModuleAgent:
     def log_event(self, text: str) -> None:
         """A line in the module's output (the node's consensus.log): elections,
         roles, catchups, truncations: what an operator reads after a failover."""
-        now = time.time()  # milliseconds: a failover's steps take tens of them
-        stamp = f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now * 1000) % 1000:03d}"
-        print(f"{stamp} member {self.member_id}: {text}", file=sys.stdout, flush=True)
+        log_lines.stamped(f"member {self.member_id}", text)
 
     def _open_consensus_streams(self) -> None:
         """Stream 108: a subscription at this member's consensus endpoint and an

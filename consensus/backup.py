@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +63,7 @@ from fulmar.consensus.recording_log import (
 from fulmar.clock import epoch_ms
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.consensus.mark_file import ClusterMarkFile
+from fulmar import log_lines
 from fulmar.errors import FulmarError
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.permissions import make_directory
@@ -767,9 +767,7 @@ class ClusterBackupAgent:
 def log_line(text: str) -> None:
     """A line in the backup's output (its backup.log): its states, what it
     retrieved, whom it follows."""
-    now = time.time()
-    stamp = f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now * 1000) % 1000:03d}"
-    print(f"{stamp} backup: {text}", file=sys.stdout, flush=True)
+    log_lines.stamped("backup", text)
 
 
 class ClusterBackup:
