@@ -547,6 +547,8 @@ class _CachedCounter:
     key: bytes
     kind: CounterKind | None
     labels: Labels
+    member: str | None = None  # the member id ``sorted_labels`` were made with
+    sorted_labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -563,8 +565,13 @@ class _Families:
     def add(self, name: str, kind: str, help_text: str, labels: Labels, value: float | None,
             registration_id: int = 0) -> None:
         """A sample; ``value`` None gives none, but still hides an older registration's."""
+        self.add_sorted(name, kind, help_text, tuple(sorted(labels.items())), value, registration_id)
+
+    def add_sorted(self, name: str, kind: str, help_text: str, labels: tuple[tuple[str, str], ...],
+                   value: float | None, registration_id: int = 0) -> None:
+        """``add`` with the labels as sorted (name, value) pairs (a counter's, kept from scrape to scrape)."""
         self.metrics.setdefault(name, (kind, help_text))
-        key = (name, tuple(sorted(labels.items())))
+        key = (name, labels)
         previous = self.samples.get(key)
         if previous is None or registration_id >= previous[0]:
             self.samples[key] = (registration_id, value)
@@ -666,12 +673,19 @@ class NodeCollector(Collector):
                 families.add(_UNKNOWN_NAME, "gauge", _UNKNOWN_HELP, counter.labels, raw)
                 continue
             labels = counter.labels
-            if kind.name.startswith("cluster_"):
-                labels = {**labels, "member_id": member}
-            elif type_id == CLIENT_HEARTBEAT_TYPE_ID:
+            if type_id == CLIENT_HEARTBEAT_TYPE_ID:
                 labels = {**labels, "process": processes.get(labels["pid"], "")}
-            families.add(kind.name, kind.metric_type, kind.help, labels, kind.value(raw, counter.key, now_ms),
-                         registration_id)
+                families.add(kind.name, kind.metric_type, kind.help, labels, kind.value(raw, counter.key, now_ms),
+                             registration_id)
+            else:
+                if counter.member != member:  # sorted once per counter, not on every scrape
+                    extra = {"member_id": member} if kind.name.startswith("cluster_") else {}
+                    counter.sorted_labels, counter.member = tuple(sorted({**labels, **extra}.items())), member
+                    if extra:
+                        counter.labels = {**labels, **extra}
+                labels = counter.labels
+                families.add_sorted(kind.name, kind.metric_type, kind.help, counter.sorted_labels,
+                                    kind.value(raw, counter.key, now_ms), registration_id)
             if type_id == RECORDING_POSITION_TYPE_ID:
                 if log_recording is not None and recording_position_ids(counter.key)[0] == log_recording \
                         and (recorded is None or registration_id > recorded[0]):
