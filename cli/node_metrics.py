@@ -151,7 +151,7 @@ class DriverFile:
             inode = os.stat(directory / "cnc.dat").st_ino
         except OSError:
             self.close()
-            raise CncError(f"no media driver in {directory} (no cnc.dat)") from None
+            raise CncError(f"no cnc.dat in {directory}") from None
         identity = (str(directory), inode)
         if self.cnc is None or identity != self._identity:
             self.close()

@@ -1433,8 +1433,10 @@ class LocalClusterSupervisor:
             self._wait(0.02 if starting else DUTY_CYCLE_S)
 
     def _fail(self, node: Supervisor) -> None:
-        """Stop what is left of ``node`` (the others keep running)."""
+        """Stop what is left of ``node`` (the others keep running), and its
+        metrics: their port is the restarted node's (its node.toml names it)."""
         node._stop(after_failure=True)
+        node.stop_metrics()
         self.running.remove(node)
         self.failed.append(node)
         others = ", ".join(str(other.config.member_id) for other in self.running) or "none"

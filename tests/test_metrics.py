@@ -269,11 +269,27 @@ def test_cluster_node_start_serves_each_members_metrics_on_port_plus_member_id(
                    for name in ("media driver", "archive", "consensus module", "service 0"))
         assert (sample_value(families, "fulmar_driver_active_clients") or 0) >= 3
 
-        node.process.send_signal(signal.SIGTERM)
-        assert node.wait() == 0, node.stdout + node.stderr
-        for url in urls:
-            with pytest.raises(ConnectionRefusedError):
+        # A member whose process dies is stopped with its metrics: their port is free for its restart.
+        follower = next(member for member in range(3) if member != leader)
+        module_pid = int(CliRunner().invoke(cluster_tool.main, ["pid", "--dir", str(base / f"node{follower}")]).stdout)
+        os.kill(module_pid, signal.SIGKILL)
+
+        def refused(url: str) -> bool:
+            try:
                 http_get(url + "/health")
+            except ConnectionRefusedError:
+                return True
+            except ConnectionResetError:
+                return False  # closed while it answered: not released yet
+            return False
+
+        wait_for(lambda: refused(urls[follower]), DEADLINE_S, f"node {follower}'s metrics port to be released", 0.05)
+        assert http_get(urls[leader] + "/leader")[0] == 200
+
+        node.process.send_signal(signal.SIGTERM)
+        assert node.wait() == supervisor.EXIT_FAILURE, node.stdout + node.stderr  # a node had failed
+        for url in urls:
+            assert refused(url), url
     finally:
         for directory in driver_dirs:
             shutil.rmtree(directory, ignore_errors=True)
