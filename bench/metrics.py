@@ -1,8 +1,8 @@
 """Whether scraping a node's metrics disturbs it: the three-node windowed echo
 (32 B, 1000 in flight) with and without the leader's ``/metrics`` scraped 100
-times a second, and, as a control, with the same scraper asking the same
-server for a path it answers 404 at once (the cost of the HTTP exchange
-alone, on this machine, with no metrics read).
+times a second (and 10), and, as a control, with the same scraper asking the
+same server 100 times a second for a path it answers 404 at once (the cost of
+the HTTP exchange alone, on this machine, with no metrics read).
 
 The cluster is ``bench.cluster3``'s (``cluster-node start --local 3``, the
 echo service), started with ``--metrics-port 0``: each node's supervisor
@@ -17,14 +17,16 @@ it, and measure that rather than the node.  It scrapes on a fixed schedule
 (a late scrape is not made up for) while the bench tells it to, and reports
 how many scrapes it made and how long they took.
 
-Each repetition runs ``ROUNDS`` rounds of three echo runs of ``COUNT``
-messages: not scraped, ``/metrics`` scraped, the control; the order rotates
-from round to round, so that a drift of the machine's load over the run falls
-on all alike.  Rows: each run's throughput (the scraped and control rows'
-reference is the unscraped run of the same round, so the table's ratio is
-scraped / not scraped), the scrapes achieved per second, a scrape's mean
-response time, and the supervisor's CPU per scrape (its CPU in the scraped
-run less that in the unscraped one, at the same rate per second).
+Each repetition runs ``ROUNDS`` rounds of four echo runs of ``COUNT``
+messages (``CASES``): not scraped, ``/metrics`` asked for 100 times a second,
+10 times a second, and the control; the order rotates from round to round,
+so that a drift of the machine's load over the run falls on all alike.  Rows
+per case: its throughput (its reference the unscraped run of the same round,
+so the table's ratio is that of the medians), each round's own ratio (whose
+median a drift of the machine's speed between rounds does not move), the
+requests served per second, their mean response time, and the supervisor's
+CPU per request (its CPU in that run less that in the unscraped one, at the
+same rate per second).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,8 +52,8 @@ from fulmar.aeron import Aeron
 SCRAPES_PER_S = 100
 SIZE = 32
 WINDOW = 1000
-COUNT = 200_000
-ROUNDS = 3
+COUNT = 100_000
+ROUNDS = 6
 CONTROL_PATH = "/control-no-such-path"  # answered 404 by the metrics server, nothing read
 _METRICS_LINE = re.compile(r"^\[node (\d+)\] metrics of node \d+: (http://\S+)/metrics,", re.MULTILINE)
 
@@ -71,14 +74,15 @@ def _get(url: str) -> int:
         connection.close()
 
 
-def scraper_main(rate: float) -> None:
-    """The scraper process: on each ``start URL`` line of stdin a thread asks
-    for URL ``rate`` times a second until the next ``stop`` line, then one JSON
-    line reports it (requests, seconds, mean and max response time, bytes)."""
+def scraper_main() -> None:
+    """The scraper process: on each ``start RATE URL`` line of stdin a thread
+    asks for URL RATE times a second until the next ``stop`` line, then one
+    JSON line reports it (requests, seconds, mean and max response time, bytes)."""
     for line in sys.stdin:
-        command, _, url = line.strip().partition(" ")
+        command, rate_text, url = (line.strip().split(" ", 2) + ["", ""])[:3]
         if command != "start":
             continue
+        rate = float(rate_text)
         stop = threading.Event()
         times: list[float] = []
         sizes: list[int] = []
@@ -109,13 +113,13 @@ def scraper_main(rate: float) -> None:
 class Scraper:
     """The scraper process, driven through its stdin."""
 
-    def __init__(self, rate: float) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "bench.metrics", "--scrape", str(rate)],
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.metrics", "--scrape"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def start(self, url: str) -> None:
+    def start(self, rate: float, url: str) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(f"start {url}\n")
+        self.process.stdin.write(f"start {rate:g} {url}\n")
         self.process.stdin.flush()
 
     def stop(self) -> dict[str, Any]:
@@ -151,6 +155,20 @@ def _echo(aeron: Aeron, cluster: LocalCluster, count: int, supervisor: psutil.Pr
     return count / elapsed, (after.user + after.system) - (before.user + before.system)
 
 
+@dataclass(frozen=True)
+class Case:
+    """One echo run of a round: what the scraper asks for meanwhile (nothing: ``rate`` 0)."""
+
+    label: str
+    rate: float = 0
+    path: str = ""
+
+
+CASES = (Case("not scraped"), Case(f"/metrics asked for {SCRAPES_PER_S}/s", SCRAPES_PER_S, "/metrics"),
+         Case(f"/metrics asked for {SCRAPES_PER_S // 10}/s", SCRAPES_PER_S // 10, "/metrics"),
+         Case(f"control: a 404 asked for {SCRAPES_PER_S}/s", SCRAPES_PER_S, CONTROL_PATH))
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     count = 50_000 if quick else COUNT
     rounds = 1 if quick else ROUNDS
@@ -158,55 +176,53 @@ def run(quick: bool) -> list[dict[str, Any]]:
     scraper: Scraper | None = None
     results: list[dict[str, Any]] = []
     name = f"metrics echo, {SIZE} B, {WINDOW} in flight"
-    cases = ("not scraped", "scraped", "control")
     try:
         leader = int(cluster.wait_for_leader()["member_id"])
         base_url = _metrics_urls(cluster)[leader]
-        urls = {"scraped": base_url + "/metrics", "control": base_url + CONTROL_PATH}
         supervisor = psutil.Process(cluster.local.process.pid)
-        scraper = Scraper(SCRAPES_PER_S)
+        scraper = Scraper()
         assert cluster.client_driver is not None
         with Aeron.connect(cluster.client_driver_dir) as aeron:
             throughput(aeron, cluster, SIZE, WINDOW, count // 5)  # warm-up, not recorded
             for round_index in range(rounds):
-                figures: dict[str, tuple[float, float]] = {}
-                stats: dict[str, dict[str, Any]] = {}
-                order = cases[round_index % 3:] + cases[:round_index % 3]
+                shift = round_index % len(CASES)
+                order = CASES[shift:] + CASES[:shift]
+                figures: dict[Case, tuple[float, float]] = {}
+                stats: dict[Case, dict[str, Any]] = {}
                 for case in order:
-                    if case in urls:
-                        scraper.start(urls[case])
-                        figures[case] = _echo(aeron, cluster, count, supervisor)
+                    if case.rate:
+                        scraper.start(case.rate, base_url + case.path)
+                    figures[case] = _echo(aeron, cluster, count, supervisor)
+                    if case.rate:
                         stats[case] = scraper.stop()
-                    else:
-                        figures[case] = _echo(aeron, cluster, count, supervisor)
-                plain, plain_cpu = figures["not scraped"]
-                loaded, loaded_cpu = figures["scraped"]
-                control = figures["control"][0]
-                scraped = stats["scraped"]
-                rate = scraped["requests"] / scraped["seconds"]
-                # The supervisor's own CPU (its polls) over the scraped run's duration, at the unscraped rate.
-                baseline_cpu = plain_cpu / (count / plain) * (count / loaded)
-                cpu_per_scrape_ms = max(0.0, loaded_cpu - baseline_cpu) / max(1, scraped["requests"]) * 1e3
-                print(f"bench.metrics: round {round_index + 1} ({', '.join(order)}): not scraped {plain:,.0f} msgs/s; "
-                      f"/metrics scraped {loaded:,.0f} msgs/s (ratio {loaded / plain:.3f}), {scraped['requests']} "
-                      f"scrapes of node {leader} in {scraped['seconds']:.2f} s ({rate:.1f}/s), "
-                      f"{scraped['bytes'] / 1024:.1f} KiB each, mean {scraped['mean_ms']:.2f} ms, max "
-                      f"{scraped['max_ms']:.1f} ms, supervisor CPU {cpu_per_scrape_ms:.2f} ms per scrape; control "
-                      f"(404s) {control:,.0f} msgs/s (ratio {control / plain:.3f}), "
-                      f"{stats['control']['requests'] / stats['control']['seconds']:.1f}/s", flush=True)
-                results += [
-                    {"name": f"{name}, not scraped", "value": plain, "unit": "msgs/s", "reference": None},
-                    {"name": f"{name}, /metrics asked for {SCRAPES_PER_S}/s", "value": loaded, "unit": "msgs/s",
-                     "reference": plain, "reference_kind": "unscraped"},
-                    {"name": f"{name}, control: a 404 asked {SCRAPES_PER_S}/s", "value": control, "unit": "msgs/s",
-                     "reference": plain, "reference_kind": "unscraped"},
-                    {"name": "metrics scrapes achieved during the echo", "value": rate, "unit": "/s",
-                     "reference": None},
-                    {"name": "metrics scrape response time, mean", "value": scraped["mean_ms"], "unit": "ms",
-                     "reference": None},
-                    {"name": "metrics server CPU per scrape (supervisor)", "value": cpu_per_scrape_ms, "unit": "ms",
-                     "reference": None},
-                ]
+                plain, plain_cpu = figures[CASES[0]]
+                notes = [f"not scraped {plain:,.0f} msgs/s"]
+                results.append({"name": f"{name}, not scraped", "value": plain, "unit": "msgs/s", "reference": None})
+                for case in CASES[1:]:
+                    loaded, loaded_cpu = figures[case]
+                    asked = stats[case]
+                    rate = asked["requests"] / asked["seconds"]
+                    # The supervisor's own CPU (its polls) over this run's duration, at the unscraped rate.
+                    baseline_cpu = plain_cpu / (count / plain) * (count / loaded)
+                    cpu_per_request_ms = max(0.0, loaded_cpu - baseline_cpu) / max(1, asked["requests"]) * 1e3
+                    notes.append(f"{case.label}: {loaded:,.0f} msgs/s (ratio {loaded / plain:.3f}), {rate:.1f}/s "
+                                 f"served, {asked['bytes'] / 1024:.1f} KiB each, mean {asked['mean_ms']:.1f} ms, "
+                                 f"server CPU {cpu_per_request_ms:.2f} ms each")
+                    results += [
+                        {"name": f"{name}, {case.label}", "value": loaded, "unit": "msgs/s", "reference": plain,
+                         "reference_kind": "unscraped"},
+                        # This round's own ratio: a drift of the machine's speed between rounds
+                        # cancels out of it (the median of these, not the ratio of medians).
+                        {"name": f"metrics throughput ratio, {case.label} / not scraped, per round",
+                         "value": loaded / plain, "unit": "ratio", "reference": None},
+                        {"name": f"metrics {case.label}: achieved", "value": rate, "unit": "/s", "reference": None},
+                        {"name": f"metrics {case.label}: response time, mean", "value": asked["mean_ms"],
+                         "unit": "ms", "reference": None},
+                        {"name": f"metrics {case.label}: supervisor CPU each", "value": cpu_per_request_ms,
+                         "unit": "ms", "reference": None},
+                    ]
+                print(f"bench.metrics: round {round_index + 1} (node {leader}'s metrics; "
+                      f"{', '.join(case.label for case in order)}): {'; '.join(notes)}", flush=True)
     except Exception as error:
         raise RuntimeError(f"bench.metrics failed: {error}\n{cluster.describe(30)}") from error
     finally:
@@ -220,7 +236,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--scrape"]:
-        scraper_main(float(sys.argv[2]))
+        scraper_main()
     else:
         for row in run("--quick" in sys.argv):
             ratio = f" (ratio {row['value'] / row['reference']:.3f})" if row.get("reference") else ""
