@@ -133,7 +133,6 @@ class NodeFiles:
     processes: list[ProcessState] = field(default_factory=list)
     errors: dict[str, tuple[int, int]] = field(default_factory=dict)  # process -> (distinct, observations)
     member_id: int | None = None
-    cluster_id: int | None = None
     driver_dir: Path | None = None
 
 
@@ -177,7 +176,7 @@ def read_node_files(node: MetricsNode, driver: DriverFile, now_ms: int) -> NodeF
         contents = read_cluster_mark(module_path)
         module_doc = cluster_mark_document(contents, now_ms)
         found.errors[CONSENSUS_MODULE] = _error_counts(error.observation_count for error in contents.errors)
-        found.member_id, found.cluster_id = contents.header.member_id, contents.header.cluster_id
+        found.member_id = contents.header.member_id
         aeron_directory = contents.header.aeron_directory
         found.driver_dir = node.driver_dir or (Path(aeron_directory) if aeron_directory else None)
     except ClusterReadError as error:
@@ -196,7 +195,7 @@ def read_node_files(node: MetricsNode, driver: DriverFile, now_ms: int) -> NodeF
                 else f"not running (no heartbeat for {status['heartbeat_age_ms']} ms)")
             found.processes.append(ProcessState(DRIVER, bool(status["alive"]), state, int(status["pid"])))
             found.errors[DRIVER] = _error_counts(error.observation_count for error in read_error_log(cnc.error_log))
-        except (CncError, CorruptErrorLogError) as error:
+        except (CncError, CorruptErrorLogError, OSError) as error:  # OSError: cnc.dat unreadable (permissions)
             found.processes.append(ProcessState(DRIVER, False, f"not running ({error})", None))
 
     found.processes.append(_archive_state(node.archive_dir, now_ms, found.errors))
