@@ -100,7 +100,7 @@ from fulmar.cli.cnc_reader import (
     read_errors,
 )
 from fulmar.cli.options import driver_dir_option, resolve_driver_dir
-from fulmar.cli import analytics_commands
+from fulmar.cli import analytics_commands, retention_commands
 
 EXIT_NO_DRIVER = 1
 EXIT_DRIVER_NOT_ALIVE = 3
@@ -2252,6 +2252,10 @@ def _is_cluster_dir(directory: Path) -> bool:
 for _name in ("describe", "pid", "list-members", "is-leader", "recording-log", "mark-file",
               "snapshot", "suspend", "resume", "shutdown", "abort", "standby-snapshot"):
     main.add_command(cluster_group.commands[_name], _name)
+
+# Log retention: each member's log and snapshots before the newest it keeps.
+cluster_group.add_command(retention_commands.purge_log)
+main.add_command(retention_commands.purge_log)
 
 # The Spark jobs over archived logs (the spark extra; imported lazily inside).
 main.add_command(analytics_commands.analyze)

@@ -136,6 +136,13 @@ class ElectionState(IntEnum):
     CLOSED = 17
 
 
+def log_line(member_id: int, text: str) -> None:
+    """A line of a consensus module's output (its node's consensus.log)."""
+    now = time.time()  # milliseconds: a failover's steps take tens of them
+    stamp = f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now * 1000) % 1000:03d}"
+    print(f"{stamp} member {member_id}: {text}", file=sys.stdout, flush=True)
+
+
 class ClusterTerminationError(FulmarError):
     """The module stops: a SHUTDOWN/ABORT completed, or a step it cannot do without failed."""
 
@@ -1462,6 +1469,27 @@ class ConsensusModuleAgent:
         self.recording_log.append_snapshot(recording_id, self.leadership_term_id, self.term_base_log_position,
                                            position, timestamp, -1)
         self.snapshot_counter.increment()
+        if self.context.log_retention_snapshots:
+            self._apply_log_retention()
+
+    def _apply_log_retention(self) -> None:
+        """Keep the newest snapshot sets, purge the rest and the log before them
+        (a few requests to the node's own archive, after a snapshot only)."""
+        from fulmar.consensus.log_retention import apply_retention, plan_retention
+
+        log = self.recording_log
+        try:
+            plan = plan_retention(log.entries, self.context.service_count, self.context.log_retention_snapshots,
+                                  self.archive.list_recording, str(log.path))
+            if not plan.removed and not plan.purges_log:
+                return
+            result = apply_retention(self.archive, lambda entry: log.invalidate_entry(entry.entry_index), plan)
+        except FulmarError as error:
+            self._error(f"log retention: {error}")
+            return
+        self.log_event(f"log retention: {result.describe()}")
+        for problem in result.problems:
+            self._error(f"log retention: {problem}")
 
     def _begin_termination(self, action: ControlToggle) -> None:
         """Services stop at the current log end; the module waits for their acks."""
@@ -1537,9 +1565,7 @@ class ConsensusModuleAgent:
     def log_event(self, text: str) -> None:
         """A line in the module's output (the node's consensus.log): elections,
         roles, catchups, truncations: what an operator reads after a failover."""
-        now = time.time()  # milliseconds: a failover's steps take tens of them
-        stamp = f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now * 1000) % 1000:03d}"
-        print(f"{stamp} member {self.member_id}: {text}", file=sys.stdout, flush=True)
+        log_line(self.member_id, text)
 
     def _open_consensus_streams(self) -> None:
         """Stream 108: a subscription at this member's consensus endpoint and an
