@@ -35,6 +35,8 @@ REFERENCE_NOTES = {
                       "below 1 in us, ms, cores, MiB and msgs)",
     "cluster": "cluster3 rows without a PySyncObj figure in this run: the 1-node cluster's median "
                "for the same work (ratio = 3-node / 1-node)",
+    "whole_log": "restore rows: the same restore from the backup's whole log, its snapshot left out, in this "
+                 "run (ratio = from the snapshot / from the whole log)",
     "read": "spark_decode rows: the read named in the row's parentheses, of the same log in this run "
             "(ratio = this / that; local[2] vs local[1] is the scaling from 1 to 2 cores)",
 }
