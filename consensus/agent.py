@@ -262,6 +262,7 @@ class ConsensusModuleAgent:
         self._uncommitted_closed_sessions: deque[tuple[int, ClusterSession]] = deque()
         self._leader_services_ack_id = NULL_VALUE
         self._leader_services_joined = False
+        self._leader_services_deadline_ns = 0
         self._leader_recording_subscription_id = NULL_VALUE
         self._leader_recording_started = False
         self._leader_term_to_record = (NULL_VALUE, NULL_POSITION)
@@ -1907,6 +1908,7 @@ class ConsensusModuleAgent:
                                     self.context.log_stream_id, False, int(ClusterRole.LEADER),
                                     self.leader_spy_channel())
         self._leader_services_joined = False
+        self._leader_services_deadline_ns = self.now_ns + self.context.service_ack_timeout_ns
 
     def on_leader_recording_signal(self, event: Any) -> bool:
         """The archive records the leader's log: the term goes into the recording log."""
@@ -1927,6 +1929,13 @@ class ConsensusModuleAgent:
             return False
         if not self._leader_services_joined:
             if self.services_acked(self._leader_services_ack_id, log_position) is None:
+                # A leader whose services never join its log would send
+                # heartbeats and serve nobody, for good: stop, so that the
+                # others elect a leader that serves.
+                if self.now_ns > self._leader_services_deadline_ns:
+                    raise ClusterTerminationError(
+                        f"the services did not acknowledge joining the log as leader at position {log_position} "
+                        f"within {self.context.service_ack_timeout_ns // 1_000_000_000} s")
                 return False
             self._leader_services_joined = True
         publisher = self.log_publisher

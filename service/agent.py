@@ -295,6 +295,12 @@ class ClusteredServiceAgent:
             self._max_log_position = message.log_position
             self._active_log = message
             self._join_retry.on_success()  # a new log: no back-off from the last one
+            if self._log_image is None and self._log_subscription is not None:
+                # A join still waiting for its image (that log ended before it
+                # came, its election gave it up): its subscription names the old
+                # log's channel, where the new log's image never comes.
+                self._log_subscription.close()
+                self._log_subscription = None
         elif isinstance(message, codecs.ServiceTerminationPositionDecoder):
             self._termination_position = message.log_position
         elif isinstance(message, codecs.RequestServiceAckDecoder):

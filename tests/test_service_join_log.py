@@ -1,7 +1,8 @@
 """A service container told to join a log its consensus module has already
 closed (an election began between the JoinLog and the service's
 subscription) survives it: the driver's refusal is recorded, the join is
-tried again after a back-off, and the module's next JoinLog is joined.
+tried again after a back-off, and the module's next JoinLog is joined; so is
+a JoinLog that follows one whose log ended before its image came.
 
 Before, the RegistrationError ended the service process, and with it the node.
 A real media driver and this process as both the module (sending JoinLog on
@@ -70,6 +71,12 @@ def test_a_join_refused_by_the_driver_is_retried_and_the_next_join_log_is_follow
     tries = len(errors)
     assert 1 <= tries <= 12, f"{tries} tries in 0.5 s: not backing off"  # 1, 2, 4, ... ms, not every cycle
     assert agent._log_image is None
+
+    # A JoinLog whose subscription is added but whose image never comes (that
+    # log ended first), then the next one: the pending subscription is let go.
+    join_log(to_service, "aeron:ipc?term-length=64k|session-id=5", 5)
+    wait_for(lambda: agent.do_work(time.monotonic_ns()) >= 0 and agent._log_subscription is not None, 10,
+             "the service to subscribe to the log that never comes")
 
     # The module's next JoinLog names a log that exists: it is joined.
     log = aeron.add_exclusive_publication("aeron:ipc?term-length=64k", LOG_STREAM_ID)
