@@ -499,6 +499,28 @@ class AeronArchive:
         """Delete a stopped recording: its catalog entry and its segment files."""
         self._request(codecs.PurgeRecordingRequestEncoder, recording_id=recording_id)
 
+    # ------------------------------------------------- segments (Aeron's detach, purge, attach)
+
+    def detach_segments(self, recording_id: int, new_start_position: int) -> None:
+        """Move the recording's start to ``new_start_position``, the first byte
+        of a later segment (``segment_file_base_position``); the files before
+        it stay on disk until deleted or attached again."""
+        self._request(codecs.DetachSegmentsRequestEncoder, recording_id=recording_id,
+                      new_start_position=new_start_position)
+
+    def delete_detached_segments(self, recording_id: int) -> int:
+        """Delete the files detached from the recording; returns how many."""
+        return self._request(codecs.DeleteDetachedSegmentsRequestEncoder, recording_id=recording_id)
+
+    def purge_segments(self, recording_id: int, new_start_position: int) -> int:
+        """Detach and delete the segments before ``new_start_position``; returns how many files went."""
+        return self._request(codecs.PurgeSegmentsRequestEncoder, recording_id=recording_id,
+                             new_start_position=new_start_position)
+
+    def attach_segments(self, recording_id: int) -> int:
+        """Take back detached segment files that join the recording's start; returns how many."""
+        return self._request(codecs.AttachSegmentsRequestEncoder, recording_id=recording_id)
+
     # ------------------------------------------------------------- replication
 
     def replicate(

@@ -44,6 +44,10 @@ from fulmar.archive.segment import (
     SegmentReader,
     SegmentWriter,
     delete_segments,
+    detached_segment_files,
+    find_start_in_segment,
+    segment_file_base_position,
+    segment_file_name,
     truncate_segments,
 )
 from fulmar.channel_uri import ChannelUri
@@ -848,6 +852,123 @@ class ArchiveConductor:
         delete_segments(self.archive_dir, recording_id)
         session.send_ok(correlation_id)
         session.send_signal(correlation_id, recording_id, NULL_VALUE, NULL_POSITION, RecordingSignal.DELETE)
+
+    # ------------------------------------------------- segments (Aeron's detach, purge, attach)
+
+    def _detach_problem(self, recording_id: int, descriptor: RecordingDescriptor, new_start: int) -> str | None:
+        """Why the recording's start cannot move to ``new_start`` (Aeron's
+        isValidDetach): it must be a segment's first byte past the first
+        segment, no later than the segment the recording ends in, and no
+        replay may be reading a segment before it."""
+        term_length, segment_length = descriptor.term_buffer_length, descriptor.segment_file_length
+        start = descriptor.start_position
+        if new_start < 0 or new_start != segment_file_base_position(start, new_start, term_length, segment_length):
+            return f"invalid segment start: newStartPosition={new_start}"
+        lower_bound = segment_file_base_position(start, start, term_length, segment_length) + segment_length
+        if new_start < lower_bound:
+            return f"invalid detach: newStartPosition={new_start} lowerBound={lower_bound}"
+        end = self._recorded_limit(recording_id)
+        upper_bound = segment_file_base_position(start, max(end, start), term_length, segment_length)
+        if new_start > upper_bound:
+            return f"invalid detach: in use, newStartPosition={new_start} upperBound={upper_bound}"
+        for replay in self.replays.values():
+            if replay.recording_id != recording_id:
+                continue
+            replay_base = segment_file_base_position(start, replay.position, term_length, segment_length)
+            if new_start > replay_base:
+                return (f"invalid detach: replay in progress - newStartPosition={new_start} "
+                        f"upperBound={replay_base} replaySessionId={replay.replay_session_id}")
+        return None
+
+    def _detachable(self, session: ControlSession, correlation_id: int, recording_id: int,
+                    new_start: int) -> RecordingDescriptor | None:
+        descriptor = self.catalog.descriptor(recording_id)
+        if descriptor is None:
+            session.send_error(correlation_id, f"unknown recording {recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING)
+            return None
+        problem = self._detach_problem(recording_id, descriptor, new_start)
+        if problem is not None:
+            session.send_error(correlation_id, problem)
+            return None
+        return descriptor
+
+    def _move_start(self, recording_id: int, new_start: int) -> None:
+        self.catalog.update_start_position(recording_id, new_start)
+        if recording_id in self._recording_starts:
+            self._recording_starts[recording_id] = new_start
+
+    def _delete_files(self, session: ControlSession, correlation_id: int, recording_id: int,
+                      names: list[str]) -> None:
+        """Delete the named segment files, answer with their count and signal DELETE (Aeron's deleteSegments)."""
+        for name in names:
+            path = self.archive_dir / name
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+        session.send_ok(correlation_id, len(names))
+        session.send_signal(correlation_id, recording_id, NULL_VALUE, NULL_POSITION, RecordingSignal.DELETE)
+
+    def on_detach_segments_request(self, session: ControlSession, message: Any) -> None:
+        """Move the start forward to a segment boundary; the files before it stay on disk (attach takes them back)."""
+        correlation_id, recording_id = message.correlation_id, message.recording_id
+        if self._detachable(session, correlation_id, recording_id, message.new_start_position) is None:
+            return
+        self._move_start(recording_id, message.new_start_position)
+        session.send_ok(correlation_id)
+
+    def on_delete_detached_segments_request(self, session: ControlSession, message: Any) -> None:
+        """Delete the segment files before the start's segment (detached earlier)."""
+        correlation_id, recording_id = message.correlation_id, message.recording_id
+        descriptor = self.catalog.descriptor(recording_id)
+        if descriptor is None:
+            session.send_error(correlation_id, f"unknown recording {recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING)
+            return
+        self._delete_files(session, correlation_id, recording_id, detached_segment_files(self.archive_dir, descriptor))
+
+    def on_purge_segments_request(self, session: ControlSession, message: Any) -> None:
+        """Detach and delete: the start moves to ``new_start_position`` and the files before it go."""
+        correlation_id, recording_id = message.correlation_id, message.recording_id
+        descriptor = self._detachable(session, correlation_id, recording_id, message.new_start_position)
+        if descriptor is None:
+            return
+        self._move_start(recording_id, message.new_start_position)
+        moved = dataclasses.replace(descriptor, start_position=message.new_start_position)
+        self._delete_files(session, correlation_id, recording_id, detached_segment_files(self.archive_dir, moved))
+
+    def on_attach_segments_request(self, session: ControlSession, message: Any) -> None:
+        """Take back detached segment files that join the start, newest first
+        (Aeron's attachSegments): each must be a whole segment of this
+        recording; the start moves to its first byte, or to the recording's
+        first frame in it when the recording began inside it."""
+        correlation_id, recording_id = message.correlation_id, message.recording_id
+        descriptor = self.catalog.descriptor(recording_id)
+        if descriptor is None:
+            session.send_error(correlation_id, f"unknown recording {recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING)
+            return
+        term_length, segment_length = descriptor.term_buffer_length, descriptor.segment_file_length
+        start = descriptor.start_position
+        position = segment_file_base_position(start, start, term_length, segment_length) - segment_length
+        count = 0
+        while position >= 0:
+            path = self.archive_dir / segment_file_name(recording_id, position)
+            if not path.exists():
+                break
+            size = path.stat().st_size
+            if size != segment_length:
+                session.send_error(correlation_id, f"{path}: fileLength={size} not equal to segmentLength={segment_length}")
+                return
+            try:
+                offset = find_start_in_segment(path, descriptor, position)
+            except ArchiveError as error:
+                session.send_error(correlation_id, str(error))
+                return
+            self._move_start(recording_id, position + offset)
+            count += 1
+            if offset:
+                break  # the recording began inside this segment
+            position -= segment_length
+        session.send_ok(correlation_id, count)
 
     # ------------------------------------------------------------ replication
 

@@ -158,6 +158,45 @@ def delete_segments(archive_dir: str | os.PathLike[str], recording_id: int) -> l
     return deleted
 
 
+def detached_segment_files(archive_dir: str | os.PathLike[str], descriptor: "RecordingDescriptor") -> list[str]:
+    """The recording's segment files that lie wholly before the segment of its
+    start position: detached (or purged) from it, no longer part of it."""
+    first_base = segment_file_base_position(descriptor.start_position, descriptor.start_position,
+                                            descriptor.term_buffer_length, descriptor.segment_file_length)
+    return [name for name in list_segment_files(archive_dir, descriptor.recording_id)
+            if segment_base_of_file(name) < first_base]
+
+
+_FIRST_FRAME = struct.Struct("<i12xii")  # frame length; stream id and term id at offsets 16 and 20
+
+
+def find_start_in_segment(path: Path, descriptor: "RecordingDescriptor", segment_base: int) -> int:
+    """Where the recording's first frame lies in a detached segment file (the
+    offset in its first term: 0 unless the recording began inside it), checked
+    to be a frame of this recording's stream and of the term that position is in."""
+    term_length = descriptor.term_buffer_length
+    try:
+        with open(path, "rb") as file:
+            first_term = file.read(term_length)
+    except OSError as ex:
+        raise SegmentError(f"{describe_os_error(ex)} while reading {path}") from ex
+    offset = 0
+    while offset + _FIRST_FRAME.size <= len(first_term):
+        frame_length, stream_id, term_id = _FIRST_FRAME.unpack_from(first_term, offset)
+        if frame_length > 0:
+            break
+        offset += FRAME_ALIGNMENT
+    else:
+        raise SegmentError(f"{path}: no frame found in the first term of the segment")
+    bits = (term_length - 1).bit_length()
+    expected_term_id = to_int32(descriptor.initial_term_id + ((segment_base + offset) >> bits))
+    if term_id != expected_term_id:
+        raise SegmentError(f"{path}: term id does not match: actual={term_id} expected={expected_term_id}")
+    if stream_id != descriptor.stream_id:
+        raise SegmentError(f"{path}: stream id does not match: actual={stream_id} expected={descriptor.stream_id}")
+    return offset
+
+
 def _zero_from(path: Path, offset: int) -> None:
     """Zero the file from ``offset`` to its end, keeping its length.
 

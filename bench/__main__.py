@@ -53,7 +53,7 @@ from typing import Any
 from bench import report
 
 MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive", "cluster", "pysyncobj_peer",
-           "cluster3", "stages", "metrics", "spark_decode"]
+           "cluster3", "stages", "metrics", "restore", "spark_decode"]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 

@@ -157,12 +157,12 @@ class Supervised:
     """One ``cluster-node start`` command (the whole local cluster, or one node
     started again), its output in a log file."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, command: str = "start") -> None:
         self.log_path = log_path
         self._log = open(log_path, "w")
         # A session of its own: a Ctrl-C reaches only the bench, which then
         # stops the cluster with one SIGTERM (in order) rather than two (kill).
-        self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", "start", *args],
+        self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", command, *args],
                                         stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                         text=True, start_new_session=True)
 
@@ -209,7 +209,7 @@ class LocalCluster:
     client driver; every process reaped and every directory removed by
     ``close`` whatever state it is in."""
 
-    def __init__(self, extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, extra_args: Sequence[str] = (), service: str = SERVICE) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster3-", dir=DISK_PARENT))
         self.client_driver_dir = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster3-", dir=SHM_PARENT)) / "client"
         self.ingress_channel = "aeron:udp"
@@ -220,7 +220,7 @@ class LocalCluster:
         self.client_driver: NodeProcess | None = None
         try:
             self.local = self._supervise(["--local", str(MEMBERS), "--dir", str(self.base), "--service",
-                                          SERVICE, "--consensus-leader-heartbeat-timeout", LEADER_HEARTBEAT_TIMEOUT,
+                                          service, "--consensus-leader-heartbeat-timeout", LEADER_HEARTBEAT_TIMEOUT,
                                           "--consensus-election-timeout", ELECTION_TIMEOUT, *extra_args],
                                          "local-cluster.log")
             ready = _wait("the local cluster's ready line", START_TIMEOUT_S, self._local_ready, details=self.log_tails)

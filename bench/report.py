@@ -37,6 +37,8 @@ REFERENCE_NOTES = {
                "for the same work (ratio = 3-node / 1-node)",
     "unscraped": "metrics rows: the same echo run without scraping, alternated with the scraped one in this run "
                  "(ratio = scraped / not scraped)",
+    "whole_log": "restore rows: the same restore from the backup's whole log, its snapshot left out, in this "
+                 "run (ratio = from the snapshot / from the whole log)",
     "read": "spark_decode rows: the read named in the row's parentheses, of the same log in this run "
             "(ratio = this / that; local[2] vs local[1] is the scaling from 1 to 2 cores)",
 }

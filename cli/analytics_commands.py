@@ -137,35 +137,54 @@ def analyze(archive_dirs: tuple[Path, ...], master: str, out_dir: Path, mode: st
               help="module:function, load(records: list[bytes]) -> state, from the service's snapshot records.")
 @click.option("--view", "view_spec", default=None,
               help="module:function, view(state) -> what a snapshot holds of it (default: the state itself).")
+@click.option("--resume", "resume_spec", default=None,
+              help="module:function, resume(snapshot_state, sessions) -> apply's state at a snapshot (e.g. "
+              "fulmar.service.samples:counter_resume): replays start from a snapshot once the log before it "
+              "was purged.")
+@click.option("--from-snapshot", is_flag=True,
+              help="Replay from the node's newest snapshot at or below --position instead of from the start "
+              "(needs --cluster-dir, --load-snapshot and --resume): the state, not an audit.")
 @click.option("--service-id", type=int, default=0, show_default=True)
 @master_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def replay(archive_dir: Path, apply_spec: str, initial_spec: str, position: int | None, cluster_dir: Path | None,
-           load_spec: str | None, view_spec: str | None, service_id: int, master: str, as_json: bool) -> None:
+           load_spec: str | None, view_spec: str | None, resume_spec: str | None, from_snapshot: bool,
+           service_id: int, master: str, as_json: bool) -> None:
     """Replay the log recorded in ARCHIVE_DIR through a pure apply function,
     in Spark, and print the state at the end (or at --position).  With
     --cluster-dir and --load-snapshot, audit the node's latest snapshot: the
     state it holds must equal the replay up to its log position (exit 1 if
-    they differ)."""
+    they differ).  A log whose start was purged replays from a snapshot
+    (--from-snapshot; an audit starts from the snapshot before the one it
+    checks): give --resume."""
     # Every callable is loaded before Spark starts: a bad spec fails at once.
     apply = _load(apply_spec, "--apply")
     initial = _load(initial_spec, "--initial")()
     view = _load(view_spec, "--view") if view_spec else (lambda state: state)
     if cluster_dir is not None and load_spec is None:
         raise click.BadParameter("an audit (--cluster-dir) needs --load-snapshot", param_hint="--load-snapshot")
+    if from_snapshot and (cluster_dir is None or load_spec is None or resume_spec is None):
+        raise click.BadParameter("a replay from a snapshot needs --cluster-dir, --load-snapshot and --resume",
+                                 param_hint="--from-snapshot")
     load_snapshot = _load(load_spec, "--load-snapshot") if load_spec else None
+    resume = _load(resume_spec, "--resume") if resume_spec else None
     with _spark(master, "fulmar replay") as spark:
         from fulmar.analytics import replay as replay_job
 
-        if cluster_dir is None or load_snapshot is None:
-            result = replay_job.replay_state(spark, archive_dir, apply, initial, position)
+        if from_snapshot or cluster_dir is None or load_snapshot is None:
+            if from_snapshot:
+                assert cluster_dir is not None and load_snapshot is not None and resume is not None
+                result = replay_job.replay_from_snapshot(spark, archive_dir, cluster_dir, apply, load_snapshot,
+                                                         resume, position, service_id=service_id)
+            else:
+                result = replay_job.replay_state(spark, archive_dir, apply, initial, position)
             document = {"position": result.position, "messages": result.messages, "state": view(result.state)}
             click.echo(json.dumps(document, default=_jsonable) if as_json else
                        f"replayed {result.messages} messages up to log position {result.position}: "
                        f"{document['state']!r}")
             return
         audit = replay_job.audit_snapshot(spark, archive_dir, cluster_dir, apply, initial, load_snapshot, view=view,
-                                          service_id=service_id, max_position=position)
+                                          service_id=service_id, max_position=position, resume=resume)
     if as_json:
         click.echo(json.dumps({"matches": audit.matches, "snapshot_recording_id": audit.snapshot.recording_id,
                                "log_position": audit.snapshot.log_position, "messages": audit.messages,

@@ -494,6 +494,10 @@ _CM_DEFAULTS = ConsensusModuleContext
 @click.option("--accept-standby-snapshots/--refuse-standby-snapshots", default=_CM_DEFAULTS.accept_standby_snapshots,
               help="Record the snapshots another node announces with a StandbySnapshot on the consensus stream "
                    "in this member's recording log (STANDBY_SNAPSHOT entries).")
+@click.option("--log-retention-snapshots", type=click.IntRange(min=0),
+              default=_CM_DEFAULTS.log_retention_snapshots, metavar="N",
+              help="After each snapshot, keep the newest N snapshot sets and purge the older ones and the log "
+                   "before them (0: keep everything, as Aeron does; cluster-tool purge-log does it on demand).")
 def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_id: int, ingress_channel: str,
               log_channel: str, archive_control_channel: str, service_count: int, session_timeout: int,
               max_concurrent_sessions: int,
@@ -501,7 +505,7 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
               election_timeout: int, election_status_interval: int, startup_canvass_timeout: int,
               leader_heartbeat_timeout: int, leader_heartbeat_interval: int, service_heartbeat_timeout: int,
               consensus_channel: str, replication_channel: str, cycle_threshold: int,
-              accept_standby_snapshots: bool) -> None:
+              accept_standby_snapshots: bool, log_retention_snapshots: int) -> None:
     """Run a consensus module in the foreground until SIGTERM or SIGINT (a
     snapshot and an orderly stop of the services at one log position).  A
     repeated SIGTERM, or a SIGINT with it, is the same request; a second
@@ -528,6 +532,7 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
         leader_heartbeat_interval_ns=leader_heartbeat_interval, consensus_channel=consensus_channel,
         replication_channel=replication_channel, service_heartbeat_timeout_ns=service_heartbeat_timeout,
         cycle_threshold_ns=cycle_threshold, accept_standby_snapshots=accept_standby_snapshots,
+        log_retention_snapshots=log_retention_snapshots,
     )
     if authenticator_secret:
         context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())

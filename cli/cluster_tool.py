@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import click
 
-from fulmar.cli import aeron_stat, analytics_commands, archive_tool, cluster_commands, metrics_server
+from fulmar.cli import aeron_stat, analytics_commands, archive_tool, cluster_commands, metrics_server, retention_commands
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -51,6 +51,10 @@ main.add_command(metrics_server.metrics_group)
 for _name in ("describe", "pid", "list-members", "is-leader", "recording-log", "mark-file",
               "snapshot", "suspend", "resume", "shutdown", "abort", "standby-snapshot"):
     main.add_command(cluster_commands.cluster_group.commands[_name], _name)
+
+# Log retention: each member's log and snapshots before the newest it keeps.
+cluster_commands.cluster_group.add_command(retention_commands.purge_log)
+main.add_command(retention_commands.purge_log)
 
 # The Spark jobs over archived logs (the spark extra; imported lazily inside).
 main.add_command(analytics_commands.analyze)

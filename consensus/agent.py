@@ -136,6 +136,11 @@ class ElectionState(IntEnum):
     CLOSED = 17
 
 
+def log_line(member_id: int, text: str) -> None:
+    """A line of a consensus module's output (its node's consensus.log)."""
+    log_lines.stamped(f"member {member_id}", text)
+
+
 class ClusterTerminationError(FulmarError):
     """The module stops: a SHUTDOWN/ABORT completed, or a step it cannot do without failed."""
 
@@ -256,6 +261,7 @@ class ConsensusModuleAgent:
         self._uncommitted_closed_sessions: deque[tuple[int, ClusterSession]] = deque()
         self._leader_services_ack_id = NULL_VALUE
         self._leader_services_joined = False
+        self._leader_services_deadline_ns = 0
         self._leader_recording_subscription_id = NULL_VALUE
         self._leader_recording_started = False
         self._leader_term_to_record = (NULL_VALUE, NULL_POSITION)
@@ -1486,6 +1492,27 @@ class ConsensusModuleAgent:
         self.recording_log.append_snapshot(recording_id, self.leadership_term_id, self.term_base_log_position,
                                            position, timestamp, -1)
         self.snapshot_counter.increment()
+        if self.context.log_retention_snapshots:
+            self._apply_log_retention()
+
+    def _apply_log_retention(self) -> None:
+        """Keep the newest snapshot sets, purge the rest and the log before them
+        (a few requests to the node's own archive, after a snapshot only)."""
+        from fulmar.consensus.log_retention import apply_retention, plan_retention
+
+        log = self.recording_log
+        try:
+            plan = plan_retention(log.entries, self.context.service_count, self.context.log_retention_snapshots,
+                                  self.archive.list_recording, str(log.path))
+            if not plan.removed and not plan.purges_log:
+                return
+            result = apply_retention(self.archive, lambda entry: log.invalidate_entry(entry.entry_index), plan)
+        except FulmarError as error:
+            self._error(f"log retention: {error}")
+            return
+        self.log_event(f"log retention: {result.describe()}")
+        for problem in result.problems:
+            self._error(f"log retention: {problem}")
 
     def _begin_termination(self, action: ControlToggle) -> None:
         """Services stop at the current log end; the module waits for their acks."""
@@ -1561,7 +1588,7 @@ class ConsensusModuleAgent:
     def log_event(self, text: str) -> None:
         """A line in the module's output (the node's consensus.log): elections,
         roles, catchups, truncations: what an operator reads after a failover."""
-        log_lines.stamped(f"member {self.member_id}", text)
+        log_line(self.member_id, text)
 
     def _open_consensus_streams(self) -> None:
         """Stream 108: a subscription at this member's consensus endpoint and an
@@ -1905,6 +1932,7 @@ class ConsensusModuleAgent:
                                     self.context.log_stream_id, False, int(ClusterRole.LEADER),
                                     self.leader_spy_channel())
         self._leader_services_joined = False
+        self._leader_services_deadline_ns = self.now_ns + self.context.service_ack_timeout_ns
 
     def on_leader_recording_signal(self, event: Any) -> bool:
         """The archive records the leader's log: the term goes into the recording log."""
@@ -1925,6 +1953,13 @@ class ConsensusModuleAgent:
             return False
         if not self._leader_services_joined:
             if self.services_acked(self._leader_services_ack_id, log_position) is None:
+                # A leader whose services never join its log would send
+                # heartbeats and serve nobody, for good: stop, so that the
+                # others elect a leader that serves.
+                if self.now_ns > self._leader_services_deadline_ns:
+                    raise ClusterTerminationError(
+                        f"the services did not acknowledge joining the log as leader at position {log_position} "
+                        f"within {self.context.service_ack_timeout_ns // 1_000_000_000} s")
                 return False
             self._leader_services_joined = True
         publisher = self.log_publisher

@@ -639,7 +639,8 @@ class ClusterBackupAgent:
             self.snapshot_retrieve_counter.increment()
         if updated:
             self.log_event("recording.log updated: " + "; ".join(
-                f"{entry.type_name} term {entry.leadership_term_id} at {entry.term_base_log_position}"
+                f"{entry.type_name} term {entry.leadership_term_id} at "
+                f"{entry.term_base_log_position if entry.is_valid_term else entry.log_position}"
                 for entry in log.entries[-4:]))
         self._snapshots_retrieved.clear()
         self._snapshots_to_retrieve.clear()
@@ -762,6 +763,11 @@ class ClusterBackupAgent:
             self._error(f"closing: {error}")
         self._set_state(ClusterBackupState.CLOSED)
         self.consensus_subscription.close()
+        # (A member that copied a snapshot this way goes on in this process: its
+        # counters must not outlive the copy and show it as a backup.)
+        for counter in (self.state_counter, self.live_log_position_counter, self.next_query_deadline_counter,
+                        self.error_counter, self.snapshot_retrieve_counter):
+            counter.close()
 
 
 def log_line(text: str) -> None:

@@ -26,13 +26,14 @@ from fulmar.archive.client import AeronArchive
 from fulmar.clock import epoch_ms
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
-from fulmar.consensus.agent import ClusterTerminationError, ConsensusModuleAgent, ControlToggle
+from fulmar.consensus.agent import ClusterTerminationError, ConsensusModuleAgent, ControlToggle, log_line
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionState
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.mark_file import ClusterMarkFile
 from fulmar.consensus.log_rebuild import log_recordings, unknown_log_recording_message
 from fulmar.consensus.recording_log import RecordingExtent, RecordingLog, RecoveryPlan
 from fulmar.consensus.snapshot import CONSENSUS_MODULE_SNAPSHOT_TYPE_ID, decode_snapshot, read_snapshot
+from fulmar.consensus.snapshot_join import join_from_snapshot_if_purged
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.permissions import make_directory
@@ -101,6 +102,9 @@ class ConsensusModule:
             )
             recording_log = RecordingLog.open(cluster_dir)
             error_log = mark_file.error_log(epoch_ms)
+            # Before the agent opens this member's consensus endpoint, which the copy uses meanwhile.
+            join_from_snapshot_if_purged(context, aeron, archive, recording_log,
+                                         lambda text: log_line(context.member_id, text), error_log.record)
             agent = ConsensusModuleAgent(context, aeron, archive, recording_log, epoch_ms, error_log.record)
             agent.mark_file = mark_file
             stop_active_log_recording(archive, recording_log)

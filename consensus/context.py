@@ -57,6 +57,10 @@ class ConsensusModuleContext:
     # has some (a StandbySnapshot on the consensus stream); off by default,
     # as in Aeron (its CLUSTER_ACCEPT_STANDBY_SNAPSHOTS).
     accept_standby_snapshots: bool = False
+    # After each snapshot, keep the newest N snapshot sets and purge the older
+    # ones and the log before them (fulmar.consensus.log_retention); 0 keeps
+    # everything, as Aeron does.
+    log_retention_snapshots: int = 0
     # -- a cluster of several members (seed 001) ----------------------------------
     # Aeron's cluster members string (``id,ingress,consensus,log,catchup,archive|...``);
     # empty: this member alone (the single-node path).  With members, the

@@ -87,6 +87,7 @@ __all__ = [
     "ReplayLog",
     "Snapshot",
     "decode_entries",
+    "invalidate_entry_in_place",
     "record_length",
     "encode_entry",
 ]
@@ -392,6 +393,27 @@ class DecodeResult:
     next_entry_index: int
     end_offset: int  # bytes of whole, plausible records; the rest is a torn tail
     torn_tail: str | None  # why the bytes from end_offset on were dropped
+
+
+def invalidate_entry_in_place(path: str | os.PathLike[str], entry: Entry) -> None:
+    """Mark one entry of a recording log invalid without opening it as its
+    owner does (no repair of a torn tail, which may be an append under way):
+    the 4-byte type word at the entry's offset is rewritten and synced, after
+    checking that the record there is still ``entry``.  For tools working
+    beside a running consensus module, which only appends and rewrites other
+    fields; its own copy of the entry still says valid until it restarts."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        record = os.pread(fd, RECORD_ALIGNMENT, entry.file_offset)
+        found = _decode_at(record, 0, entry.entry_index)
+        if not isinstance(found, _Decoded) or found.entry is None or found.entry != entry:
+            raise RecordingLogError(f"{path}: entry {entry.entry_index} at offset {entry.file_offset} changed; "
+                                    "read the recording log again")
+        raw_type = (entry.entry_type | ENTRY_TYPE_INVALID_FLAG) - (1 << 32)
+        os.pwrite(fd, _I32.pack(raw_type), entry.file_offset + ENTRY_TYPE_OFFSET)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def decode_entries(data: bytes | memoryview, path: str = RECORDING_LOG_FILE_NAME) -> DecodeResult:

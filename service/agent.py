@@ -18,6 +18,7 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from fulmar.aeron import RegistrationError
 from fulmar.archive.client import AeronArchive
 from fulmar.channel_uri import WAKE_ON_DATA_PARAM, ChannelUri
 from fulmar.codecs.errors import CodecError
@@ -44,6 +45,7 @@ from fulmar.errors import FulmarError
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.log_writer import ADMIN_ACTION
+from fulmar.retry import RetryBackoff
 from fulmar.service.clustered_service import ClientSession, CloseReason, ClusteredService, Role
 from fulmar.service.context import ServiceContext
 
@@ -156,6 +158,7 @@ class ClusteredServiceAgent:
         self._commit_counter_id = protocol.NULL_VALUE
         self._commit_watched = False  # is this container rung when commit-pos moves
         self._active_log: Any = None
+        self._join_retry = RetryBackoff()
         self._log_subscription: "Subscription | None" = None
         self._log_image: "Image | None" = None
         self._max_log_position = NULL_POSITION
@@ -264,8 +267,19 @@ class ClusteredServiceAgent:
 
     def do_work(self, now_ns: int) -> int:
         work = self._from_module.poll(self._control_assembler.on_fragment, 16)
-        if self._active_log is not None and self._log_image is None:
-            work += self._join_active_log()
+        if self._active_log is not None and self._log_image is None and self._join_retry.may_attempt(now_ns):
+            try:
+                work += self._join_active_log()
+            except RegistrationError as error:
+                # The module's log subscription this one names went before it
+                # could be added (an election began meanwhile and closed it):
+                # try again after a back-off; the module's next JoinLog, for the
+                # log it opens then, replaces this one.
+                self.record_error(f"service {self.service_id}: joining the log at position "
+                                  f"{self._active_log.log_position}: {error}")
+                self._join_retry.on_failure(now_ns)
+            else:
+                self._join_retry.on_success()
         work += self._poll_log()
         work += self.service.do_background_work(now_ns)
         return work
@@ -280,6 +294,13 @@ class ClusteredServiceAgent:
             # Stop where the new log starts; join it once the current image is done.
             self._max_log_position = message.log_position
             self._active_log = message
+            self._join_retry.on_success()  # a new log: no back-off from the last one
+            if self._log_image is None and self._log_subscription is not None:
+                # A join still waiting for its image (that log ended before it
+                # came, its election gave it up): its subscription names the old
+                # log's channel, where the new log's image never comes.
+                self._log_subscription.close()
+                self._log_subscription = None
         elif isinstance(message, codecs.ServiceTerminationPositionDecoder):
             self._termination_position = message.log_position
         elif isinstance(message, codecs.RequestServiceAckDecoder):

@@ -201,6 +201,11 @@ def counter_view(state: dict[str, Any]) -> dict[str, Any]:
     return {key: state[key] for key in ("value", "ticks", "timer_deadline")}
 
 
+def counter_resume(snapshot_state: dict[str, Any], sessions: frozenset[int]) -> dict[str, Any]:
+    """counter_apply's state at a snapshot: what it holds and the sessions the container had open."""
+    return {**snapshot_state, "sessions": frozenset(sessions)}
+
+
 # KeyValueService the same way (``--apply fulmar.service.samples:key_value_apply``):
 # the service's own apply() on a copy of the data, for the messages of open
 # client sessions (the service ignores the rest).
@@ -235,3 +240,7 @@ def key_value_snapshot_state(records: list[bytes]) -> dict[str, Any]:
 
 def key_value_view(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state["data"])
+
+
+def key_value_resume(snapshot_state: dict[str, Any], sessions: frozenset[int]) -> dict[str, Any]:
+    return {"data": dict(snapshot_state), "sessions": frozenset(sessions)}

@@ -80,25 +80,27 @@ def wait_for_commit(cluster: LocalCluster, members: list[int], position: int, ti
 # ----------------------------------------------------------------------------- logs
 
 
-def log_frames(cluster: LocalCluster, member: int, limit: int) -> list[tuple[int, int, bytes]]:
-    """(type, flags, payload) of each frame of the member's log recording up to
-    ``limit``: what every member must hold alike (session ids differ where a
-    term was replicated or caught up from a replay)."""
+def log_frames(cluster: LocalCluster, member: int, limit: int, start: int = 0) -> list[tuple[int, int, bytes]]:
+    """(type, flags, payload) of each frame of the member's log recording from
+    ``start`` (a frame boundary) up to ``limit``: what every member must hold
+    alike (session ids differ where a term was replicated or caught up from a
+    replay)."""
     log = RecordingLog.open(cluster.cluster_dir(member), create=False)
     try:
         recording_id = log.find_last_term_recording_id()
     finally:
         log.close()
     segments = sorted(cluster.archive_dir(member).glob(f"{recording_id}-*.rec"), key=lambda p: segment_base_of_file(p.name))
+    first = segment_base_of_file(segments[0].name) if segments else None
+    assert first is not None and first <= start, f"member {member}: no log from position {start} (first segment {first})"
     data = b"".join(p.read_bytes() for p in segments)
-    assert segments and segment_base_of_file(segments[0].name) == 0, f"member {member}: no log from position 0"
     frames = []
-    offset = 0
-    while offset < limit:
-        length, _, flags, frame_type, _, _ = _FRAME.unpack_from(data, offset)
-        assert length > 0, f"member {member}: no frame at {offset} (limit {limit})"
-        frames.append((frame_type, flags, data[offset + 32 : offset + length]))
-        offset += (length + 31) & ~31
+    position = start
+    while position < limit:
+        length, _, flags, frame_type, _, _ = _FRAME.unpack_from(data, position - first)
+        assert length > 0, f"member {member}: no frame at {position} (limit {limit})"
+        frames.append((frame_type, flags, data[position - first + 32 : position - first + length]))
+        position += (length + 31) & ~31
     return frames
 
 

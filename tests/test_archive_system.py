@@ -719,6 +719,82 @@ def test_truncate_a_stopped_recording_then_extend_it(system: System) -> None:
     replay_and_check(client, recording_id, 2005, seq, extension.next_seq, extension.position, position=start)
 
 
+def test_purge_detach_delete_and_attach_segments_of_a_live_recording(system: System) -> None:
+    """Aeron's segment operations, on a recording still being written: the
+    start moves only to a later segment's first byte, never past the segment
+    being written or one a replay reads; purge deletes the files before it,
+    detach keeps them until deleted, attach takes them back; a replay from the
+    new start gives the same messages, and the start survives a restart."""
+    system.start_driver()
+    system.start_archive()
+    aeron, client = system.connect()
+    publication, recording_id = start_recorded_publication(system, aeron, client, IPC_CHANNEL)
+    publisher = Publisher(publication)
+    publisher.publish(30 * MB, 30)  # segments at 0, 8, 16 and 24 MB
+    wait_recorded(client, recording_id, publisher.position)
+    archive_dir = system.archive_dir()
+    assert len(list_segment_files(archive_dir, recording_id)) == 4
+
+    def refused(action: Callable[[], Any], *words: str) -> None:
+        with pytest.raises(ArchiveResponseError) as raised:
+            action()
+        assert all(word in raised.value.archive_message for word in words), raised.value.archive_message
+
+    refused(lambda: client.purge_segments(recording_id, SEGMENT_LENGTH + FRAME_ALIGNMENT), "invalid segment start")
+    refused(lambda: client.purge_segments(recording_id, 0), "lowerBound")
+    refused(lambda: client.purge_segments(recording_id, 4 * SEGMENT_LENGTH), "in use", "upperBound")
+    refused(lambda: client.purge_segments(recording_id + 100, SEGMENT_LENGTH), "unknown recording")
+
+    # A replay reading the first segment holds the start back.
+    held = client.replay(recording_id, REPLAY_CHANNEL, 2006, 0, NULL_LENGTH)
+    try:
+        wait_for(lambda: held.image_count > 0, 10, "the replay to connect")
+        refused(lambda: client.detach_segments(recording_id, SEGMENT_LENGTH), "replay in progress")
+    finally:
+        held.close()
+    wait_for(lambda: _detached(client, recording_id, SEGMENT_LENGTH), 10, "the start to move once the replay ended")
+    assert client.get_start_position(recording_id) == SEGMENT_LENGTH
+    assert len(list_segment_files(archive_dir, recording_id)) == 4  # detached, still there
+    assert client.attach_segments(recording_id) == 1
+    assert client.get_start_position(recording_id) == 0
+    client.detach_segments(recording_id, SEGMENT_LENGTH)
+    assert client.delete_detached_segments(recording_id) == 1
+    assert signal_of(client, RecordingSignal.DELETE, recording_id).recording_id == recording_id
+    assert client.attach_segments(recording_id) == 0  # nothing left to take back
+
+    assert client.purge_segments(recording_id, 2 * SEGMENT_LENGTH) == 1
+    assert [name for name in list_segment_files(archive_dir, recording_id)] == [
+        f"{recording_id}-{2 * SEGMENT_LENGTH}.rec", f"{recording_id}-{3 * SEGMENT_LENGTH}.rec"]
+    refused(lambda: client.start_replay(recording_id, REPLAY_CHANNEL, 2007, SEGMENT_LENGTH, NULL_LENGTH),
+            "less than recording start")
+
+    # The recording goes on; a replay from a message in the new first segment gives the rest.
+    publisher.publish(4 * MB, 30)
+    wait_recorded(client, recording_id, publisher.position)
+    stop_recording(client, IPC_CHANNEL, recording_id, publisher.position)
+    seq, start = boundary_in_segment(publisher.starts, 2 * SEGMENT_LENGTH, SEGMENT_LENGTH)
+    replay_and_check(client, recording_id, 2008, seq, publisher.next_seq, publisher.position, position=start)
+
+    # The new start is in the catalog: a restarted archive keeps it.
+    system.archives[-1].stop()
+    system.start_archive()
+    aeron, client = system.connect()
+    assert client.get_start_position(recording_id) == 2 * SEGMENT_LENGTH
+    replay_and_check(client, recording_id, 2009, seq, publisher.next_seq, publisher.position, position=start)
+    verified = archive_tool.archive_verify_document(archive_dir, int(time.time() * 1000))
+    assert verified["ok"], verified
+
+
+def _detached(client: AeronArchive, recording_id: int, new_start: int) -> bool:
+    try:
+        client.detach_segments(recording_id, new_start)
+    except ArchiveResponseError as error:
+        if "replay in progress" in error.archive_message:
+            return False
+        raise
+    return True
+
+
 def test_concurrent_replays_to_two_clients(system: System) -> None:
     system.start_driver()
     system.start_archive()

@@ -1,0 +1,89 @@
+"""A service container told to join a log its consensus module has already
+closed (an election began between the JoinLog and the service's
+subscription) survives it: the driver's refusal is recorded, the join is
+tried again after a back-off, and the module's next JoinLog is joined; so is
+a JoinLog that follows one whose log ended before its image came.
+
+Before, the RegistrationError ended the service process, and with it the node.
+A real media driver and this process as both the module (sending JoinLog on
+the service stream) and the service's agent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+from fulmar.aeron import Aeron
+from fulmar.codecs.generated import cluster as codecs
+from fulmar.consensus import protocol
+from fulmar.service.agent import ClusteredServiceAgent
+from fulmar.service.context import ServiceContext
+from fulmar.service.samples import EchoService
+
+LOG_STREAM_ID = 100
+
+
+@pytest.fixture
+def aeron() -> Iterator[Aeron]:
+    directory = new_driver_dir()
+    driver = DriverProcess(directory)
+    try:
+        client = driver.connect()
+        try:
+            yield client
+        finally:
+            client.close()
+    finally:
+        driver.stop()
+        remove_driver_dir(directory)
+
+
+def join_log(publication: object, channel: str, session_id: int) -> None:
+    buffer = bytearray(1024)
+    length = codecs.JoinLogEncoder.encode(
+        buffer, 0, log_position=0, max_log_position=-1, member_id=0, log_session_id=session_id,
+        log_stream_id=LOG_STREAM_ID, is_startup=codecs.BooleanType.FALSE, role=0, log_channel=channel)
+    wait_for(lambda: publication.offer(bytes(buffer[:length])) > 0, 10, "the JoinLog to be sent")  # type: ignore[attr-defined]
+
+
+def test_a_join_refused_by_the_driver_is_retried_and_the_next_join_log_is_followed(aeron: Aeron,
+                                                                                    tmp_path: Path) -> None:
+    context = ServiceContext(cluster_dir=tmp_path)
+    errors: list[str] = []
+    agent = ClusteredServiceAgent(context, aeron, None, EchoService(), errors.append)  # type: ignore[arg-type]
+    commit = aeron.add_counter(protocol.COMMIT_POSITION_TYPE_ID, "a test's commit position")
+    agent._commit_counter_id = commit.id
+    to_service = aeron.add_exclusive_publication(context.control_channel, context.service_stream_id)
+    from_service = aeron.add_subscription(context.control_channel, context.consensus_module_stream_id)
+    wait_for(lambda: to_service.is_connected, 10, "the service stream to connect")
+
+    # The module's log subscription (tag 9999) is gone already.
+    join_log(to_service, "aeron:udp?tags=9999", 77)
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:  # several duty cycles: every try is refused
+        agent.do_work(time.monotonic_ns())
+    assert errors and all("joining the log at position 0" in e and "tag" in e for e in errors), errors
+    tries = len(errors)
+    assert 1 <= tries <= 12, f"{tries} tries in 0.5 s: not backing off"  # 1, 2, 4, ... ms, not every cycle
+    assert agent._log_image is None
+
+    # A JoinLog whose subscription is added but whose image never comes (that
+    # log ended first), then the next one: the pending subscription is let go.
+    join_log(to_service, "aeron:ipc?term-length=64k|session-id=5", 5)
+    wait_for(lambda: agent.do_work(time.monotonic_ns()) >= 0 and agent._log_subscription is not None, 10,
+             "the service to subscribe to the log that never comes")
+
+    # The module's next JoinLog names a log that exists: it is joined.
+    log = aeron.add_exclusive_publication("aeron:ipc?term-length=64k", LOG_STREAM_ID)
+    join_log(to_service, f"aeron:ipc?term-length=64k|session-id={log.session_id}", log.session_id)
+    wait_for(lambda: agent.do_work(time.monotonic_ns()) >= 0 and agent._log_image is not None, 10,
+             "the service to join the next log")
+    assert agent._log_image.session_id == log.session_id
+    acks: list[object] = []
+    wait_for(lambda: from_service.poll(lambda b, o, n, h: acks.append(codecs.decode(b, o, n)), 10) >= 0
+             and any(isinstance(a, codecs.ServiceAckDecoder) for a in acks), 10, "the service's ack of the join")
