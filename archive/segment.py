@@ -8,9 +8,11 @@ the file offset of a position is ``position - segment_base``. The first segment 
 recording that starts mid-term therefore begins with ``start & (term_length - 1)``
 bytes that are never written (zeros).
 
-Files are preallocated with ``posix_fallocate`` when opened, so running out of disk
-is an error at the moment a segment is created, never a short write (or a SIGBUS in
-a reader that maps the file) later. Writes go through ``os.pwrite`` on a raw fd.
+A segment file has its whole length from the start (a reader maps all of it) and its
+blocks are allocated with ``posix_fallocate`` a chunk (1 MiB) ahead of the writes, so
+running out of disk is an error before a write, never a short write (or a SIGBUS in a
+reader that maps the file) later, and a recording takes the disk it holds (a small
+snapshot one chunk, not a whole segment). Writes go through ``os.pwrite`` on a raw fd.
 """
 
 from __future__ import annotations
@@ -91,6 +93,13 @@ class RecordedPositionSink(Protocol):
 
 
 # --------------------------------------------------------------------------- naming and arithmetic
+
+
+ALLOCATION_CHUNK = 1024 * 1024
+
+
+def _align_up(value: int, alignment: int) -> int:
+    return (value + alignment - 1) & ~(alignment - 1)
 
 
 def segment_file_name(recording_id: int, segment_base_position: int) -> str:
@@ -313,6 +322,7 @@ class SegmentWriter:
         self._fd: int | None = None
         self._path: Path | None = None
         self._segment_base = -1
+        self._allocated_end = 0  # file offset up to which the open segment's blocks are allocated
         self._scratch = bytearray()
 
     @property
@@ -333,10 +343,16 @@ class SegmentWriter:
                 raise SegmentError(f"{describe_os_error(ex)} while opening {path}") from ex
         except OSError as ex:
             raise SegmentError(f"{describe_os_error(ex)} while creating {path}") from ex
+        first = self._position - base
+        allocate_start = first - first % ALLOCATION_CHUNK  # (a recording may begin inside a segment)
+        allocate_end = min(self.segment_length, _align_up(first + 1, ALLOCATION_CHUNK))
         try:
-            # Allocates the blocks of the whole segment now (existing data is kept;
-            # holes read as zeros), so a full disk fails here rather than mid-write.
-            os.posix_fallocate(fd, 0, self.segment_length)
+            # The file has its whole length at once (readers map the whole
+            # segment; the rest is a hole that reads as zeros) and the blocks of
+            # the first chunk to be written (existing data is kept), so a full
+            # disk fails here rather than mid-write.
+            os.ftruncate(fd, max(self.segment_length, os.fstat(fd).st_size))
+            os.posix_fallocate(fd, allocate_start, allocate_end - allocate_start)
             if created and self.file_sync_level > 0:
                 _fsync_dir(self.archive_dir)
         except OSError as ex:
@@ -351,6 +367,21 @@ class SegmentWriter:
                 f"{describe_os_error(ex)} while preallocating {path} ({self.segment_length} bytes)"
             ) from ex
         self._fd, self._path, self._segment_base = fd, path, base
+        self._allocated_end = allocate_end
+
+    def _allocate_to(self, end: int) -> None:
+        """The blocks up to file offset ``end``, a chunk at a time ahead of the
+        writes (a snapshot of a few hundred bytes takes one chunk of disk, not
+        a whole segment); a full disk is an error before the write."""
+        new_end = min(self.segment_length, _align_up(end, ALLOCATION_CHUNK))
+        assert self._fd is not None
+        try:
+            os.posix_fallocate(self._fd, self._allocated_end, new_end - self._allocated_end)
+        except OSError as ex:
+            raise SegmentError(
+                f"{describe_os_error(ex)} while allocating {self._path} to {new_end} of {self.segment_length} bytes"
+            ) from ex
+        self._allocated_end = new_end
 
     def write(self, block: memoryview | bytes | bytearray, position: int) -> None:
         """Append ``block`` (whole frames within one term) at ``position``, which must be the current position."""
@@ -374,6 +405,8 @@ class SegmentWriter:
         if self.checksum:
             view = self._with_checksums(view)
         file_offset = position - self._segment_base
+        if file_offset + length > self._allocated_end:
+            self._allocate_to(file_offset + length)
         try:
             _pwrite_all(self._fd, view, file_offset, self._path)
             if self.file_sync_level >= 2:

@@ -11,6 +11,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,6 +19,7 @@ from fulmar.archive import segment
 from fulmar.archive.catalog import NULL_POSITION, Catalog, recover
 from fulmar.archive.errors import CatalogError, SegmentError
 from fulmar.archive.segment import (
+    ALLOCATION_CHUNK,
     SegmentReader,
     SegmentWriter,
     check_segment_length,
@@ -568,3 +570,43 @@ def test_sigkill_mid_write_then_recover(tmp_path: Path, child_processes: list) -
 
 def test_module_exports() -> None:
     assert segment.SEGMENT_SUFFIX == ".rec"
+
+
+def test_a_segment_takes_the_disk_it_holds_allocated_a_chunk_ahead(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file has the segment's whole length (readers map all of it), but
+    only the chunks written (and the one ahead) have blocks: a snapshot of a
+    few frames does not take a whole segment of disk; a full disk met when the
+    next chunk is allocated is a SegmentError before the write."""
+    segment_length = 8 * 1024 * 1024
+    writer = SegmentWriter(tmp_path, 5, 0, TERM, segment_length)
+    written = bytearray()
+    blocks = iter_blocks(0)
+    position, block = next(blocks)
+    writer.write(memoryview(block), position)
+    written += block
+    path = tmp_path / "5-0.rec"
+    assert path.stat().st_size == segment_length
+    assert path.stat().st_blocks * 512 <= ALLOCATION_CHUNK + 64 * 1024
+    while True:
+        position, block = next(blocks)
+        if position + len(block) > ALLOCATION_CHUNK:
+            break
+        writer.write(memoryview(block), position)
+        written += block
+
+    def full_disk(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full_disk)
+    with pytest.raises(SegmentError, match=f"no space left on device \\(ENOSPC\\) while allocating {path} to "
+                                           f"{2 * ALLOCATION_CHUNK} of {segment_length}"):
+        writer.write(memoryview(block), position)
+    assert writer.position == position
+    monkeypatch.undo()
+    writer.write(memoryview(block), position)  # room again: the write goes on where it stopped
+    written += block
+    writer.close()
+    descriptor = SimpleNamespace(recording_id=5, start_position=0, term_buffer_length=TERM,
+                                 segment_file_length=segment_length)
+    assert read_all(tmp_path, descriptor, 0, len(written)) == bytes(written)
