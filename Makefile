@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.py,%,$(wildcard tests/fuzz/fuzz_*.py))
 
-.PHONY: install bytecode run test test-all soak test-slow chaos lint typecheck codecs bench bench-quick fuzz clean
+.PHONY: install bytecode run test test-all soak test-slow chaos lint format typecheck codecs bench bench-quick fuzz clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,8 @@ PYTEST_END = ; status=$$?; rm -rf $$tmp; exit $$status
 
 test: $(STAMP) bytecode
 	$(PY) -m mypy
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PYTEST) -m 'not slow' $(PYTEST_ARGS) $(PYTEST_END)
 
 # The runs marked slow: a million messages over lossy UDP, 10,000 election
@@ -72,6 +74,15 @@ SOAK_MEMBERS ?= 3
 
 soak: $(STAMP) bytecode
 	$(CHAOS) --members $(SOAK_MEMBERS) --seconds $(SOAK_SECONDS)
+
+# ruff (pyproject.toml [tool.ruff]): the lint rules, then the formatter;
+# make format rewrites what the formatter would change.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)
+	$(PY) -m ruff format .
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

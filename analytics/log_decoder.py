@@ -175,7 +175,8 @@ def find_log_segments(
         catalog = Catalog.open_read_only(archive_dir)
         try:
             descriptors = [
-                (d, catalog.recorded_position(d.recording_id)) for d in catalog.recordings()
+                (d, catalog.recorded_position(d.recording_id))
+                for d in catalog.recordings()
                 if (d.recording_id in wanted if wanted is not None else d.stream_id == stream_id)
             ]
         finally:
@@ -190,7 +191,10 @@ def find_log_segments(
 
 
 def _recording_segments(
-    archive_dir: str, descriptor: RecordingDescriptor, recorded_position: int, from_position: int | None,
+    archive_dir: str,
+    descriptor: RecordingDescriptor,
+    recorded_position: int,
+    from_position: int | None,
     to_position: int | None,
 ) -> list[LogSegment]:
     start = descriptor.start_position
@@ -204,8 +208,11 @@ def _recording_segments(
         stop, end_known = None, False  # active, nothing reported: read every file there is
     if stop is None:
         names = list_segment_files(archive_dir, descriptor.recording_id)
-        last_base = (segment_base_of_file(names[-1]) if names
-                     else segment_file_base_position(start, start, term_length, segment_length))
+        last_base = (
+            segment_base_of_file(names[-1])
+            if names
+            else segment_file_base_position(start, start, term_length, segment_length)
+        )
         limit = last_base + segment_length
     else:
         limit = stop
@@ -214,19 +221,23 @@ def _recording_segments(
     while base < limit:
         low = max(start, base)
         high = min(limit, base + segment_length)
-        outside = (to_position is not None and low >= to_position) or (from_position is not None and high <= from_position)
+        outside = (to_position is not None and low >= to_position) or (
+            from_position is not None and high <= from_position
+        )
         if not outside and high > low:
-            segments.append(LogSegment(
-                archive_dir=archive_dir,
-                recording_id=descriptor.recording_id,
-                file_name=segment_file_name(descriptor.recording_id, base),
-                segment_base=base,
-                start_offset=low - base,
-                end_offset=high - base,
-                term_length=term_length,
-                end_known=end_known,
-                last=base + segment_length >= limit,
-            ))
+            segments.append(
+                LogSegment(
+                    archive_dir=archive_dir,
+                    recording_id=descriptor.recording_id,
+                    file_name=segment_file_name(descriptor.recording_id, base),
+                    segment_base=base,
+                    start_offset=low - base,
+                    end_offset=high - base,
+                    term_length=term_length,
+                    end_known=end_known,
+                    last=base + segment_length >= limit,
+                )
+            )
         base += segment_length
     return segments
 
@@ -266,8 +277,7 @@ class DecodeStats:
     problems: list[str] = field(default_factory=list)
 
 
-_I64_COLUMNS = ("offset", "next_offset", "leadership_term_id", "cluster_session_id", "correlation_id",
-                "timestamp")
+_I64_COLUMNS = ("offset", "next_offset", "leadership_term_id", "cluster_session_id", "correlation_id", "timestamp")
 _I32_COLUMNS = ("template_id", "schema_id", "fragments", "code", "time_unit")
 
 
@@ -376,7 +386,9 @@ def decode_segment(
                 if cursor.count == 0:  # one message larger than the payload area
                     capacity = len(buffers.payload) * 2
                     if capacity > PAYLOAD_CAPACITY_MAX:
-                        yield corrupt(at, f"a message longer than {PAYLOAD_CAPACITY_MAX} bytes", _next_term(segment, at, end))
+                        yield corrupt(
+                            at, f"a message longer than {PAYLOAD_CAPACITY_MAX} bytes", _next_term(segment, at, end)
+                        )
                         cursor.offset = _next_term(segment, at, end)
                         continue
                     buffers.set_payload_capacity(capacity)
@@ -386,12 +398,16 @@ def decode_segment(
                 # by the stop position) where the recording stopped while the
                 # message was being recorded: it cannot have been committed.
                 tail = not segment.end_known or (
-                    status == lib.FULMAR_LOG_UNFINISHED and segment.last and _frames_reach(memory, at, end))
+                    status == lib.FULMAR_LOG_UNFINISHED and segment.last and _frames_reach(memory, at, end)
+                )
                 if tail:
                     stats.incomplete_tail += status == lib.FULMAR_LOG_UNFINISHED
                     break
-                reason = ("a hole (zero frame length) below where the recording stops"
-                          if status == lib.FULMAR_LOG_HOLE else _REASONS[status])
+                reason = (
+                    "a hole (zero frame length) below where the recording stops"
+                    if status == lib.FULMAR_LOG_HOLE
+                    else _REASONS[status]
+                )
                 yield corrupt(at, reason, _next_term(segment, at, end))
                 cursor.offset = _next_term(segment, at, end)
                 continue
@@ -409,8 +425,11 @@ def decode_segment(
             ffi.release(pointer)
             memory.close()
     if end < segment.end_offset and segment.end_known:
-        yield corrupt(end, f"the segment file is short ({size} bytes; the recording goes on to file offset "
-                      f"{segment.end_offset})", segment.end_offset)
+        yield corrupt(
+            end,
+            f"the segment file is short ({size} bytes; the recording goes on to file offset {segment.end_offset})",
+            segment.end_offset,
+        )
 
 
 def _next_term(segment: LogSegment, file_offset: int, end: int) -> int:
@@ -430,21 +449,25 @@ def _frames_reach(memory: mmap.mmap | None, at: int, end: int) -> bool:
 # --------------------------------------------------------------------------- to Arrow
 
 
-def to_record_batch(batch: DecodedBatch | CorruptRegion, message_types: frozenset[str] | set[str] | None = None
-                    ) -> pa.RecordBatch:
+def to_record_batch(
+    batch: DecodedBatch | CorruptRegion, message_types: frozenset[str] | set[str] | None = None
+) -> pa.RecordBatch:
     """The batch (or one Corrupt row) as an Arrow RecordBatch of :data:`COLUMNS`, optionally only some message types."""
     segment = batch.segment
     if isinstance(batch, CorruptRegion):
         if message_types is not None and CORRUPT_TYPE not in message_types:
             return _assemble({}, 0)
-        return _assemble({
-            "archive_dir": pa.array([segment.archive_dir]),
-            "recording_id": pa.array([segment.recording_id], pa.int64()),
-            "log_position": pa.array([segment.position(batch.file_offset)], pa.int64()),
-            "next_position": pa.array([segment.position(batch.resume)], pa.int64()),
-            "message_type": pa.array([CORRUPT_TYPE]),
-            "corrupt_record": pa.array([batch.what]),
-        }, 1)
+        return _assemble(
+            {
+                "archive_dir": pa.array([segment.archive_dir]),
+                "recording_id": pa.array([segment.recording_id], pa.int64()),
+                "log_position": pa.array([segment.position(batch.file_offset)], pa.int64()),
+                "next_position": pa.array([segment.position(batch.resume)], pa.int64()),
+                "message_type": pa.array([CORRUPT_TYPE]),
+                "corrupt_record": pa.array([batch.what]),
+            },
+            1,
+        )
     n = len(batch)
 
     c = batch.columns
@@ -479,8 +502,13 @@ def to_record_batch(batch: DecodedBatch | CorruptRegion, message_types: frozense
         if not present.any():
             return pa.nulls(n, pa.string())
         table = {int(member): member.name for member in enum}
-        return pa.array([table.get(int(code), f"UNKNOWN_{int(code)}") if p else None
-                         for code, p in zip(codes.tolist(), present.tolist())], pa.string())
+        return pa.array(
+            [
+                table.get(int(code), f"UNKNOWN_{int(code)}") if p else None
+                for code, p in zip(codes.tolist(), present.tolist())
+            ],
+            pa.string(),
+        )
 
     offsets = batch.payload_offsets
     payload = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(batch.payload)])
@@ -507,7 +535,9 @@ def to_record_batch(batch: DecodedBatch | CorruptRegion, message_types: frozense
     }
     record_batch = _assemble(values, n)
     if message_types is not None:
-        record_batch = record_batch.filter(pc.is_in(record_batch.column("message_type"), pa.array(sorted(message_types))))
+        record_batch = record_batch.filter(
+            pc.is_in(record_batch.column("message_type"), pa.array(sorted(message_types)))
+        )
     return record_batch
 
 
@@ -542,13 +572,15 @@ class ReadOptions:
     permissive: bool = False
 
     @classmethod
-    def parse(cls, options: dict[str, str]) -> "ReadOptions":
+    def parse(cls, options: dict[str, str]) -> ReadOptions:
         lowered = {key.lower(): value for key, value in options.items()}
         known = {"path", "paths", "recordingids", "fromposition", "toposition", "messagetypes", "mode"}
         unknown = sorted(set(lowered) - known)
         if unknown:
-            raise ValueError(f"fulmar-log: unknown option(s) {', '.join(unknown)}; known: recordingIds, "
-                             "fromPosition, toPosition, messageTypes, mode")
+            raise ValueError(
+                f"fulmar-log: unknown option(s) {', '.join(unknown)}; known: recordingIds, "
+                "fromPosition, toPosition, messageTypes, mode"
+            )
         ids = _parse_ids(lowered.get("recordingids"))
 
         def position(name: str) -> int | None:
@@ -569,12 +601,16 @@ class ReadOptions:
             known_types = set(_CLUSTER_TEMPLATE_NAMES.values()) | {UNKNOWN_TYPE, CORRUPT_TYPE}
             bad = sorted(types - known_types)
             if bad:
-                raise ValueError(f"fulmar-log: unknown message type(s) {', '.join(bad)}; the log's types are "
-                                 + ", ".join(LOG_MESSAGE_TYPES.values()))
+                raise ValueError(
+                    f"fulmar-log: unknown message type(s) {', '.join(bad)}; the log's types are "
+                    + ", ".join(LOG_MESSAGE_TYPES.values())
+                )
         mode = lowered.get("mode", "FAILFAST").upper()
         if mode not in ("FAILFAST", "PERMISSIVE"):
-            raise ValueError(f"fulmar-log: mode must be FAILFAST (an error names the corrupt file and position) "
-                             f"or PERMISSIVE (corrupt regions are skipped, one corrupt_record row each), not {mode!r}")
+            raise ValueError(
+                f"fulmar-log: mode must be FAILFAST (an error names the corrupt file and position) "
+                f"or PERMISSIVE (corrupt regions are skipped, one corrupt_record row each), not {mode!r}"
+            )
         return cls(
             recording_ids=frozenset(ids) if ids is not None else None,
             from_position=position("fromPosition"),
@@ -584,8 +620,12 @@ class ReadOptions:
         )
 
     def segments(self, archive_dirs: Sequence[str | os.PathLike[str]]) -> list[LogSegment]:
-        return find_log_segments(archive_dirs, recording_ids=self.recording_ids,
-                                 from_position=self.from_position, to_position=self.to_position)
+        return find_log_segments(
+            archive_dirs,
+            recording_ids=self.recording_ids,
+            from_position=self.from_position,
+            to_position=self.to_position,
+        )
 
     def record_batches(self, segment: LogSegment, stats: DecodeStats | None = None) -> Iterator[Any]:
         """The segment's Arrow batches after every option is applied (to Corrupt rows too)."""

@@ -56,9 +56,16 @@ class ReplayResult:
     messages: int
 
 
-def replay_state(spark: Any, archive_dir: str | os.PathLike[str], apply: Apply, initial: Any,
-                 position: int | None = None, *, recording_id: int | None = None,
-                 start: tuple[int, Any] | None = None) -> ReplayResult:
+def replay_state(
+    spark: Any,
+    archive_dir: str | os.PathLike[str],
+    apply: Apply,
+    initial: Any,
+    position: int | None = None,
+    *,
+    recording_id: int | None = None,
+    start: tuple[int, Any] | None = None,
+) -> ReplayResult:
     """Fold ``apply`` over the log of ``archive_dir`` up to ``position`` (the
     whole log when None), from ``initial``, or from ``start`` = (log position,
     state): a snapshot's, with the messages after it."""
@@ -68,14 +75,17 @@ def replay_state(spark: Any, archive_dir: str | os.PathLike[str], apply: Apply, 
     segments = find_log_segments([archive_dir], recording_ids=None if recording_id is None else [recording_id])
     recordings = sorted({s.recording_id for s in segments})
     if len(recordings) > 1:
-        raise ReplayError(f"{archive_dir} holds {len(recordings)} log recordings ({recordings}); "
-                          "pick one with recording_id")
+        raise ReplayError(
+            f"{archive_dir} holds {len(recordings)} log recordings ({recordings}); pick one with recording_id"
+        )
     starts = min((s.position(s.start_offset) for s in segments), default=0)
     from_position = 0 if start is None else start[0]
     if starts > from_position:
-        raise ReplayError(f"the log in {archive_dir} starts at position {starts}, not {from_position}: its state "
-                          "before that is in a snapshot (replay from one: replay_from_snapshot, or cluster-tool "
-                          "replay --from-snapshot)")
+        raise ReplayError(
+            f"the log in {archive_dir} starts at position {starts}, not {from_position}: its state "
+            "before that is in a snapshot (replay from one: replay_from_snapshot, or cluster-tool "
+            "replay --from-snapshot)"
+        )
     reader = spark.read.format("fulmar-log")
     if recording_id is not None:
         reader = reader.option("recordingIds", str(recording_id))
@@ -106,13 +116,21 @@ def _recording_log_entries(cluster_dir: str | os.PathLike[str]) -> list[Entry]:
     return decode_entries(data, str(path)).entries
 
 
-def latest_service_snapshot(cluster_dir: str | os.PathLike[str], service_id: int = 0,
-                            max_position: int | None = None, entries: list[Entry] | None = None) -> Entry:
+def latest_service_snapshot(
+    cluster_dir: str | os.PathLike[str],
+    service_id: int = 0,
+    max_position: int | None = None,
+    entries: list[Entry] | None = None,
+) -> Entry:
     """The service's newest valid snapshot entry in ``recording.log``."""
     entries = _recording_log_entries(cluster_dir) if entries is None else entries
-    snapshots = [e for e in entries
-                 if e.is_valid_snapshot and e.service_id == service_id
-                 and (max_position is None or e.log_position <= max_position)]
+    snapshots = [
+        e
+        for e in entries
+        if e.is_valid_snapshot
+        and e.service_id == service_id
+        and (max_position is None or e.log_position <= max_position)
+    ]
     if not snapshots:
         where = "" if max_position is None else f" at or below position {max_position}"
         path = Path(cluster_dir) / RECORDING_LOG_FILE_NAME
@@ -147,8 +165,9 @@ def _snapshot_contents(archive_dir: str | os.PathLike[str], recording_id: int) -
     return records, frozenset(sessions)
 
 
-def snapshot_start(archive_dir: str | os.PathLike[str], entry: Entry,
-                   load_snapshot: Callable[[list[bytes]], Any], resume: Resume) -> tuple[int, Any]:
+def snapshot_start(
+    archive_dir: str | os.PathLike[str], entry: Entry, load_snapshot: Callable[[list[bytes]], Any], resume: Resume
+) -> tuple[int, Any]:
     """(log position, state) a replay starts from at the service snapshot ``entry``."""
     records, sessions = _snapshot_contents(archive_dir, entry.recording_id)
     return entry.log_position, resume(load_snapshot(records), sessions)
@@ -160,16 +179,31 @@ def _member_log_recording(entries: list[Entry]) -> int | None:
     return min(term_recordings) if len(term_recordings) == 1 else None
 
 
-def replay_from_snapshot(spark: Any, archive_dir: str | os.PathLike[str], cluster_dir: str | os.PathLike[str],
-                         apply: Apply, load_snapshot: Callable[[list[bytes]], Any], resume: Resume,
-                         position: int | None = None, *, service_id: int = 0) -> ReplayResult:
+def replay_from_snapshot(
+    spark: Any,
+    archive_dir: str | os.PathLike[str],
+    cluster_dir: str | os.PathLike[str],
+    apply: Apply,
+    load_snapshot: Callable[[list[bytes]], Any],
+    resume: Resume,
+    position: int | None = None,
+    *,
+    service_id: int = 0,
+) -> ReplayResult:
     """The state at ``position`` (the end of the log when None), replayed from
     the member's newest service snapshot at or below it: what a purged log
     still allows, and faster than a replay of the whole log."""
     entries = _recording_log_entries(cluster_dir)
     entry = latest_service_snapshot(cluster_dir, service_id, position, entries)
-    return replay_state(spark, archive_dir, apply, None, position, recording_id=_member_log_recording(entries),
-                        start=snapshot_start(archive_dir, entry, load_snapshot, resume))
+    return replay_state(
+        spark,
+        archive_dir,
+        apply,
+        None,
+        position,
+        recording_id=_member_log_recording(entries),
+        start=snapshot_start(archive_dir, entry, load_snapshot, resume),
+    )
 
 
 @dataclass
@@ -184,17 +218,28 @@ class AuditResult:
         return bool(self.snapshot_state == self.replayed_state)
 
     def describe(self) -> str:
-        head = (f"snapshot recording {self.snapshot.recording_id} at log position {self.snapshot.log_position} "
-                f"(term {self.snapshot.leadership_term_id}); replayed {self.messages} log messages")
+        head = (
+            f"snapshot recording {self.snapshot.recording_id} at log position {self.snapshot.log_position} "
+            f"(term {self.snapshot.leadership_term_id}); replayed {self.messages} log messages"
+        )
         if self.matches:
             return f"{head}: the states match: {self.snapshot_state!r}"
         return f"{head}: the states DIFFER\n  snapshot: {self.snapshot_state!r}\n  replayed: {self.replayed_state!r}"
 
 
-def audit_snapshot(spark: Any, archive_dir: str | os.PathLike[str], cluster_dir: str | os.PathLike[str],
-                   apply: Apply, initial: Any, load_snapshot: Callable[[list[bytes]], Any], *,
-                   view: Callable[[Any], Any] = lambda state: state, service_id: int = 0,
-                   max_position: int | None = None, resume: Resume | None = None) -> AuditResult:
+def audit_snapshot(
+    spark: Any,
+    archive_dir: str | os.PathLike[str],
+    cluster_dir: str | os.PathLike[str],
+    apply: Apply,
+    initial: Any,
+    load_snapshot: Callable[[list[bytes]], Any],
+    *,
+    view: Callable[[Any], Any] = lambda state: state,
+    service_id: int = 0,
+    max_position: int | None = None,
+    resume: Resume | None = None,
+) -> AuditResult:
     """Compare the member's latest service snapshot with the log replayed up to
     its position: from the start of the log, or, once the log before it was
     purged, from the snapshot before it (which ``resume`` turns into a state)."""
@@ -206,17 +251,25 @@ def audit_snapshot(spark: Any, archive_dir: str | os.PathLike[str], cluster_dir:
     log_start = min((s.position(s.start_offset) for s in segments), default=0)
     start = None
     if log_start > 0:
-        earlier = [e for e in entries if e.is_valid_snapshot and e.service_id == service_id
-                   and log_start <= e.log_position < entry.log_position]
+        earlier = [
+            e
+            for e in entries
+            if e.is_valid_snapshot and e.service_id == service_id and log_start <= e.log_position < entry.log_position
+        ]
         if not earlier:
-            raise ReplayError(f"the log in {archive_dir} starts at {log_start}: nothing before the snapshot at "
-                              f"{entry.log_position} is kept to replay it from (keep two snapshot sets to audit "
-                              "one: cluster-tool purge-log --keep-snapshots 2)")
+            raise ReplayError(
+                f"the log in {archive_dir} starts at {log_start}: nothing before the snapshot at "
+                f"{entry.log_position} is kept to replay it from (keep two snapshot sets to audit "
+                "one: cluster-tool purge-log --keep-snapshots 2)"
+            )
         if resume is None:
-            raise ReplayError(f"the log in {archive_dir} starts at {log_start}: the audit replays from the "
-                              "snapshot before, which needs resume(snapshot_state, sessions)")
+            raise ReplayError(
+                f"the log in {archive_dir} starts at {log_start}: the audit replays from the "
+                "snapshot before, which needs resume(snapshot_state, sessions)"
+            )
         base = max(earlier, key=lambda e: (e.log_position, e.entry_index))
         start = snapshot_start(archive_dir, base, load_snapshot, resume)
-    result = replay_state(spark, archive_dir, apply, initial, entry.log_position, recording_id=recording_id,
-                          start=start)
+    result = replay_state(
+        spark, archive_dir, apply, initial, entry.log_position, recording_id=recording_id, start=start
+    )
     return AuditResult(entry, snapshot_state, view(result.state), result.messages)

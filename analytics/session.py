@@ -41,10 +41,12 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "fulmar", **conf
     }
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        settings.update({
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-        })
+        settings.update(
+            {
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+            }
+        )
     # Spark's scratch files (block manager, artifacts, shuffle) go to a
     # directory of this session's, removed by stop_spark: left to itself the
     # JVM leaves spark-*, blockmgr-* and artifacts-* directories in /tmp.

@@ -57,7 +57,7 @@ class FulmarLogDataSource(DataSource):
     def schema(self) -> str:
         return SCHEMA_DDL
 
-    def reader(self, schema: Any) -> "FulmarLogReader":
+    def reader(self, schema: Any) -> FulmarLogReader:
         return FulmarLogReader(dict(self.options))
 
 

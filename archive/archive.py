@@ -32,7 +32,6 @@ from fulmar.permissions import make_directory
 from fulmar.stop_signals import StopGate, StopKind, StopSignalHandlers, StopSignals
 
 
-
 class Archive:
     def __init__(
         self,
@@ -54,7 +53,7 @@ class Archive:
         self.stop_gate: StopGate | None = None  # an orderly stop waits for what it names
 
     @classmethod
-    def launch(cls, context: ArchiveContext) -> "Archive":
+    def launch(cls, context: ArchiveContext) -> Archive:
         context.validate()
         archive_dir = Path(context.archive_dir)
         make_directory(archive_dir)
@@ -81,8 +80,11 @@ class Archive:
             # With the record checksum each catalog descriptor carries a CRC-32
             # too, so garbage in a descriptor (a stop position, a length) is
             # refused at start rather than trusted.
-            catalog = Catalog.open(archive_dir, file_sync_level=context.catalog_file_sync_level,
-                                   checksum=zlib.crc32 if context.record_checksum else None)
+            catalog = Catalog.open(
+                archive_dir,
+                file_sync_level=context.catalog_file_sync_level,
+                checksum=zlib.crc32 if context.record_checksum else None,
+            )
             recovered = recover(catalog, archive_dir, epoch_ms(), verify_crc=context.record_checksum)
             aeron = Aeron.connect(driver_dir)
             if context.archive_id == -1:
@@ -115,8 +117,9 @@ class Archive:
     def run(self) -> None:
         context = self.context
         conductor = self.conductor
-        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, context.idle_max_wait_ns,
-                                    has_work=conductor.has_work)
+        idle = DoorbellIdleStrategy(
+            self.aeron.conductor.data_doorbell, context.idle_max_wait_ns, has_work=conductor.has_work
+        )
         next_mark_ms = 0
         clock = time.monotonic_ns
         gate = self.stop_gate
@@ -149,15 +152,16 @@ class Archive:
             self.mark_file.close()
             self.aeron.close()
 
-    def __enter__(self) -> "Archive":
+    def __enter__(self) -> Archive:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def run_archive(context: ArchiveContext, on_ready: Callable[[Archive], None] | None = None,
-                stop_gate: StopGate | None = None) -> None:
+def run_archive(
+    context: ArchiveContext, on_ready: Callable[[Archive], None] | None = None, stop_gate: StopGate | None = None
+) -> None:
     """Launch, serve until SIGINT/SIGTERM, close (see ``run_driver``: the
     handlers go in first so an early signal is not lost).  With ``stop_gate``
     a signal stops the archive once the gate lets it (a second Ctrl-C: at

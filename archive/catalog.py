@@ -37,7 +37,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from fulmar.buffers import AtomicBuffer
 from fulmar.codecs.generated.archive import (
@@ -163,7 +163,7 @@ class Catalog:
         create: bool = True,
         capacity_bytes: int = DEFAULT_CAPACITY,
         checksum: Checksum | None = None,
-    ) -> "Catalog":
+    ) -> Catalog:
         """Open ``<archive_dir>/archive.catalog``, creating it if missing (and ``create``).
 
         An existing file is validated entry by entry; anything Aeron or fulmar would
@@ -201,7 +201,7 @@ class Catalog:
         return catalog
 
     @classmethod
-    def open_read_only(cls, archive_dir: str | os.PathLike[str]) -> "Catalog":
+    def open_read_only(cls, archive_dir: str | os.PathLike[str]) -> Catalog:
         """Open an existing catalog for reading only (tools, a stopped archive's
         files): the file is opened read-only and mapped copy-on-write, so
         nothing can reach it, and it is validated by the same loader as
@@ -278,7 +278,9 @@ class Catalog:
             # Allocated, not sparse: a store into a hole on a full disk would be a SIGBUS.
             os.posix_fallocate(self._fd, 0, capacity)
         except OSError as ex:
-            raise CatalogError(f"{self.path}: cannot grow the catalog to {capacity} bytes: {describe_os_error(ex)}") from ex
+            raise CatalogError(
+                f"{self.path}: cannot grow the catalog to {capacity} bytes: {describe_os_error(ex)}"
+            ) from ex
         self._map(capacity)
 
     def _fail(self, offset: int, what: str) -> CatalogError:
@@ -316,23 +318,26 @@ class Catalog:
             frame_length = DESCRIPTOR_HEADER_LENGTH + length
             if frame_length % self._alignment:
                 raise self._fail(
-                    offset, f"entry length {length} + {DESCRIPTOR_HEADER_LENGTH} is not a multiple of the alignment {self._alignment}"
+                    offset,
+                    f"entry length {length} + {DESCRIPTOR_HEADER_LENGTH} is not a multiple of the alignment {self._alignment}",
                 )
             if offset + frame_length > size:
                 raise self._fail(
                     offset, f"truncated entry: needs {frame_length} bytes, the file ends after {size - offset}"
                 )
             if state not in (RecordingState.INVALID, RecordingState.VALID, RecordingState.DELETED):
-                raise self._fail(offset + _STATE_OFFSET, f"entry state {state} is not INVALID(0), VALID(1) or DELETED(2)")
+                raise self._fail(
+                    offset + _STATE_OFFSET, f"entry state {state} is not INVALID(0), VALID(1) or DELETED(2)"
+                )
             try:
                 descriptor = self._decoder.wrap_headerless(memory, offset + DESCRIPTOR_HEADER_LENGTH, length)
             except CodecError as ex:
-                raise self._fail(offset + DESCRIPTOR_HEADER_LENGTH, f"recording descriptor does not decode: {ex}") from None
+                raise self._fail(
+                    offset + DESCRIPTOR_HEADER_LENGTH, f"recording descriptor does not decode: {ex}"
+                ) from None
             recording_id = descriptor.recording_id
             if recording_id <= last_id:
-                raise self._fail(
-                    offset, f"recording id {recording_id} does not follow the previous id {last_id}"
-                )
+                raise self._fail(offset, f"recording id {recording_id} does not follow the previous id {last_id}")
             if self._checksum is not None:
                 stored = _I32.unpack_from(memory, offset + _CHECKSUM_OFFSET)[0]
                 computed = self._compute_checksum(offset, length)
@@ -353,9 +358,7 @@ class Catalog:
                 # Written by an older catalog that kept no counter: derive it (as Aeron does).
                 next_id = last_id + 1
             else:
-                raise self._fail(
-                    8, f"nextRecordingId {next_id} is below the last recording id + 1 ({last_id + 1})"
-                )
+                raise self._fail(8, f"nextRecordingId {next_id} is below the last recording id + 1 ({last_id + 1})")
         self._next_recording_id = next_id
 
     # ----------------------------------------------------------------- properties
@@ -537,9 +540,7 @@ class Catalog:
                 found.append(descriptor)
         return found
 
-    def find_last_matching(
-        self, min_recording_id: int, channel_fragment: str, stream_id: int, session_id: int
-    ) -> int:
+    def find_last_matching(self, min_recording_id: int, channel_fragment: str, stream_id: int, session_id: int) -> int:
         """Aeron's findLastMatchingRecording: the highest VALID id >= ``min_recording_id``
         with that session and stream id whose original channel contains the fragment;
         ``NULL_RECORDING_ID`` if none."""
@@ -667,7 +668,7 @@ class Catalog:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "Catalog":
+    def __enter__(self) -> Catalog:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -731,7 +732,9 @@ def missing_segment_files(archive_dir: str | os.PathLike[str], descriptor: Recor
     if stop == NULL_POSITION or stop <= descriptor.start_position:
         return []
     term_length, segment_length = descriptor.term_buffer_length, descriptor.segment_file_length
-    first = _segment.segment_file_base_position(descriptor.start_position, descriptor.start_position, term_length, segment_length)
+    first = _segment.segment_file_base_position(
+        descriptor.start_position, descriptor.start_position, term_length, segment_length
+    )
     last = _segment.segment_file_base_position(descriptor.start_position, stop - 1, term_length, segment_length)
     missing = []
     for base in range(first, last + 1, segment_length):

@@ -87,7 +87,7 @@ class ArchiveProxy:
     returns False when the request could not be offered (back pressure or not
     connected) after a few tries; nothing is half-sent."""
 
-    def __init__(self, publication: "ExclusivePublication", retry_attempts: int = 3) -> None:
+    def __init__(self, publication: ExclusivePublication, retry_attempts: int = 3) -> None:
         self.publication = publication
         self.retry_attempts = retry_attempts
         self._buffer = bytearray(16 * 1024)
@@ -150,7 +150,7 @@ class ControlResponsePoller:
     Malformed messages are counted in ``malformed`` and skipped.
     """
 
-    def __init__(self, subscription: "Subscription", fragment_limit: int = 16) -> None:
+    def __init__(self, subscription: Subscription, fragment_limit: int = 16) -> None:
         self.subscription = subscription
         self.fragment_limit = fragment_limit
         self.malformed = 0
@@ -207,9 +207,9 @@ class AeronArchive:
 
     def __init__(
         self,
-        aeron: "Aeron",
-        request_publication: "ExclusivePublication",
-        response_subscription: "Subscription",
+        aeron: Aeron,
+        request_publication: ExclusivePublication,
+        response_subscription: Subscription,
         control_session_id: int,
         archive_version: int,
         message_timeout_ns: int,
@@ -231,13 +231,13 @@ class AeronArchive:
     @classmethod
     def connect(
         cls,
-        aeron: "Aeron",
+        aeron: Aeron,
         control_request_channel: str = protocol.LOCAL_CONTROL_CHANNEL,
         control_request_stream_id: int = protocol.CONTROL_STREAM_ID,
         control_response_channel: str = protocol.CONTROL_RESPONSE_CHANNEL,
         control_response_stream_id: int = protocol.CONTROL_RESPONSE_STREAM_ID,
         message_timeout_ns: int = DEFAULT_MESSAGE_TIMEOUT_NS,
-    ) -> "AeronArchive":
+    ) -> AeronArchive:
         """Open a control session.  A UDP response channel may use port 0:
         the archive is told the port the driver actually bound."""
         subscription = aeron.add_subscription(control_response_channel, control_response_stream_id)
@@ -246,12 +246,20 @@ class AeronArchive:
             publication = aeron.add_exclusive_publication(control_request_channel, control_request_stream_id)
             deadline = time.monotonic_ns() + message_timeout_ns
             response_channel = _resolved_channel(subscription, control_response_channel, deadline)
-            _wait(lambda: publication.is_connected, deadline, aeron,
-                  f"no archive is listening on {control_request_channel} stream {control_request_stream_id}")
+            _wait(
+                lambda: publication.is_connected,
+                deadline,
+                aeron,
+                f"no archive is listening on {control_request_channel} stream {control_request_stream_id}",
+            )
             proxy = ArchiveProxy(publication)
             correlation_id = aeron.next_correlation_id()
-            _wait(lambda: proxy.connect(response_channel, control_response_stream_id, correlation_id), deadline, aeron,
-                  "the archive did not take the connect request")
+            _wait(
+                lambda: proxy.connect(response_channel, control_response_stream_id, correlation_id),
+                deadline,
+                aeron,
+                "the archive did not take the connect request",
+            )
             poller = ControlResponsePoller(subscription)
             found: list[Any] = []
 
@@ -266,8 +274,9 @@ class AeronArchive:
             response = found[0]
             if response.code_raw != ControlResponseCode.OK:
                 raise error_of(response)
-            return cls(aeron, publication, subscription, response.control_session_id, response.version,
-                       message_timeout_ns)
+            return cls(
+                aeron, publication, subscription, response.control_session_id, response.version, message_timeout_ns
+            )
         except BaseException:
             subscription.close()
             if publication is not None:
@@ -285,7 +294,7 @@ class AeronArchive:
             self.request_publication.close()
             self.response_subscription.close()
 
-    def __enter__(self) -> "AeronArchive":
+    def __enter__(self) -> AeronArchive:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -299,9 +308,12 @@ class AeronArchive:
         correlation_id = self.aeron.next_correlation_id()
         deadline = time.monotonic_ns() + self.message_timeout_ns
         _wait(
-            lambda: self.proxy.send(encoder, control_session_id=self.control_session_id,
-                                    correlation_id=correlation_id, **fields),
-            deadline, self.aeron, f"could not send {encoder.NAME} to the archive",
+            lambda: self.proxy.send(
+                encoder, control_session_id=self.control_session_id, correlation_id=correlation_id, **fields
+            ),
+            deadline,
+            self.aeron,
+            f"could not send {encoder.NAME} to the archive",
         )
         # Lets a caller match a later asynchronous ERROR (a replay that failed
         # midway answers with its request's correlation id) to its request.
@@ -346,23 +358,45 @@ class AeronArchive:
     # ------------------------------------------------------------- recording
 
     def start_recording(
-        self, channel: str, stream_id: int, source_location: SourceLocation = SourceLocation.LOCAL,
+        self,
+        channel: str,
+        stream_id: int,
+        source_location: SourceLocation = SourceLocation.LOCAL,
         auto_stop: bool = False,
     ) -> int:
         """Record every image of ``channel``/``stream_id``; returns the recording subscription's id."""
         if auto_stop:
-            return self._request(codecs.StartRecordingRequest2Encoder, stream_id=stream_id,
-                                 source_location=int(source_location), auto_stop=1, channel=channel)
-        return self._request(codecs.StartRecordingRequestEncoder, stream_id=stream_id,
-                             source_location=int(source_location), channel=channel)
+            return self._request(
+                codecs.StartRecordingRequest2Encoder,
+                stream_id=stream_id,
+                source_location=int(source_location),
+                auto_stop=1,
+                channel=channel,
+            )
+        return self._request(
+            codecs.StartRecordingRequestEncoder,
+            stream_id=stream_id,
+            source_location=int(source_location),
+            channel=channel,
+        )
 
     def extend_recording(
-        self, recording_id: int, channel: str, stream_id: int,
-        source_location: SourceLocation = SourceLocation.LOCAL, auto_stop: bool = False,
+        self,
+        recording_id: int,
+        channel: str,
+        stream_id: int,
+        source_location: SourceLocation = SourceLocation.LOCAL,
+        auto_stop: bool = False,
     ) -> int:
         """Append the next image of the channel to a stopped recording (the image must start at its stop position)."""
-        return self._request(codecs.ExtendRecordingRequest2Encoder, recording_id=recording_id, stream_id=stream_id,
-                             source_location=int(source_location), auto_stop=1 if auto_stop else 0, channel=channel)
+        return self._request(
+            codecs.ExtendRecordingRequest2Encoder,
+            recording_id=recording_id,
+            stream_id=stream_id,
+            source_location=int(source_location),
+            auto_stop=1 if auto_stop else 0,
+            channel=channel,
+        )
 
     def stop_recording(self, channel: str, stream_id: int) -> None:
         self._request(codecs.StopRecordingRequestEncoder, stream_id=stream_id, channel=channel)
@@ -398,8 +432,13 @@ class AeronArchive:
     ) -> int:
         """The newest recording id from ``min_recording_id`` matching, or NULL_VALUE."""
         try:
-            return self._request(codecs.FindLastMatchingRecordingRequestEncoder, min_recording_id=min_recording_id,
-                                 session_id=session_id, stream_id=stream_id, channel=channel_fragment)
+            return self._request(
+                codecs.FindLastMatchingRecordingRequestEncoder,
+                min_recording_id=min_recording_id,
+                session_id=session_id,
+                stream_id=stream_id,
+                channel=channel_fragment,
+            )
         except ArchiveResponseError as error:
             if error.error_code == ArchiveErrorCode.UNKNOWN_RECORDING:
                 return NULL_VALUE
@@ -442,14 +481,20 @@ class AeronArchive:
         return descriptors
 
     def list_recordings(self, from_recording_id: int = 0, record_count: int = 1 << 30) -> list[RecordingDescriptor]:
-        return self._list(codecs.ListRecordingsRequestEncoder, from_recording_id=from_recording_id,
-                          record_count=record_count)
+        return self._list(
+            codecs.ListRecordingsRequestEncoder, from_recording_id=from_recording_id, record_count=record_count
+        )
 
     def list_recordings_for_uri(
         self, from_recording_id: int, record_count: int, channel_fragment: str, stream_id: int
     ) -> list[RecordingDescriptor]:
-        return self._list(codecs.ListRecordingsForUriRequestEncoder, from_recording_id=from_recording_id,
-                          record_count=record_count, stream_id=stream_id, channel=channel_fragment)
+        return self._list(
+            codecs.ListRecordingsForUriRequestEncoder,
+            from_recording_id=from_recording_id,
+            record_count=record_count,
+            stream_id=stream_id,
+            channel=channel_fragment,
+        )
 
     def list_recording(self, recording_id: int) -> RecordingDescriptor | None:
         found = self._list(codecs.ListRecordingRequestEncoder, recording_id=recording_id)
@@ -458,29 +503,47 @@ class AeronArchive:
     # ------------------------------------------------------------------ replay
 
     def start_replay(
-        self, recording_id: int, replay_channel: str, replay_stream_id: int,
-        position: int = NULL_POSITION, length: int = NULL_LENGTH, limit_counter_id: int | None = None,
+        self,
+        recording_id: int,
+        replay_channel: str,
+        replay_stream_id: int,
+        position: int = NULL_POSITION,
+        length: int = NULL_LENGTH,
+        limit_counter_id: int | None = None,
     ) -> int:
         """Start a replay; returns the replay session id (its low 32 bits are
         the replay image's session id).  ``length`` NULL_LENGTH: to the end,
         following the recording while it is live.  ``limit_counter_id``: never
         past that counter's value (a bounded replay)."""
-        fields: dict[str, Any] = dict(recording_id=recording_id, position=position, length=length,
-                                      replay_stream_id=replay_stream_id, file_io_max_length=NULL_VALUE,
-                                      replay_token=NULL_VALUE, replay_channel=replay_channel)
+        fields: dict[str, Any] = dict(
+            recording_id=recording_id,
+            position=position,
+            length=length,
+            replay_stream_id=replay_stream_id,
+            file_io_max_length=NULL_VALUE,
+            replay_token=NULL_VALUE,
+            replay_channel=replay_channel,
+        )
         if limit_counter_id is None:
             return self._request(codecs.ReplayRequestEncoder, **fields)
         return self._request(codecs.BoundedReplayRequestEncoder, limit_counter_id=limit_counter_id, **fields)
 
     def replay(
-        self, recording_id: int, replay_channel: str, replay_stream_id: int,
-        position: int = NULL_POSITION, length: int = NULL_LENGTH, limit_counter_id: int | None = None,
-    ) -> "Subscription":
+        self,
+        recording_id: int,
+        replay_channel: str,
+        replay_stream_id: int,
+        position: int = NULL_POSITION,
+        length: int = NULL_LENGTH,
+        limit_counter_id: int | None = None,
+    ) -> Subscription:
         """Start a replay and subscribe to it (the subscription filters on the replay's session id)."""
-        replay_session_id = self.start_replay(recording_id, replay_channel, replay_stream_id, position, length,
-                                              limit_counter_id)
+        replay_session_id = self.start_replay(
+            recording_id, replay_channel, replay_stream_id, position, length, limit_counter_id
+        )
         channel = ChannelUri.parse(replay_channel).with_param(
-            "session-id", protocol.replay_image_session_id(replay_session_id))
+            "session-id", protocol.replay_image_session_id(replay_session_id)
+        )
         return self.aeron.add_subscription(str(channel), replay_stream_id)
 
     def stop_replay(self, replay_session_id: int) -> None:
@@ -505,8 +568,9 @@ class AeronArchive:
         """Move the recording's start to ``new_start_position``, the first byte
         of a later segment (``segment_file_base_position``); the files before
         it stay on disk until deleted or attached again."""
-        self._request(codecs.DetachSegmentsRequestEncoder, recording_id=recording_id,
-                      new_start_position=new_start_position)
+        self._request(
+            codecs.DetachSegmentsRequestEncoder, recording_id=recording_id, new_start_position=new_start_position
+        )
 
     def delete_detached_segments(self, recording_id: int) -> int:
         """Delete the files detached from the recording; returns how many."""
@@ -514,8 +578,9 @@ class AeronArchive:
 
     def purge_segments(self, recording_id: int, new_start_position: int) -> int:
         """Detach and delete the segments before ``new_start_position``; returns how many files went."""
-        return self._request(codecs.PurgeSegmentsRequestEncoder, recording_id=recording_id,
-                             new_start_position=new_start_position)
+        return self._request(
+            codecs.PurgeSegmentsRequestEncoder, recording_id=recording_id, new_start_position=new_start_position
+        )
 
     def attach_segments(self, recording_id: int) -> int:
         """Take back detached segment files that join the recording's start; returns how many."""
@@ -609,7 +674,7 @@ class AeronArchive:
         return found[0]
 
 
-def _wait(condition: Callable[[], bool], deadline_ns: int, aeron: "Aeron", what: str) -> None:
+def _wait(condition: Callable[[], bool], deadline_ns: int, aeron: Aeron, what: str) -> None:
     """Poll ``condition`` until it holds, sleeping on the data doorbell (rung
     when data arrives in any log of this driver) between tries."""
     doorbell = aeron.conductor.data_doorbell
@@ -628,7 +693,7 @@ def _wait(condition: Callable[[], bool], deadline_ns: int, aeron: "Aeron", what:
         doorbell.wait(token, 1_000_000)
 
 
-def _resolved_channel(subscription: "Subscription", channel: str, deadline_ns: int) -> str:
+def _resolved_channel(subscription: Subscription, channel: str, deadline_ns: int) -> str:
     """``channel`` with a UDP endpoint's port 0 replaced by the bound port."""
     uri = ChannelUri.parse(channel)
     endpoint = uri.get("endpoint")

@@ -54,7 +54,7 @@ from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.counters import RECORD_ALLOCATED
 from fulmar.errors import FulmarError
-from fulmar.semantic_version import major_version
+from fulmar.semantic_version import major_version, version_text
 from fulmar.codecs.generated import archive as codecs
 from fulmar.frames import FRAME_ALIGNMENT
 from fulmar.fragment_assembler import FragmentAssembler
@@ -62,7 +62,7 @@ from fulmar.log_reader import Header
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
 
 if TYPE_CHECKING:
-    from fulmar.aeron import Aeron, Counter
+    from fulmar.aeron import Aeron
     from fulmar.subscription import Image, Subscription
 
 # Parameters of a channel that identify what is recorded (Aeron's stripped
@@ -101,7 +101,7 @@ class ArchiveConductor:
     def __init__(
         self,
         context: ArchiveContext,
-        aeron: "Aeron",
+        aeron: Aeron,
         catalog: Catalog,
         epoch_ms: Callable[[], int],
         record_error: Callable[[str], object],
@@ -121,12 +121,12 @@ class ArchiveConductor:
         self._recording_starts: dict[int, int] = {}  # start positions of active recordings, for events
         self.replays: dict[int, ReplaySession] = {}  # by replay session id
         self.replications: dict[int, ReplicationSession] = {}  # by replication id
-        self.recording_subscriptions: dict[str, "Subscription"] = {}  # by subscription key
+        self.recording_subscriptions: dict[str, Subscription] = {}  # by subscription key
         self._next_session_id = int.from_bytes(os.urandom(4), "little") & 0x3FFF_FFFF
         self._replay_id = 1
         self._now_ns = time.monotonic_ns()
         self._assembler = FragmentAssembler(self._on_control_message)
-        self._control_subscriptions: list["Subscription"] = []
+        self._control_subscriptions: list[Subscription] = []
         channels = [(context.local_control_channel, context.local_control_stream_id)]
         if context.control_channel is not None:
             channels.append((context.control_channel, context.control_stream_id))
@@ -225,7 +225,9 @@ class ArchiveConductor:
             return
         session = self.control_sessions.get(getattr(message, "control_session_id", NULL_VALUE))
         if session is None:
-            self.record_error(f"archive: {name} for unknown control session {getattr(message, 'control_session_id', '?')}")
+            self.record_error(
+                f"archive: {name} for unknown control session {getattr(message, 'control_session_id', '?')}"
+            )
             return
         handler = getattr(self, "on_" + _snake(name), None)
         correlation_id = getattr(message, "correlation_id", NULL_VALUE)
@@ -242,8 +244,8 @@ class ArchiveConductor:
         invalid = None
         if major_version(message.version) != protocol.PROTOCOL_MAJOR_VERSION:
             invalid = (
-                f"invalid client version {protocol.version_text(message.version)}, "
-                f"archive is {protocol.version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}"
+                f"invalid client version {version_text(message.version)}, "
+                f"archive is {version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}"
             )
         uri = ChannelUri.parse(message.response_channel)
         if uri.term_length() is None:
@@ -276,20 +278,48 @@ class ArchiveConductor:
     # -------------------------------------------------------------- recording
 
     def on_start_recording_request(self, session: ControlSession, message: Any, auto_stop: bool = False) -> None:
-        self._start_recording(session, message.correlation_id, message.stream_id, message.source_location_raw,
-                              message.channel, auto_stop, None)
+        self._start_recording(
+            session,
+            message.correlation_id,
+            message.stream_id,
+            message.source_location_raw,
+            message.channel,
+            auto_stop,
+            None,
+        )
 
     def on_start_recording_request2(self, session: ControlSession, message: Any) -> None:
-        self._start_recording(session, message.correlation_id, message.stream_id, message.source_location_raw,
-                              message.channel, message.auto_stop_raw == 1, None)
+        self._start_recording(
+            session,
+            message.correlation_id,
+            message.stream_id,
+            message.source_location_raw,
+            message.channel,
+            message.auto_stop_raw == 1,
+            None,
+        )
 
     def on_extend_recording_request(self, session: ControlSession, message: Any) -> None:
-        self._start_recording(session, message.correlation_id, message.stream_id, message.source_location_raw,
-                              message.channel, False, message.recording_id)
+        self._start_recording(
+            session,
+            message.correlation_id,
+            message.stream_id,
+            message.source_location_raw,
+            message.channel,
+            False,
+            message.recording_id,
+        )
 
     def on_extend_recording_request2(self, session: ControlSession, message: Any) -> None:
-        self._start_recording(session, message.correlation_id, message.stream_id, message.source_location_raw,
-                              message.channel, message.auto_stop_raw == 1, message.recording_id)
+        self._start_recording(
+            session,
+            message.correlation_id,
+            message.stream_id,
+            message.source_location_raw,
+            message.channel,
+            message.auto_stop_raw == 1,
+            message.recording_id,
+        )
 
     def _start_recording(
         self,
@@ -300,7 +330,7 @@ class ArchiveConductor:
         channel: str,
         auto_stop: bool,
         extend_recording_id: int | None,
-    ) -> "Subscription | None":
+    ) -> Subscription | None:
         if len(self.recordings) >= self.context.max_concurrent_recordings:
             session.send_error(
                 correlation_id,
@@ -344,7 +374,7 @@ class ArchiveConductor:
         if source_location == SourceLocation.LOCAL and uri.is_udp:
             subscribe_to = subscribe_to.with_prefix("aeron-spy")
 
-        def on_image(image: "Image") -> None:
+        def on_image(image: Image) -> None:
             # Runs on the client conductor's thread: hand over to the agent.
             self.tasks.append(
                 lambda: self._start_recording_session(
@@ -364,7 +394,7 @@ class ArchiveConductor:
         correlation_id: int,
         stripped: str,
         original_channel: str,
-        image: "Image",
+        image: Image,
         auto_stop: bool,
         extend_recording_id: int | None,
     ) -> None:
@@ -425,7 +455,7 @@ class ArchiveConductor:
             catalog=self.catalog,
         )
 
-    def _extension_problem(self, recording_id: int, image: "Image") -> str | None:
+    def _extension_problem(self, recording_id: int, image: Image) -> str | None:
         descriptor = self.catalog.descriptor(recording_id)
         if descriptor is None:
             return f"cannot extend recording {recording_id}: it no longer exists"
@@ -439,9 +469,7 @@ class ArchiveConductor:
         ):
             if actual != expected:
                 label = "stopPosition" if name == "joinPosition" else f"recording {name}"
-                return (
-                    f"cannot extend recording {recording_id} image {name}={actual} not equal to {label}={expected}"
-                )
+                return f"cannot extend recording {recording_id} image {name}={actual} not equal to {label}={expected}"
         return None
 
     def _close_recording(self, recording: RecordingSession) -> None:
@@ -671,7 +699,9 @@ class ArchiveConductor:
             return
         descriptor = self.catalog.descriptor(recording_id)
         if descriptor is None:
-            session.send_error(correlation_id, f"unknown recording id {recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING)
+            session.send_error(
+                correlation_id, f"unknown recording id {recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING
+            )
             return
         position = descriptor.start_position if message.position == NULL_POSITION else message.position
         problem = self._replay_position_problem(recording_id, descriptor, position, message.length)
@@ -732,8 +762,10 @@ class ArchiveConductor:
             return f"invalid limit counter id {counter_id}: it is not allocated"
 
         def limit() -> int:
-            if reader.counter_state(counter_id) != RECORD_ALLOCATED \
-                    or reader.counter_registration_id(counter_id) != registration_id:
+            if (
+                reader.counter_state(counter_id) != RECORD_ALLOCATED
+                or reader.counter_registration_id(counter_id) != registration_id
+            ):
                 raise ArchiveError(f"the limit counter {counter_id} of the bounded replay was freed")
             value: int = reader.counter_value(counter_id)
             return value
@@ -808,14 +840,17 @@ class ArchiveConductor:
 
     # --------------------------------------------------- truncate and purge
 
-    def _stopped_recording(self, session: ControlSession, correlation_id: int, recording_id: int, verb: str) -> RecordingDescriptor | None:
+    def _stopped_recording(
+        self, session: ControlSession, correlation_id: int, recording_id: int, verb: str
+    ) -> RecordingDescriptor | None:
         descriptor = self.catalog.descriptor(recording_id)
         if descriptor is None:
             session.send_error(correlation_id, f"unknown recording {recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING)
             return None
         if any(replay.recording_id == recording_id for replay in self.replays.values()):
             session.send_error(
-                correlation_id, f"cannot {verb} recording with active replay {recording_id}",
+                correlation_id,
+                f"cannot {verb} recording with active replay {recording_id}",
                 ArchiveErrorCode.ACTIVE_RECORDING,
             )
             return None
@@ -876,12 +911,15 @@ class ArchiveConductor:
                 continue
             replay_base = segment_file_base_position(start, replay.position, term_length, segment_length)
             if new_start > replay_base:
-                return (f"invalid detach: replay in progress - newStartPosition={new_start} "
-                        f"upperBound={replay_base} replaySessionId={replay.replay_session_id}")
+                return (
+                    f"invalid detach: replay in progress - newStartPosition={new_start} "
+                    f"upperBound={replay_base} replaySessionId={replay.replay_session_id}"
+                )
         return None
 
-    def _detachable(self, session: ControlSession, correlation_id: int, recording_id: int,
-                    new_start: int) -> RecordingDescriptor | None:
+    def _detachable(
+        self, session: ControlSession, correlation_id: int, recording_id: int, new_start: int
+    ) -> RecordingDescriptor | None:
         descriptor = self.catalog.descriptor(recording_id)
         if descriptor is None:
             session.send_error(correlation_id, f"unknown recording {recording_id}", ArchiveErrorCode.UNKNOWN_RECORDING)
@@ -897,8 +935,7 @@ class ArchiveConductor:
         if recording_id in self._recording_starts:
             self._recording_starts[recording_id] = new_start
 
-    def _delete_files(self, session: ControlSession, correlation_id: int, recording_id: int,
-                      names: list[str]) -> None:
+    def _delete_files(self, session: ControlSession, correlation_id: int, recording_id: int, names: list[str]) -> None:
         """Delete the named segment files, answer with their count and signal DELETE (Aeron's deleteSegments)."""
         for name in names:
             path = self.archive_dir / name
@@ -956,7 +993,9 @@ class ArchiveConductor:
                 break
             size = path.stat().st_size
             if size != segment_length:
-                session.send_error(correlation_id, f"{path}: fileLength={size} not equal to segmentLength={segment_length}")
+                session.send_error(
+                    correlation_id, f"{path}: fileLength={size} not equal to segmentLength={segment_length}"
+                )
                 return
             try:
                 offset = find_start_in_segment(path, descriptor, position)
@@ -1054,7 +1093,7 @@ class ArchiveConductor:
         session: ControlSession,
         correlation_id: int,
         recording_id: int,
-        image: "Image",
+        image: Image,
         signal: RecordingSignal,
         original_channel: str,
     ) -> RecordingSession:
@@ -1071,7 +1110,7 @@ class ArchiveConductor:
         session: ControlSession,
         correlation_id: int,
         recording_id: int,
-        image: "Image",
+        image: Image,
         signal: RecordingSignal,
         auto_stop: bool,
     ) -> RecordingSession:
@@ -1089,12 +1128,21 @@ class ArchiveConductor:
         )
         on_progress = self._on_recording_progress if self._events is not None else None
         recording = RecordingSession(
-            recording_id, correlation_id, session, image, writer, counter, self.context.block_length, auto_stop,
+            recording_id,
+            correlation_id,
+            session,
+            image,
+            writer,
+            counter,
+            self.context.block_length,
+            auto_stop,
             on_progress,
         )
         self.recordings[recording_id] = recording
         self._recording_starts[recording_id] = descriptor.start_position
-        session.send_signal(correlation_id, recording_id, image.subscription.registration_id, image.join_position, signal)
+        session.send_signal(
+            correlation_id, recording_id, image.subscription.registration_id, image.join_position, signal
+        )
         return recording
 
     def _on_recording_progress(self, recording: RecordingSession) -> None:
@@ -1105,7 +1153,7 @@ class ArchiveConductor:
             position=recording.recorded_position,
         )
 
-    def adopt_recording_subscription(self, subscription: "Subscription", descriptor: Any) -> None:
+    def adopt_recording_subscription(self, subscription: Subscription, descriptor: Any) -> None:
         """A replication merged into the live stream: its subscription now
         records like one from StartRecording (stop_recording finds it)."""
         key = f"replication:{subscription.registration_id}:{descriptor.stream_id}"
@@ -1133,4 +1181,3 @@ def _snake(name: str) -> str:
             out.append("_")
         out.append(ch.lower())
     return "".join(out)
-

@@ -36,8 +36,7 @@ class ArchiveAlreadyActiveError(ArchiveError):
 
     def __init__(self, path: str, pid: int, activity_age_ms: int) -> None:
         super().__init__(
-            f"archive directory is in use: {path} belongs to live pid {pid} "
-            f"(last activity {activity_age_ms} ms ago)"
+            f"archive directory is in use: {path} belongs to live pid {pid} (last activity {activity_age_ms} ms ago)"
         )
         self.path = path
         self.pid = pid

@@ -93,7 +93,7 @@ class ArchiveMarkFile:
         now_ms: int,
         liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT,
         error_buffer_length: int = ERROR_BUFFER_LENGTH_DEFAULT,
-    ) -> "ArchiveMarkFile":
+    ) -> ArchiveMarkFile:
         """Claim the directory: refuse if a live archive owns it, else (re)write the mark file.
 
         The file is not ready until :meth:`signal_ready` writes the version.
@@ -189,7 +189,7 @@ class ArchiveMarkFile:
         self._header.put_int64_ordered(MESSAGE_HEADER_LENGTH + _ACTIVITY_TIMESTAMP_OFFSET, 0)
         self._mapped.close()
 
-    def __enter__(self) -> "ArchiveMarkFile":
+    def __enter__(self) -> ArchiveMarkFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -210,8 +210,9 @@ def read_mark_file(archive_dir: str | os.PathLike[str]) -> MarkFileHeaderDecoder
         raise ArchiveError(f"{path}: mark file header does not decode: {ex}") from ex
 
 
-def live_owner_pid(archive_dir: str | os.PathLike[str], now_ms: int,
-                   liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT) -> int | None:
+def live_owner_pid(
+    archive_dir: str | os.PathLike[str], now_ms: int, liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT
+) -> int | None:
     """The pid of the live archive that owns ``archive_dir``'s mark file (the
     test a new archive refuses to start on), or None.  Reads the first bytes only."""
     try:

@@ -13,7 +13,7 @@ import struct
 from enum import IntEnum
 
 from fulmar.codecs.generated import archive as codecs
-from fulmar.semantic_version import compose_version, version_text
+from fulmar.semantic_version import compose_version
 
 NULL_VALUE = -1
 NULL_POSITION = -1  # a position that is not known (an active recording's stop position)
@@ -27,7 +27,6 @@ NULL_COUNTER_ID = -1
 PROTOCOL_MAJOR_VERSION = 1
 PROTOCOL_MINOR_VERSION = 10
 PROTOCOL_PATCH_VERSION = 0
-
 
 
 PROTOCOL_SEMANTIC_VERSION = compose_version(PROTOCOL_MAJOR_VERSION, PROTOCOL_MINOR_VERSION, PROTOCOL_PATCH_VERSION)

@@ -27,19 +27,19 @@ class RecordingSession:
         self,
         recording_id: int,
         correlation_id: int,
-        control_session: "ControlSession | None",
-        image: "Image",
+        control_session: ControlSession | None,
+        image: Image,
         writer: SegmentWriter,
-        position_counter: "Counter",
+        position_counter: Counter,
         block_length: int,
         auto_stop: bool = False,
-        on_progress: Callable[["RecordingSession"], None] | None = None,
+        on_progress: Callable[[RecordingSession], None] | None = None,
     ) -> None:
         self.recording_id = recording_id
         self.correlation_id = correlation_id
         self.control_session = control_session
         self.image = image
-        self.subscription: "Subscription" = image.subscription
+        self.subscription: Subscription = image.subscription
         self.writer = writer
         self.position_counter = position_counter
         self.block_length = block_length

@@ -49,7 +49,7 @@ class ReplaySession:
         replay_session_id: int,
         recording_id: int,
         correlation_id: int,
-        control_session: "ControlSession",
+        control_session: ControlSession,
         publication: ExclusivePublication,
         reader: SegmentReader,
         start_position: int,

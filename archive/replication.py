@@ -80,11 +80,11 @@ class ReplicationState(Enum):
 class ReplicationSession:
     def __init__(
         self,
-        conductor: "ArchiveConductor",
+        conductor: ArchiveConductor,
         *,
         replication_id: int,
         correlation_id: int,
-        control_session: "ControlSession",
+        control_session: ControlSession,
         src_recording_id: int,
         dst_recording_id: int,
         stop_position: int,
@@ -120,16 +120,16 @@ class ReplicationSession:
         self.src_live_position = NULL_POSITION
         self.replay_start = NULL_POSITION
         self.is_merge = False
-        self.recording: "RecordingSession | None" = None
+        self.recording: RecordingSession | None = None
         self._pending_correlation_id = NULL_VALUE
         self._response: Any = None
         self._next_src_position_ns = 0
         self._join_position = NULL_POSITION
         self._replay_destination = ""
-        self._image: "Image | None" = None
-        self._response_subscription: "Subscription | None" = None
-        self._request_publication: "ExclusivePublication | None" = None
-        self._replay_subscription: "Subscription | None" = None
+        self._image: Image | None = None
+        self._response_subscription: Subscription | None = None
+        self._request_publication: ExclusivePublication | None = None
+        self._replay_subscription: Subscription | None = None
         self._keep_replay_subscription = False
         self._proxy: ArchiveProxy | None = None
         self._poller: ControlResponsePoller | None = None
@@ -174,9 +174,7 @@ class ReplicationSession:
             request = ChannelUri.parse(self.src_control_channel)
             if request.term_length() is None:
                 request = request.with_param("term-length", 64 * 1024)
-            self._request_publication = self.aeron.add_exclusive_publication(
-                str(request), self.src_control_stream_id
-            )
+            self._request_publication = self.aeron.add_exclusive_publication(str(request), self.src_control_stream_id)
             self._proxy = ArchiveProxy(self._request_publication)
             self._poller = ControlResponsePoller(self._response_subscription)
         assert self._request_publication is not None and self._proxy is not None
@@ -202,8 +200,12 @@ class ReplicationSession:
         return 1
 
     def _describe(self, now_ns: int) -> int:
-        return self._send(now_ns, ReplicationState.AWAIT_DESCRIPTOR, codecs.ListRecordingRequestEncoder,
-                          recording_id=self.src_recording_id)
+        return self._send(
+            now_ns,
+            ReplicationState.AWAIT_DESCRIPTOR,
+            codecs.ListRecordingRequestEncoder,
+            recording_id=self.src_recording_id,
+        )
 
     def _await_descriptor(self, now_ns: int) -> int:
         response = self._take_response(now_ns, "awaiting the source recording's descriptor")
@@ -274,8 +276,12 @@ class ReplicationSession:
 
     def _src_position(self, now_ns: int) -> int:
         if self._pending_correlation_id == NULL_VALUE:
-            return self._send(now_ns, ReplicationState.SRC_POSITION, codecs.RecordingPositionRequestEncoder,
-                              recording_id=self.src_recording_id)
+            return self._send(
+                now_ns,
+                ReplicationState.SRC_POSITION,
+                codecs.RecordingPositionRequestEncoder,
+                recording_id=self.src_recording_id,
+            )
         response = self._take_response(now_ns, "awaiting the source recording's position")
         if response is None:
             return 0
@@ -332,7 +338,7 @@ class ReplicationSession:
         self._state(ReplicationState.AWAIT_IMAGE, now_ns)
         return 1
 
-    def _on_image(self, image: "Image") -> None:
+    def _on_image(self, image: Image) -> None:
         # On the client conductor's thread: the agent picks it up.
         self._image = image
         self.conductor.wake()
@@ -383,14 +389,22 @@ class ReplicationSession:
                 # source's position from now on: ask for it again; once the
                 # replay has filled the image up to there, nothing is missing.
                 self._join_position = NULL_POSITION
-                return self._send(now_ns, ReplicationState.ATTEMPT_LIVE_JOIN, codecs.RecordingPositionRequestEncoder,
-                                  recording_id=self.src_recording_id)
+                return self._send(
+                    now_ns,
+                    ReplicationState.ATTEMPT_LIVE_JOIN,
+                    codecs.RecordingPositionRequestEncoder,
+                    recording_id=self.src_recording_id,
+                )
             return 1
         if now_ns >= self._next_src_position_ns:
             self._next_src_position_ns = now_ns + SRC_POSITION_INTERVAL_NS
             self.deadline_ns = now_ns + self.timeout_ns
-            return self._send(now_ns, ReplicationState.CATCHUP, codecs.RecordingPositionRequestEncoder,
-                              recording_id=self.src_recording_id)
+            return self._send(
+                now_ns,
+                ReplicationState.CATCHUP,
+                codecs.RecordingPositionRequestEncoder,
+                recording_id=self.src_recording_id,
+            )
         return 0
 
     def _attempt_live_join(self, now_ns: int) -> int:
@@ -445,7 +459,8 @@ class ReplicationSession:
         if notify:
             self.conductor.record_error(f"archive: replication {self.replication_id}: {reason}")
             self.control_session.send_error(
-                self.correlation_id, f"replication {self.replication_id} failed: {reason}",
+                self.correlation_id,
+                f"replication {self.replication_id} failed: {reason}",
                 ArchiveErrorCode.REPLICATION_CONNECTION_FAILURE,
             )
         if self.recording is not None and not self.recording.is_done:
@@ -483,8 +498,9 @@ class ReplicationSession:
     def _send(self, now_ns: int, next_state: ReplicationState, encoder: Any, **fields: Any) -> int:
         assert self._proxy is not None
         correlation_id = self.aeron.next_correlation_id()
-        if self._proxy.send(encoder, control_session_id=self.src_control_session_id,
-                            correlation_id=correlation_id, **fields):
+        if self._proxy.send(
+            encoder, control_session_id=self.src_control_session_id, correlation_id=correlation_id, **fields
+        ):
             self._await(correlation_id)
             self._state(next_state, now_ns)
             return 1

@@ -120,10 +120,7 @@ def check_segment_length(segment_length: int, term_length: int) -> None:
     holds a power-of-two number of whole terms.
     """
     check_term_length(term_length)
-    if (
-        not (SEGMENT_LENGTH_MIN <= segment_length <= SEGMENT_LENGTH_MAX)
-        or segment_length & (segment_length - 1) != 0
-    ):
+    if not (SEGMENT_LENGTH_MIN <= segment_length <= SEGMENT_LENGTH_MAX) or segment_length & (segment_length - 1) != 0:
         raise ValueError(
             f"segment length {segment_length} must be a power of two from {SEGMENT_LENGTH_MIN} (64 KiB) "
             f"to {SEGMENT_LENGTH_MAX} (1 GiB)"
@@ -167,19 +164,26 @@ def delete_segments(archive_dir: str | os.PathLike[str], recording_id: int) -> l
     return deleted
 
 
-def detached_segment_files(archive_dir: str | os.PathLike[str], descriptor: "RecordingDescriptor") -> list[str]:
+def detached_segment_files(archive_dir: str | os.PathLike[str], descriptor: RecordingDescriptor) -> list[str]:
     """The recording's segment files that lie wholly before the segment of its
     start position: detached (or purged) from it, no longer part of it."""
-    first_base = segment_file_base_position(descriptor.start_position, descriptor.start_position,
-                                            descriptor.term_buffer_length, descriptor.segment_file_length)
-    return [name for name in list_segment_files(archive_dir, descriptor.recording_id)
-            if segment_base_of_file(name) < first_base]
+    first_base = segment_file_base_position(
+        descriptor.start_position,
+        descriptor.start_position,
+        descriptor.term_buffer_length,
+        descriptor.segment_file_length,
+    )
+    return [
+        name
+        for name in list_segment_files(archive_dir, descriptor.recording_id)
+        if segment_base_of_file(name) < first_base
+    ]
 
 
 _FIRST_FRAME = struct.Struct("<i12xii")  # frame length; stream id and term id at offsets 16 and 20
 
 
-def find_start_in_segment(path: Path, descriptor: "RecordingDescriptor", segment_base: int) -> int:
+def find_start_in_segment(path: Path, descriptor: RecordingDescriptor, segment_base: int) -> int:
     """Where the recording's first frame lies in a detached segment file (the
     offset in its first term: 0 unless the recording began inside it), checked
     to be a frame of this recording's stream and of the term that position is in."""
@@ -229,9 +233,7 @@ def _zero_from(path: Path, offset: int) -> None:
         os.close(fd)
 
 
-def truncate_segments(
-    archive_dir: str | os.PathLike[str], descriptor: "RecordingDescriptor", position: int
-) -> list[str]:
+def truncate_segments(archive_dir: str | os.PathLike[str], descriptor: RecordingDescriptor, position: int) -> list[str]:
     """Cut the recording's files at ``position`` (Aeron's truncate): returns the files deleted.
 
     Segment files that lie wholly at or after ``position`` are deleted (including
@@ -453,7 +455,7 @@ class SegmentWriter:
     def close(self) -> None:
         self._close_fd()
 
-    def __enter__(self) -> "SegmentWriter":
+    def __enter__(self) -> SegmentWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -467,7 +469,7 @@ class SegmentReader:
     """Reads a recording's frames back, block by block, from ``start_position``."""
 
     def __init__(
-        self, archive_dir: str | os.PathLike[str], descriptor: "RecordingDescriptor", start_position: int
+        self, archive_dir: str | os.PathLike[str], descriptor: RecordingDescriptor, start_position: int
     ) -> None:
         if start_position < descriptor.start_position or start_position & (FRAME_ALIGNMENT - 1):
             raise ValueError(
@@ -573,7 +575,7 @@ class SegmentReader:
     def close(self) -> None:
         self._release_map()
 
-    def __enter__(self) -> "SegmentReader":
+    def __enter__(self) -> SegmentReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -584,13 +586,13 @@ class SegmentReader:
 
 
 def _frame_problem(
-    memory: mmap.mmap, offset: int, size: int, position: int, descriptor: "RecordingDescriptor", verify_crc: bool
+    memory: mmap.mmap, offset: int, size: int, position: int, descriptor: RecordingDescriptor, verify_crc: bool
 ) -> str | None:
     """Why the frame at ``offset`` of a mapped segment (``position`` in the
     recording) is not one the recording holds there, or None if it is."""
     term_length = descriptor.term_buffer_length
-    frame_length, _version, _flags, frame_type, term_offset, session_id, stream_id, term_id = (
-        _FRAME_HEADER.unpack_from(memory, offset)
+    frame_length, _version, _flags, frame_type, term_offset, session_id, stream_id, term_id = _FRAME_HEADER.unpack_from(
+        memory, offset
     )
     expected_term_offset = position & (term_length - 1)
     expected_term_id = to_int32(descriptor.initial_term_id + (position >> (term_length.bit_length() - 1)))
@@ -602,8 +604,10 @@ def _frame_problem(
     if frame_type not in (_DATA, _PAD):
         return f"a frame type {frame_type}, neither DATA nor PAD"
     if term_offset != expected_term_offset or term_id != expected_term_id:
-        return (f"term id {term_id} and term offset {term_offset} in the header, "
-                f"not {expected_term_id} and {expected_term_offset}")
+        return (
+            f"term id {term_id} and term offset {term_offset} in the header, "
+            f"not {expected_term_id} and {expected_term_offset}"
+        )
     if stream_id != descriptor.stream_id:
         return f"stream id {stream_id}, not the recording's {descriptor.stream_id}"
     if verify_crc or session_id != descriptor.session_id:
@@ -620,7 +624,10 @@ def _frame_problem(
 
 
 def _walk_frames(
-    archive_dir: Path, descriptor: "RecordingDescriptor", from_position: int, stop_position: int | None,
+    archive_dir: Path,
+    descriptor: RecordingDescriptor,
+    from_position: int,
+    stop_position: int | None,
     verify_crc: bool,
 ) -> tuple[int, str | None]:
     """Walk the frames from ``from_position``: (end of the good run, why it ended;
@@ -664,7 +671,7 @@ def _walk_frames(
 
 def scan_complete_frames(
     archive_dir: str | os.PathLike[str],
-    descriptor: "RecordingDescriptor",
+    descriptor: RecordingDescriptor,
     from_position: int,
     *,
     verify_crc: bool = False,
@@ -683,12 +690,13 @@ def scan_complete_frames(
 
 
 def first_bad_frame(
-    archive_dir: str | os.PathLike[str], descriptor: "RecordingDescriptor", *, verify_crc: bool
+    archive_dir: str | os.PathLike[str], descriptor: RecordingDescriptor, *, verify_crc: bool
 ) -> tuple[int, str] | None:
     """(position, what is wrong and where) of the first frame between the
     recording's start and stop that is not what was recorded, or None.  Frames
     are checked as :func:`scan_complete_frames` does (``verify_crc``: every
     DATA frame's checksum too)."""
     position, problem = _walk_frames(
-        Path(archive_dir), descriptor, descriptor.start_position, descriptor.stop_position, verify_crc)
+        Path(archive_dir), descriptor, descriptor.start_position, descriptor.stop_position, verify_crc
+    )
     return None if problem is None else (position, problem)

@@ -52,8 +52,22 @@ from typing import Any
 
 from bench import report
 
-MODULES = ["log_buffer", "ring_buffer", "idle", "ipc", "udp", "udp_stream", "archive", "cluster", "pysyncobj_peer",
-           "cluster3", "stages", "metrics", "restore", "spark_decode"]
+MODULES = [
+    "log_buffer",
+    "ring_buffer",
+    "idle",
+    "ipc",
+    "udp",
+    "udp_stream",
+    "archive",
+    "cluster",
+    "pysyncobj_peer",
+    "cluster3",
+    "stages",
+    "metrics",
+    "restore",
+    "spark_decode",
+]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -123,8 +137,10 @@ def main() -> None:
     for row in rows:
         reference = report.format_value(row["reference"]) if row["reference"] else "-"
         ratio = f"{row['ratio']:.3f}" if row["ratio"] else "-"
-        print(f"{row['name']:<52} {report.format_value(row['median']):>14} {report.spread(row):>25} "
-              f"{row['unit']:<8} {reference:>14} {ratio:>7}  {report.note(row)}".rstrip())
+        print(
+            f"{row['name']:<52} {report.format_value(row['median']):>14} {report.spread(row):>25} "
+            f"{row['unit']:<8} {reference:>14} {ratio:>7}  {report.note(row)}".rstrip()
+        )
 
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -139,8 +155,10 @@ def main() -> None:
     if kinds:
         print("reference: " + report.reference_notes(kinds))
 
-    heading = (f"python -m bench{' --quick' if args.quick else ''}, {stamp}: {repeat} repetition(s), median and "
-               f"min-max; {platform.node()}, {os.cpu_count()} cores")
+    heading = (
+        f"python -m bench{' --quick' if args.quick else ''}, {stamp}: {repeat} repetition(s), median and "
+        f"min-max; {platform.node()}, {os.cpu_count()} cores"
+    )
     markdown = report.write_markdown(RESULTS_DIR / f"bench-{stamp}.md", rows, heading)
     print("\n" + markdown.read_text())
     files = [out, markdown]

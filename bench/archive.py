@@ -84,9 +84,22 @@ class ArchiveProcess:
 
     def __init__(self, archive_dir: Path, driver_dir: Path, log_path: Path) -> None:
         self.log = open(log_path, "w+")
-        args = [sys.executable, "-m", "fulmar.cli.cluster_node", "archive", "--dir", str(archive_dir),
-                "--driver-dir", str(driver_dir), "--control-channel", "none",
-                "--replication-channel", "aeron:udp?endpoint=127.0.0.1:0", "--segment-length", "64m"]
+        args = [
+            sys.executable,
+            "-m",
+            "fulmar.cli.cluster_node",
+            "archive",
+            "--dir",
+            str(archive_dir),
+            "--driver-dir",
+            str(driver_dir),
+            "--control-channel",
+            "none",
+            "--replication-channel",
+            "aeron:udp?endpoint=127.0.0.1:0",
+            "--segment-length",
+            "64m",
+        ]
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
         try:
             assert self.process.stdout is not None
@@ -124,8 +137,9 @@ class ArchiveProcess:
 
 def _dd(*operands: str) -> float:
     """Run dd; its MB/s from its own byte count and seconds."""
-    completed = subprocess.run(["dd", *operands], capture_output=True, text=True, check=True,
-                               env={**os.environ, "LC_ALL": "C"})
+    completed = subprocess.run(
+        ["dd", *operands], capture_output=True, text=True, check=True, env={**os.environ, "LC_ALL": "C"}
+    )
     match = _DD.search(completed.stderr)
     if match is None:
         raise RuntimeError(f"cannot read dd's figures: {completed.stderr!r}")
@@ -225,8 +239,11 @@ def run(quick: bool) -> list[dict[str, Any]]:
     archive_dir.mkdir()
     if not _announced:
         _announced = True
-        print(f"bench.archive: archive and dd files in {root} ({_filesystem(root)}); driver on /dev/shm "
-              f"({_filesystem(Path('/dev/shm'))}); {total / 1e6:.0f} MB per case", flush=True)
+        print(
+            f"bench.archive: archive and dd files in {root} ({_filesystem(root)}); driver on /dev/shm "
+            f"({_filesystem(Path('/dev/shm'))}); {total / 1e6:.0f} MB per case",
+            flush=True,
+        )
     results: list[dict[str, Any]] = []
     driver = None
     process = None
@@ -245,13 +262,25 @@ def run(quick: bool) -> list[dict[str, Any]]:
                 dd_file.unlink()
                 label = f"archive {size} B msgs"
                 results += [
-                    {"name": f"{label}, record vs dd (page cache)", "value": record_rate, "unit": "MB/s",
-                     "reference": dd_cache},
-                    {"name": f"{label}, record vs dd conv=fdatasync", "value": record_rate, "unit": "MB/s",
-                     "reference": dd_sync},
+                    {
+                        "name": f"{label}, record vs dd (page cache)",
+                        "value": record_rate,
+                        "unit": "MB/s",
+                        "reference": dd_cache,
+                    },
+                    {
+                        "name": f"{label}, record vs dd conv=fdatasync",
+                        "value": record_rate,
+                        "unit": "MB/s",
+                        "reference": dd_sync,
+                    },
                     {"name": f"{label}, record", "value": count / seconds, "unit": "msgs/s", "reference": None},
-                    {"name": f"{label}, replay vs dd read (page cache)", "value": replayed / replay_seconds / 1e6,
-                     "unit": "MB/s", "reference": dd_read},
+                    {
+                        "name": f"{label}, replay vs dd read (page cache)",
+                        "value": replayed / replay_seconds / 1e6,
+                        "unit": "MB/s",
+                        "reference": dd_read,
+                    },
                 ]
     finally:
         if process is not None:
@@ -264,5 +293,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     for row in run("--quick" in sys.argv):
-        reference = f" = {row['value'] / row['reference']:.3f}x dd {row['reference']:,.1f} MB/s" if row["reference"] else ""
+        reference = (
+            f" = {row['value'] / row['reference']:.3f}x dd {row['reference']:,.1f} MB/s" if row["reference"] else ""
+        )
         print(f"{row['name']}: {row['value']:,.1f} {row['unit']}{reference}")

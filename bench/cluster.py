@@ -113,8 +113,12 @@ class NodeProcess:
         self.name = args[0]
         self.log_path = log_path
         self._log = open(log_path, "w")
-        self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", *args],
-                                        stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fulmar.cli.cluster_node", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
             while not (ready_text in self.output() and (ready is None or ready(self))):
@@ -155,8 +159,9 @@ class Node:
     close() and removes it itself); ``archive_segment_length`` is the
     archive's ``--segment-length`` (None: its default)."""
 
-    def __init__(self, service: str = SERVICE, archive_dir: Path | None = None,
-                 archive_segment_length: int | None = None) -> None:
+    def __init__(
+        self, service: str = SERVICE, archive_dir: Path | None = None, archive_segment_length: int | None = None
+    ) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster-", dir=DISK_PARENT))
         self.archive_dir = archive_dir if archive_dir is not None else self.base / "archive"
         segment_args = [] if archive_segment_length is None else ["--segment-length", str(archive_segment_length)]
@@ -165,18 +170,51 @@ class Node:
         self.ingress_endpoints: str | None = None
         self.processes: list[NodeProcess] = []
         try:
-            self.driver = self._start(["driver", "--dir", str(self.driver_dir)], "serving", "driver.log",
-                                      ready=self._driver_ready)
-            self.archive = self._start(["archive", "--dir", str(self.archive_dir), "--driver-dir",
-                                        str(self.driver_dir), "--control-channel", "none",
-                                        "--replication-channel", "aeron:udp?endpoint=127.0.0.1:0", *segment_args],
-                                       "serving", "archive.log")
-            self.consensus = self._start(["consensus", "--cluster-dir", str(self.base / "cluster"), "--driver-dir",
-                                          str(self.driver_dir), "--ingress-channel", self.ingress_channel],
-                                         "consensus module pid", "consensus.log")
-            self.service = self._start(["service", "--cluster-dir", str(self.base / "cluster"), "--driver-dir",
-                                        str(self.driver_dir), "--service", service],
-                                       "service 0 (", "service.log")
+            self.driver = self._start(
+                ["driver", "--dir", str(self.driver_dir)], "serving", "driver.log", ready=self._driver_ready
+            )
+            self.archive = self._start(
+                [
+                    "archive",
+                    "--dir",
+                    str(self.archive_dir),
+                    "--driver-dir",
+                    str(self.driver_dir),
+                    "--control-channel",
+                    "none",
+                    "--replication-channel",
+                    "aeron:udp?endpoint=127.0.0.1:0",
+                    *segment_args,
+                ],
+                "serving",
+                "archive.log",
+            )
+            self.consensus = self._start(
+                [
+                    "consensus",
+                    "--cluster-dir",
+                    str(self.base / "cluster"),
+                    "--driver-dir",
+                    str(self.driver_dir),
+                    "--ingress-channel",
+                    self.ingress_channel,
+                ],
+                "consensus module pid",
+                "consensus.log",
+            )
+            self.service = self._start(
+                [
+                    "service",
+                    "--cluster-dir",
+                    str(self.base / "cluster"),
+                    "--driver-dir",
+                    str(self.driver_dir),
+                    "--service",
+                    service,
+                ],
+                "service 0 (",
+                "service.log",
+            )
         except BaseException as error:
             logs = self.log_tails()
             self.close()
@@ -201,8 +239,9 @@ class Node:
         tails = []
         for process in self.processes:
             tail = process.output().splitlines()[-lines:]
-            tails.append(f"--- {process.name} (pid {process.process.pid}, exit {process.process.poll()}):\n"
-                         + "\n".join(tail))
+            tails.append(
+                f"--- {process.name} (pid {process.process.pid}, exit {process.process.poll()}):\n" + "\n".join(tail)
+            )
         return "\n".join(tails)
 
     def pids(self) -> dict[str, int]:
@@ -232,18 +271,26 @@ def _idle_strategies() -> str:
     def ms(ns: int) -> str:
         return f"{ns / 1e6:g} ms"
 
-    return (f"driver {DriverContext.idle_strategy} (max wait {ms(DriverContext.timer_interval_ns)} while data is in "
-            f"flight, {ms(DriverContext.idle_max_wait_ns)} otherwise), "
-            f"archive doorbell (max wait {ms(ArchiveContext.idle_max_wait_ns)}, "
-            f"{ms(ArchiveContext.busy_idle_max_wait_ns)} while busy), "
-            f"consensus module doorbell (max wait {ms(ConsensusModuleContext.idle_max_wait_ns)}), "
-            f"service doorbell (max wait {ms(ServiceContext.idle_max_wait_ns)}), "
-            f"client doorbell (until an echo or the next send)")
+    return (
+        f"driver {DriverContext.idle_strategy} (max wait {ms(DriverContext.timer_interval_ns)} while data is in "
+        f"flight, {ms(DriverContext.idle_max_wait_ns)} otherwise), "
+        f"archive doorbell (max wait {ms(ArchiveContext.idle_max_wait_ns)}, "
+        f"{ms(ArchiveContext.busy_idle_max_wait_ns)} while busy), "
+        f"consensus module doorbell (max wait {ms(ConsensusModuleContext.idle_max_wait_ns)}), "
+        f"service doorbell (max wait {ms(ServiceContext.idle_max_wait_ns)}), "
+        f"client doorbell (until an echo or the next send)"
+    )
 
 
 def _connect(aeron: Aeron, node: Ingress, on_message: Any) -> ClusterClient:
-    return ClusterClient.connect(aeron, node.ingress_channel, node.ingress_endpoints, egress_channel=EGRESS_CHANNEL,
-                                 message_timeout_ns=30_000_000_000, on_message=on_message)
+    return ClusterClient.connect(
+        aeron,
+        node.ingress_channel,
+        node.ingress_endpoints,
+        egress_channel=EGRESS_CHANNEL,
+        message_timeout_ns=30_000_000_000,
+        on_message=on_message,
+    )
 
 
 def _wait_doorbell(aeron: Aeron, client: ClusterClient, timeout_ns: int) -> None:
@@ -260,8 +307,10 @@ def _check_leader(client: ClusterClient, term: int, last_progress: float) -> Non
     """Fail at once, not at the deadline, when the echoes stopped after a leader
     change (several members: requests in flight at an election may get no answer)."""
     if client.leadership_term_id != term and time.monotonic() - last_progress > LEADER_CHANGE_STALL_S:
-        raise RuntimeError(f"the leader changed during the measurement (term {term} -> {client.leadership_term_id}, "
-                           f"now member {client.leader_member_id}) and no echo came for {LEADER_CHANGE_STALL_S:g} s")
+        raise RuntimeError(
+            f"the leader changed during the measurement (term {term} -> {client.leadership_term_id}, "
+            f"now member {client.leader_member_id}) and no echo came for {LEADER_CHANGE_STALL_S:g} s"
+        )
 
 
 def _check_offer(result: int) -> None:
@@ -281,8 +330,10 @@ def throughput(aeron: Aeron, node: Ingress, size: int, window: int, count: int) 
         if seq < count and payload == messages[seq]:
             received[0] = seq + 1
         elif not errors:
-            errors.append(f"echo {seq}: got {bytes(payload[:16]).hex()}.. ({len(payload)} B), "
-                          f"expected {messages[seq][:16].hex() if seq < count else 'nothing'}")
+            errors.append(
+                f"echo {seq}: got {bytes(payload[:16]).hex()}.. ({len(payload)} B), "
+                f"expected {messages[seq][:16].hex() if seq < count else 'nothing'}"
+            )
             received[0] = seq + 1
 
     client = _connect(aeron, node, on_message)
@@ -320,8 +371,15 @@ def throughput(aeron: Aeron, node: Ingress, size: int, window: int, count: int) 
     return elapsed
 
 
-def latency(aeron: Aeron, node: Ingress, rate: int, seconds: float, warmup_s: float = WARMUP_S,
-            drain_s: float = DRAIN_S, settle_s: float = SETTLE_S) -> tuple[HdrHistogram, dict[str, Any]]:
+def latency(
+    aeron: Aeron,
+    node: Ingress,
+    rate: int,
+    seconds: float,
+    warmup_s: float = WARMUP_S,
+    drain_s: float = DRAIN_S,
+    settle_s: float = SETTLE_S,
+) -> tuple[HdrHistogram, dict[str, Any]]:
     """Round trips at ``rate`` messages per second, open loop (``bench.openloop``):
     ``warmup_s`` not recorded, then ``seconds`` recorded, each from its
     intended send time; answers waited for ``drain_s`` after the schedule,
@@ -444,8 +502,9 @@ def echo_results(aeron: Aeron, target: Any, prefix: str, settings: EchoSettings)
         results += throughput_rows(prefix, size, window, settings.count, elapsed)
     results += ping_rows(prefix, ping(aeron, target, settings.pings, settings.ping_max_s))
     for rate in settings.rates:
-        histogram, summary = latency(aeron, target, rate, settings.seconds, settings.warmup_s, settings.drain_s,
-                                     settings.settle_s)
+        histogram, summary = latency(
+            aeron, target, rate, settings.seconds, settings.warmup_s, settings.drain_s, settings.settle_s
+        )
         if summary["unanswered"]:
             print(describe(f"bench.{prefix}", rate, summary), flush=True)
         results += latency_rows(prefix, rate, histogram, summary)
@@ -462,9 +521,12 @@ def run(quick: bool) -> list[dict[str, Any]]:
     try:
         if not _announced:
             _announced = True
-            print(f"bench.cluster: 1-node cluster, processes {node.pids()} + this client, {os.cpu_count()} cores "
-                  f"(all share them); idle strategies (defaults): {_idle_strategies()}; cluster dir {node.base}, "
-                  f"driver {node.driver_dir}; {settings.describe()}", flush=True)
+            print(
+                f"bench.cluster: 1-node cluster, processes {node.pids()} + this client, {os.cpu_count()} cores "
+                f"(all share them); idle strategies (defaults): {_idle_strategies()}; cluster dir {node.base}, "
+                f"driver {node.driver_dir}; {settings.describe()}",
+                flush=True,
+            )
         with Aeron.connect(node.driver_dir) as aeron:
             results += echo_results(aeron, node, "cluster", settings)
     except Exception as error:
@@ -472,8 +534,11 @@ def run(quick: bool) -> list[dict[str, Any]]:
     finally:
         node.close()
     # The machine is shared: a busy one shows in the figures (tails above all).
-    print(f"bench.cluster: run of {time.monotonic() - began:.0f} s, 1-minute load average "
-          f"{load_before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    print(
+        f"bench.cluster: run of {time.monotonic() - began:.0f} s, 1-minute load average "
+        f"{load_before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores",
+        flush=True,
+    )
     return results
 
 

@@ -127,9 +127,9 @@ def reference_name(name: str, module: str) -> str | None:
     included), else the 1-node cluster's
     (``bench.cluster``: echo rows only)."""
     if module == "pysyncobj_peer" and name.startswith("cluster3 "):
-        return "pysyncobj " + name[len("cluster3 "):]
+        return "pysyncobj " + name[len("cluster3 ") :]
     if module == "cluster" and name.startswith("cluster3 echo"):
-        return "cluster " + name[len("cluster3 "):]
+        return "cluster " + name[len("cluster3 ") :]
     return None
 
 
@@ -162,9 +162,14 @@ class Supervised:
         self._log = open(log_path, "w")
         # A session of its own: a Ctrl-C reaches only the bench, which then
         # stops the cluster with one SIGTERM (in order) rather than two (kill).
-        self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", command, *args],
-                                        stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                        text=True, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fulmar.cli.cluster_node", command, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
     def output(self) -> str:
         try:
@@ -219,16 +224,32 @@ class LocalCluster:
         self.pids: dict[int, dict[str, int]] = {}  # member -> process name -> pid, from the ready lines
         self.client_driver: NodeProcess | None = None
         try:
-            self.local = self._supervise(["--local", str(MEMBERS), "--dir", str(self.base), "--service",
-                                          service, "--consensus-leader-heartbeat-timeout", LEADER_HEARTBEAT_TIMEOUT,
-                                          "--consensus-election-timeout", ELECTION_TIMEOUT, *extra_args],
-                                         "local-cluster.log")
+            self.local = self._supervise(
+                [
+                    "--local",
+                    str(MEMBERS),
+                    "--dir",
+                    str(self.base),
+                    "--service",
+                    service,
+                    "--consensus-leader-heartbeat-timeout",
+                    LEADER_HEARTBEAT_TIMEOUT,
+                    "--consensus-election-timeout",
+                    ELECTION_TIMEOUT,
+                    *extra_args,
+                ],
+                "local-cluster.log",
+            )
             ready = _wait("the local cluster's ready line", START_TIMEOUT_S, self._local_ready, details=self.log_tails)
             self.ingress_endpoints = ready
             for member in range(MEMBERS):
                 self._read_pids(self.local, member)
-            self.client_driver = NodeProcess(["driver", "--dir", str(self.client_driver_dir)], "serving",
-                                             self.base / "client-driver.log", ready=self._client_driver_ready)
+            self.client_driver = NodeProcess(
+                ["driver", "--dir", str(self.client_driver_dir)],
+                "serving",
+                self.base / "client-driver.log",
+                ready=self._client_driver_ready,
+            )
             self.wait_for_leader()
         except BaseException as error:
             logs = self.log_tails()
@@ -292,6 +313,7 @@ class LocalCluster:
     def wait_for_leader(self, rejoining: int | None = None) -> dict[str, Any]:
         """The leader's state once all members run, one of them leads, and
         every follower is in its term with its commit position."""
+
         def settled() -> dict[str, Any] | None:
             states = self.member_states()
             leaders = [s for s in states.values() if s["role"] == ClusterRole.LEADER]
@@ -321,18 +343,27 @@ class LocalCluster:
             try:
                 own.process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                raise TimeoutError(f"node {member}'s supervisor did not exit in {STOP_TIMEOUT_S} s after its "
-                                   f"consensus module died:\n{own.tail()}") from None
-        _wait(f"the rest of node {member} to stop", STOP_TIMEOUT_S,
-              lambda: all(_gone(pid) for pid in self.pids[member].values()), 0.05, self.log_tails)
+                raise TimeoutError(
+                    f"node {member}'s supervisor did not exit in {STOP_TIMEOUT_S} s after its "
+                    f"consensus module died:\n{own.tail()}"
+                ) from None
+        _wait(
+            f"the rest of node {member} to stop",
+            STOP_TIMEOUT_S,
+            lambda: all(_gone(pid) for pid in self.pids[member].values()),
+            0.05,
+            self.log_tails,
+        )
         config = self.base / f"node{member}" / "node.toml"
         supervised = self._supervise(["--config", str(config)], f"restart-node{member}-{len(self.supervisors)}.log")
         self.restarted[member] = supervised
 
         def ready() -> bool:
             if not supervised.alive:
-                raise RuntimeError(f"cluster-node start --config {config} exited with "
-                                   f"{supervised.process.returncode}:\n{supervised.tail()}")
+                raise RuntimeError(
+                    f"cluster-node start --config {config} exited with "
+                    f"{supervised.process.returncode}:\n{supervised.tail()}"
+                )
             return self._read_pids(supervised, member)
 
         _wait(f"node {member} to start again", START_TIMEOUT_S, ready, details=supervised.tail)
@@ -343,17 +374,21 @@ class LocalCluster:
         for member in range(MEMBERS):
             try:
                 s = cluster_member_node(self.node(member), epoch_ms())
-                states.append(f"node {member}: running {s['running']}, role {s['role_name']}, term "
-                             f"{s['leadership_term_id']}, commit {s['commit_position']}, pid {s['pid']}"
-                             + (f" ({s['counters_note']})" if s["counters_note"] else ""))
+                states.append(
+                    f"node {member}: running {s['running']}, role {s['role_name']}, term "
+                    f"{s['leadership_term_id']}, commit {s['commit_position']}, pid {s['pid']}"
+                    + (f" ({s['counters_note']})" if s["counters_note"] else "")
+                )
             except ClusterReadError as error:
                 states.append(f"node {member}: {error}")
         return "\n".join(states) + "\n" + self.log_tails(lines)
 
     def log_tails(self, lines: int = 12) -> str:
         """Supervisors' output, and the last lines of each member's process logs."""
-        tails = [f"--- {s.log_path.name} (pid {s.process.pid}, exit {s.process.poll()}):\n{s.tail(lines)}"
-                 for s in self.supervisors]
+        tails = [
+            f"--- {s.log_path.name} (pid {s.process.pid}, exit {s.process.poll()}):\n{s.tail(lines)}"
+            for s in self.supervisors
+        ]
         for member in range(MEMBERS):
             for log in sorted((self.base / f"node{member}" / "logs").glob("*.log")):
                 try:
@@ -449,9 +484,15 @@ def failover(aeron: Aeron, cluster: LocalCluster) -> Failover:
         notified.append(clock())
 
     try:
-        client = ClusterClient.connect(aeron, cluster.ingress_channel, cluster.ingress_endpoints,
-                                       egress_channel=EGRESS_CHANNEL, message_timeout_ns=30_000_000_000,
-                                       on_message=on_message, on_new_leader=on_new_leader)
+        client = ClusterClient.connect(
+            aeron,
+            cluster.ingress_channel,
+            cluster.ingress_endpoints,
+            egress_channel=EGRESS_CHANNEL,
+            message_timeout_ns=30_000_000_000,
+            on_message=on_message,
+            on_new_leader=on_new_leader,
+        )
         if client.leader_member_id != leader:
             raise RuntimeError(f"the client connected to node {client.leader_member_id}, the leader is node {leader}")
         timeout_ns = int(REQUEST_TIMEOUT_S * 1e9)
@@ -511,17 +552,26 @@ def failover(aeron: Aeron, cluster: LocalCluster) -> Failover:
                 raise TimeoutError(
                     f"failover from node {leader} (term {old_term}) not complete in {FAILOVER_TIMEOUT_S} s: "
                     f"killed {bool(kill_ns)}, elected {new_leader if elected_ns else None}, client told "
-                    f"{bool(notified)}, answered {bool(answered_ns)}; {resent} requests re-sent\n{cluster.describe()}")
+                    f"{bool(notified)}, answered {bool(answered_ns)}; {resent} requests re-sent\n{cluster.describe()}"
+                )
             if sent_ns or answered_ns:
                 _wait_doorbell(aeron, client, 1_000_000)
             else:
                 time.sleep(0.001)  # offer refused: the ingress is not there yet
         if not notified or notified[0] < kill_ns:
-            raise RuntimeError(f"answers under term {client.leadership_term_id} without a NewLeaderEvent "
-                               "after the kill")
-        return Failover(killed=leader, new_leader=new_leader, new_term=client.leadership_term_id,
-                        election_ms=(elected_ns - kill_ns) / 1e6, notified_ms=(notified[0] - kill_ns) / 1e6,
-                        answered_ms=(answered_ns - kill_ns) / 1e6, resent=resent, refused=refused)
+            raise RuntimeError(
+                f"answers under term {client.leadership_term_id} without a NewLeaderEvent after the kill"
+            )
+        return Failover(
+            killed=leader,
+            new_leader=new_leader,
+            new_term=client.leadership_term_id,
+            election_ms=(elected_ns - kill_ns) / 1e6,
+            notified_ms=(notified[0] - kill_ns) / 1e6,
+            answered_ms=(answered_ns - kill_ns) / 1e6,
+            resent=resent,
+            refused=refused,
+        )
     finally:
         survivors.close()
         if client is not None:
@@ -538,11 +588,15 @@ def resource_use(aeron: Aeron, cluster: LocalCluster) -> list[dict[str, Any]]:
     nodes = {f"node{member}": dict(pids) for member, pids in sorted(cluster.pids.items())}
     idle = resources.measure(nodes, resources.idle())
     achieved: list[float] = []
-    load = resources.measure(nodes, lambda: achieved.append(
-        latency(aeron, cluster, resources.LOAD_RATE, resources.LOAD_S)[1]["achieved_rate"]))
-    print(f"bench.cluster3: resource use, leader node {leader} during the {resources.LOAD_RATE:,}/s echo run "
-          f"(achieved {achieved[0]:,.0f}/s): {resources.breakdown(load[f'node{leader}'], nodes[f'node{leader}'])}",
-          flush=True)
+    load = resources.measure(
+        nodes,
+        lambda: achieved.append(latency(aeron, cluster, resources.LOAD_RATE, resources.LOAD_S)[1]["achieved_rate"]),
+    )
+    print(
+        f"bench.cluster3: resource use, leader node {leader} during the {resources.LOAD_RATE:,}/s echo run "
+        f"(achieved {achieved[0]:,.0f}/s): {resources.breakdown(load[f'node{leader}'], nodes[f'node{leader}'])}",
+        flush=True,
+    )
     label = f"during {resources.LOAD_RATE:,}/s echo"
     return resources.rows("cluster3", "idle", idle) + resources.rows("cluster3", label, load)
 
@@ -553,11 +607,13 @@ def _election_settings() -> str:
     def ms(ns: int) -> str:
         return f"{ns / 1e6:g} ms"
 
-    return (f"leader heartbeat timeout {LEADER_HEARTBEAT_TIMEOUT} (--consensus-leader-heartbeat-timeout; default "
-            f"{ms(context.leader_heartbeat_timeout_ns)}), election timeout {ELECTION_TIMEOUT} "
-            f"(--consensus-election-timeout; default {ms(context.election_timeout_ns)}), heartbeat interval "
-            f"{ms(context.leader_heartbeat_interval_ns)}, election status interval "
-            f"{ms(context.election_status_interval_ns)} (defaults)")
+    return (
+        f"leader heartbeat timeout {LEADER_HEARTBEAT_TIMEOUT} (--consensus-leader-heartbeat-timeout; default "
+        f"{ms(context.leader_heartbeat_timeout_ns)}), election timeout {ELECTION_TIMEOUT} "
+        f"(--consensus-election-timeout; default {ms(context.election_timeout_ns)}), heartbeat interval "
+        f"{ms(context.leader_heartbeat_interval_ns)}, election status interval "
+        f"{ms(context.election_status_interval_ns)} (defaults)"
+    )
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
@@ -571,12 +627,14 @@ def run(quick: bool) -> list[dict[str, Any]]:
     try:
         if not _announced:
             _announced = True
-            print(f"bench.cluster3: 3-node local cluster (cluster-node start --local 3, {SERVICE}), processes "
-                  f"{cluster.all_pids()} + this client, {os.cpu_count()} cores (all share them, and other jobs "
-                  f"share the machine); {_election_settings()}; idle strategies (defaults): {_idle_strategies()}; "
-                  f"base {cluster.base}; {settings.describe()}; {failovers} failover(s), request timeout "
-                  f"{REQUEST_TIMEOUT_S * 1000:g} ms",
-                  flush=True)
+            print(
+                f"bench.cluster3: 3-node local cluster (cluster-node start --local 3, {SERVICE}), processes "
+                f"{cluster.all_pids()} + this client, {os.cpu_count()} cores (all share them, and other jobs "
+                f"share the machine); {_election_settings()}; idle strategies (defaults): {_idle_strategies()}; "
+                f"base {cluster.base}; {settings.describe()}; {failovers} failover(s), request timeout "
+                f"{REQUEST_TIMEOUT_S * 1000:g} ms",
+                flush=True,
+            )
         assert cluster.client_driver is not None
         with Aeron.connect(cluster.client_driver_dir) as aeron:
             # Resource use and failovers before the echo runs: an overloaded
@@ -590,20 +648,26 @@ def run(quick: bool) -> list[dict[str, Any]]:
                     cluster.wait_for_leader(rejoining=samples[-1].killed)
                 sample = failover(aeron, cluster)
                 samples.append(sample)
-                print(f"bench.cluster3: failover {index + 1}: SIGKILL to node {sample.killed}'s consensus module; "
-                      f"node {sample.new_leader} LEADER after {sample.election_ms:,.0f} ms, client told (term "
-                      f"{sample.new_term}) after {sample.notified_ms:,.0f} ms, first answer after "
-                      f"{sample.answered_ms:,.0f} ms; {sample.resent} requests re-sent (after "
-                      f"{REQUEST_TIMEOUT_S * 1000:g} ms without an echo, or on the NewLeaderEvent), "
-                      f"{sample.refused} offers refused", flush=True)
+                print(
+                    f"bench.cluster3: failover {index + 1}: SIGKILL to node {sample.killed}'s consensus module; "
+                    f"node {sample.new_leader} LEADER after {sample.election_ms:,.0f} ms, client told (term "
+                    f"{sample.new_term}) after {sample.notified_ms:,.0f} ms, first answer after "
+                    f"{sample.answered_ms:,.0f} ms; {sample.resent} requests re-sent (after "
+                    f"{REQUEST_TIMEOUT_S * 1000:g} ms without an echo, or on the NewLeaderEvent), "
+                    f"{sample.refused} offers refused",
+                    flush=True,
+                )
             # One row per failover under one name: the table's median and
             # min-max are then those of every failover of every repetition.
             for sample in samples:
-                for label, value in (("to LEADER role", sample.election_ms),
-                                     ("to NewLeaderEvent", sample.notified_ms),
-                                     ("to first answer", sample.answered_ms)):
-                    results.append({"name": f"cluster3 failover, kill {label}", "value": value, "unit": "ms",
-                                    "reference": None})
+                for label, value in (
+                    ("to LEADER role", sample.election_ms),
+                    ("to NewLeaderEvent", sample.notified_ms),
+                    ("to first answer", sample.answered_ms),
+                ):
+                    results.append(
+                        {"name": f"cluster3 failover, kill {label}", "value": value, "unit": "ms", "reference": None}
+                    )
             if samples:  # the echo runs are a three-member cluster's: the last killed node back and caught up
                 cluster.restart(samples[-1].killed)
                 cluster.wait_for_leader(rejoining=samples[-1].killed)
@@ -611,15 +675,20 @@ def run(quick: bool) -> list[dict[str, Any]]:
             results += echo_results(aeron, cluster, "cluster3", settings)
             term = cluster.wait_for_leader()["leadership_term_id"]
             if term != first_term:  # said, not hidden: the figures above went through elections
-                print(f"bench.cluster3: {term - first_term} election(s) nobody asked for during the throughput and "
-                      f"latency runs (term {first_term} -> {term})", flush=True)
+                print(
+                    f"bench.cluster3: {term - first_term} election(s) nobody asked for during the throughput and "
+                    f"latency runs (term {first_term} -> {term})",
+                    flush=True,
+                )
     except Exception as error:
         raise RuntimeError(f"bench.cluster3 failed: {error}\n{cluster.describe(30)}") from error
     finally:
         cluster.close()
-    print(f"bench.cluster3: run of {time.monotonic() - began:.0f} s, 1-minute load average "
-          f"{load_before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (shared machine: noisy figures)",
-          flush=True)
+    print(
+        f"bench.cluster3: run of {time.monotonic() - began:.0f} s, 1-minute load average "
+        f"{load_before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (shared machine: noisy figures)",
+        flush=True,
+    )
     return results
 
 

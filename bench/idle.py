@@ -129,7 +129,9 @@ def ring_cost_ns(rings: int) -> float:
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
-    samples = {"doorbell": 300, "sleep": 150, "backoff": 150} if quick else {"doorbell": 2000, "sleep": 600, "backoff": 600}
+    samples = (
+        {"doorbell": 300, "sleep": 150, "backoff": 150} if quick else {"doorbell": 2000, "sleep": 600, "backoff": 600}
+    )
     labels = {
         "doorbell": "doorbell (futex, rung on publish)",
         "sleep": "SleepingIdleStrategy(1 ms)",

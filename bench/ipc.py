@@ -236,18 +236,35 @@ def run(quick: bool) -> list[dict[str, Any]]:
             rate = throughput(str(directory), str(directory), CHANNEL, count * (5 if batch else 1), batch)
             api = "batch API" if batch else "message API"
             results.append({"name": f"ipc 2 processes 32 B, {api}", "value": rate, "unit": "msgs/s", "reference": None})
-            results.append({"name": f"ipc 2 processes 32 B, {api}", "value": rate * 32 / 1e6, "unit": "MB/s", "reference": None, "key": f"ipc MB/s {api}"})
+            results.append(
+                {
+                    "name": f"ipc 2 processes 32 B, {api}",
+                    "value": rate * 32 / 1e6,
+                    "unit": "MB/s",
+                    "reference": None,
+                    "key": f"ipc MB/s {api}",
+                }
+            )
         for spin in (False, True):
             histogram = ping_pong(str(directory), str(directory), CHANNEL, CHANNEL, samples, spin)
             mode = "busy-spin" if spin else "doorbell (default)"
             for percentile in (50, 90, 99, 99.9):
-                results.append({
-                    "name": f"ipc ping-pong RTT {mode} p{percentile}",
-                    "value": histogram.get_value_at_percentile(percentile) / 1000,
+                results.append(
+                    {
+                        "name": f"ipc ping-pong RTT {mode} p{percentile}",
+                        "value": histogram.get_value_at_percentile(percentile) / 1000,
+                        "unit": "us",
+                        "reference": None,
+                    }
+                )
+            results.append(
+                {
+                    "name": f"ipc ping-pong RTT {mode} max",
+                    "value": histogram.get_max_value() / 1000,
                     "unit": "us",
                     "reference": None,
-                })
-            results.append({"name": f"ipc ping-pong RTT {mode} max", "value": histogram.get_max_value() / 1000, "unit": "us", "reference": None})
+                }
+            )
     finally:
         driver.close()
     # MB/s rows share a name with msgs/s rows; keep them distinct for the table.

@@ -106,16 +106,30 @@ def scraper_main() -> None:
         stop.set()
         thread.join()
         seconds = time.monotonic() - began
-        print(json.dumps({"requests": len(times), "seconds": seconds, "mean_ms": statistics.fmean(times) * 1e3,
-                          "max_ms": max(times) * 1e3, "bytes": statistics.fmean(sizes)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "requests": len(times),
+                    "seconds": seconds,
+                    "mean_ms": statistics.fmean(times) * 1e3,
+                    "max_ms": max(times) * 1e3,
+                    "bytes": statistics.fmean(sizes),
+                }
+            ),
+            flush=True,
+        )
 
 
 class Scraper:
     """The scraper process, driven through its stdin."""
 
     def __init__(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "bench.metrics", "--scrape"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.metrics", "--scrape"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def start(self, rate: float, url: str) -> None:
         assert self.process.stdin is not None
@@ -164,9 +178,12 @@ class Case:
     path: str = ""
 
 
-CASES = (Case("not scraped"), Case(f"/metrics asked for {SCRAPES_PER_S}/s", SCRAPES_PER_S, "/metrics"),
-         Case(f"/metrics asked for {SCRAPES_PER_S // 10}/s", SCRAPES_PER_S // 10, "/metrics"),
-         Case(f"control: a 404 asked for {SCRAPES_PER_S}/s", SCRAPES_PER_S, CONTROL_PATH))
+CASES = (
+    Case("not scraped"),
+    Case(f"/metrics asked for {SCRAPES_PER_S}/s", SCRAPES_PER_S, "/metrics"),
+    Case(f"/metrics asked for {SCRAPES_PER_S // 10}/s", SCRAPES_PER_S // 10, "/metrics"),
+    Case(f"control: a 404 asked for {SCRAPES_PER_S}/s", SCRAPES_PER_S, CONTROL_PATH),
+)
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
@@ -205,24 +222,46 @@ def run(quick: bool) -> list[dict[str, Any]]:
                     # The supervisor's own CPU (its polls) over this run's duration, at the unscraped rate.
                     baseline_cpu = plain_cpu / (count / plain) * (count / loaded)
                     cpu_per_request_ms = max(0.0, loaded_cpu - baseline_cpu) / max(1, asked["requests"]) * 1e3
-                    notes.append(f"{case.label}: {loaded:,.0f} msgs/s (ratio {loaded / plain:.3f}), {rate:.1f}/s "
-                                 f"served, {asked['bytes'] / 1024:.1f} KiB each, mean {asked['mean_ms']:.1f} ms, "
-                                 f"server CPU {cpu_per_request_ms:.2f} ms each")
+                    notes.append(
+                        f"{case.label}: {loaded:,.0f} msgs/s (ratio {loaded / plain:.3f}), {rate:.1f}/s "
+                        f"served, {asked['bytes'] / 1024:.1f} KiB each, mean {asked['mean_ms']:.1f} ms, "
+                        f"server CPU {cpu_per_request_ms:.2f} ms each"
+                    )
                     results += [
-                        {"name": f"{name}, {case.label}", "value": loaded, "unit": "msgs/s", "reference": plain,
-                         "reference_kind": "unscraped"},
+                        {
+                            "name": f"{name}, {case.label}",
+                            "value": loaded,
+                            "unit": "msgs/s",
+                            "reference": plain,
+                            "reference_kind": "unscraped",
+                        },
                         # This round's own ratio: a drift of the machine's speed between rounds
                         # cancels out of it (the median of these, not the ratio of medians).
-                        {"name": f"metrics throughput ratio, {case.label} / not scraped, per round",
-                         "value": loaded / plain, "unit": "ratio", "reference": None},
+                        {
+                            "name": f"metrics throughput ratio, {case.label} / not scraped, per round",
+                            "value": loaded / plain,
+                            "unit": "ratio",
+                            "reference": None,
+                        },
                         {"name": f"metrics {case.label}: achieved", "value": rate, "unit": "/s", "reference": None},
-                        {"name": f"metrics {case.label}: response time, mean", "value": asked["mean_ms"],
-                         "unit": "ms", "reference": None},
-                        {"name": f"metrics {case.label}: supervisor CPU each", "value": cpu_per_request_ms,
-                         "unit": "ms", "reference": None},
+                        {
+                            "name": f"metrics {case.label}: response time, mean",
+                            "value": asked["mean_ms"],
+                            "unit": "ms",
+                            "reference": None,
+                        },
+                        {
+                            "name": f"metrics {case.label}: supervisor CPU each",
+                            "value": cpu_per_request_ms,
+                            "unit": "ms",
+                            "reference": None,
+                        },
                     ]
-                print(f"bench.metrics: round {round_index + 1} (node {leader}'s metrics; "
-                      f"{', '.join(case.label for case in order)}): {'; '.join(notes)}", flush=True)
+                print(
+                    f"bench.metrics: round {round_index + 1} (node {leader}'s metrics; "
+                    f"{', '.join(case.label for case in order)}): {'; '.join(notes)}",
+                    flush=True,
+                )
     except Exception as error:
         raise RuntimeError(f"bench.metrics failed: {error}\n{cluster.describe(30)}") from error
     finally:

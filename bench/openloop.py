@@ -113,9 +113,16 @@ class OpenLoop:
         return good / ((self.last_answer_ns - self.start_ns) / 1e9)
 
     def summary(self) -> dict[str, Any]:
-        return {"total": self.total, "sent": self.sent, "answered": self.answered, "failed": self.failed,
-                "unanswered": self.unanswered, "late_sends": self.late_sends,
-                "max_send_lag_us": self.max_send_lag_ns / 1000, "achieved_rate": self.achieved_rate()}
+        return {
+            "total": self.total,
+            "sent": self.sent,
+            "answered": self.answered,
+            "failed": self.failed,
+            "unanswered": self.unanswered,
+            "late_sends": self.late_sends,
+            "max_send_lag_us": self.max_send_lag_ns / 1000,
+            "achieved_rate": self.achieved_rate(),
+        }
 
 
 # ------------------------------------------------------------------ rows
@@ -144,8 +151,10 @@ def throughput_rows(prefix: str, size: int, window: int, count: int, elapsed_s: 
     plot = {"size": size} if window == WINDOW else {}  # the throughput bars: the main window only
     if count <= 0 or elapsed_s <= 0:  # nothing answered (PySyncObj's calls can be lost): no figure
         return [_row(label, None, "msgs/s", throughput_plot=plot or None), _row(f"{label} MB/s", None, "MB/s")]
-    return [_row(label, count / elapsed_s, "msgs/s", throughput_plot=plot or None),
-            _row(f"{label} MB/s", count * size / elapsed_s / 1e6, "MB/s")]
+    return [
+        _row(label, count / elapsed_s, "msgs/s", throughput_plot=plot or None),
+        _row(f"{label} MB/s", count * size / elapsed_s / 1e6, "MB/s"),
+    ]
 
 
 def latency_rows(prefix: str, rate: int, histogram: HdrHistogram, summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -160,15 +169,18 @@ def latency_rows(prefix: str, rate: int, histogram: HdrHistogram, summary: dict[
 def ping_rows(prefix: str, histogram: HdrHistogram) -> list[dict[str, Any]]:
     label = f"{prefix} echo ping {LATENCY_SIZE} B"
     return percentile_rows(label, histogram, "ping") + [
-        _row(f"{label}, round trips", histogram.get_total_count(), "msgs")]
+        _row(f"{label}, round trips", histogram.get_total_count(), "msgs")
+    ]
 
 
 def describe(prefix: str, rate: int, summary: dict[str, Any]) -> str:
     """One line for the log when a run did not get every answer."""
-    return (f"{prefix}: at {rate:,}/s offered, {summary['sent']:,} of {summary['total']:,} sent by the deadline, "
-            f"{summary['answered']:,} answered ({summary['failed']:,} with an error), {summary['unanswered']:,} "
-            f"unanswered at the drain deadline; achieved {summary['achieved_rate']:,.0f}/s, max send lag "
-            f"{summary['max_send_lag_us'] / 1000:,.1f} ms")
+    return (
+        f"{prefix}: at {rate:,}/s offered, {summary['sent']:,} of {summary['total']:,} sent by the deadline, "
+        f"{summary['answered']:,} answered ({summary['failed']:,} with an error), {summary['unanswered']:,} "
+        f"unanswered at the drain deadline; achieved {summary['achieved_rate']:,.0f}/s, max send lag "
+        f"{summary['max_send_lag_us'] / 1000:,.1f} ms"
+    )
 
 
 class EchoSettings:
@@ -189,10 +201,12 @@ class EchoSettings:
         self.ping_max_s = 1.0 if quick else 10.0  # or fewer, when they take longer than this
 
     def describe(self) -> str:
-        return (f"{self.count:,} msgs per throughput case ({', '.join(f'{s} B window {w}' for s, w in self.cases)}); "
-                f"open loop at {', '.join(f'{r:,}' for r in self.rates)}/s, {LATENCY_SIZE} B, {self.warmup_s:g} s "
-                f"warm-up + {self.seconds:g} s recorded + up to {self.drain_s:g} s drain; {self.pings:,} pings "
-                f"(at most {self.ping_max_s:g} s)")
+        return (
+            f"{self.count:,} msgs per throughput case ({', '.join(f'{s} B window {w}' for s, w in self.cases)}); "
+            f"open loop at {', '.join(f'{r:,}' for r in self.rates)}/s, {LATENCY_SIZE} B, {self.warmup_s:g} s "
+            f"warm-up + {self.seconds:g} s recorded + up to {self.drain_s:g} s drain; {self.pings:,} pings "
+            f"(at most {self.ping_max_s:g} s)"
+        )
 
 
 PING_WARMUP = 20

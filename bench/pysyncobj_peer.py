@@ -116,7 +116,8 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from bench import resources
 from bench.openloop import (
@@ -172,8 +173,9 @@ def available() -> bool:
 def _conf(use_batch: bool, **extra: Any) -> Any:
     from pysyncobj import SyncObjConf
 
-    return SyncObjConf(raftMinTimeout=RAFT_MIN_TIMEOUT_S, raftMaxTimeout=RAFT_MAX_TIMEOUT_S,
-                       appendEntriesUseBatch=use_batch, **extra)
+    return SyncObjConf(
+        raftMinTimeout=RAFT_MIN_TIMEOUT_S, raftMaxTimeout=RAFT_MAX_TIMEOUT_S, appendEntriesUseBatch=use_batch, **extra
+    )
 
 
 def _batch_argument(use_batch: bool) -> str:
@@ -218,10 +220,18 @@ def node_main(self_node: str, others: list[str], status_path: Path, use_batch: b
         while not stopping:
             status = node.getStatus()
             leader = status["leader"]
-            temp.write_text(json.dumps({"state": status["state"], "term": status["raft_term"],
-                                        "commit": status["commit_idx"], "applied": status["last_applied"],
-                                        "leader": leader.address if leader is not None else None,
-                                        "pid": os.getpid()}))
+            temp.write_text(
+                json.dumps(
+                    {
+                        "state": status["state"],
+                        "term": status["raft_term"],
+                        "commit": status["commit_idx"],
+                        "applied": status["last_applied"],
+                        "leader": leader.address if leader is not None else None,
+                        "pid": os.getpid(),
+                    }
+                )
+            )
             os.replace(temp, status_path)
             time.sleep(STATUS_PERIOD_S)
     finally:
@@ -317,8 +327,14 @@ class Client:
         good = state["answered"] - state["failed"]
         return {"elapsed": state["last"] - start, "good": good, "lost": count - good, "failed": state["failed"]}
 
-    def latency(self, rate: int, seconds: float, warmup_s: float = WARMUP_S, drain_s: float = DRAIN_S,
-                settle_s: float = SETTLE_S) -> dict[str, Any]:
+    def latency(
+        self,
+        rate: int,
+        seconds: float,
+        warmup_s: float = WARMUP_S,
+        drain_s: float = DRAIN_S,
+        settle_s: float = SETTLE_S,
+    ) -> dict[str, Any]:
         """Open loop at ``rate`` (``bench.openloop``, as ``bench.cluster.latency``):
         the summary, and the histogram encoded (HdrHistogram's base64 form)."""
         from pysyncobj import FAIL_REASON
@@ -333,13 +349,16 @@ class Client:
             def done(result: Any, error: Any) -> None:
                 callbacks[0] += 1
                 loop.on_answer(sequence, clock(), error == FAIL_REASON.SUCCESS)
+
             return done
 
         while not loop.done(clock()):
             sequence = loop.due(clock())
             if sequence is not None:
-                self.call(sequence.to_bytes(8, "little") + loop.intended(sequence).to_bytes(8, "little") + padding,
-                          answer(sequence))
+                self.call(
+                    sequence.to_bytes(8, "little") + loop.intended(sequence).to_bytes(8, "little") + padding,
+                    answer(sequence),
+                )
                 loop.on_sent(sequence, clock())
                 continue
             self.tick(min(loop.wait_ns(clock()), 1_000_000) / 1e9)
@@ -374,8 +393,10 @@ class Client:
             elif sequence > PING_WARMUP and time.monotonic() > end:
                 break
             sent_ns = clock()
-            self.call(sequence.to_bytes(8, "little") + b"\0" * 24,
-                      lambda result, error, sequence=sequence: answers.append((clock(), sequence, error)))
+            self.call(
+                sequence.to_bytes(8, "little") + b"\0" * 24,
+                lambda result, error, sequence=sequence: answers.append((clock(), sequence, error)),
+            )
             give_up = time.monotonic() + PING_TIMEOUT_S
             while not any(answered == sequence for _, answered, _ in answers) and time.monotonic() < give_up:
                 self.tick(0.001)
@@ -425,8 +446,12 @@ class Client:
                 if answered != sequence:
                     continue
                 if error == FAIL_REASON.SUCCESS and kill_ns and sent_ns >= kill_ns:
-                    return {"killed": old_leader, "new_leader": self.leader(), "answered_ms": (arrival - kill_ns) / 1e6,
-                            "resent": resent}
+                    return {
+                        "killed": old_leader,
+                        "new_leader": self.leader(),
+                        "answered_ms": (arrival - kill_ns) / 1e6,
+                        "resent": resent,
+                    }
                 if error != FAIL_REASON.SUCCESS:
                     resent += 1 if kill_ns else 0
                     time.sleep(0.001)
@@ -434,8 +459,10 @@ class Client:
                 sent_ns = 0
             answers.clear()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no answer from a new leader {FAILOVER_TIMEOUT_S} s after killing {old_leader} "
-                                   f"(client's leader now {self.leader()}, {resent} calls re-sent)")
+                raise TimeoutError(
+                    f"no answer from a new leader {FAILOVER_TIMEOUT_S} s after killing {old_leader} "
+                    f"(client's leader now {self.leader()}, {resent} calls re-sent)"
+                )
 
 
 def client_main(nodes: list[str], use_batch: bool) -> None:
@@ -479,10 +506,14 @@ class Process:
     def __init__(self, args: list[str], log_path: Path, pipe: bool = False) -> None:
         self.log_path = log_path
         self._log = open(log_path, "a")
-        self.process = subprocess.Popen([sys.executable, "-m", "bench.pysyncobj_peer", *args],
-                                        stdin=subprocess.PIPE if pipe else subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE if pipe else self._log, stderr=self._log,
-                                        text=True, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.pysyncobj_peer", *args],
+            stdin=subprocess.PIPE if pipe else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if pipe else self._log,
+            stderr=self._log,
+            text=True,
+            start_new_session=True,
+        )
 
     def tail(self, lines: int = 10) -> str:
         try:
@@ -519,8 +550,9 @@ class PeerCluster:
         try:
             for member in range(MEMBERS):
                 self.start_node(member)
-            self.client = Process(["client", _batch_argument(use_batch), *self.addresses], self.base / "client.log",
-                                  pipe=True)
+            self.client = Process(
+                ["client", _batch_argument(use_batch), *self.addresses], self.base / "client.log", pipe=True
+            )
             self._read_answer(START_TIMEOUT_S)
         except BaseException as error:
             logs = self.log_tails()
@@ -533,8 +565,10 @@ class PeerCluster:
         others = [a for i, a in enumerate(self.addresses) if i != member]
         status = self.base / f"node{member}.json"
         status.unlink(missing_ok=True)
-        self.nodes[member] = Process(["node", _batch_argument(self.use_batch), self.addresses[member], *others,
-                                      str(status)], self.base / f"node{member}.log")
+        self.nodes[member] = Process(
+            ["node", _batch_argument(self.use_batch), self.addresses[member], *others, str(status)],
+            self.base / f"node{member}.log",
+        )
 
     def statuses(self) -> dict[int, dict[str, Any]]:
         found = {}
@@ -638,8 +672,11 @@ class EchoCommands:
         try:
             return self.cluster.command(cmd, **args)
         except (RuntimeError, TimeoutError) as error:
-            print(f"{self.tag}: {what}: no figure, the run failed: {error}\n{self.cluster.log_tails()}\n"
-                  f"{self.tag}: the cluster is started again (an empty log) for the next run", flush=True)
+            print(
+                f"{self.tag}: {what}: no figure, the run failed: {error}\n{self.cluster.log_tails()}\n"
+                f"{self.tag}: the cluster is started again (an empty log) for the next run",
+                flush=True,
+            )
             self.cluster.close()
             self.cluster = PeerCluster(self.cluster.use_batch)
             self.cluster.wait_settled("a leader and two followers (started again)")
@@ -662,23 +699,40 @@ def _rows(command: EchoCommands, settings: EchoSettings, setting: str) -> list[d
             results.append(row)
         if answer and answer["lost"]:  # said, and a row of its own (fulmar's throughput fails rather than lose an echo)
             lost = answer["lost"] - answer["failed"]
-            print(f"{tag}: {size} B, window {window}: {answer['lost']:,} of {count:,} calls "
-                  f"without a good answer ({answer['failed']:,} answered with an error, {lost:,} never answered"
-                  + (f": the run ended after {STALL_S:g} s without an answer" if lost else "")
-                  + f"); msgs/s counts the {answer['good']:,} answered well", flush=True)
-            results.append({"name": f"{prefix} echo {size} B, window {window}, unanswered", "value": answer["lost"],
-                            "unit": "msgs", "reference": None})
+            print(
+                f"{tag}: {size} B, window {window}: {answer['lost']:,} of {count:,} calls "
+                f"without a good answer ({answer['failed']:,} answered with an error, {lost:,} never answered"
+                + (f": the run ended after {STALL_S:g} s without an answer" if lost else "")
+                + f"); msgs/s counts the {answer['good']:,} answered well",
+                flush=True,
+            )
+            results.append(
+                {
+                    "name": f"{prefix} echo {size} B, window {window}, unanswered",
+                    "value": answer["lost"],
+                    "unit": "msgs",
+                    "reference": None,
+                }
+            )
     answer = command("ping", "ping", count=settings.pings, max_s=settings.ping_max_s)
     if answer and answer["lost"]:
         print(f"{tag}: {answer['lost']} pings lost (no answer in {PING_TIMEOUT_S:g} s, or an error)", flush=True)
     # An empty histogram: no figure (None) for the percentiles of a failed run.
     echo = ping_rows(prefix, HdrHistogram.decode(answer["histogram"]) if answer else new_histogram())
     for rate in settings.rates:
-        answer = command(f"{rate:,}/s open loop", "latency", rate=rate, seconds=settings.seconds,
-                         warmup_s=settings.warmup_s, drain_s=settings.drain_s, settle_s=settings.settle_s)
+        answer = command(
+            f"{rate:,}/s open loop",
+            "latency",
+            rate=rate,
+            seconds=settings.seconds,
+            warmup_s=settings.warmup_s,
+            drain_s=settings.drain_s,
+            settle_s=settings.settle_s,
+        )
         if answer is None:
-            echo += latency_rows(prefix, rate, new_histogram(),
-                                 {"achieved_rate": None, "late_sends": None, "unanswered": None})
+            echo += latency_rows(
+                prefix, rate, new_histogram(), {"achieved_rate": None, "late_sends": None, "unanswered": None}
+            )
             continue
         if answer["unanswered"]:
             print(describe(tag, rate, answer), flush=True)
@@ -698,13 +752,19 @@ def resource_use(cluster: PeerCluster, setting: str) -> list[dict[str, Any]]:
     nodes = {f"node{member}": {"node": node.process.pid} for member, node in sorted(cluster.nodes.items())}
     idle = resources.measure(nodes, resources.idle())
     answers: list[dict[str, Any]] = []
-    load = resources.measure(nodes, lambda: answers.append(
-        cluster.command("latency", rate=resources.LOAD_RATE, seconds=resources.LOAD_S)))
-    total = {name: resources.Usage(sum(u.cores for u in named.values()), sum(u.rss_mib for u in named.values()))
-             for name, named in load.items()}
+    load = resources.measure(
+        nodes, lambda: answers.append(cluster.command("latency", rate=resources.LOAD_RATE, seconds=resources.LOAD_S))
+    )
+    total = {
+        name: resources.Usage(sum(u.cores for u in named.values()), sum(u.rss_mib for u in named.values()))
+        for name, named in load.items()
+    }
     each = resources.breakdown(total, {name: pids["node"] for name, pids in nodes.items()}, total=None)
-    print(f"bench.{PREFIX}_peer[{setting}]: resource use during the {resources.LOAD_RATE:,}/s echo run (achieved "
-          f"{answers[0]['achieved_rate']:,.0f}/s): {each}", flush=True)
+    print(
+        f"bench.{PREFIX}_peer[{setting}]: resource use during the {resources.LOAD_RATE:,}/s echo run (achieved "
+        f"{answers[0]['achieved_rate']:,.0f}/s): {each}",
+        flush=True,
+    )
     label = f"during {resources.LOAD_RATE:,}/s echo"
     prefix = f"{PREFIX}[{setting}]"
     return resources.rows(prefix, "idle", idle) + resources.rows(prefix, label, load)
@@ -716,9 +776,11 @@ def run_setting(setting: str, settings: EchoSettings, failovers: int) -> list[di
     began = time.monotonic()
     cluster = PeerCluster(SETTINGS[setting])
     try:
-        print(f"{tag}: appendEntriesUseBatch {SETTINGS[setting]}; 3 node processes {cluster.pids()} + a client "
-              f"process (pid {cluster.client.process.pid if cluster.client else '-'}); {failovers} failover(s)",
-              flush=True)
+        print(
+            f"{tag}: appendEntriesUseBatch {SETTINGS[setting]}; 3 node processes {cluster.pids()} + a client "
+            f"process (pid {cluster.client.process.pid if cluster.client else '-'}); {failovers} failover(s)",
+            flush=True,
+        )
         cluster.wait_settled("a leader and two followers")
         # Resource use and failovers first, as bench.cluster3: the overloaded open-loop runs may leave a backlog.
         results = resource_use(cluster, setting)
@@ -728,11 +790,20 @@ def run_setting(setting: str, settings: EchoSettings, failovers: int) -> list[di
                 cluster.command("ready", timeout_s=START_TIMEOUT_S + 10)
             sample = cluster.command("failover", timeout_s=STEADY_S + FAILOVER_TIMEOUT_S + 10, pids=cluster.pids())
             member = cluster.reap_killed(sample["killed"])
-            print(f"{tag}: failover {index + 1}: SIGKILL to node {member} (the leader); first answer "
-                  f"after {sample['answered_ms']:,.0f} ms from {sample['new_leader']}; {sample['resent']} calls "
-                  f"re-sent", flush=True)
-            results.append({"name": f"{PREFIX}[{setting}] failover, kill to first answer",
-                            "value": sample["answered_ms"], "unit": "ms", "reference": None})
+            print(
+                f"{tag}: failover {index + 1}: SIGKILL to node {member} (the leader); first answer "
+                f"after {sample['answered_ms']:,.0f} ms from {sample['new_leader']}; {sample['resent']} calls "
+                f"re-sent",
+                flush=True,
+            )
+            results.append(
+                {
+                    "name": f"{PREFIX}[{setting}] failover, kill to first answer",
+                    "value": sample["answered_ms"],
+                    "unit": "ms",
+                    "reference": None,
+                }
+            )
             cluster.start_node(member)
         if failovers:  # the echo runs are a three-member cluster's: the last killed node caught up
             cluster.wait_settled("the killed node caught up")
@@ -752,28 +823,37 @@ def run_setting(setting: str, settings: EchoSettings, failovers: int) -> list[di
 
 def run(quick: bool) -> list[dict[str, Any]]:
     if not available():
-        print(f"bench.pysyncobj_peer: pysyncobj is not installed, no PySyncObj figures (install the bench extra: "
-              f"{INSTALL_HINT})", flush=True)
+        print(
+            f"bench.pysyncobj_peer: pysyncobj is not installed, no PySyncObj figures (install the bench extra: "
+            f"{INSTALL_HINT})",
+            flush=True,
+        )
         return []
     from pysyncobj.version import VERSION
 
     settings = EchoSettings(quick, 2_000 if quick else 20_000)
     failovers = 1 if quick else FAILOVERS
-    print(f"bench.pysyncobj_peer: PySyncObj {VERSION}, in each setting of appendEntriesUseBatch in turn "
-          f"({', '.join(f'{name}: {use_batch}' for name, use_batch in SETTINGS.items())}) 3 node processes + a "
-          f"client process that is a read-only SyncObj (PySyncObj's non-member: calls forwarded to the leader, "
-          f"answered once applied; a client hop like fulmar's); raftMinTimeout {RAFT_MIN_TIMEOUT_S:g} s, "
-          f"raftMaxTimeout {RAFT_MAX_TIMEOUT_S:g} s (election after 1.0-1.5 s without the leader, vs fulmar's 1 s "
-          f"heartbeat timeout), appendEntriesPeriod 0.1 s (default); {settings.describe()}; throughput also at "
-          f"window {PEER_WINDOW:,} for each size ({_throughput_cases(settings)[-1][2]:,} calls each); "
-          f"{failovers} failover(s) in the {FAILOVER_SETTING} setting only", flush=True)
+    print(
+        f"bench.pysyncobj_peer: PySyncObj {VERSION}, in each setting of appendEntriesUseBatch in turn "
+        f"({', '.join(f'{name}: {use_batch}' for name, use_batch in SETTINGS.items())}) 3 node processes + a "
+        f"client process that is a read-only SyncObj (PySyncObj's non-member: calls forwarded to the leader, "
+        f"answered once applied; a client hop like fulmar's); raftMinTimeout {RAFT_MIN_TIMEOUT_S:g} s, "
+        f"raftMaxTimeout {RAFT_MAX_TIMEOUT_S:g} s (election after 1.0-1.5 s without the leader, vs fulmar's 1 s "
+        f"heartbeat timeout), appendEntriesPeriod 0.1 s (default); {settings.describe()}; throughput also at "
+        f"window {PEER_WINDOW:,} for each size ({_throughput_cases(settings)[-1][2]:,} calls each); "
+        f"{failovers} failover(s) in the {FAILOVER_SETTING} setting only",
+        flush=True,
+    )
     load_before = os.getloadavg()[0]
     began = time.monotonic()
     results: list[dict[str, Any]] = []
     for setting in SETTINGS:
         results += run_setting(setting, settings, failovers if setting == FAILOVER_SETTING else 0)
-    print(f"bench.pysyncobj_peer: run of {time.monotonic() - began:.0f} s, 1-minute load average "
-          f"{load_before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    print(
+        f"bench.pysyncobj_peer: run of {time.monotonic() - began:.0f} s, 1-minute load average "
+        f"{load_before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores",
+        flush=True,
+    )
     return results
 
 
@@ -791,7 +871,7 @@ def _candidate(name: str) -> tuple[str, str, int | None] | None:
         head = f"{PREFIX}[{setting}] "
         if not name.startswith(head):
             continue
-        rest = name[len(head):]
+        rest = name[len(head) :]
         throughput = _THROUGHPUT_NAME.fullmatch(rest)
         if throughput is None:
             return setting, f"{PREFIX} {rest}", None
@@ -808,7 +888,7 @@ def _lead(plain: str) -> str | None:
     if plain.startswith(f"{PREFIX} node "):  # CPU and RSS: what the setting a user runs at LOAD_RATE costs
         return f"{PREFIX} echo RTT at {resources.LOAD_RATE:,}/s p50"
     if plain.endswith(" MB/s"):  # msgs/s times the size: the same run
-        return plain[:-len(" MB/s")]
+        return plain[: -len(" MB/s")]
     label, _, what = plain.rpartition(", ")
     if " RTT at " in label and what in ("sends >1 interval late", "unanswered"):
         return f"{label}, achieved"
@@ -857,8 +937,7 @@ def derived_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if key is None:
             source = next(iter(options.values()))
             note = "no figure in either setting" if lead is None else f"no figure in either setting for {lead}"
-            best.append({**source, "name": plain, "median": None, "min": None, "max": None, "runs": 0,
-                         "note": note})
+            best.append({**source, "name": plain, "median": None, "min": None, "max": None, "runs": 0, "note": note})
             continue
         if key not in options:
             continue  # e.g. no unanswered calls in the run its msgs/s came from
@@ -867,7 +946,7 @@ def derived_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if lead is None and len({s for s, _ in options}) == 1:
             note += " (the only setting measured)"  # the failover
         row = {**options[key], "name": plain, "note": note}
-        throughput = _THROUGHPUT_NAME.fullmatch(plain[len(PREFIX) + 1:])
+        throughput = _THROUGHPUT_NAME.fullmatch(plain[len(PREFIX) + 1 :])
         if throughput is not None and int(throughput[3]) == WINDOW and not throughput[4]:
             row["throughput_plot"] = {"size": int(throughput[2])}  # the peer's bar: its best at each size
         best.append(row)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from hdrh.histogram import HdrHistogram
 
@@ -22,25 +23,29 @@ from bench.openloop import WINDOW
 
 # The systems of the cluster modules, in the order they are drawn.  The peer's latency
 # curves are per setting (histogram_system); its throughput bars are its best rows'.
-SYSTEMS = {"cluster": "fulmar 1-node", "cluster3": "fulmar 3-node",
-           "pysyncobj_peer": "PySyncObj 3-node, its best setting and window",
-           "pysyncobj_peer-no-batch": "PySyncObj 3-node, no batch", "pysyncobj_peer-batch": "PySyncObj 3-node, batch"}
+SYSTEMS = {
+    "cluster": "fulmar 1-node",
+    "cluster3": "fulmar 3-node",
+    "pysyncobj_peer": "PySyncObj 3-node, its best setting and window",
+    "pysyncobj_peer-no-batch": "PySyncObj 3-node, no batch",
+    "pysyncobj_peer-batch": "PySyncObj 3-node, batch",
+}
 NS_PER_US = 1000  # histograms hold nanoseconds; files and plots show microseconds
 REFERENCE_NOTES = {
     "C": "the same loop in C, measured in this run",
     "pysyncobj_peer": "cluster3 rows: PySyncObj's 3-node cluster doing the same work in this run, its best "
-                      "of both settings for each figure (no batch / batch: appendEntriesUseBatch False / True; "
-                      "throughput at window 1000 or 10000, whichever was higher), named in the note column "
-                      "(ratio = fulmar / PySyncObj: above 1 is better for fulmar in msgs/s and MB/s, "
-                      "below 1 in us, ms, cores, MiB and msgs)",
+    "of both settings for each figure (no batch / batch: appendEntriesUseBatch False / True; "
+    "throughput at window 1000 or 10000, whichever was higher), named in the note column "
+    "(ratio = fulmar / PySyncObj: above 1 is better for fulmar in msgs/s and MB/s, "
+    "below 1 in us, ms, cores, MiB and msgs)",
     "cluster": "cluster3 rows without a PySyncObj figure in this run: the 1-node cluster's median "
-               "for the same work (ratio = 3-node / 1-node)",
+    "for the same work (ratio = 3-node / 1-node)",
     "unscraped": "metrics rows: the same echo run without scraping, alternated with the scraped one in this run "
-                 "(ratio = scraped / not scraped)",
+    "(ratio = scraped / not scraped)",
     "whole_log": "restore rows: the same restore from the backup's whole log, its snapshot left out, in this "
-                 "run (ratio = from the snapshot / from the whole log)",
+    "run (ratio = from the snapshot / from the whole log)",
     "read": "spark_decode rows: the read named in the row's parentheses, of the same log in this run "
-            "(ratio = this / that; local[2] vs local[1] is the scaling from 1 to 2 cores)",
+    "(ratio = this / that; local[2] vs local[1] is the scaling from 1 to 2 cores)",
 }
 
 
@@ -70,21 +75,24 @@ def note(row: Mapping[str, Any]) -> str:
 
 
 def reference_notes(kinds: Iterable[str]) -> str:
-    return "; ".join(REFERENCE_NOTES.get(kind, f"the {kind} module's median for the same work in this run "
-                                               f"(ratio = this / that)") for kind in sorted(set(kinds)))
+    return "; ".join(
+        REFERENCE_NOTES.get(kind, f"the {kind} module's median for the same work in this run (ratio = this / that)")
+        for kind in sorted(set(kinds))
+    )
 
 
 def markdown_table(rows: Iterable[Mapping[str, Any]]) -> str:
     """benchmark | median | min-max | unit | reference | ratio | note, one line per row."""
-    lines = ["| benchmark | median | min-max | unit | reference | ratio | note |",
-             "|---|---:|---:|---|---:|---:|---|"]
+    lines = ["| benchmark | median | min-max | unit | reference | ratio | note |", "|---|---:|---:|---|---:|---:|---|"]
     for row in rows:
         reference = format_value(row["reference"]) if row["reference"] is not None else "-"
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
         name = str(row["name"]).replace("|", "\\|")
         remark = note(row).replace("|", "\\|")
-        lines.append(f"| {name} | {format_value(row['median'])} | {spread(row)} | {row['unit']} | {reference} "
-                     f"| {ratio} | {remark} |")
+        lines.append(
+            f"| {name} | {format_value(row['median'])} | {spread(row)} | {row['unit']} | {reference} "
+            f"| {ratio} | {remark} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -97,8 +105,7 @@ def write_markdown(path: Path, rows: list[Mapping[str, Any]], heading: str) -> P
     return path
 
 
-def merge_histograms(into: dict[tuple[str, str], HdrHistogram], module: str,
-                     runs: Iterable[Mapping[str, Any]]) -> None:
+def merge_histograms(into: dict[tuple[str, str], HdrHistogram], module: str, runs: Iterable[Mapping[str, Any]]) -> None:
     """The histograms the repeats of one row carry (``"histogram"``, ``"histogram_id"``),
     added into ``into[(system, id)]``, the system ``"histogram_system"`` or else ``module``:
     a new histogram, the rows' own are left as they are."""
@@ -108,8 +115,9 @@ def merge_histograms(into: dict[tuple[str, str], HdrHistogram], module: str,
             continue
         key = (str(run.get("histogram_system", module)), str(run["histogram_id"]))
         if key not in into:
-            into[key] = HdrHistogram(histogram.lowest_trackable_value, histogram.highest_trackable_value,
-                                     histogram.significant_figures)
+            into[key] = HdrHistogram(
+                histogram.lowest_trackable_value, histogram.highest_trackable_value, histogram.significant_figures
+            )
         into[key].add(histogram)
 
 
@@ -158,8 +166,9 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        print("bench: matplotlib is not installed, no plots (install the bench extra: pip install .[bench])",
-              flush=True)
+        print(
+            "bench: matplotlib is not installed, no plots (install the bench extra: pip install .[bench])", flush=True
+        )
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -174,10 +183,16 @@ def plot_latency(directory: Path, stamp: str, histograms: Mapping[tuple[str, str
         return []
     written = []
     for histogram_id in sorted({hid for _, hid in histograms}):
-        curves = [(label, histograms[(module, histogram_id)]) for module, label in SYSTEMS.items()
-                  if (module, histogram_id) in histograms and histograms[(module, histogram_id)].get_total_count()]
-        curves += [(module, h) for (module, hid), h in sorted(histograms.items())
-                   if hid == histogram_id and module not in SYSTEMS and h.get_total_count()]
+        curves = [
+            (label, histograms[(module, histogram_id)])
+            for module, label in SYSTEMS.items()
+            if (module, histogram_id) in histograms and histograms[(module, histogram_id)].get_total_count()
+        ]
+        curves += [
+            (module, h)
+            for (module, hid), h in sorted(histograms.items())
+            if hid == histogram_id and module not in SYSTEMS and h.get_total_count()
+        ]
         if not curves:
             continue
         fig, ax = plt.subplots(figsize=(9, 5.5))
@@ -189,7 +204,7 @@ def plot_latency(directory: Path, stamp: str, histograms: Mapping[tuple[str, str
         ax.set_xscale("log")
         ax.set_yscale("log")
         decades = max(1, math.ceil(math.log10(top)))
-        ticks = [10.0 ** k for k in range(decades + 1)]
+        ticks = [10.0**k for k in range(decades + 1)]
         ax.set_xticks(ticks)
         ax.set_xticklabels([f"{100 - 100 / t:g}%" for t in ticks])
         ax.set_xlabel("percentile")
@@ -244,8 +259,9 @@ def plot_throughput(directory: Path, stamp: str, rows: Iterable[Mapping[str, Any
     return [path]
 
 
-def write_plots(directory: Path, stamp: str, rows: list[Mapping[str, Any]],
-                histograms: Mapping[tuple[str, str], HdrHistogram]) -> list[Path]:
+def write_plots(
+    directory: Path, stamp: str, rows: list[Mapping[str, Any]], histograms: Mapping[tuple[str, str], HdrHistogram]
+) -> list[Path]:
     """Every plot; a failure is printed, never raised (the figures are in the other files)."""
     try:
         return plot_latency(directory, stamp, histograms) + plot_throughput(directory, stamp, rows)

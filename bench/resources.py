@@ -17,7 +17,8 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import psutil
 
@@ -39,15 +40,21 @@ def measure(nodes: Mapping[str, Mapping[str, int]], work: Callable[[], Any]) -> 
     is gone before the window ends is an error (the figures would be wrong)."""
     try:
         processes = {node: {name: psutil.Process(pid) for name, pid in pids.items()} for node, pids in nodes.items()}
-        before = {node: {name: sum(p.cpu_times()[:2]) for name, p in named.items()}
-                  for node, named in processes.items()}
+        before = {
+            node: {name: sum(p.cpu_times()[:2]) for name, p in named.items()} for node, named in processes.items()
+        }
         began = time.perf_counter()
         work()
         wall_s = time.perf_counter() - began
-        return {node: {name: Usage(cores=(sum(p.cpu_times()[:2]) - before[node][name]) / wall_s,
-                                   rss_mib=p.memory_info().rss / MIB)
-                       for name, p in named.items()}
-                for node, named in processes.items()}
+        return {
+            node: {
+                name: Usage(
+                    cores=(sum(p.cpu_times()[:2]) - before[node][name]) / wall_s, rss_mib=p.memory_info().rss / MIB
+                )
+                for name, p in named.items()
+            }
+            for node, named in processes.items()
+        }
     except psutil.NoSuchProcess as error:
         raise RuntimeError(f"a node process exited during the resource-use window: {error}") from error
 
@@ -63,8 +70,14 @@ def rows(prefix: str, label: str, usage: dict[str, dict[str, Usage]]) -> list[di
     results = []
     for what, unit, values in (("CPU", "cores", cores), ("RSS", "MiB", rss)):
         for stat, value in (("median", statistics.median(values)), ("max", max(values))):
-            results.append({"name": f"{prefix} node {what} {unit} {label} ({stat})", "value": value, "unit": unit,
-                            "reference": None})
+            results.append(
+                {
+                    "name": f"{prefix} node {what} {unit} {label} ({stat})",
+                    "value": value,
+                    "unit": unit,
+                    "reference": None,
+                }
+            )
     return results
 
 
@@ -78,6 +91,8 @@ def breakdown(usage: Mapping[str, Usage], pids: Mapping[str, int], total: str | 
             pss = "?"
         parts.append(f"{name} {u.cores:.2f} cores, RSS {u.rss_mib:.0f} MiB (PSS {pss})")
     if total is not None:
-        parts.append(f"{total} {sum(u.cores for u in usage.values()):.2f} cores, RSS "
-                     f"{sum(u.rss_mib for u in usage.values()):.0f} MiB")
+        parts.append(
+            f"{total} {sum(u.cores for u in usage.values()):.2f} cores, RSS "
+            f"{sum(u.rss_mib for u in usage.values()):.0f} MiB"
+        )
     return "; ".join(parts)

@@ -49,11 +49,18 @@ STEP_TIMEOUT_S = 300
 _VALUE = struct.Struct("<q")
 
 
-def _connect(aeron: Aeron, cluster: LocalCluster, on_message: Any = None,
-             timeout_ns: int = 30_000_000_000) -> ClusterClient:
+def _connect(
+    aeron: Aeron, cluster: LocalCluster, on_message: Any = None, timeout_ns: int = 30_000_000_000
+) -> ClusterClient:
     assert cluster.ingress_endpoints is not None
-    return ClusterClient.connect(aeron, cluster.ingress_channel, cluster.ingress_endpoints,
-                                 egress_channel=EGRESS_CHANNEL, message_timeout_ns=timeout_ns, on_message=on_message)
+    return ClusterClient.connect(
+        aeron,
+        cluster.ingress_channel,
+        cluster.ingress_endpoints,
+        egress_channel=EGRESS_CHANNEL,
+        message_timeout_ns=timeout_ns,
+        on_message=on_message,
+    )
 
 
 def increment(aeron: Aeron, cluster: LocalCluster, count: int) -> int:
@@ -168,19 +175,28 @@ def run(quick: bool) -> list[dict[str, Any]]:
         assert cluster.client_driver is not None
         with Aeron.connect(cluster.client_driver_dir) as aeron:
             backup = Supervised(["--local", str(cluster.base)], cluster.base / "backup-command.log", command="backup")
-            _wait("the cluster backup to start", 60, lambda: "cluster backup ready" in backup.output(), 0.05,
-                  backup.tail)
+            _wait(
+                "the cluster backup to start", 60, lambda: "cluster backup ready" in backup.output(), 0.05, backup.tail
+            )
             began = time.monotonic()
             value = increment(aeron, cluster, messages)
             written_s = time.monotonic() - began
-            print(f"bench.restore: {messages:,} increments in {written_s:.1f} s; "
-                  f"{cluster_operate(cluster.base, 'snapshot', 120)}", flush=True)
+            print(
+                f"bench.restore: {messages:,} increments in {written_s:.1f} s; "
+                f"{cluster_operate(cluster.base, 'snapshot', 120)}",
+                flush=True,
+            )
             expected = increment(aeron, cluster, AFTER_SNAPSHOT)
             assert expected == value + AFTER_SNAPSHOT, (value, expected)
             leader = cluster.wait_for_leader()
             commit = int(leader["commit_position"])
-            _wait(f"the backup to hold the log to {commit}", STEP_TIMEOUT_S,
-                  lambda: _backup_position(cluster) >= commit, 0.1, lambda: _backup_logs(cluster))
+            _wait(
+                f"the backup to hold the log to {commit}",
+                STEP_TIMEOUT_S,
+                lambda: _backup_position(cluster) >= commit,
+                0.1,
+                lambda: _backup_logs(cluster),
+            )
             backup.stop(60)
             backup_dir = cluster.base / "backup"
             _stop_all(cluster)
@@ -189,8 +205,11 @@ def run(quick: bool) -> list[dict[str, Any]]:
             _stop_all(cluster)
             _restore(cluster, backup_dir, whole_log=True)
             whole_log_s = _timed_start(aeron, cluster, expected)
-        print(f"bench.restore: log of {commit:,} bytes; restored from the snapshot in {from_snapshot_s:.1f} s, "
-              f"from the whole log in {whole_log_s:.1f} s", flush=True)
+        print(
+            f"bench.restore: log of {commit:,} bytes; restored from the snapshot in {from_snapshot_s:.1f} s, "
+            f"from the whole log in {whole_log_s:.1f} s",
+            flush=True,
+        )
     finally:
         if backup is not None and backup.alive:
             backup.stop(60)
@@ -200,7 +219,12 @@ def run(quick: bool) -> list[dict[str, Any]]:
             shutil.rmtree(directory, ignore_errors=True)
     name = f"restore 3 nodes from a backup of {messages:,} messages"
     return [
-        {"name": f"{name}: from its snapshot", "value": from_snapshot_s, "unit": "s", "reference": whole_log_s,
-         "reference_kind": "whole_log"},
+        {
+            "name": f"{name}: from its snapshot",
+            "value": from_snapshot_s,
+            "unit": "s",
+            "reference": whole_log_s,
+            "reference_kind": "whole_log",
+        },
         {"name": f"{name}: replaying the whole log", "value": whole_log_s, "unit": "s", "reference": None},
     ]

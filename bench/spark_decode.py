@@ -99,8 +99,9 @@ def _recorded_log(archive_dir: Path, recording_s: float) -> RecordedLog:
         raise AssertionError(f"bench.spark_decode: no log recording (stream {LOG_STREAM_ID}) in {archive_dir}")
     unstopped = [d.recording_id for d in recordings if d.stop_position == NULL_POSITION]
     if unstopped:
-        raise AssertionError(f"bench.spark_decode: log recording(s) {unstopped} have no stop position after the "
-                             "node's orderly stop")
+        raise AssertionError(
+            f"bench.spark_decode: log recording(s) {unstopped} have no stop position after the node's orderly stop"
+        )
     segments = find_log_segments([archive_dir])
     log_bytes = sum(d.stop_position - d.start_position for d in recordings)
     return RecordedLog(recording_s, segments, log_bytes)
@@ -143,8 +144,10 @@ def _pure_python_read(segments: Sequence[LogSegment]) -> tuple[int, float]:
             while offset < end:
                 frame_length, _, flags, frame_type = _FRAME_START.unpack_from(memory, offset)
                 if frame_length < HEADER_LENGTH:
-                    raise AssertionError(f"bench.spark_decode: {segment.path}: frame length {frame_length} at file "
-                                         f"offset {offset}, below the recording's stop")
+                    raise AssertionError(
+                        f"bench.spark_decode: {segment.path}: frame length {frame_length} at file "
+                        f"offset {offset}, below the recording's stop"
+                    )
                 if frame_type == data_type:
                     data = offset + HEADER_LENGTH
                     if flags & UNFRAGMENTED == UNFRAGMENTED:
@@ -171,6 +174,7 @@ def _spark_read_s(master: str, archive_dir: Path, messages: int) -> float:
 
     spark = spark_session(master, "fulmar-bench-spark-decode")
     try:
+
         def read_all() -> float:
             start = time.perf_counter()
             spark.read.format("fulmar-log").load(str(archive_dir)).write.format("noop").mode("overwrite").save()
@@ -181,8 +185,9 @@ def _spark_read_s(master: str, archive_dir: Path, messages: int) -> float:
         # Untimed: Spark saw the same messages as the sequential read.
         rows = spark.read.format("fulmar-log").load(str(archive_dir)).count()
         if rows != messages:
-            raise AssertionError(f"bench.spark_decode: Spark ({master}) read {rows} rows, the sequential read "
-                                 f"{messages}")
+            raise AssertionError(
+                f"bench.spark_decode: Spark ({master}) read {rows} rows, the sequential read {messages}"
+            )
         return elapsed
     finally:
         stop_spark(spark)
@@ -202,10 +207,12 @@ def run(quick: bool) -> list[dict[str, Any]]:
         messages, _ = _sequential_read(archive_dir)  # untimed: the count, and the page cache warmed
         if messages < count:
             raise AssertionError(f"bench.spark_decode: the log holds {messages} messages, {count} were sent")
-        print(f"bench.spark_decode: log of {messages:,} messages ({count:,} of {PAYLOAD_SIZE} B sent), "
-              f"{log.log_bytes:,} bytes in {len(log.segments)} segment files of {segment_length // (1 << 20)} MiB; "
-              f"recorded in {log.recording_s:.1f} s ({count / log.recording_s:,.0f} msgs/s); {archive_dir}",
-              flush=True)
+        print(
+            f"bench.spark_decode: log of {messages:,} messages ({count:,} of {PAYLOAD_SIZE} B sent), "
+            f"{log.log_bytes:,} bytes in {len(log.segments)} segment files of {segment_length // (1 << 20)} MiB; "
+            f"recorded in {log.recording_s:.1f} s ({count / log.recording_s:,.0f} msgs/s); {archive_dir}",
+            flush=True,
+        )
 
         rows, sequential_s = _sequential_read(archive_dir)
         if rows != messages:
@@ -214,8 +221,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
         python_rows, python_s = _pure_python_read(log.segments)
         if python_rows != messages:
-            raise AssertionError(f"bench.spark_decode: the pure-Python read found {python_rows} messages, the C "
-                                 f"decoder {messages}")
+            raise AssertionError(
+                f"bench.spark_decode: the pure-Python read found {python_rows} messages, the C decoder {messages}"
+            )
 
         local1_s = _spark_read_s("local[1]", archive_dir, messages)
         local2_s = _spark_read_s("local[2]", archive_dir, messages)
@@ -223,13 +231,21 @@ def run(quick: bool) -> list[dict[str, Any]]:
         local2 = messages / local2_s
         return [
             _row("spark_decode sequential read_log (C decoder)", sequential, "rows/s"),
-            _row("spark_decode pure-Python read (struct + codecs; vs sequential)", messages / python_s, "rows/s",
-                 sequential),
+            _row(
+                "spark_decode pure-Python read (struct + codecs; vs sequential)",
+                messages / python_s,
+                "rows/s",
+                sequential,
+            ),
             _row("spark_decode Spark local[1] (vs sequential)", local1, "rows/s", sequential),
             _row("spark_decode Spark local[2] (vs local[1])", local2, "rows/s", local1),
             _row("spark_decode sequential read_log MB/s", log.log_bytes / sequential_s / MB, "MB/s"),
-            _row("spark_decode Spark local[2] MB/s (vs sequential)", log.log_bytes / local2_s / MB, "MB/s",
-                 log.log_bytes / sequential_s / MB),
+            _row(
+                "spark_decode Spark local[2] MB/s (vs sequential)",
+                log.log_bytes / local2_s / MB,
+                "MB/s",
+                log.log_bytes / sequential_s / MB,
+            ),
         ]
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -144,7 +144,8 @@ def ping_stages(cluster: LocalCluster, aeron: Aeron, pings: int) -> tuple[list[d
         cnc = CncFile.open(cluster.driver_dir(member))
         files.append(cnc)
         readers["leader" if member == leader else "follower"].append(
-            CountersReader(cnc.counters_metadata, cnc.counters_values))
+            CountersReader(cnc.counters_metadata, cnc.counters_values)
+        )
     readers["client"].append(aeron.counters_reader)
     try:
         replies = [0]
@@ -208,17 +209,32 @@ def ping_stages(cluster: LocalCluster, aeron: Aeron, pings: int) -> tuple[list[d
         stage_columns = [i for i, (s, _, _) in enumerate(columns) if s == stage_index]
         delays = []
         for started, answered in sent:
-            moves = [m for m in (_first_move(times, values, i, started, answered + 2_000_000) for i in stage_columns)
-                     if m is not None]
+            moves = [
+                m
+                for m in (_first_move(times, values, i, started, answered + 2_000_000) for i in stage_columns)
+                if m is not None
+            ]
             if moves:
                 moved = min(moves) if stage.pick == "first" else max(moves)
                 delays.append((moved - started) / 1000)
         if len(delays) >= len(sent) // 2:
-            rows.append({"name": f"stages ping: {stage.name}", "value": statistics.median(delays), "unit": "us",
-                         "reference": None})
+            rows.append(
+                {
+                    "name": f"stages ping: {stage.name}",
+                    "value": statistics.median(delays),
+                    "unit": "us",
+                    "reference": None,
+                }
+            )
     round_trips = [(answered - started) / 1000 for started, answered in sent]
-    rows.append({"name": "stages ping: client read the echo", "value": statistics.median(round_trips), "unit": "us",
-                 "reference": None})
+    rows.append(
+        {
+            "name": "stages ping: client read the echo",
+            "value": statistics.median(round_trips),
+            "unit": "us",
+            "reference": None,
+        }
+    )
     interval = (times[-1] - times[0]) / max(1, count - 1) / 1000 if count > 1 else 0.0
     return rows, interval
 
@@ -255,8 +271,7 @@ def _voluntary_switches(pid: int) -> int:
 
 def _usage(processes: dict[str, psutil.Process]) -> dict[str, tuple[int, float]]:
     """Per process: voluntary context switches (all threads) and CPU seconds so far."""
-    return {key: (_voluntary_switches(process.pid), sum(process.cpu_times()[:2]))
-            for key, process in processes.items()}
+    return {key: (_voluntary_switches(process.pid), sum(process.cpu_times()[:2])) for key, process in processes.items()}
 
 
 def _per_role(per_process: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
@@ -294,21 +309,35 @@ def wakeups_per_ping(cluster: LocalCluster, aeron: Aeron, pings: int) -> list[di
         client.close()
     # Per process and ping: what the pings cost beyond the idle period.
     per_process = {
-        key: ((pinged[key][0] - start[key][0] - (idle[key][0] - pinged[key][0])) / pings,
-              (pinged[key][1] - start[key][1] - (idle[key][1] - pinged[key][1])) / pings * 1e6)
+        key: (
+            (pinged[key][0] - start[key][0] - (idle[key][0] - pinged[key][0])) / pings,
+            (pinged[key][1] - start[key][1] - (idle[key][1] - pinged[key][1])) / pings * 1e6,
+        )
         for key in processes
     }
     rows = []
     for role, (wakes, cpu_us) in sorted(_per_role(per_process).items(), key=lambda item: -item[1][0]):
         suffix = " (each follower)" if role.startswith("follower") else ""
-        rows.append({"name": f"stages wake-ups per ping: {role}{suffix}", "value": wakes, "unit": "wake-ups",
-                     "reference": None})
-        rows.append({"name": f"stages cpu per ping: {role}{suffix}", "value": cpu_us, "unit": "us",
-                     "reference": None})
-    rows.append({"name": "stages wake-ups per ping: all processes",
-                 "value": sum(wakes for wakes, _ in per_process.values()), "unit": "wake-ups", "reference": None})
-    rows.append({"name": "stages cpu per ping: all processes",
-                 "value": sum(cpu for _, cpu in per_process.values()), "unit": "us", "reference": None})
+        rows.append(
+            {"name": f"stages wake-ups per ping: {role}{suffix}", "value": wakes, "unit": "wake-ups", "reference": None}
+        )
+        rows.append({"name": f"stages cpu per ping: {role}{suffix}", "value": cpu_us, "unit": "us", "reference": None})
+    rows.append(
+        {
+            "name": "stages wake-ups per ping: all processes",
+            "value": sum(wakes for wakes, _ in per_process.values()),
+            "unit": "wake-ups",
+            "reference": None,
+        }
+    )
+    rows.append(
+        {
+            "name": "stages cpu per ping: all processes",
+            "value": sum(cpu for _, cpu in per_process.values()),
+            "unit": "us",
+            "reference": None,
+        }
+    )
     return rows
 
 
@@ -343,16 +372,35 @@ def cpu_per_message(cluster: LocalCluster, aeron: Aeron, count: int) -> list[dic
             per_role[role] = per_role.get(role, 0.0) + (after[key] - before[key]) / (MEMBERS - 1)
         else:
             per_role[role] = per_role.get(role, 0.0) + (after[key] - before[key])
-    rows = [{"name": f"stages cpu per message: {role}" + (" (each follower)" if role.startswith("follower") else ""),
-             "value": seconds / count * 1e6, "unit": "us", "reference": None}
-            for role, seconds in sorted(per_role.items(), key=lambda item: -item[1])]
+    rows = [
+        {
+            "name": f"stages cpu per message: {role}" + (" (each follower)" if role.startswith("follower") else ""),
+            "value": seconds / count * 1e6,
+            "unit": "us",
+            "reference": None,
+        }
+        for role, seconds in sorted(per_role.items(), key=lambda item: -item[1])
+    ]
     total = sum(after[key] - before[key] for key in processes)
-    rows.append({"name": "stages cpu per message: all processes", "value": total / count * 1e6, "unit": "us",
-                 "reference": None})
-    rows.append({"name": "stages cpu per message: echo rate during it", "value": count / elapsed, "unit": "msgs/s",
-                 "reference": None})
-    rows.append({"name": "stages cpu per message: cores busy during it", "value": total / elapsed, "unit": "cores",
-                 "reference": None})
+    rows.append(
+        {"name": "stages cpu per message: all processes", "value": total / count * 1e6, "unit": "us", "reference": None}
+    )
+    rows.append(
+        {
+            "name": "stages cpu per message: echo rate during it",
+            "value": count / elapsed,
+            "unit": "msgs/s",
+            "reference": None,
+        }
+    )
+    rows.append(
+        {
+            "name": "stages cpu per message: cores busy during it",
+            "value": total / elapsed,
+            "unit": "cores",
+            "reference": None,
+        }
+    )
     return rows
 
 
@@ -362,9 +410,11 @@ def run(quick: bool) -> list[dict[str, Any]]:
         assert cluster.client_driver is not None
         with Aeron.connect(cluster.client_driver_dir) as aeron:
             rows, interval = ping_stages(cluster, aeron, QUICK_PINGS if quick else PINGS)
-            print(f"bench.stages: counters sampled every {interval:.0f} us on average by a thread of this process "
-                  f"(it shares the two cores: the stages show proportions; cluster3's ping is the round trip)",
-                  flush=True)
+            print(
+                f"bench.stages: counters sampled every {interval:.0f} us on average by a thread of this process "
+                f"(it shares the two cores: the stages show proportions; cluster3's ping is the round trip)",
+                flush=True,
+            )
             rows += wakeups_per_ping(cluster, aeron, QUICK_PINGS if quick else PINGS)
             rows += cpu_per_message(cluster, aeron, QUICK_THROUGHPUT_COUNT if quick else THROUGHPUT_COUNT)
         return rows

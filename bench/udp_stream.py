@@ -33,12 +33,14 @@ def run(quick: bool) -> list[dict[str, Any]]:
             histogram = ping_pong(str(a.directory), str(b.directory), ping_channel, pong_channel, samples, spin)
             mode = "busy-spin" if spin else "doorbell (default)"
             for percentile in (50, 90, 99, 99.9):
-                results.append({
-                    "name": f"udp ping-pong RTT {mode} p{percentile}",
-                    "value": histogram.get_value_at_percentile(percentile) / 1000,
-                    "unit": "us",
-                    "reference": None,
-                })
+                results.append(
+                    {
+                        "name": f"udp ping-pong RTT {mode} p{percentile}",
+                        "value": histogram.get_value_at_percentile(percentile) / 1000,
+                        "unit": "us",
+                        "reference": None,
+                    }
+                )
     finally:
         a.close()
         b.close()

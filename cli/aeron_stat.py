@@ -20,7 +20,8 @@ from typing import Any
 import click
 
 from fulmar.cli.cluster_commands import cluster_counters, cluster_errors, is_cluster_dir
-from fulmar.cli.cnc_reader import epoch_ms, open_cnc, read_counters, read_driver_status, read_errors
+from fulmar.clock import epoch_ms
+from fulmar.cli.cnc_reader import open_cnc, read_counters, read_driver_status, read_errors
 from fulmar.cli.options import driver_dir_option, resolve_driver_dir
 from fulmar.cli.tool_common import fail, format_counters, format_error_list, json_option
 from fulmar.cnc import CncError
@@ -144,8 +145,9 @@ def errors_document(directory: str) -> dict[str, Any]:
 def format_errors(document: dict[str, Any]) -> str:
     if not document["errors"]:
         return f"no errors in {document['dir']}"
-    return "\n".join(format_error_list(
-        document["errors"], f"in {document['dir']} (driver pid {document['driver_pid']})"))
+    return "\n".join(
+        format_error_list(document["errors"], f"in {document['dir']} (driver pid {document['driver_pid']})")
+    )
 
 
 @click.command(short_help="List the distinct errors with counts and times.")
@@ -224,8 +226,12 @@ def driver(directory: str | None, as_json: bool) -> None:
 _LOSS_FRAME_TYPES = {frame_type.name.lower(): int(frame_type) for frame_type in FrameType if frame_type.value >= 0}
 
 
-def set_loss(directory: str | os.PathLike[str], receive_ppm: int | None = None, send_ppm: int | None = None,
-             frame_types: tuple[int, ...] | None = None) -> None:
+def set_loss(
+    directory: str | os.PathLike[str],
+    receive_ppm: int | None = None,
+    send_ppm: int | None = None,
+    frame_types: tuple[int, ...] | None = None,
+) -> None:
     """Set a running driver's loss injection (None leaves a setting as it is).
 
     Parts per million of the received and sent datagrams to drop (1,000,000:
@@ -264,13 +270,15 @@ def loss_document(directory: str) -> dict[str, Any]:
 
 def format_loss(document: dict[str, Any]) -> str:
     types = document["frame_types"]
-    return "\n".join([
-        f"loss injection of the driver pid {document['driver_pid']} in {document['dir']}:",
-        f"  receive   {document['receive_ppm'] / 10_000:g}% ({document['receive_ppm']} ppm)",
-        f"  send      {document['send_ppm'] / 10_000:g}% ({document['send_ppm']} ppm)",
-        f"  frames    {types if types == 'all' else ', '.join(types)}",
-        f"  dropped   {document['dropped']} datagrams so far",
-    ])
+    return "\n".join(
+        [
+            f"loss injection of the driver pid {document['driver_pid']} in {document['dir']}:",
+            f"  receive   {document['receive_ppm'] / 10_000:g}% ({document['receive_ppm']} ppm)",
+            f"  send      {document['send_ppm'] / 10_000:g}% ({document['send_ppm']} ppm)",
+            f"  frames    {types if types == 'all' else ', '.join(types)}",
+            f"  dropped   {document['dropped']} datagrams so far",
+        ]
+    )
 
 
 def _parse_rate(value: str | None, option: str) -> int | None:
@@ -280,7 +288,9 @@ def _parse_rate(value: str | None, option: str) -> int | None:
     try:
         rate = round(float(value[:-1]) * 10_000) if value.endswith("%") else int(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is neither a percentage (25%) nor parts per million", param_hint=option)
+        raise click.BadParameter(
+            f"{value!r} is neither a percentage (25%) nor parts per million", param_hint=option
+        ) from None
     if not 0 <= rate <= PARTS_PER_MILLION:
         raise click.BadParameter(f"{value!r} is outside 0%..100%", param_hint=option)
     return rate
@@ -288,15 +298,25 @@ def _parse_rate(value: str | None, option: str) -> int | None:
 
 @click.command(short_help="Drop a share of a running driver's datagrams (partitions, lossy links).")
 @driver_dir_option
-@click.option("--receive", "receive", default=None, metavar="RATE",
-              help="Share of received datagrams to drop: 25%, or parts per million; 100% cuts the node off.")
+@click.option(
+    "--receive",
+    "receive",
+    default=None,
+    metavar="RATE",
+    help="Share of received datagrams to drop: 25%, or parts per million; 100% cuts the node off.",
+)
 @click.option("--send", "send", default=None, metavar="RATE", help="Share of sent datagrams to drop.")
-@click.option("--frame-types", default=None, metavar="TYPES",
-              help=f"Only these frame types, comma separated ({', '.join(_LOSS_FRAME_TYPES)}), or 'all'.")
+@click.option(
+    "--frame-types",
+    default=None,
+    metavar="TYPES",
+    help=f"Only these frame types, comma separated ({', '.join(_LOSS_FRAME_TYPES)}), or 'all'.",
+)
 @click.option("--heal", is_flag=True, help="Drop nothing any more (rates 0, every frame type).")
 @json_option
-def loss(directory: str | None, receive: str | None, send: str | None, frame_types: str | None, heal: bool,
-         as_json: bool) -> None:
+def loss(
+    directory: str | None, receive: str | None, send: str | None, frame_types: str | None, heal: bool, as_json: bool
+) -> None:
     """Show or set the driver's loss injection, while it runs.
 
     Without options, show the rates and how many datagrams were dropped.
@@ -311,8 +331,9 @@ def loss(directory: str | None, receive: str | None, send: str | None, frame_typ
         names = [name.strip().lower() for name in frame_types.split(",") if name.strip()]
         unknown = [name for name in names if name not in _LOSS_FRAME_TYPES and name != "all"]
         if unknown:
-            raise click.BadParameter(f"unknown frame type {unknown[0]!r} (types: {', '.join(_LOSS_FRAME_TYPES)})",
-                                     param_hint="--frame-types")
+            raise click.BadParameter(
+                f"unknown frame type {unknown[0]!r} (types: {', '.join(_LOSS_FRAME_TYPES)})", param_hint="--frame-types"
+            )
         types = () if "all" in names else tuple(_LOSS_FRAME_TYPES[name] for name in names)
     if heal:
         receive_ppm, send_ppm, types = 0, 0, ()

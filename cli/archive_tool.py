@@ -36,7 +36,8 @@ from fulmar.archive.errors import ArchiveError, CatalogError, describe_os_error
 from fulmar.archive.mark_file import LIVENESS_TIMEOUT_MS_DEFAULT, MARK_FILE_NAME, read_mark_file
 from fulmar.archive.segment import SEGMENT_SUFFIX, first_bad_frame
 from fulmar.buffers import AtomicBuffer
-from fulmar.cli.cnc_reader import epoch_ms, iso_utc, process_exists
+from fulmar.clock import epoch_ms
+from fulmar.cli.cnc_reader import iso_utc, process_exists
 from fulmar.cli.tool_common import fail, format_error_list, json_option
 from fulmar.codecs.generated.archive import RecordingState
 from fulmar.codecs.generated.archive_mark import MarkFileHeaderDecoder
@@ -311,7 +312,13 @@ def archive_describe_document(archive_dir: Path, now_ms: int) -> dict[str, Any]:
         "segment_bytes": sum(size for files in segments.values() for _, _, size in files),
         "orphan_segment_files": sum(len(files) for rid, files in segments.items() if rid not in valid_ids),
     }
-    return {"dir": str(archive_dir), "running": running, "mark_file": mark, "catalog": catalog_document, "counts": counts}
+    return {
+        "dir": str(archive_dir),
+        "running": running,
+        "mark_file": mark,
+        "catalog": catalog_document,
+        "counts": counts,
+    }
 
 
 def format_archive_describe(document: dict[str, Any]) -> str:
@@ -416,7 +423,11 @@ def format_archive_recordings(document: dict[str, Any]) -> str:
 
     def line(row: tuple[str, ...]) -> str:
         cells = [
-            cell if column == len(row) - 1 else cell.rjust(widths[column]) if column in right else cell.ljust(widths[column])
+            cell
+            if column == len(row) - 1
+            else cell.rjust(widths[column])
+            if column in right
+            else cell.ljust(widths[column])
             for column, cell in enumerate(row)
         ]
         return "  ".join(cells).rstrip()
@@ -456,9 +467,7 @@ def archive_verify_document(archive_dir: Path, now_ms: int, checksum: bool = Fal
             continue
         missing = missing_segment_files(archive_dir, descriptor)
         for path in missing:
-            problems.append(
-                {"recording_id": descriptor.recording_id, "problem": "missing segment file", "path": path}
-            )
+            problems.append({"recording_id": descriptor.recording_id, "problem": "missing segment file", "path": path})
         if checksum and not missing:
             try:
                 bad = first_bad_frame(archive_dir, descriptor, verify_crc=True)
@@ -466,8 +475,14 @@ def archive_verify_document(archive_dir: Path, now_ms: int, checksum: bool = Fal
                 bad = (descriptor.start_position, str(error))
             if bad is not None:
                 position, problem = bad
-                problems.append({"recording_id": descriptor.recording_id, "position": position,
-                                 "problem": f"bad frame at position {position}:", "path": problem})
+                problems.append(
+                    {
+                        "recording_id": descriptor.recording_id,
+                        "position": position,
+                        "problem": f"bad frame at position {position}:",
+                        "path": problem,
+                    }
+                )
     valid_ids = {descriptor.recording_id for descriptor in valid}
     orphans = sum(len(files) for rid, files in _segment_files(archive_dir).items() if rid not in valid_ids)
     if orphans:
@@ -501,8 +516,9 @@ def archive_errors_document(archive_dir: Path) -> dict[str, Any]:
 def format_archive_errors(document: dict[str, Any]) -> str:
     if not document["errors"]:
         return f"no errors in {document['dir']}"
-    return "\n".join(format_error_list(
-        document["errors"], f"in {document['dir']} (archive pid {document['archive_pid']})"))
+    return "\n".join(
+        format_error_list(document["errors"], f"in {document['dir']} (archive pid {document['archive_pid']})")
+    )
 
 
 archive_dir_option = click.option(
@@ -576,9 +592,12 @@ def archive_recordings(archive_dir: Path, recording_id: int | None, include_all:
 
 @archive_group.command(name="verify", short_help="Check that every recording's segment files exist.")
 @archive_dir_option
-@click.option("--checksum", is_flag=True,
-              help="Also read every frame: its header must be the one recorded there and its CRC-32 (recorded "
-                   "with --record-checksum) must match its payload.")
+@click.option(
+    "--checksum",
+    is_flag=True,
+    help="Also read every frame: its header must be the one recorded there and its CRC-32 (recorded "
+    "with --record-checksum) must match its payload.",
+)
 @json_option
 def archive_verify(archive_dir: Path, checksum: bool, as_json: bool) -> None:
     """Check that every valid, stopped recording has all its segment files

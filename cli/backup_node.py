@@ -93,23 +93,68 @@ class BackupConfig:
         driver_dir = str(self.driver_dir)
         step = f"{round(self.stop_timeout_s * 1000)}ms"
         return [
-            ChildSpec("media driver", "driver",
-                      ["driver", "--dir", driver_dir, "--stop-after", str(self.cluster_dir),
-                       "--stop-after", str(self.archive_dir), "--stop-after-timeout", step, *_flags(self.driver)],
-                      "media driver pid", env, _LAUNCHER),
-            ChildSpec("archive", "archive",
-                      ["archive", "--dir", str(self.archive_dir), "--driver-dir", driver_dir,
-                       "--stop-after", str(self.cluster_dir), "--stop-after-timeout", step, *_flags(self.archive)],
-                      "archive pid", env, _LAUNCHER),
-            ChildSpec("cluster backup", "backup",
-                      ["cluster-backup", "--cluster-dir", str(self.cluster_dir), "--driver-dir", driver_dir,
-                       *_flags({k: v for k, v in self.backup.items() if k != "credentials"})],
-                      "cluster backup pid", backup_env, _LAUNCHER),
+            ChildSpec(
+                "media driver",
+                "driver",
+                [
+                    "driver",
+                    "--dir",
+                    driver_dir,
+                    "--stop-after",
+                    str(self.cluster_dir),
+                    "--stop-after",
+                    str(self.archive_dir),
+                    "--stop-after-timeout",
+                    step,
+                    *_flags(self.driver),
+                ],
+                "media driver pid",
+                env,
+                _LAUNCHER,
+            ),
+            ChildSpec(
+                "archive",
+                "archive",
+                [
+                    "archive",
+                    "--dir",
+                    str(self.archive_dir),
+                    "--driver-dir",
+                    driver_dir,
+                    "--stop-after",
+                    str(self.cluster_dir),
+                    "--stop-after-timeout",
+                    step,
+                    *_flags(self.archive),
+                ],
+                "archive pid",
+                env,
+                _LAUNCHER,
+            ),
+            ChildSpec(
+                "cluster backup",
+                "backup",
+                [
+                    "cluster-backup",
+                    "--cluster-dir",
+                    str(self.cluster_dir),
+                    "--driver-dir",
+                    driver_dir,
+                    *_flags({k: v for k, v in self.backup.items() if k != "credentials"}),
+                ],
+                "cluster backup pid",
+                backup_env,
+                _LAUNCHER,
+            ),
         ]
 
     def to_toml(self) -> str:
-        lines = ["# written by cluster-node backup", "[backup]", f"dir = {_toml_value(str(self.backup_dir))}",
-                 f"driver_dir = {_toml_value(str(self.driver_dir))}"]
+        lines = [
+            "# written by cluster-node backup",
+            "[backup]",
+            f"dir = {_toml_value(str(self.backup_dir))}",
+            f"driver_dir = {_toml_value(str(self.driver_dir))}",
+        ]
         lines += [f"{key} = {_toml_value(value)}" for key, value in self.backup.items() if key != "credentials"]
         for section, values in (("driver", self.driver), ("archive", self.archive)):
             if values:
@@ -155,8 +200,9 @@ def read_backup_config(path: Path) -> BackupConfig:
     driver_dir = resolved(backup.pop("driver_dir")) if "driver_dir" in backup else default_backup_driver_dir(backup_dir)
     start = float(backup.pop("start_timeout", DEFAULT_START_TIMEOUT_S))
     stop = float(backup.pop("stop_timeout", DEFAULT_STOP_TIMEOUT_S))
-    return BackupConfig(backup_dir, driver_dir, start, stop, backup, dict(document.get("driver", {})),
-                        dict(document.get("archive", {})))
+    return BackupConfig(
+        backup_dir, driver_dir, start, stop, backup, dict(document.get("driver", {})), dict(document.get("archive", {}))
+    )
 
 
 def default_backup_driver_dir(backup_dir: Path) -> Path:
@@ -173,19 +219,27 @@ def local_backup_config(base: Path) -> BackupConfig:
         raise ConfigError(f"--local {base}: no local cluster's configuration in {node_file}: {error}") from None
     members_text = node.get("consensus", {}).get("cluster_members", "")
     if not members_text:
-        raise ConfigError(f"--local {base}: {node_file} names no cluster members (a cluster of one has no "
-                          "consensus endpoints to back up from)")
+        raise ConfigError(
+            f"--local {base}: {node_file} names no cluster members (a cluster of one has no "
+            "consensus endpoints to back up from)"
+        )
     members = parse_cluster_members(members_text)
     archive_port, consensus_port, catchup_port = free_udp_ports(3)
     backup_dir = base / "backup"
     return BackupConfig(
-        backup_dir, default_backup_driver_dir(backup_dir),
-        backup={"cluster_id": int(node.get("node", {}).get("cluster_id", 0)),
-                "cluster_consensus_endpoints": ",".join(m.consensus_endpoint for m in members),
-                "consensus_endpoint": f"{LOCAL_HOST}:{consensus_port}",
-                "catchup_endpoint": f"{LOCAL_HOST}:{catchup_port}"},
-        archive={"control_channel": f"aeron:udp?endpoint={LOCAL_HOST}:{archive_port}",
-                 "replication_channel": f"aeron:udp?endpoint={LOCAL_HOST}:0"})
+        backup_dir,
+        default_backup_driver_dir(backup_dir),
+        backup={
+            "cluster_id": int(node.get("node", {}).get("cluster_id", 0)),
+            "cluster_consensus_endpoints": ",".join(m.consensus_endpoint for m in members),
+            "consensus_endpoint": f"{LOCAL_HOST}:{consensus_port}",
+            "catchup_endpoint": f"{LOCAL_HOST}:{catchup_port}",
+        },
+        archive={
+            "control_channel": f"aeron:udp?endpoint={LOCAL_HOST}:{archive_port}",
+            "replication_channel": f"aeron:udp?endpoint={LOCAL_HOST}:0",
+        },
+    )
 
 
 class BackupSupervisor:
@@ -224,8 +278,10 @@ class BackupSupervisor:
 
     def _run(self) -> int:
         config = self.config
-        self.say(f"cluster backup: directory {config.backup_dir}, driver directory {config.driver_dir}, "
-                 f"logs in {config.log_dir}; members {config.backup.get('cluster_consensus_endpoints')}")
+        self.say(
+            f"cluster backup: directory {config.backup_dir}, driver directory {config.driver_dir}, "
+            f"logs in {config.log_dir}; members {config.backup.get('cluster_consensus_endpoints')}"
+        )
         for child in self.children:
             if self._signals.requested is not None:
                 return self._stop(clean_request=True)
@@ -243,8 +299,10 @@ class BackupSupervisor:
                     self._stop(clean_request=False)
                     return EXIT_FAILURE
                 if time.monotonic() > deadline:
-                    self.warn(f"the {child.name} (pid {child.pid}) printed no readiness line within "
-                              f"{config.start_timeout_s:g} s")
+                    self.warn(
+                        f"the {child.name} (pid {child.pid}) printed no readiness line within "
+                        f"{config.start_timeout_s:g} s"
+                    )
                     self._stop(clean_request=False)
                     return EXIT_FAILURE
                 if self._signals.requested is not None:
@@ -267,8 +325,10 @@ class BackupSupervisor:
     def _report_death(self, child: Child, when: str = "") -> None:
         assert child.returncode is not None
         tail = "\n".join(f"    {line}" for line in child.tail())
-        self.warn(f"{child.name} (pid {child.pid}) died{' ' + when if when else ''}: "
-                  f"{describe_exit(child.returncode)}\n  last lines of {child.log_path}:\n{tail}")
+        self.warn(
+            f"{child.name} (pid {child.pid}) died{' ' + when if when else ''}: "
+            f"{describe_exit(child.returncode)}\n  last lines of {child.log_path}:\n{tail}"
+        )
 
     def _stop(self, clean_request: bool) -> int:
         """The backup, then the archive, then the driver, each given the stop timeout."""
@@ -284,8 +344,11 @@ class BackupSupervisor:
                     child.kill()
                     wait_all([child], 10)
             code = child.returncode
-            how = "killed by the supervisor (SIGKILL)" if child.killed else describe_exit(code if code is not None
-                                                                                            else -1)
+            how = (
+                "killed by the supervisor (SIGKILL)"
+                if child.killed
+                else describe_exit(code if code is not None else -1)
+            )
             self.say(f"{child.name} (pid {child.pid}) {how}")
             clean &= code == 0 and not child.killed
         if not clean_request:

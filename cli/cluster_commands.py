@@ -36,7 +36,8 @@ import click
 
 from fulmar.archive.errors import describe_os_error
 from fulmar.cli.archive_tool import archive_dir_option
-from fulmar.cli.cnc_reader import epoch_ms, iso_utc, open_cnc, process_exists, read_counters
+from fulmar.clock import epoch_ms
+from fulmar.cli.cnc_reader import iso_utc, open_cnc, process_exists, read_counters
 from fulmar.cli.tool_common import fail, format_counters, format_error_list, json_option
 from fulmar.cnc import CncError, CncFile
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
@@ -45,7 +46,9 @@ from fulmar.consensus.agent import ClusterRole, ConsensusModuleState, ControlTog
 from fulmar.consensus.backup import CLUSTER_BACKUP_ERROR_COUNT_TYPE_ID as BACKUP_ERROR_COUNT_TYPE_ID
 from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID as BACKUP_LIVE_LOG_POSITION_TYPE_ID
 from fulmar.consensus.backup import CLUSTER_BACKUP_QUERY_DEADLINE_TYPE_ID as BACKUP_QUERY_DEADLINE_TYPE_ID
-from fulmar.consensus.backup import CLUSTER_BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID as BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID
+from fulmar.consensus.backup import (
+    CLUSTER_BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID as BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID,
+)
 from fulmar.consensus.backup import ClusterBackupState
 from fulmar.consensus.log_rebuild import RecordingLogRebuildError, rebuild_recording_log
 from fulmar.consensus.mark_file import FILE_EXTENSION as CLUSTER_MARK_FILE_EXTENSION
@@ -83,8 +86,11 @@ MEMBER_APPEND_POSITION_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_MEMBER_APPEND_
 # Aeron's cluster counter type ids span 200..249 (AeronCounters); fulmar's own
 # cluster counters sit at 1200 and up.
 _CLUSTER_COUNTER_TYPE_IDS = set(range(200, 250)) | {
-    SESSIONS_COUNTER_TYPE_ID, TIMERS_COUNTER_TYPE_ID, INVALID_REQUESTS_COUNTER_TYPE_ID,
-    MEMBER_APPEND_POSITION_COUNTER_TYPE_ID}
+    SESSIONS_COUNTER_TYPE_ID,
+    TIMERS_COUNTER_TYPE_ID,
+    INVALID_REQUESTS_COUNTER_TYPE_ID,
+    MEMBER_APPEND_POSITION_COUNTER_TYPE_ID,
+}
 
 CLUSTER_COUNTER_TYPE_NAMES: dict[int, str] = {
     cluster_protocol.CONSENSUS_MODULE_STATE_TYPE_ID: "cm-state",
@@ -446,9 +452,7 @@ def _module_counters_document(mark: ClusterMarkFileContents) -> dict[str, Any]:
     with open_cnc(directory) as cnc:
         counters = ModuleCounters(cnc, mark.header.cluster_id)
         if not counters:
-            raise CncError(
-                f"no consensus module counters for cluster id {mark.header.cluster_id} in {cnc.path}"
-            )
+            raise CncError(f"no consensus module counters for cluster id {mark.header.cluster_id} in {cnc.path}")
         return counters.document()
 
 
@@ -476,9 +480,13 @@ def backup_counters_document(contents: ClusterMarkFileContents) -> dict[str, Any
     if not directory:
         raise CncError(f"{contents.path}: the mark file names no aeron directory")
     key = _CLUSTER_KEY.pack(contents.header.cluster_id)
-    wanted = {cluster_protocol.CLUSTER_BACKUP_STATE_TYPE_ID: "state", BACKUP_LIVE_LOG_POSITION_TYPE_ID: "live_log_position",
-              BACKUP_QUERY_DEADLINE_TYPE_ID: "next_query_deadline_ms", BACKUP_ERROR_COUNT_TYPE_ID: "errors",
-              BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID: "snapshots_retrieved"}
+    wanted = {
+        cluster_protocol.CLUSTER_BACKUP_STATE_TYPE_ID: "state",
+        BACKUP_LIVE_LOG_POSITION_TYPE_ID: "live_log_position",
+        BACKUP_QUERY_DEADLINE_TYPE_ID: "next_query_deadline_ms",
+        BACKUP_ERROR_COUNT_TYPE_ID: "errors",
+        BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID: "snapshots_retrieved",
+    }
     with open_cnc(directory) as cnc:
         reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
         newest: dict[int, tuple[int, int]] = {}  # type id -> (registration id, value)
@@ -611,8 +619,12 @@ def cluster_errors_node(node: ClusterNode) -> dict[str, Any]:
     for component, path in _mark_files(node):
         contents = read_cluster_mark(path)
         files.append(
-            {"component": component, "path": str(path), "pid": contents.header.pid,
-             "errors": _observations(contents.errors)}
+            {
+                "component": component,
+                "path": str(path),
+                "pid": contents.header.pid,
+                "errors": _observations(contents.errors),
+            }
         )
     return {**_node_base(node), "files": files}
 
@@ -713,8 +725,9 @@ def _render_describe_node(node: dict[str, Any]) -> list[str]:
             activity = f"{mark['activity_timestamp_ms']} (never)"
         else:
             activity = f"{mark['activity_age_ms']} ms ago (liveness timeout {mark['liveness_timeout_ms']} ms)"
-        component = "cluster backup" if mark["component_type"] == ClusterComponentType.BACKUP.name \
-            else "consensus module"
+        component = (
+            "cluster backup" if mark["component_type"] == ClusterComponentType.BACKUP.name else "consensus module"
+        )
         lines += [
             f"{component} in {node['cluster_dir']}: {mark['state']}",
             f"  pid             {mark['pid']} ({'running' if mark['pid_exists'] else 'not running'})",
@@ -814,7 +827,11 @@ def format_cluster_members(document: dict[str, Any]) -> str:
     lines = []
     for row in [titles, *rows]:
         cells = [
-            cell if column == len(row) - 1 else cell.rjust(widths[column]) if column in right else cell.ljust(widths[column])
+            cell
+            if column == len(row) - 1
+            else cell.rjust(widths[column])
+            if column in right
+            else cell.ljust(widths[column])
             for column, cell in enumerate(row)
         ]
         lines.append("  ".join(cells).rstrip())
@@ -828,9 +845,15 @@ def _render_recording_log_node(node: dict[str, Any]) -> list[str]:
         titles = ("index", "type", "recording", "term", "base", "log-pos", "service", "valid", "timestamp")
         rows = [
             (
-                str(e["index"]), e["type"], str(e["recording_id"]), str(e["leadership_term_id"]),
-                str(e["term_base_log_position"]), str(e["log_position"]), str(e["service_id"]),
-                "yes" if e["valid"] else "no", f"{e['timestamp']} {e['time']}"
+                str(e["index"]),
+                e["type"],
+                str(e["recording_id"]),
+                str(e["leadership_term_id"]),
+                str(e["term_base_log_position"]),
+                str(e["log_position"]),
+                str(e["service_id"]),
+                "yes" if e["valid"] else "no",
+                f"{e['timestamp']} {e['time']}"
                 + (f" endpoint {e['archive_endpoint']}" if e["archive_endpoint"] else ""),
             )
             for e in entries
@@ -839,7 +862,11 @@ def _render_recording_log_node(node: dict[str, Any]) -> list[str]:
         left = {1, 7}
         for row in [titles, *rows]:
             cells = [
-                cell if column == len(row) - 1 else cell.ljust(widths[column]) if column in left else cell.rjust(widths[column])
+                cell
+                if column == len(row) - 1
+                else cell.ljust(widths[column])
+                if column in left
+                else cell.rjust(widths[column])
                 for column, cell in enumerate(row)
             ]
             lines.append("  ".join(cells).rstrip())
@@ -862,11 +889,34 @@ def _render_errors_node(node: dict[str, Any]) -> list[str]:
 
 
 _MARK_FIELDS_SHOWN = (
-    "component_type", "state", "version", "ready", "has_message_header", "pid", "pid_exists", "member_id",
-    "cluster_id", "service_id", "candidate_term_id", "start_time", "activity_timestamp_ms", "activity_age_ms",
-    "archive_stream_id", "service_stream_id", "consensus_module_stream_id", "ingress_stream_id", "aeron_directory",
-    "control_channel", "ingress_channel", "service_name", "authenticator", "services_cluster_dir", "header_length",
-    "error_buffer_length", "file_length", "error_count",
+    "component_type",
+    "state",
+    "version",
+    "ready",
+    "has_message_header",
+    "pid",
+    "pid_exists",
+    "member_id",
+    "cluster_id",
+    "service_id",
+    "candidate_term_id",
+    "start_time",
+    "activity_timestamp_ms",
+    "activity_age_ms",
+    "archive_stream_id",
+    "service_stream_id",
+    "consensus_module_stream_id",
+    "ingress_stream_id",
+    "aeron_directory",
+    "control_channel",
+    "ingress_channel",
+    "service_name",
+    "authenticator",
+    "services_cluster_dir",
+    "header_length",
+    "error_buffer_length",
+    "file_length",
+    "error_count",
 )
 
 
@@ -926,8 +976,11 @@ def cluster_group() -> None:
 
 
 def _exit_if_not_running(document: dict[str, Any]) -> None:
-    if any(not node.get("running", False) for node in document["nodes"]
-           if "error" not in node and not node.get("is_backup")):
+    if any(
+        not node.get("running", False)
+        for node in document["nodes"]
+        if "error" not in node and not node.get("is_backup")
+    ):
         sys.exit(EXIT_CLUSTER_NOT_RUNNING)
 
 
@@ -965,8 +1018,7 @@ def cluster_pid(directory: Path, as_json: bool) -> None:
         if document["layout"] != "base":
             return str(nodes[0]["pid"])
         return "\n".join(
-            f"{node['node']} " + (f"error: {node['error']}" if "error" in node else str(node["pid"]))
-            for node in nodes
+            f"{node['node']} " + (f"error: {node['error']}" if "error" in node else str(node["pid"])) for node in nodes
         )
 
     _cluster_emit(document, as_json, render)
@@ -1031,18 +1083,33 @@ def cluster_recording_log(directory: Path, as_json: bool) -> None:
     _cluster_emit(document, as_json, lambda d: _render_nodes(d, _render_recording_log_node))
 
 
-@cluster_group.command(name="rebuild-recording-log",
-                       short_help="Rewrite a stopped node's recording.log from its archive's log recording.")
-@click.option("--dir", "directory", required=True,
-              type=click.Path(file_okay=False, dir_okay=True, path_type=Path),
-              help="The node's cluster directory (recording.log, cluster-mark.dat).")
+@cluster_group.command(
+    name="rebuild-recording-log", short_help="Rewrite a stopped node's recording.log from its archive's log recording."
+)
+@click.option(
+    "--dir",
+    "directory",
+    required=True,
+    type=click.Path(file_okay=False, dir_okay=True, path_type=Path),
+    help="The node's cluster directory (recording.log, cluster-mark.dat).",
+)
 @archive_dir_option
-@click.option("--log-stream-id", type=int, default=cluster_protocol.LOG_STREAM_ID, show_default=True,
-              help="The stream id of the cluster log in the archive.")
-@click.option("--recording-id", type=int, default=None,
-              help="The log recording to use, if the archive holds more than one of the log stream.")
-def cluster_rebuild_recording_log(directory: Path, archive_dir: Path, log_stream_id: int,
-                                  recording_id: int | None) -> None:
+@click.option(
+    "--log-stream-id",
+    type=int,
+    default=cluster_protocol.LOG_STREAM_ID,
+    show_default=True,
+    help="The stream id of the cluster log in the archive.",
+)
+@click.option(
+    "--recording-id",
+    type=int,
+    default=None,
+    help="The log recording to use, if the archive holds more than one of the log stream.",
+)
+def cluster_rebuild_recording_log(
+    directory: Path, archive_dir: Path, log_stream_id: int, recording_id: int | None
+) -> None:
     """The repair for a lost or damaged recording.log (the consensus module
     refuses to start, saying the archive holds a log recording the recording
     log does not name).
@@ -1061,8 +1128,10 @@ def cluster_rebuild_recording_log(directory: Path, archive_dir: Path, log_stream
         except (ClusterMarkFileError, CodecError, OSError):
             contents = None  # unreadable: no module can be running on it
         if contents is not None and contents.is_active(epoch_ms()):
-            fail(f"{mark_path}: the consensus module (pid {contents.header.pid}) is running; stop it first",
-                  EXIT_CLUSTER_PROBLEM)
+            fail(
+                f"{mark_path}: the consensus module (pid {contents.header.pid}) is running; stop it first",
+                EXIT_CLUSTER_PROBLEM,
+            )
     try:
         result = rebuild_recording_log(directory, archive_dir, log_stream_id, recording_id)
     except (RecordingLogRebuildError, RecordingLogError, OSError) as error:
@@ -1070,9 +1139,11 @@ def cluster_rebuild_recording_log(directory: Path, archive_dir: Path, log_stream
     if result.kept_damaged_file is not None:
         click.echo(f"kept the old recording log as {result.kept_damaged_file}")
     terms = ", ".join(f"{t.leadership_term_id}@{t.term_base_log_position}" for t in result.terms)
-    click.echo(f"rebuilt {directory / RECORDING_LOG_FILE_NAME} from log recording {result.recording_id} "
-               f"(positions 0..{result.stop_position}): {len(result.terms)} TERM entries (term@base: {terms}); "
-               f"the next start replays the whole recording")
+    click.echo(
+        f"rebuilt {directory / RECORDING_LOG_FILE_NAME} from log recording {result.recording_id} "
+        f"(positions 0..{result.stop_position}): {len(result.terms)} TERM entries (term@base: {terms}); "
+        f"the next start replays the whole recording"
+    )
 
 
 @cluster_group.command(name="errors", short_help="List the errors in the cluster mark files.")
@@ -1118,17 +1189,26 @@ class _Operation:
 
 
 _OPERATIONS: dict[str, _Operation] = {
-    "snapshot": _Operation(ControlToggle.SNAPSHOT, (ConsensusModuleState.ACTIVE,),
-                           "the snapshot count to go up and the toggle to return to NEUTRAL"),
+    "snapshot": _Operation(
+        ControlToggle.SNAPSHOT,
+        (ConsensusModuleState.ACTIVE,),
+        "the snapshot count to go up and the toggle to return to NEUTRAL",
+    ),
     "suspend": _Operation(ControlToggle.SUSPEND, (ConsensusModuleState.ACTIVE,), "module state SUSPENDED"),
     "resume": _Operation(ControlToggle.RESUME, (ConsensusModuleState.SUSPENDED,), "module state ACTIVE"),
-    "shutdown": _Operation(ControlToggle.SHUTDOWN, (ConsensusModuleState.ACTIVE,),
-                           "the consensus module to exit (after a snapshot)"),
-    "abort": _Operation(ControlToggle.ABORT, (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED),
-                        "the consensus module to exit"),
-    "standby-snapshot": _Operation(ControlToggle.STANDBY_SNAPSHOT,
-                                   (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED),
-                                   "the toggle to return to NEUTRAL (the request appended to the log)"),
+    "shutdown": _Operation(
+        ControlToggle.SHUTDOWN, (ConsensusModuleState.ACTIVE,), "the consensus module to exit (after a snapshot)"
+    ),
+    "abort": _Operation(
+        ControlToggle.ABORT,
+        (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED),
+        "the consensus module to exit",
+    ),
+    "standby-snapshot": _Operation(
+        ControlToggle.STANDBY_SNAPSHOT,
+        (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED),
+        "the toggle to return to NEUTRAL (the request appended to the log)",
+    ),
 }
 
 
@@ -1161,8 +1241,9 @@ def _find_leader(directory: Path, now_ms: int) -> tuple[ClusterNode, ClusterMark
             return node, contents
         reasons.append(f"{node.name}: not the leader (role {counters['role_name']})")
     if len(nodes) == 1:
-        raise ClusterOperationError(reasons[0].split(": ", 1)[1] + f" in {nodes[0].cluster_dir}",
-                                    EXIT_CLUSTER_NOT_RUNNING)
+        raise ClusterOperationError(
+            reasons[0].split(": ", 1)[1] + f" in {nodes[0].cluster_dir}", EXIT_CLUSTER_NOT_RUNNING
+        )
     raise ClusterOperationError(f"no running leader in {directory}: " + "; ".join(reasons), EXIT_CLUSTER_NOT_RUNNING)
 
 
@@ -1205,8 +1286,11 @@ def _toggle_and_wait(
         current = counters.value(toggle_type)
         raise ClusterOperationError(
             f"{where}: the control toggle is {_enum_name(ControlToggle, current)}, not NEUTRAL"
-            + (": another operation is under way" if current != ControlToggle.INACTIVE
-               else ": the node is not ready (an election is under way)")
+            + (
+                ": another operation is under way"
+                if current != ControlToggle.INACTIVE
+                else ": the node is not ready (an election is under way)"
+            )
         )
     started = time.monotonic()
     deadline = started + timeout_s
@@ -1222,19 +1306,24 @@ def _toggle_and_wait(
             if name == "snapshot":
                 count = counters.value(snapshot_type) or 0
                 if count > snapshots_before and toggle == ControlToggle.NEUTRAL:
-                    return (f"snapshot taken by {where}: snapshot count {snapshots_before} -> {count} "
-                            f"in {time.monotonic() - started:.2f} s")
+                    return (
+                        f"snapshot taken by {where}: snapshot count {snapshots_before} -> {count} "
+                        f"in {time.monotonic() - started:.2f} s"
+                    )
             elif name == "suspend" and state == ConsensusModuleState.SUSPENDED and toggle != operation.toggle:
                 return f"suspended {where} in {time.monotonic() - started:.2f} s"
             elif name == "resume" and state == ConsensusModuleState.ACTIVE and toggle != operation.toggle:
                 return f"resumed {where} in {time.monotonic() - started:.2f} s"
             elif name == "standby-snapshot" and toggle == ControlToggle.NEUTRAL:
-                return (f"standby snapshot requested by {where}: a SNAPSHOT with the standby flag is in the log "
-                        f"({time.monotonic() - started:.2f} s); the members take no snapshot on it")
+                return (
+                    f"standby snapshot requested by {where}: a SNAPSHOT with the standby flag is in the log "
+                    f"({time.monotonic() - started:.2f} s); the members take no snapshot on it"
+                )
         if time.monotonic() > deadline:
             withdrawn = ""
-            if (counters.value(state_type) in operation.from_states
-                    and counters.compare_and_set(toggle_type, operation.toggle, ControlToggle.NEUTRAL)):
+            if counters.value(state_type) in operation.from_states and counters.compare_and_set(
+                toggle_type, operation.toggle, ControlToggle.NEUTRAL
+            ):
                 withdrawn = "; the request was withdrawn (toggle back to NEUTRAL)"
             raise ClusterOperationError(
                 f"{name}: {where} did not complete within {timeout_s:g} s (waiting for {operation.waits_for}; "
@@ -1271,31 +1360,37 @@ _OPERATION_HELP_TAIL = (
     "(exit 1 if it does not come).  Exit 3 if no running leader is found."
 )
 _operation_command(
-    "snapshot", "Take a snapshot on the leader and wait for it.",
+    "snapshot",
+    "Take a snapshot on the leader and wait for it.",
     "Ask the leader to take a snapshot (SNAPSHOT=4); done when its snapshot count goes up and the "
     "toggle is back to NEUTRAL.  The snapshot shows in recording-log." + _OPERATION_HELP_TAIL,
 )
 _operation_command(
-    "suspend", "Suspend the cluster: no client messages go into the log.",
+    "suspend",
+    "Suspend the cluster: no client messages go into the log.",
     "Ask the leader to suspend (SUSPEND=2): client messages wait in the ingress until resume.  "
     "Done when the module state is SUSPENDED." + _OPERATION_HELP_TAIL,
 )
 _operation_command(
-    "resume", "Resume a suspended cluster.",
+    "resume",
+    "Resume a suspended cluster.",
     "Ask a suspended leader to resume (RESUME=3).  Done when the module state is ACTIVE." + _OPERATION_HELP_TAIL,
 )
 _operation_command(
-    "shutdown", "Snapshot, then stop the cluster in order.",
+    "shutdown",
+    "Snapshot, then stop the cluster in order.",
     "Ask the leader for an orderly stop (SHUTDOWN=5): a snapshot, the services stop at the same log "
     "position, the module exits.  Done when the consensus module's process is gone." + _OPERATION_HELP_TAIL,
 )
 _operation_command(
-    "abort", "Stop the cluster without a snapshot.",
+    "abort",
+    "Stop the cluster without a snapshot.",
     "Ask the leader to stop without a snapshot (ABORT=6): the services stop at the current log position, "
     "the module exits.  Done when the consensus module's process is gone." + _OPERATION_HELP_TAIL,
 )
 _operation_command(
-    "standby-snapshot", "Ask standby members for a snapshot (in the log; members take none).",
+    "standby-snapshot",
+    "Ask standby members for a snapshot (in the log; members take none).",
     "Ask the leader to append a SNAPSHOT action with the standby flag (STANDBY_SNAPSHOT=7, seed 004): "
     "a standby member would take a snapshot at that log position; the cluster's own members and services "
     "go on without one.  Done when the toggle is back to NEUTRAL." + _OPERATION_HELP_TAIL,

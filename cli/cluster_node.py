@@ -32,7 +32,6 @@ from fulmar.service.container import ServiceContainer, run_service_container
 from fulmar.service.context import ServiceContext
 from fulmar.cnc import (
     BROADCAST_TRAILER_LENGTH,
-    CNC_FILE,
     DEFAULT_TO_CLIENTS_CAPACITY,
     DEFAULT_TO_DRIVER_CAPACITY,
     RING_BUFFER_TRAILER_LENGTH,
@@ -86,23 +85,40 @@ _MAX_COUNTERS_BUFFER = 256 * 1024 * 1024
 
 
 # The name a process's log lines carry, by subcommand (refined by the command: a service's id, a member).
-_PROCESS_NAMES = {"driver": "media driver", "archive": "archive", "consensus": "consensus module",
-                  "service": "service", "cluster-backup": "cluster backup", "start": "cluster-node start",
-                  "backup": "cluster-node backup"}
+_PROCESS_NAMES = {
+    "driver": "media driver",
+    "archive": "archive",
+    "consensus": "consensus module",
+    "service": "service",
+    "cluster-backup": "cluster backup",
+    "start": "cluster-node start",
+    "backup": "cluster-node backup",
+}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--file-group", envvar=FILE_GROUP_ENV, show_envvar=True, default=None, metavar="GROUP",
-              help="Let the members of this group use the node's files too: files group read-write (0660), "
-              "directories 2770, owned by the group (so that its members can attach clients to the driver "
-              "and read the archive).  Default: owner-only (0600 files, 0700 directories).  Goes before the "
-              "subcommand: cluster-node --file-group G start ...")
-@click.option("--log-format", type=click.Choice(log_lines.LOG_FORMATS), envvar=log_lines.LOG_FORMAT_ENV,
-              show_envvar=True, default=log_lines.PLAIN,
-              help="The form of this process's log lines (and of the processes it starts): plain text, or "
-              "JSON, one object per line (time, process, member, level, event, fields).  Goes before the "
-              "subcommand: cluster-node --log-format json archive ...  (cluster-node start takes it as the "
-              "node key [node] log_format too, for the node's processes.)")
+@click.option(
+    "--file-group",
+    envvar=FILE_GROUP_ENV,
+    show_envvar=True,
+    default=None,
+    metavar="GROUP",
+    help="Let the members of this group use the node's files too: files group read-write (0660), "
+    "directories 2770, owned by the group (so that its members can attach clients to the driver "
+    "and read the archive).  Default: owner-only (0600 files, 0700 directories).  Goes before the "
+    "subcommand: cluster-node --file-group G start ...",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(log_lines.LOG_FORMATS),
+    envvar=log_lines.LOG_FORMAT_ENV,
+    show_envvar=True,
+    default=log_lines.PLAIN,
+    help="The form of this process's log lines (and of the processes it starts): plain text, or "
+    "JSON, one object per line (time, process, member, level, event, fields).  Goes before the "
+    "subcommand: cluster-node --log-format json archive ...  (cluster-node start takes it as the "
+    "node key [node] log_format too, for the node's processes.)",
+)
 @click.pass_context
 def main(ctx: click.Context, file_group: str | None, log_format: str) -> None:
     """Run the processes of a fulmar cluster node."""
@@ -134,10 +150,20 @@ def stop_after_options(default_timeout: str) -> Callable[[Any], Any]:
     """--stop-after DIR (repeatable) and --stop-after-timeout, for the driver and the archive."""
 
     def decorate(function: Any) -> Any:
-        function = click.option("--stop-after-timeout", type=Duration(min_ns=1_000_000), default=default_timeout,
-                                help="The longest the --stop-after wait lasts before the process stops anyway.")(function)
-        return click.option("--stop-after", "stop_after", multiple=True, metavar="DIR",
-                            type=click.Path(file_okay=False, dir_okay=True), help=_STOP_AFTER_HELP)(function)
+        function = click.option(
+            "--stop-after-timeout",
+            type=Duration(min_ns=1_000_000),
+            default=default_timeout,
+            help="The longest the --stop-after wait lasts before the process stops anyway.",
+        )(function)
+        return click.option(
+            "--stop-after",
+            "stop_after",
+            multiple=True,
+            metavar="DIR",
+            type=click.Path(file_okay=False, dir_okay=True),
+            help=_STOP_AFTER_HELP,
+        )(function)
 
     return decorate
 
@@ -151,8 +177,10 @@ def node_processes_running(directories: Sequence[Path]) -> Callable[[], str | No
         now_ms = epoch_ms()
         for directory in directories:
             found = [("the consensus module", directory / CLUSTER_MARK_FILE)]
-            found += [(f"service {path.stem.rsplit('-', 1)[-1]}", path)
-                      for path in sorted(directory.glob(f"{SERVICE_MARK_FILE_PREFIX}*.dat"))]
+            found += [
+                (f"service {path.stem.rsplit('-', 1)[-1]}", path)
+                for path in sorted(directory.glob(f"{SERVICE_MARK_FILE_PREFIX}*.dat"))
+            ]
             for what, path in found:
                 pid = live_cluster_component_pid(path, now_ms)
                 if pid is not None and pid != own_pid:
@@ -297,7 +325,9 @@ def driver(
     except DriverDirectoryError as error:
         raise click.BadParameter(str(error), param_hint="'--dir'") from None
     if terminate_token == "":
-        raise click.BadParameter("must not be empty: any client could stop the driver", param_hint="'--terminate-token'")
+        raise click.BadParameter(
+            "must not be empty: any client could stop the driver", param_hint="'--terminate-token'"
+        )
 
     context = DriverContext(
         directory=path,
@@ -343,36 +373,75 @@ _ARCHIVE_DEFAULTS = ArchiveContext
 
 
 @main.command()
-@click.option("--dir", "archive_dir", required=True, type=click.Path(file_okay=False, dir_okay=True),
-              help="The archive directory: archive.catalog, segment files, archive-mark.dat.")
-@click.option("--driver-dir", type=click.Path(file_okay=False, dir_okay=True), envvar=DRIVER_DIR_ENV, default=None,
-              help="The directory of the media driver the archive is a client of.  [default: the driver's default]")
-@click.option("--control-channel", default=_ARCHIVE_DEFAULTS.control_channel,
-              help="Channel of control requests from remote clients (UDP); 'none' for local control only.")
+@click.option(
+    "--dir",
+    "archive_dir",
+    required=True,
+    type=click.Path(file_okay=False, dir_okay=True),
+    help="The archive directory: archive.catalog, segment files, archive-mark.dat.",
+)
+@click.option(
+    "--driver-dir",
+    type=click.Path(file_okay=False, dir_okay=True),
+    envvar=DRIVER_DIR_ENV,
+    default=None,
+    help="The directory of the media driver the archive is a client of.  [default: the driver's default]",
+)
+@click.option(
+    "--control-channel",
+    default=_ARCHIVE_DEFAULTS.control_channel,
+    help="Channel of control requests from remote clients (UDP); 'none' for local control only.",
+)
 @click.option("--control-stream-id", type=int, default=_ARCHIVE_DEFAULTS.control_stream_id)
-@click.option("--local-control-channel", default=_ARCHIVE_DEFAULTS.local_control_channel,
-              help="Channel of control requests from clients of the same driver (IPC).")
+@click.option(
+    "--local-control-channel",
+    default=_ARCHIVE_DEFAULTS.local_control_channel,
+    help="Channel of control requests from clients of the same driver (IPC).",
+)
 @click.option("--local-control-stream-id", type=int, default=_ARCHIVE_DEFAULTS.local_control_stream_id)
-@click.option("--replication-channel", default=_ARCHIVE_DEFAULTS.replication_channel,
-              help="Where this archive receives replicated recordings (port 0: any free port).")
-@click.option("--recording-events-channel", default=None,
-              help="Publish RecordingStarted/Progress/Stopped events here (off by default).")
-@click.option("--segment-length", type=Size(64 * 1024, 1 << 30, power_of_two=True),
-              default=format_size(_ARCHIVE_DEFAULTS.segment_file_length),
-              help="Length of each segment file (at least the term length of what is recorded).")
-@click.option("--file-sync-level", type=click.IntRange(0, 2), default=0,
-              help="0: leave writes to the OS; 1: fdatasync each segment write; 2: fsync (data and metadata).")
-@click.option("--catalog-file-sync-level", type=click.IntRange(0, 2), default=None,
-              help="Sync level of catalog updates (at least --file-sync-level).  [default: --file-sync-level]")
-@click.option("--record-checksum/--no-record-checksum", default=True,
-              help="Store a CRC-32 of each recorded frame's payload in the frame's session id field of the "
-                   "recorded copy (Aeron's aeron.archive.record.checksum); crash recovery checks it.  On by "
-                   "default: a cluster's log is recorded with it, so a flipped byte in a segment is found "
-                   "rather than replayed into the services.")
-@click.option("--replay-checksum/--no-replay-checksum", default=True,
-              help="Check each frame's recorded CRC-32 before it is replayed (Aeron's "
-                   "aeron.archive.replay.checksum): a mismatch ends the replay with an error naming the "
-                   "recording and position.  Needs recordings made with --record-checksum.")
+@click.option(
+    "--replication-channel",
+    default=_ARCHIVE_DEFAULTS.replication_channel,
+    help="Where this archive receives replicated recordings (port 0: any free port).",
+)
+@click.option(
+    "--recording-events-channel",
+    default=None,
+    help="Publish RecordingStarted/Progress/Stopped events here (off by default).",
+)
+@click.option(
+    "--segment-length",
+    type=Size(64 * 1024, 1 << 30, power_of_two=True),
+    default=format_size(_ARCHIVE_DEFAULTS.segment_file_length),
+    help="Length of each segment file (at least the term length of what is recorded).",
+)
+@click.option(
+    "--file-sync-level",
+    type=click.IntRange(0, 2),
+    default=0,
+    help="0: leave writes to the OS; 1: fdatasync each segment write; 2: fsync (data and metadata).",
+)
+@click.option(
+    "--catalog-file-sync-level",
+    type=click.IntRange(0, 2),
+    default=None,
+    help="Sync level of catalog updates (at least --file-sync-level).  [default: --file-sync-level]",
+)
+@click.option(
+    "--record-checksum/--no-record-checksum",
+    default=True,
+    help="Store a CRC-32 of each recorded frame's payload in the frame's session id field of the "
+    "recorded copy (Aeron's aeron.archive.record.checksum); crash recovery checks it.  On by "
+    "default: a cluster's log is recorded with it, so a flipped byte in a segment is found "
+    "rather than replayed into the services.",
+)
+@click.option(
+    "--replay-checksum/--no-replay-checksum",
+    default=True,
+    help="Check each frame's recorded CRC-32 before it is replayed (Aeron's "
+    "aeron.archive.replay.checksum): a mismatch ends the replay with an error naming the "
+    "recording and position.  Needs recordings made with --record-checksum.",
+)
 @click.option("--archive-id", type=int, default=-1, help="This archive's id (default: its driver client id).")
 @stop_after_options("30s")
 def archive(
@@ -421,8 +490,10 @@ def archive(
 
     def announce(running: Archive) -> None:
         recovered = f"; recovered recordings {running.recovered}" if running.recovered else ""
-        click.echo(f"archive pid {os.getpid()} serving {context.archive_dir} (driver {context.driver_dir}, "
-                   f"archive id {running.conductor.archive_id}){recovered}")
+        click.echo(
+            f"archive pid {os.getpid()} serving {context.archive_dir} (driver {context.driver_dir}, "
+            f"archive id {running.conductor.archive_id}){recovered}"
+        )
         sys.stdout.flush()
 
     try:
@@ -439,73 +510,157 @@ _CM_DEFAULTS = ConsensusModuleContext
 
 
 @main.command()
-@click.option("--cluster-dir", required=True, type=click.Path(file_okay=False, dir_okay=True),
-              help="The node's cluster directory: recording.log, cluster-mark.dat.")
-@click.option("--driver-dir", type=click.Path(file_okay=False, dir_okay=True), envvar=DRIVER_DIR_ENV, default=None,
-              help="The node's media driver directory.  [default: the driver's default]")
+@click.option(
+    "--cluster-dir",
+    required=True,
+    type=click.Path(file_okay=False, dir_okay=True),
+    help="The node's cluster directory: recording.log, cluster-mark.dat.",
+)
+@click.option(
+    "--driver-dir",
+    type=click.Path(file_okay=False, dir_okay=True),
+    envvar=DRIVER_DIR_ENV,
+    default=None,
+    help="The node's media driver directory.  [default: the driver's default]",
+)
 @click.option("--member-id", type=int, default=0)
 @click.option("--cluster-id", type=int, default=0)
 @click.option("--ingress-channel", default=_CM_DEFAULTS.ingress_channel, help="Where clients send requests.")
 @click.option("--log-channel", default=_CM_DEFAULTS.log_channel, help="The log publication's channel.")
-@click.option("--archive-control-channel", default=_CM_DEFAULTS.archive_control_channel,
-              help="The node's archive, for the log and snapshot recordings.")
+@click.option(
+    "--archive-control-channel",
+    default=_CM_DEFAULTS.archive_control_channel,
+    help="The node's archive, for the log and snapshot recordings.",
+)
 @click.option("--service-count", type=click.IntRange(0, 64), default=1)
-@click.option("--session-timeout", type=Duration(min_ns=1_000_000),
-              default=format_duration(_CM_DEFAULTS.session_timeout_ns), help="A silent client session is closed.")
-@click.option("--max-concurrent-sessions", type=click.IntRange(min=1), default=_CM_DEFAULTS.max_concurrent_sessions,
-              help="Most client sessions open or being connected at once; a connect request beyond it is "
-              "rejected (SessionEvent ERROR) until one closes or times out.")
-@click.option("--authenticator-secret", envvar="FULMAR_CLUSTER_SECRET", default=None,
-              help="Require clients to present this secret (credentials authenticator); default: allow all.")
+@click.option(
+    "--session-timeout",
+    type=Duration(min_ns=1_000_000),
+    default=format_duration(_CM_DEFAULTS.session_timeout_ns),
+    help="A silent client session is closed.",
+)
+@click.option(
+    "--max-concurrent-sessions",
+    type=click.IntRange(min=1),
+    default=_CM_DEFAULTS.max_concurrent_sessions,
+    help="Most client sessions open or being connected at once; a connect request beyond it is "
+    "rejected (SessionEvent ERROR) until one closes or times out.",
+)
+@click.option(
+    "--authenticator-secret",
+    envvar="FULMAR_CLUSTER_SECRET",
+    default=None,
+    help="Require clients to present this secret (credentials authenticator); default: allow all.",
+)
 @click.option("--app-version", type=int, default=0)
-@click.option("--cluster-members", default=_CM_DEFAULTS.cluster_members,
-              help="The cluster's members as id,ingress,consensus,log,catchup,archive|... (host:port "
-              "endpoints); empty: this member alone.")
-@click.option("--appointed-leader-id", type=click.IntRange(min=-1), default=_CM_DEFAULTS.appointed_leader_id,
-              help="The member that is to lead the first election (-1: elect one).")
-@click.option("--election-timeout", type=Duration(min_ns=1_000_000),
-              default=format_duration(_CM_DEFAULTS.election_timeout_ns),
-              help="How long an election waits in a state (canvass, nomination, ...) before moving on.")
-@click.option("--election-status-interval", type=Duration(min_ns=1_000_000),
-              default=format_duration(_CM_DEFAULTS.election_status_interval_ns),
-              help="How often a member repeats its election messages to the others.")
-@click.option("--startup-canvass-timeout", type=Duration(min_ns=1_000_000),
-              default=format_duration(_CM_DEFAULTS.startup_canvass_timeout_ns),
-              help="At start-up, how long to wait for every member before electing from a majority.")
-@click.option("--leader-heartbeat-timeout", type=Duration(min_ns=1_000_000),
-              default=format_duration(_CM_DEFAULTS.leader_heartbeat_timeout_ns),
-              help="A follower that hears nothing from the leader for this long starts an election.")
-@click.option("--leader-heartbeat-interval", type=Duration(min_ns=1_000_000),
-              default=format_duration(_CM_DEFAULTS.leader_heartbeat_interval_ns),
-              help="How often an idle leader tells the followers it is alive (below the heartbeat timeout).")
-@click.option("--service-heartbeat-timeout", type=Duration(min_ns=2_000_000_000),
-              default=format_duration(_CM_DEFAULTS.service_heartbeat_timeout_ns),
-              help="A service whose mark file shows no activity for this long is taken for dead and the module "
-                   "stops, so that the node fails over rather than lead without answering.  At least 2s: a "
-                   "service marks its file once a second.")
-@click.option("--consensus-channel", default=_CM_DEFAULTS.consensus_channel,
-              help="Channel of the messages between members (each member's consensus endpoint is added).")
-@click.option("--replication-channel", default=_CM_DEFAULTS.replication_channel,
-              help="Where this member's archive receives a log replicated from the leader's (port 0: any).")
-@click.option("--cycle-threshold", type=Duration(min_ns=1_000),
-              default=format_duration(_CM_DEFAULTS.cycle_threshold_ns),
-              help="A duty cycle longer than this (from one cycle's start to the next's, intended idle "
-                   "sleeps left out) counts in the cycle-time-exceeded counter.")
-@click.option("--accept-standby-snapshots/--refuse-standby-snapshots", default=_CM_DEFAULTS.accept_standby_snapshots,
-              help="Record the snapshots another node announces with a StandbySnapshot on the consensus stream "
-                   "in this member's recording log (STANDBY_SNAPSHOT entries).")
-@click.option("--log-retention-snapshots", type=click.IntRange(min=0),
-              default=_CM_DEFAULTS.log_retention_snapshots, metavar="N",
-              help="After each snapshot, keep the newest N snapshot sets and purge the older ones and the log "
-                   "before them (0: keep everything, as Aeron does; cluster-tool purge-log does it on demand).")
-def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_id: int, ingress_channel: str,
-              log_channel: str, archive_control_channel: str, service_count: int, session_timeout: int,
-              max_concurrent_sessions: int,
-              authenticator_secret: str | None, app_version: int, cluster_members: str, appointed_leader_id: int,
-              election_timeout: int, election_status_interval: int, startup_canvass_timeout: int,
-              leader_heartbeat_timeout: int, leader_heartbeat_interval: int, service_heartbeat_timeout: int,
-              consensus_channel: str, replication_channel: str, cycle_threshold: int,
-              accept_standby_snapshots: bool, log_retention_snapshots: int) -> None:
+@click.option(
+    "--cluster-members",
+    default=_CM_DEFAULTS.cluster_members,
+    help="The cluster's members as id,ingress,consensus,log,catchup,archive|... (host:port "
+    "endpoints); empty: this member alone.",
+)
+@click.option(
+    "--appointed-leader-id",
+    type=click.IntRange(min=-1),
+    default=_CM_DEFAULTS.appointed_leader_id,
+    help="The member that is to lead the first election (-1: elect one).",
+)
+@click.option(
+    "--election-timeout",
+    type=Duration(min_ns=1_000_000),
+    default=format_duration(_CM_DEFAULTS.election_timeout_ns),
+    help="How long an election waits in a state (canvass, nomination, ...) before moving on.",
+)
+@click.option(
+    "--election-status-interval",
+    type=Duration(min_ns=1_000_000),
+    default=format_duration(_CM_DEFAULTS.election_status_interval_ns),
+    help="How often a member repeats its election messages to the others.",
+)
+@click.option(
+    "--startup-canvass-timeout",
+    type=Duration(min_ns=1_000_000),
+    default=format_duration(_CM_DEFAULTS.startup_canvass_timeout_ns),
+    help="At start-up, how long to wait for every member before electing from a majority.",
+)
+@click.option(
+    "--leader-heartbeat-timeout",
+    type=Duration(min_ns=1_000_000),
+    default=format_duration(_CM_DEFAULTS.leader_heartbeat_timeout_ns),
+    help="A follower that hears nothing from the leader for this long starts an election.",
+)
+@click.option(
+    "--leader-heartbeat-interval",
+    type=Duration(min_ns=1_000_000),
+    default=format_duration(_CM_DEFAULTS.leader_heartbeat_interval_ns),
+    help="How often an idle leader tells the followers it is alive (below the heartbeat timeout).",
+)
+@click.option(
+    "--service-heartbeat-timeout",
+    type=Duration(min_ns=2_000_000_000),
+    default=format_duration(_CM_DEFAULTS.service_heartbeat_timeout_ns),
+    help="A service whose mark file shows no activity for this long is taken for dead and the module "
+    "stops, so that the node fails over rather than lead without answering.  At least 2s: a "
+    "service marks its file once a second.",
+)
+@click.option(
+    "--consensus-channel",
+    default=_CM_DEFAULTS.consensus_channel,
+    help="Channel of the messages between members (each member's consensus endpoint is added).",
+)
+@click.option(
+    "--replication-channel",
+    default=_CM_DEFAULTS.replication_channel,
+    help="Where this member's archive receives a log replicated from the leader's (port 0: any).",
+)
+@click.option(
+    "--cycle-threshold",
+    type=Duration(min_ns=1_000),
+    default=format_duration(_CM_DEFAULTS.cycle_threshold_ns),
+    help="A duty cycle longer than this (from one cycle's start to the next's, intended idle "
+    "sleeps left out) counts in the cycle-time-exceeded counter.",
+)
+@click.option(
+    "--accept-standby-snapshots/--refuse-standby-snapshots",
+    default=_CM_DEFAULTS.accept_standby_snapshots,
+    help="Record the snapshots another node announces with a StandbySnapshot on the consensus stream "
+    "in this member's recording log (STANDBY_SNAPSHOT entries).",
+)
+@click.option(
+    "--log-retention-snapshots",
+    type=click.IntRange(min=0),
+    default=_CM_DEFAULTS.log_retention_snapshots,
+    metavar="N",
+    help="After each snapshot, keep the newest N snapshot sets and purge the older ones and the log "
+    "before them (0: keep everything, as Aeron does; cluster-tool purge-log does it on demand).",
+)
+def consensus(
+    cluster_dir: str,
+    driver_dir: str | None,
+    member_id: int,
+    cluster_id: int,
+    ingress_channel: str,
+    log_channel: str,
+    archive_control_channel: str,
+    service_count: int,
+    session_timeout: int,
+    max_concurrent_sessions: int,
+    authenticator_secret: str | None,
+    app_version: int,
+    cluster_members: str,
+    appointed_leader_id: int,
+    election_timeout: int,
+    election_status_interval: int,
+    startup_canvass_timeout: int,
+    leader_heartbeat_timeout: int,
+    leader_heartbeat_interval: int,
+    service_heartbeat_timeout: int,
+    consensus_channel: str,
+    replication_channel: str,
+    cycle_threshold: int,
+    accept_standby_snapshots: bool,
+    log_retention_snapshots: int,
+) -> None:
     """Run a consensus module in the foreground until SIGTERM or SIGINT (a
     snapshot and an orderly stop of the services at one log position).  A
     repeated SIGTERM, or a SIGINT with it, is the same request; a second
@@ -516,30 +671,45 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
     """
     try:
         _supervisor.check_membership(cluster_members, member_id, appointed_leader_id)
-        _supervisor.check_timing(election_timeout, election_status_interval, leader_heartbeat_timeout,
-                                 leader_heartbeat_interval)
+        _supervisor.check_timing(
+            election_timeout, election_status_interval, leader_heartbeat_timeout, leader_heartbeat_interval
+        )
     except _supervisor.ClusterSettingError as error:
         raise click.BadParameter(error.message, param_hint=f"'{error.option}'") from None
     log_lines.identify("consensus module", member_id)
     context = ConsensusModuleContext(
-        cluster_dir=Path(cluster_dir), driver_dir=resolve_driver_dir(driver_dir), member_id=member_id,
-        cluster_id=cluster_id, ingress_channel=ingress_channel, log_channel=log_channel,
-        archive_control_channel=archive_control_channel, service_count=service_count,
-        session_timeout_ns=session_timeout, max_concurrent_sessions=max_concurrent_sessions, app_version=app_version,
-        cluster_members=cluster_members.strip(), appointed_leader_id=appointed_leader_id,
-        election_timeout_ns=election_timeout, election_status_interval_ns=election_status_interval,
-        startup_canvass_timeout_ns=startup_canvass_timeout, leader_heartbeat_timeout_ns=leader_heartbeat_timeout,
-        leader_heartbeat_interval_ns=leader_heartbeat_interval, consensus_channel=consensus_channel,
-        replication_channel=replication_channel, service_heartbeat_timeout_ns=service_heartbeat_timeout,
-        cycle_threshold_ns=cycle_threshold, accept_standby_snapshots=accept_standby_snapshots,
+        cluster_dir=Path(cluster_dir),
+        driver_dir=resolve_driver_dir(driver_dir),
+        member_id=member_id,
+        cluster_id=cluster_id,
+        ingress_channel=ingress_channel,
+        log_channel=log_channel,
+        archive_control_channel=archive_control_channel,
+        service_count=service_count,
+        session_timeout_ns=session_timeout,
+        max_concurrent_sessions=max_concurrent_sessions,
+        app_version=app_version,
+        cluster_members=cluster_members.strip(),
+        appointed_leader_id=appointed_leader_id,
+        election_timeout_ns=election_timeout,
+        election_status_interval_ns=election_status_interval,
+        startup_canvass_timeout_ns=startup_canvass_timeout,
+        leader_heartbeat_timeout_ns=leader_heartbeat_timeout,
+        leader_heartbeat_interval_ns=leader_heartbeat_interval,
+        consensus_channel=consensus_channel,
+        replication_channel=replication_channel,
+        service_heartbeat_timeout_ns=service_heartbeat_timeout,
+        cycle_threshold_ns=cycle_threshold,
+        accept_standby_snapshots=accept_standby_snapshots,
         log_retention_snapshots=log_retention_snapshots,
     )
     if authenticator_secret:
         context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())
 
     def announce(module: ConsensusModule) -> None:
-        click.echo(f"consensus module pid {os.getpid()} member {member_id} serving {cluster_dir} "
-                   f"(ingress {ingress_channel})")
+        click.echo(
+            f"consensus module pid {os.getpid()} member {member_id} serving {cluster_dir} (ingress {ingress_channel})"
+        )
         sys.stdout.flush()
 
     try:
@@ -561,13 +731,26 @@ def consensus(cluster_dir: str, driver_dir: str | None, member_id: int, cluster_
 @click.option("--member-id", type=int, default=0)
 @click.option("--cluster-id", type=int, default=0)
 @click.option("--archive-control-channel", default=_CM_DEFAULTS.archive_control_channel)
-def service(cluster_dir: str, driver_dir: str | None, service_name: str, service_id: int, member_id: int,
-            cluster_id: int, archive_control_channel: str) -> None:
+def service(
+    cluster_dir: str,
+    driver_dir: str | None,
+    service_name: str,
+    service_id: int,
+    member_id: int,
+    cluster_id: int,
+    archive_control_channel: str,
+) -> None:
     """Run a clustered service container with the given service in the foreground."""
     log_lines.identify(f"service {service_id}", member_id)
-    context = ServiceContext(cluster_dir=Path(cluster_dir), driver_dir=resolve_driver_dir(driver_dir),
-                             service_id=service_id, member_id=member_id, cluster_id=cluster_id,
-                             service_name=service_name, archive_control_channel=archive_control_channel)
+    context = ServiceContext(
+        cluster_dir=Path(cluster_dir),
+        driver_dir=resolve_driver_dir(driver_dir),
+        service_id=service_id,
+        member_id=member_id,
+        cluster_id=cluster_id,
+        service_name=service_name,
+        archive_control_channel=archive_control_channel,
+    )
 
     def announce(container: ServiceContainer) -> None:
         click.echo(f"service {service_id} ({service_name}) pid {os.getpid()} serving {cluster_dir}")
@@ -588,51 +771,114 @@ _BACKUP_DEFAULTS = ClusterBackupContext(cluster_dir=Path("."))
 
 
 @main.command(name="cluster-backup")
-@click.option("--cluster-dir", required=True, type=click.Path(file_okay=False, dir_okay=True),
-              help="The backup's cluster directory: its recording.log and cluster-mark.dat.")
-@click.option("--driver-dir", type=click.Path(file_okay=False, dir_okay=True), envvar=DRIVER_DIR_ENV, default=None,
-              help="The backup's own media driver's directory.")
+@click.option(
+    "--cluster-dir",
+    required=True,
+    type=click.Path(file_okay=False, dir_okay=True),
+    help="The backup's cluster directory: its recording.log and cluster-mark.dat.",
+)
+@click.option(
+    "--driver-dir",
+    type=click.Path(file_okay=False, dir_okay=True),
+    envvar=DRIVER_DIR_ENV,
+    default=None,
+    help="The backup's own media driver's directory.",
+)
 @click.option("--cluster-id", type=int, default=0)
-@click.option("--cluster-consensus-endpoints", required=True,
-              help="The members' consensus endpoints to query, host:port,host:port,...")
-@click.option("--consensus-endpoint", default=_BACKUP_DEFAULTS.consensus_endpoint,
-              help="Where the members answer this backup (host:port; port 0: any free one).")
-@click.option("--catchup-endpoint", required=True,
-              help="Where the log source's archive replays the log to this backup's archive (host:port).")
-@click.option("--archive-control-channel", default=_BACKUP_DEFAULTS.archive_control_channel,
-              help="This backup's own archive.")
-@click.option("--replication-channel", default=_BACKUP_DEFAULTS.replication_channel,
-              help="Where this backup's archive receives snapshots replicated from a member's (port 0: any).")
-@click.option("--log-source", type=click.Choice(list(LOG_SOURCES)), default=_BACKUP_DEFAULTS.log_source,
-              help="Which member's log to follow.")
-@click.option("--backup-interval", type=Duration(min_ns=10_000_000),
-              default=format_duration(_BACKUP_DEFAULTS.backup_interval_ns),
-              help="How often to ask again (new snapshots, a new leader).")
-@click.option("--backup-response-timeout", type=Duration(min_ns=10_000_000),
-              default=format_duration(_BACKUP_DEFAULTS.backup_response_timeout_ns),
-              help="A member that does not answer within this is passed over for the next.")
-@click.option("--backup-progress-timeout", type=Duration(min_ns=10_000_000),
-              default=format_duration(_BACKUP_DEFAULTS.backup_progress_timeout_ns),
-              help="Without a live log for this long, the backup starts over.")
-@click.option("--cool-down-interval", type=Duration(min_ns=0),
-              default=format_duration(_BACKUP_DEFAULTS.cool_down_interval_ns),
-              help="The pause before starting over after an error or a change of log source.")
-@click.option("--credentials", envvar="FULMAR_CLUSTER_SECRET", default=None,
-              help="Credentials for the members' authenticator (default: none).")
-def cluster_backup(cluster_dir: str, driver_dir: str | None, cluster_id: int, cluster_consensus_endpoints: str,
-                   consensus_endpoint: str, catchup_endpoint: str, archive_control_channel: str,
-                   replication_channel: str, log_source: str, backup_interval: int, backup_response_timeout: int,
-                   backup_progress_timeout: int, cool_down_interval: int, credentials: str | None) -> None:
+@click.option(
+    "--cluster-consensus-endpoints",
+    required=True,
+    help="The members' consensus endpoints to query, host:port,host:port,...",
+)
+@click.option(
+    "--consensus-endpoint",
+    default=_BACKUP_DEFAULTS.consensus_endpoint,
+    help="Where the members answer this backup (host:port; port 0: any free one).",
+)
+@click.option(
+    "--catchup-endpoint",
+    required=True,
+    help="Where the log source's archive replays the log to this backup's archive (host:port).",
+)
+@click.option(
+    "--archive-control-channel", default=_BACKUP_DEFAULTS.archive_control_channel, help="This backup's own archive."
+)
+@click.option(
+    "--replication-channel",
+    default=_BACKUP_DEFAULTS.replication_channel,
+    help="Where this backup's archive receives snapshots replicated from a member's (port 0: any).",
+)
+@click.option(
+    "--log-source",
+    type=click.Choice(list(LOG_SOURCES)),
+    default=_BACKUP_DEFAULTS.log_source,
+    help="Which member's log to follow.",
+)
+@click.option(
+    "--backup-interval",
+    type=Duration(min_ns=10_000_000),
+    default=format_duration(_BACKUP_DEFAULTS.backup_interval_ns),
+    help="How often to ask again (new snapshots, a new leader).",
+)
+@click.option(
+    "--backup-response-timeout",
+    type=Duration(min_ns=10_000_000),
+    default=format_duration(_BACKUP_DEFAULTS.backup_response_timeout_ns),
+    help="A member that does not answer within this is passed over for the next.",
+)
+@click.option(
+    "--backup-progress-timeout",
+    type=Duration(min_ns=10_000_000),
+    default=format_duration(_BACKUP_DEFAULTS.backup_progress_timeout_ns),
+    help="Without a live log for this long, the backup starts over.",
+)
+@click.option(
+    "--cool-down-interval",
+    type=Duration(min_ns=0),
+    default=format_duration(_BACKUP_DEFAULTS.cool_down_interval_ns),
+    help="The pause before starting over after an error or a change of log source.",
+)
+@click.option(
+    "--credentials",
+    envvar="FULMAR_CLUSTER_SECRET",
+    default=None,
+    help="Credentials for the members' authenticator (default: none).",
+)
+def cluster_backup(
+    cluster_dir: str,
+    driver_dir: str | None,
+    cluster_id: int,
+    cluster_consensus_endpoints: str,
+    consensus_endpoint: str,
+    catchup_endpoint: str,
+    archive_control_channel: str,
+    replication_channel: str,
+    log_source: str,
+    backup_interval: int,
+    backup_response_timeout: int,
+    backup_progress_timeout: int,
+    cool_down_interval: int,
+    credentials: str | None,
+) -> None:
     """Run a cluster backup in the foreground until SIGTERM or SIGINT: a copy of
     a cluster's log and latest snapshots in this backup's own archive (its
     own media driver and archive run beside it), kept up to date."""
     context = ClusterBackupContext(
-        cluster_dir=Path(cluster_dir), driver_dir=resolve_driver_dir(driver_dir), cluster_id=cluster_id,
-        cluster_consensus_endpoints=cluster_consensus_endpoints, consensus_endpoint=consensus_endpoint,
-        catchup_endpoint=catchup_endpoint, archive_control_channel=archive_control_channel,
-        replication_channel=replication_channel, log_source=log_source, backup_interval_ns=backup_interval,
-        backup_response_timeout_ns=backup_response_timeout, backup_progress_timeout_ns=backup_progress_timeout,
-        cool_down_interval_ns=cool_down_interval, encoded_credentials=(credentials or "").encode())
+        cluster_dir=Path(cluster_dir),
+        driver_dir=resolve_driver_dir(driver_dir),
+        cluster_id=cluster_id,
+        cluster_consensus_endpoints=cluster_consensus_endpoints,
+        consensus_endpoint=consensus_endpoint,
+        catchup_endpoint=catchup_endpoint,
+        archive_control_channel=archive_control_channel,
+        replication_channel=replication_channel,
+        log_source=log_source,
+        backup_interval_ns=backup_interval,
+        backup_response_timeout_ns=backup_response_timeout,
+        backup_progress_timeout_ns=backup_progress_timeout,
+        cool_down_interval_ns=cool_down_interval,
+        encoded_credentials=(credentials or "").encode(),
+    )
 
     def announce(backup: ClusterBackup) -> None:
         click.echo(f"cluster backup pid {os.getpid()} backing up {cluster_consensus_endpoints} into {cluster_dir}")
@@ -653,21 +899,36 @@ def cluster_backup(cluster_dir: str, driver_dir: str | None, cluster_id: int, cl
 
 from fulmar.cli import supervisor as _supervisor  # noqa: E402 - needs the commands above
 
-_START_OPTIONS = _supervisor.build_options({"driver": driver, "archive": archive, "consensus": consensus,
-                                            "service": service})
+_START_OPTIONS = _supervisor.build_options(
+    {"driver": driver, "archive": archive, "consensus": consensus, "service": service}
+)
 
 
 @main.command(context_settings={"max_content_width": 110})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The node's TOML configuration: tables [node], [driver], [archive], [consensus], [service]; "
-              "every flag below names its key.")
-@click.option("--local", "local_members", type=int, default=None,
-              help="Run a whole cluster of 1, 3 or 5 members on this machine with a generated configuration "
-              "under --dir (default /var/tmp/fulmar-<user>/local-cluster): node<i>/ holds each member's "
-              "archive/, cluster/, logs/ and node.toml.  Every port is a free UDP port on 127.0.0.1.")
-@click.option("--ingress-port", type=click.IntRange(0, 65535), default=None,
-              help="With --local: the UDP port of member 0's ingress on 127.0.0.1; member i's is this + i "
-              "(0 or absent: free ports).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The node's TOML configuration: tables [node], [driver], [archive], [consensus], [service]; "
+    "every flag below names its key.",
+)
+@click.option(
+    "--local",
+    "local_members",
+    type=int,
+    default=None,
+    help="Run a whole cluster of 1, 3 or 5 members on this machine with a generated configuration "
+    "under --dir (default /var/tmp/fulmar-<user>/local-cluster): node<i>/ holds each member's "
+    "archive/, cluster/, logs/ and node.toml.  Every port is a free UDP port on 127.0.0.1.",
+)
+@click.option(
+    "--ingress-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="With --local: the UDP port of member 0's ingress on 127.0.0.1; member i's is this + i "
+    "(0 or absent: free ports).",
+)
 @_supervisor.click_options(_START_OPTIONS)
 def start(config_path: Path | None, local_members: int | None, ingress_port: int | None, **flags: object) -> None:
     """Start one node: media driver, archive, consensus module and service
@@ -713,8 +974,10 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
     """
     if local_members is None:
         if ingress_port is not None:
-            raise _supervisor.ConfigError("--ingress-port is for --local; otherwise set [consensus] ingress_channel "
-                                          "in the config or pass --consensus-ingress-channel")
+            raise _supervisor.ConfigError(
+                "--ingress-port is for --local; otherwise set [consensus] ingress_channel "
+                "in the config or pass --consensus-ingress-channel"
+            )
         config = _supervisor.resolve_config(_START_OPTIONS, flags, config_path)
         _supervisor.validate(config)
         sys.exit(_supervisor.run_node(config))
@@ -724,15 +987,17 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
     if local_members not in _supervisor.LOCAL_SIZES:
         raise _supervisor.ConfigError(
             f"--local {local_members}: a local cluster has 1, 3 or 5 members (an odd number, so that a majority "
-            "survives the loss of the others)")
+            "survives the loss of the others)"
+        )
     _supervisor.check_local_flags(_START_OPTIONS, flags, local_members)
     base_flag = flags.get("dir")
     base = Path(str(base_flag)).absolute() if base_flag else _supervisor.default_local_base()
     flags["dir"] = None  # --dir is the cluster's base here; member i's node directory is base/node<i>
     # --metrics-port P: member i serves on P + i, as with --ingress-port (0: each a free port).
     metrics_flag = flags.pop("metrics_port", None)
-    metrics_ports = _supervisor.local_metrics_ports(metrics_flag if isinstance(metrics_flag, int) else None,
-                                                    local_members)
+    metrics_ports = _supervisor.local_metrics_ports(
+        metrics_flag if isinstance(metrics_flag, int) else None, local_members
+    )
     ports = _supervisor.allocate_local_ports(local_members, ingress_port)
     configs = []
     for member_id, layer in enumerate(_supervisor.local_cluster_layers(base, ports)):
@@ -754,8 +1019,10 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
         sys.exit(_supervisor.run_node(configs[0]))
     click.echo(f"local cluster of {local_members} members under {base}")
     for config, member in zip(configs, ports):
-        click.echo(f"member {config.member_id}: ingress {member.endpoint('ingress')}, node directory "
-                   f"{config.node_dir}, driver directory {config.driver_dir}")
+        click.echo(
+            f"member {config.member_id}: ingress {member.endpoint('ingress')}, node directory "
+            f"{config.node_dir}, driver directory {config.driver_dir}"
+        )
     endpoints = _supervisor.local_ingress_endpoints(ports)
     click.echo(f"ingress endpoints: {endpoints}")
     sys.exit(_supervisor.run_local_cluster(configs, endpoints))
@@ -767,11 +1034,21 @@ from fulmar.cli import backup_node as _backup_node  # noqa: E402 - beside start,
 
 
 @main.command(context_settings={"max_content_width": 110})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The backup's TOML configuration: tables [backup], [driver], [archive].")
-@click.option("--local", "local_base", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Back up the local cluster under this base directory (cluster-node start --local 3 --dir "
-              "BASE): the backup lives in BASE/backup.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The backup's TOML configuration: tables [backup], [driver], [archive].",
+)
+@click.option(
+    "--local",
+    "local_base",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Back up the local cluster under this base directory (cluster-node start --local 3 --dir "
+    "BASE): the backup lives in BASE/backup.",
+)
 def backup(config_path: Path | None, local_base: Path | None) -> None:
     """Start a cluster backup: its own media driver, its own archive and the
     backup (cluster-node cluster-backup), each its own process, in that order;

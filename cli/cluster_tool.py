@@ -21,7 +21,14 @@ from __future__ import annotations
 
 import click
 
-from fulmar.cli import aeron_stat, analytics_commands, archive_tool, cluster_commands, metrics_server, retention_commands
+from fulmar.cli import (
+    aeron_stat,
+    analytics_commands,
+    archive_tool,
+    cluster_commands,
+    metrics_server,
+    retention_commands,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -48,8 +55,20 @@ main.add_command(metrics_server.metrics_group)
 # Aeron's ClusterTool verbs at the top level too (cluster-tool describe --dir NODE):
 # the same commands as under ``cluster``; errors and counters tell a node's
 # directory from a driver's.
-for _name in ("describe", "pid", "list-members", "is-leader", "recording-log", "mark-file",
-              "snapshot", "suspend", "resume", "shutdown", "abort", "standby-snapshot"):
+for _name in (
+    "describe",
+    "pid",
+    "list-members",
+    "is-leader",
+    "recording-log",
+    "mark-file",
+    "snapshot",
+    "suspend",
+    "resume",
+    "shutdown",
+    "abort",
+    "standby-snapshot",
+):
     main.add_command(cluster_commands.cluster_group.commands[_name], _name)
 
 # Log retention: each member's log and snapshots before the newest it keeps.

@@ -9,16 +9,14 @@ after a crash.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from fulmar.clock import epoch_ms
 from fulmar.cnc import VERSION_OFFSET, CncError, CncFile
 from fulmar.counters import CountersReader
 from fulmar.driver.counters import (
@@ -51,7 +49,6 @@ COUNTER_TYPE_NAMES: dict[int, str] = {
 }
 
 
-
 def iso_utc(timestamp_ms: int) -> str:
     """Epoch milliseconds as ISO 8601 UTC, e.g. ``2026-11-22T06:51:53.123Z``.
 
@@ -59,7 +56,7 @@ def iso_utc(timestamp_ms: int) -> str:
     file) is shown as the raw number instead of failing the whole listing.
     """
     try:
-        moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=timestamp_ms)
+        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=timestamp_ms)
     except OverflowError:
         return f"<invalid timestamp {timestamp_ms} ms>"
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

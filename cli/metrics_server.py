@@ -56,8 +56,11 @@ DEFAULT_PORT = 9464  # Prometheus' registry of exporter ports: the one most expo
 DEFAULT_HOST = "127.0.0.1"
 # A module in these states serves its role: SUSPENDED is an operator's
 # choice (cluster-tool suspend), SNAPSHOT lasts a moment.
-_SERVING_STATES = {ConsensusModuleState.ACTIVE.name, ConsensusModuleState.SUSPENDED.name,
-                   ConsensusModuleState.SNAPSHOT.name}
+_SERVING_STATES = {
+    ConsensusModuleState.ACTIVE.name,
+    ConsensusModuleState.SUSPENDED.name,
+    ConsensusModuleState.SNAPSHOT.name,
+}
 _SERVING_ROLES = {ClusterRole.LEADER.name, ClusterRole.FOLLOWER.name}
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
@@ -98,9 +101,12 @@ def node_health(node: MetricsNode, now_ms: int) -> Health:
     if election != ElectionState.CLOSED.name or role not in _SERVING_ROLES:
         return Health(False, False, f"{member}: election state {election}, role {role}")
     running = ", ".join(process.name for process in processes)
-    return Health(True, role == ClusterRole.LEADER.name,
-                  f"{member} {role}, consensus module {state}, leadership term {counters['leadership_term_id']}, "
-                  f"commit position {counters['commit_position']}; running: {running}")
+    return Health(
+        True,
+        role == ClusterRole.LEADER.name,
+        f"{member} {role}, consensus module {state}, leadership term {counters['leadership_term_id']}, "
+        f"commit position {counters['commit_position']}; running: {running}",
+    )
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -134,8 +140,13 @@ class NodeMetricsApp:
                 ok, text = health.healthy, ("ok: " if health.healthy else "unhealthy: ") + health.reason
             else:
                 ok = health.leader
-                text = f"leader: {health.reason}" if ok else \
-                    f"not the leader: {health.reason}" if health.healthy else f"not the leader (unhealthy): {health.reason}"
+                text = (
+                    f"leader: {health.reason}"
+                    if ok
+                    else f"not the leader: {health.reason}"
+                    if health.healthy
+                    else f"not the leader (unhealthy): {health.reason}"
+                )
             return _text(start_response, "200 OK" if ok else "503 Service Unavailable", text)
         return _text(start_response, "404 Not Found", f"no {path} here: /metrics, /health, /leader")
 
@@ -183,7 +194,7 @@ class MetricsServer:
         host = str(self._httpd.server_address[0])
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
-    def start(self) -> "MetricsServer":
+    def start(self) -> MetricsServer:
         self._thread.start()
         return self
 
@@ -256,16 +267,33 @@ def metrics_group() -> None:
 
 
 @metrics_group.command(name="serve", short_help="Serve a node's /metrics, /health and /leader over HTTP.")
-@click.option("--dir", "directory", required=True, type=click.Path(path_type=Path),
-              help="A node's cluster directory, a node directory (holding cluster/ and archive/), or the base of "
-              "a local cluster (node0/, node1/, ...: member i is served on PORT + i).")
-@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT,
-              help="The TCP port (of member 0, for a local cluster's base; 0: any free port).")
+@click.option(
+    "--dir",
+    "directory",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="A node's cluster directory, a node directory (holding cluster/ and archive/), or the base of "
+    "a local cluster (node0/, node1/, ...: member i is served on PORT + i).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    help="The TCP port (of member 0, for a local cluster's base; 0: any free port).",
+)
 @click.option("--host", default=DEFAULT_HOST, help="The address to serve on (0.0.0.0: every interface).")
-@click.option("--archive-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The node's archive directory.  [default: archive/ beside the cluster directory]")
-@click.option("--driver-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The node's media driver directory.  [default: the one its consensus module's mark file names]")
+@click.option(
+    "--archive-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The node's archive directory.  [default: archive/ beside the cluster directory]",
+)
+@click.option(
+    "--driver-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The node's media driver directory.  [default: the one its consensus module's mark file names]",
+)
 def metrics_serve(directory: Path, port: int, host: str, archive_dir: Path | None, driver_dir: Path | None) -> None:
     """Serve the metrics of the node(s) under --dir until SIGINT or SIGTERM.
 

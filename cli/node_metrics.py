@@ -184,15 +184,22 @@ def read_node_files(node: MetricsNode, driver: DriverFile, now_ms: int) -> NodeF
         found.driver_dir = node.driver_dir
 
     if found.driver_dir is None:
-        found.processes.append(ProcessState(DRIVER, False, "its directory is unknown (no consensus module mark file)",
-                                            None))
+        found.processes.append(
+            ProcessState(DRIVER, False, "its directory is unknown (no consensus module mark file)", None)
+        )
     else:
         try:
             cnc = driver.open(found.driver_dir)
             status = read_driver_status(cnc, now_ms)
-            state = "running" if status["alive"] else (
-                f"not running (pid {status['pid']} is gone)" if not status["pid_exists"]
-                else f"not running (no heartbeat for {status['heartbeat_age_ms']} ms)")
+            state = (
+                "running"
+                if status["alive"]
+                else (
+                    f"not running (pid {status['pid']} is gone)"
+                    if not status["pid_exists"]
+                    else f"not running (no heartbeat for {status['heartbeat_age_ms']} ms)"
+                )
+            )
             found.processes.append(ProcessState(DRIVER, bool(status["alive"]), state, int(status["pid"])))
             found.errors[DRIVER] = _error_counts(error.observation_count for error in read_error_log(cnc.error_log))
         except (CncError, CorruptErrorLogError, OSError) as error:  # OSError: cnc.dat unreadable (permissions)
@@ -202,8 +209,9 @@ def read_node_files(node: MetricsNode, driver: DriverFile, now_ms: int) -> NodeF
     if module_doc is None:
         found.processes.append(ProcessState(CONSENSUS_MODULE, False, module_state, None))
     else:
-        found.processes.append(ProcessState(CONSENSUS_MODULE, module_doc["running"], module_doc["state"],
-                                            module_doc["pid"]))
+        found.processes.append(
+            ProcessState(CONSENSUS_MODULE, module_doc["running"], module_doc["state"], module_doc["pid"])
+        )
     try:
         services = service_mark_paths(node.cluster_dir)
     except ClusterReadError:
@@ -216,8 +224,9 @@ def read_node_files(node: MetricsNode, driver: DriverFile, now_ms: int) -> NodeF
             found.processes.append(ProcessState(name, False, str(error), None))
             continue
         document = cluster_mark_document(contents, now_ms)
-        found.processes.append(ProcessState(name, bool(document["running"]), str(document["state"]),
-                                            contents.header.pid))
+        found.processes.append(
+            ProcessState(name, bool(document["running"]), str(document["state"]), contents.header.pid)
+        )
         found.errors[name] = _error_counts(error.observation_count for error in contents.errors)
     return found
 
@@ -231,8 +240,9 @@ def _archive_state(archive_dir: Path | None, now_ms: int, errors: dict[str, tupl
         return ProcessState(ARCHIVE, False, f"not running ({error})", None)
     status = archive_tool.mark_status(decoder, length, now_ms)
     try:
-        errors[ARCHIVE] = _error_counts(error["observation_count"]
-                                        for error in archive_tool.read_archive_errors(archive_dir, decoder))
+        errors[ARCHIVE] = _error_counts(
+            error["observation_count"] for error in archive_tool.read_archive_errors(archive_dir, decoder)
+        )
     except archive_tool.ArchiveReadError:
         pass  # a corrupt error log: `cluster-tool archive errors` says why; the process is judged all the same
     return ProcessState(ARCHIVE, bool(status["running"]), str(status["state"]), int(status["pid"]))
@@ -298,8 +308,12 @@ def _stream_labels(key: bytes, label: str) -> Labels:
     head, separator, tail = channel.rpartition(" @")
     if separator and tail.isdigit():
         channel = head  # a subscriber position's join position
-    return {"registration_id": str(registration_id), "session_id": str(session_id), "stream_id": str(stream_id),
-            "channel": channel}
+    return {
+        "registration_id": str(registration_id),
+        "session_id": str(session_id),
+        "stream_id": str(stream_id),
+        "channel": channel,
+    }
 
 
 def _channel_status_labels(key: bytes, label: str) -> Labels:
@@ -313,8 +327,10 @@ def _local_address_labels(key: bytes, label: str) -> Labels:
 
 def _heartbeat_labels(key: bytes, label: str) -> Labels:
     process = declared_process(label)
-    return {"client_id": str(int.from_bytes(key[:8], "little", signed=True)),
-            "pid": "" if process is None else str(process[0])}
+    return {
+        "client_id": str(int.from_bytes(key[:8], "little", signed=True)),
+        "pid": "" if process is None else str(process[0]),
+    }
 
 
 def _recording_labels(key: bytes, label: str) -> Labels:
@@ -323,8 +339,13 @@ def _recording_labels(key: bytes, label: str) -> Labels:
     parts = label.split(" ", 4)
     stream_id = parts[3] if len(parts) == 5 else ""
     channel = parts[4].rpartition(" - archiveId=")[0] if len(parts) == 5 else ""
-    return {"recording_id": str(recording_id), "session_id": str(session_id), "stream_id": stream_id,
-            "channel": channel, "archive_id": str(archive_id)}
+    return {
+        "recording_id": str(recording_id),
+        "session_id": str(session_id),
+        "stream_id": stream_id,
+        "channel": channel,
+        "archive_id": str(archive_id),
+    }
 
 
 def _cluster_labels(key: bytes, label: str) -> Labels:
@@ -367,8 +388,9 @@ SYSTEM_KINDS: dict[int, CounterKind] = {
     SystemCounter.BYTES_RECEIVED: _system("driver_received_bytes", "Bytes received over UDP."),
     SystemCounter.RECEIVER_PROXY_FAILS: _system("driver_receiver_proxy_fails", "Failed offers to the receiver proxy."),
     SystemCounter.SENDER_PROXY_FAILS: _system("driver_sender_proxy_fails", "Failed offers to the sender proxy."),
-    SystemCounter.CONDUCTOR_PROXY_FAILS: _system("driver_conductor_proxy_fails",
-                                                 "Failed offers to the driver conductor proxy."),
+    SystemCounter.CONDUCTOR_PROXY_FAILS: _system(
+        "driver_conductor_proxy_fails", "Failed offers to the driver conductor proxy."
+    ),
     SystemCounter.NAK_MESSAGES_SENT: _system("driver_naks_sent", "NAKs sent (loss seen by this node's receivers)."),
     SystemCounter.NAK_MESSAGES_RECEIVED: _system("driver_naks_received", "NAKs received from other nodes' receivers."),
     SystemCounter.STATUS_MESSAGES_SENT: _system("driver_status_messages_sent", "Status messages sent."),
@@ -382,135 +404,224 @@ SYSTEM_KINDS: dict[int, CounterKind] = {
     SystemCounter.ERRORS: _system("driver_errors", "Errors the driver recorded (its distinct error log has the text)."),
     SystemCounter.SHORT_SENDS: _system("driver_short_sends", "Sends that did not send the whole datagram."),
     SystemCounter.FREE_FAILS: _system("driver_free_fails", "Failed attempts to free log buffers."),
-    SystemCounter.SENDER_FLOW_CONTROL_LIMITS: _system("driver_sender_flow_control_limits",
-                                                      "Times a sender was held back by flow control (back-pressure)."),
+    SystemCounter.SENDER_FLOW_CONTROL_LIMITS: _system(
+        "driver_sender_flow_control_limits", "Times a sender was held back by flow control (back-pressure)."
+    ),
     SystemCounter.UNBLOCKED_PUBLICATIONS: _system("driver_unblocked_publications", "Publications unblocked."),
     SystemCounter.UNBLOCKED_COMMANDS: _system("driver_unblocked_commands", "Control commands unblocked."),
     SystemCounter.POSSIBLE_TTL_ASYMMETRY: _system("driver_possible_ttl_asymmetry", "Possible TTL asymmetries."),
-    SystemCounter.CONTROLLABLE_IDLE_STRATEGY: _system("driver_controllable_idle_strategy_status",
-                                                      "Status of the controllable idle strategy.", "gauge"),
+    SystemCounter.CONTROLLABLE_IDLE_STRATEGY: _system(
+        "driver_controllable_idle_strategy_status", "Status of the controllable idle strategy.", "gauge"
+    ),
     SystemCounter.LOSS_GAP_FILLS: _system("driver_loss_gap_fills", "Gaps filled after loss."),
     SystemCounter.CLIENT_TIMEOUTS: _system("driver_client_timeouts", "Clients closed for want of keepalives."),
     SystemCounter.RESOLUTION_CHANGES: _system("driver_resolution_changes", "Endpoint name resolution changes."),
-    SystemCounter.CONDUCTOR_MAX_CYCLE_TIME: _system("driver_conductor_max_cycle_time_seconds",
-                                                    "Longest duty cycle of the driver's conductor.", "gauge", _NS),
+    SystemCounter.CONDUCTOR_MAX_CYCLE_TIME: _system(
+        "driver_conductor_max_cycle_time_seconds", "Longest duty cycle of the driver's conductor.", "gauge", _NS
+    ),
     SystemCounter.CONDUCTOR_CYCLE_TIME_THRESHOLD_EXCEEDED: _system(
-        "driver_conductor_cycle_time_threshold_exceeded", "Conductor duty cycles over the threshold."),
+        "driver_conductor_cycle_time_threshold_exceeded", "Conductor duty cycles over the threshold."
+    ),
     SystemCounter.ACTIVE_CLIENTS: _system("driver_active_clients", "Clients of the driver.", "gauge"),
     SystemCounter.ACTIVE_PUBLICATIONS: _system("driver_active_publications", "Publications of the driver.", "gauge"),
-    SystemCounter.ACTIVE_SUBSCRIPTIONS: _system("driver_active_subscriptions", "Subscriptions of the driver.",
-                                                "gauge"),
+    SystemCounter.ACTIVE_SUBSCRIPTIONS: _system("driver_active_subscriptions", "Subscriptions of the driver.", "gauge"),
     SystemCounter.COMMANDS_RECEIVED: _system("driver_commands_received", "Commands received from clients."),
-    SystemCounter.LOSS_RECEIVE_RATE_PPM: _system("driver_loss_injection_receive_ratio",
-                                                 "Share of received datagrams the loss injection drops.", "gauge", _PPM),
-    SystemCounter.LOSS_SEND_RATE_PPM: _system("driver_loss_injection_send_ratio",
-                                              "Share of sent datagrams the loss injection drops.", "gauge", _PPM),
-    SystemCounter.LOSS_FRAME_TYPE_MASK: _system("driver_loss_injection_frame_type_mask",
-                                                "Frame types the loss injection drops (a bit per type, 0: all).",
-                                                "gauge"),
-    SystemCounter.DATAGRAMS_DROPPED_BY_LOSS_INJECTION: _system("driver_loss_injection_dropped_datagrams",
-                                                               "Datagrams the loss injection dropped."),
+    SystemCounter.LOSS_RECEIVE_RATE_PPM: _system(
+        "driver_loss_injection_receive_ratio", "Share of received datagrams the loss injection drops.", "gauge", _PPM
+    ),
+    SystemCounter.LOSS_SEND_RATE_PPM: _system(
+        "driver_loss_injection_send_ratio", "Share of sent datagrams the loss injection drops.", "gauge", _PPM
+    ),
+    SystemCounter.LOSS_FRAME_TYPE_MASK: _system(
+        "driver_loss_injection_frame_type_mask",
+        "Frame types the loss injection drops (a bit per type, 0: all).",
+        "gauge",
+    ),
+    SystemCounter.DATAGRAMS_DROPPED_BY_LOSS_INJECTION: _system(
+        "driver_loss_injection_dropped_datagrams", "Datagrams the loss injection dropped."
+    ),
 }
 
 _BYTES_POSITION = "a position in the stream, in bytes"
 # Every other counter type, by type id.
 COUNTER_KINDS: dict[int, CounterKind] = {
-    PUBLISHER_LIMIT_TYPE_ID: CounterKind("publisher_limit_bytes", "gauge",
-                                         f"pub-lmt: how far a publication may append ({_BYTES_POSITION}).",
-                                         _stream_labels),
-    PUBLISHER_POSITION_TYPE_ID: CounterKind("publisher_position_bytes", "gauge",
-                                            f"pub-pos: what a publication appended ({_BYTES_POSITION}).",
-                                            _stream_labels),
-    SENDER_POSITION_TYPE_ID: CounterKind("sender_position_bytes", "gauge",
-                                         f"snd-pos: what the driver sent of a publication ({_BYTES_POSITION}).",
-                                         _stream_labels),
-    RECEIVER_HWM_TYPE_ID: CounterKind("receiver_high_water_mark_bytes", "gauge",
-                                      f"rcv-hwm: the highest position received of an image ({_BYTES_POSITION}).",
-                                      _stream_labels),
-    RECEIVER_POSITION_TYPE_ID: CounterKind("receiver_position_bytes", "gauge",
-                                           f"rcv-pos: what an image holds without gaps ({_BYTES_POSITION}).",
-                                           _stream_labels),
-    SUBSCRIBER_POSITION_TYPE_ID: CounterKind("subscriber_position_bytes", "gauge",
-                                             f"sub-pos: what a subscriber consumed of an image ({_BYTES_POSITION}).",
-                                             _stream_labels),
-    SENDER_BPE_TYPE_ID: CounterKind("publisher_back_pressure_events", "counter",
-                                    "snd-bpe: offers a publication refused for back-pressure.", _stream_labels),
-    PUBLISHER_MESSAGES_TYPE_ID: CounterKind("publisher_messages", "counter",
-                                            "pub-msgs: messages appended to a publication.", _stream_labels),
-    SEND_CHANNEL_STATUS_TYPE_ID: CounterKind("send_channel_status", "gauge",
-                                             "A send channel's endpoint (0 initializing, 1 active, -1 errored, "
-                                             "2 closing).", _channel_status_labels),
-    RECEIVE_CHANNEL_STATUS_TYPE_ID: CounterKind("receive_channel_status", "gauge",
-                                                "A receive channel's endpoint (0 initializing, 1 active, -1 errored, "
-                                                "2 closing).", _channel_status_labels),
-    LOCAL_SOCKADDR_TYPE_ID: CounterKind("channel_local_address_status", "gauge",
-                                        "A channel endpoint's bound local address (its status).",
-                                        _local_address_labels),
-    CLIENT_HEARTBEAT_TYPE_ID: CounterKind("client_heartbeat_age_seconds", "gauge",
-                                          "Time since a client of the driver (a process of the node, or a tool) "
-                                          "last kept itself alive.", _heartbeat_labels, _age_s),
-    RECORDING_POSITION_TYPE_ID: CounterKind("archive_recorded_position_bytes", "gauge",
-                                            f"rec-pos: what the archive recorded of a stream ({_BYTES_POSITION}).",
-                                            _recording_labels),
+    PUBLISHER_LIMIT_TYPE_ID: CounterKind(
+        "publisher_limit_bytes",
+        "gauge",
+        f"pub-lmt: how far a publication may append ({_BYTES_POSITION}).",
+        _stream_labels,
+    ),
+    PUBLISHER_POSITION_TYPE_ID: CounterKind(
+        "publisher_position_bytes",
+        "gauge",
+        f"pub-pos: what a publication appended ({_BYTES_POSITION}).",
+        _stream_labels,
+    ),
+    SENDER_POSITION_TYPE_ID: CounterKind(
+        "sender_position_bytes",
+        "gauge",
+        f"snd-pos: what the driver sent of a publication ({_BYTES_POSITION}).",
+        _stream_labels,
+    ),
+    RECEIVER_HWM_TYPE_ID: CounterKind(
+        "receiver_high_water_mark_bytes",
+        "gauge",
+        f"rcv-hwm: the highest position received of an image ({_BYTES_POSITION}).",
+        _stream_labels,
+    ),
+    RECEIVER_POSITION_TYPE_ID: CounterKind(
+        "receiver_position_bytes",
+        "gauge",
+        f"rcv-pos: what an image holds without gaps ({_BYTES_POSITION}).",
+        _stream_labels,
+    ),
+    SUBSCRIBER_POSITION_TYPE_ID: CounterKind(
+        "subscriber_position_bytes",
+        "gauge",
+        f"sub-pos: what a subscriber consumed of an image ({_BYTES_POSITION}).",
+        _stream_labels,
+    ),
+    SENDER_BPE_TYPE_ID: CounterKind(
+        "publisher_back_pressure_events",
+        "counter",
+        "snd-bpe: offers a publication refused for back-pressure.",
+        _stream_labels,
+    ),
+    PUBLISHER_MESSAGES_TYPE_ID: CounterKind(
+        "publisher_messages", "counter", "pub-msgs: messages appended to a publication.", _stream_labels
+    ),
+    SEND_CHANNEL_STATUS_TYPE_ID: CounterKind(
+        "send_channel_status",
+        "gauge",
+        "A send channel's endpoint (0 initializing, 1 active, -1 errored, 2 closing).",
+        _channel_status_labels,
+    ),
+    RECEIVE_CHANNEL_STATUS_TYPE_ID: CounterKind(
+        "receive_channel_status",
+        "gauge",
+        "A receive channel's endpoint (0 initializing, 1 active, -1 errored, 2 closing).",
+        _channel_status_labels,
+    ),
+    LOCAL_SOCKADDR_TYPE_ID: CounterKind(
+        "channel_local_address_status",
+        "gauge",
+        "A channel endpoint's bound local address (its status).",
+        _local_address_labels,
+    ),
+    CLIENT_HEARTBEAT_TYPE_ID: CounterKind(
+        "client_heartbeat_age_seconds",
+        "gauge",
+        "Time since a client of the driver (a process of the node, or a tool) last kept itself alive.",
+        _heartbeat_labels,
+        _age_s,
+    ),
+    RECORDING_POSITION_TYPE_ID: CounterKind(
+        "archive_recorded_position_bytes",
+        "gauge",
+        f"rec-pos: what the archive recorded of a stream ({_BYTES_POSITION}).",
+        _recording_labels,
+    ),
     cluster_protocol.CONSENSUS_MODULE_STATE_TYPE_ID: _state(
-        "cluster_module_state", "The consensus module's state", ConsensusModuleState, _cluster_labels),
-    cluster_protocol.CLUSTER_NODE_ROLE_TYPE_ID: _state("cluster_role", "This member's role", ClusterRole,
-                                                       _cluster_labels),
+        "cluster_module_state", "The consensus module's state", ConsensusModuleState, _cluster_labels
+    ),
+    cluster_protocol.CLUSTER_NODE_ROLE_TYPE_ID: _state(
+        "cluster_role", "This member's role", ClusterRole, _cluster_labels
+    ),
     cluster_protocol.CLUSTER_CONTROL_TOGGLE_TYPE_ID: _state(
-        "cluster_control_toggle", "The cluster control toggle (cluster-tool's operations)", ControlToggle,
-        _cluster_labels),
+        "cluster_control_toggle",
+        "The cluster control toggle (cluster-tool's operations)",
+        ControlToggle,
+        _cluster_labels,
+    ),
     cluster_protocol.COMMIT_POSITION_TYPE_ID: CounterKind(
-        "cluster_commit_position_bytes", "gauge", "The position of the log this member knows committed.",
-        _cluster_labels),
+        "cluster_commit_position_bytes",
+        "gauge",
+        "The position of the log this member knows committed.",
+        _cluster_labels,
+    ),
     cluster_protocol.RECOVERY_STATE_TYPE_ID: CounterKind(
-        "cluster_recovery_log_position_bytes", "gauge",
+        "cluster_recovery_log_position_bytes",
+        "gauge",
         "The log position of the snapshot the consensus module recovered from at its start.",
-        _recovery_labels, _recovery_position),
+        _recovery_labels,
+        _recovery_position,
+    ),
     cluster_protocol.SNAPSHOT_COUNTER_TYPE_ID: CounterKind(
-        "cluster_snapshots", "counter", "Snapshots this member took.", _cluster_labels),
+        "cluster_snapshots", "counter", "Snapshots this member took.", _cluster_labels
+    ),
     cluster_protocol.ELECTION_STATE_TYPE_ID: _state(
-        "cluster_election_state", "This member's election state, CLOSED when none runs", ElectionState,
-        _cluster_labels),
-    cluster_protocol.CLUSTER_BACKUP_STATE_TYPE_ID: _state("cluster_backup_state", "A cluster backup's state",
-                                                          ClusterBackupState, _cluster_labels),
+        "cluster_election_state", "This member's election state, CLOSED when none runs", ElectionState, _cluster_labels
+    ),
+    cluster_protocol.CLUSTER_BACKUP_STATE_TYPE_ID: _state(
+        "cluster_backup_state", "A cluster backup's state", ClusterBackupState, _cluster_labels
+    ),
     CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID: CounterKind(
-        "cluster_backup_live_log_position_bytes", "gauge", "What a cluster backup holds of the live log.",
-        _cluster_labels, _position),
+        "cluster_backup_live_log_position_bytes",
+        "gauge",
+        "What a cluster backup holds of the live log.",
+        _cluster_labels,
+        _position,
+    ),
     CLUSTER_BACKUP_QUERY_DEADLINE_TYPE_ID: CounterKind(
-        "cluster_backup_next_query_timestamp_seconds", "gauge", "When a cluster backup queries the members next.",
-        _cluster_labels, _scaled(_MS)),
+        "cluster_backup_next_query_timestamp_seconds",
+        "gauge",
+        "When a cluster backup queries the members next.",
+        _cluster_labels,
+        _scaled(_MS),
+    ),
     CLUSTER_BACKUP_ERROR_COUNT_TYPE_ID: CounterKind(
-        "cluster_backup_errors", "counter", "Errors of a cluster backup.", _cluster_labels),
+        "cluster_backup_errors", "counter", "Errors of a cluster backup.", _cluster_labels
+    ),
     CLUSTER_BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID: CounterKind(
-        "cluster_backup_snapshot_retrievals", "counter", "Snapshots a cluster backup retrieved.", _cluster_labels),
+        "cluster_backup_snapshot_retrievals", "counter", "Snapshots a cluster backup retrieved.", _cluster_labels
+    ),
     cluster_protocol.CLUSTER_ERROR_COUNT_TYPE_ID: CounterKind(
-        "cluster_errors", "counter", "Errors the consensus module recorded (cluster-tool errors has the text).",
-        _cluster_labels),
+        "cluster_errors",
+        "counter",
+        "Errors the consensus module recorded (cluster-tool errors has the text).",
+        _cluster_labels,
+    ),
     cluster_protocol.CLUSTER_MAX_CYCLE_TIME_TYPE_ID: CounterKind(
-        "cluster_max_cycle_time_seconds", "gauge", "Longest duty cycle of the consensus module.", _cluster_labels,
-        _scaled(_NS)),
+        "cluster_max_cycle_time_seconds",
+        "gauge",
+        "Longest duty cycle of the consensus module.",
+        _cluster_labels,
+        _scaled(_NS),
+    ),
     cluster_protocol.CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID: CounterKind(
-        "cluster_cycle_time_threshold_exceeded", "counter", "Consensus module duty cycles over the threshold.",
-        _cluster_labels),
+        "cluster_cycle_time_threshold_exceeded",
+        "counter",
+        "Consensus module duty cycles over the threshold.",
+        _cluster_labels,
+    ),
     cluster_protocol.CLUSTER_STANDBY_SNAPSHOT_COUNTER_TYPE_ID: CounterKind(
-        "cluster_standby_snapshots_received", "counter", "StandbySnapshot announcements recorded.", _cluster_labels),
-    cluster_protocol.CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID: _state("cluster_node_control_toggle",
-                                                                 "The node control toggle", ControlToggle,
-                                                                 _cluster_labels),
+        "cluster_standby_snapshots_received", "counter", "StandbySnapshot announcements recorded.", _cluster_labels
+    ),
+    cluster_protocol.CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID: _state(
+        "cluster_node_control_toggle", "The node control toggle", ControlToggle, _cluster_labels
+    ),
     cluster_protocol.CLUSTER_ELECTION_COUNT_TYPE_ID: CounterKind(
-        "cluster_elections", "counter", "Elections this member took part in.", _cluster_labels),
+        "cluster_elections", "counter", "Elections this member took part in.", _cluster_labels
+    ),
     cluster_protocol.CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID: CounterKind(
-        "cluster_leadership_term_id", "gauge", "The leadership term this member is in.", _cluster_labels),
+        "cluster_leadership_term_id", "gauge", "The leadership term this member is in.", _cluster_labels
+    ),
     cluster_protocol.CLUSTER_SESSIONS_TYPE_ID: CounterKind(
-        "cluster_sessions", "gauge", "Client sessions open.", _cluster_labels),
+        "cluster_sessions", "gauge", "Client sessions open.", _cluster_labels
+    ),
     cluster_protocol.CLUSTER_TIMERS_TYPE_ID: CounterKind(
-        "cluster_timers", "gauge", "Cluster timers scheduled.", _cluster_labels),
+        "cluster_timers", "gauge", "Cluster timers scheduled.", _cluster_labels
+    ),
     cluster_protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID: CounterKind(
-        "cluster_invalid_requests", "counter", "Requests ignored as invalid.", _cluster_labels),
+        "cluster_invalid_requests", "counter", "Requests ignored as invalid.", _cluster_labels
+    ),
     cluster_protocol.CLUSTER_MEMBER_APPEND_POSITION_TYPE_ID: CounterKind(
-        "cluster_member_append_position_bytes", "gauge",
+        "cluster_member_append_position_bytes",
+        "gauge",
         "On the leader: the log position each follower last reported appended (absent elsewhere).",
-        _follower_labels, _position),
+        _follower_labels,
+        _position,
+    ),
 }
 
 _UNKNOWN_NAME = "counter"
@@ -519,17 +630,18 @@ _UNKNOWN_HELP = "A counter of a type without a metric of its own (e.g. a client'
 # Each process of the node gets these whether its counters are readable or not.
 _DERIVED_HELP = {
     "process_up": "1 when the process runs, as cluster-tool judges it (the driver's heartbeat; the archive's "
-                  "and the cluster mark files' activity and pid), else 0.",
+    "and the cluster mark files' activity and pid), else 0.",
     "distinct_errors": "Distinct errors in the process's error log (cnc.dat, archive-mark.dat, cluster mark files).",
     "error_observations": "Observations of the errors in the process's error log.",
     "cluster_log_recorded_position_bytes": "What this member's archive recorded of the log (on a follower, what "
-                                           "it reports appended to the leader).",
+    "it reports appended to the leader).",
     "cluster_uncommitted_log_bytes": "Log this member recorded that is not committed yet.",
     "cluster_member_lag_bytes": "On the leader: how far each follower's appended log is behind the leader's.",
     "cluster_commit_position_unchanged_seconds": (
         "How long the commit position has not moved, as this exporter saw it: it remembers the commit position "
         "from one scrape to the next, so this counts from its first scrape, and from a restart of the consensus "
-        "module (an idle cluster's commit position does not move either)."),
+        "module (an idle cluster's commit position does not move either)."
+    ),
 }
 
 
@@ -561,13 +673,21 @@ class _Families:
     metrics: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (type, help)
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float | None]] = field(default_factory=dict)
 
-    def add(self, name: str, kind: str, help_text: str, labels: Labels, value: float | None,
-            registration_id: int = 0) -> None:
+    def add(
+        self, name: str, kind: str, help_text: str, labels: Labels, value: float | None, registration_id: int = 0
+    ) -> None:
         """A sample; ``value`` None gives none, but still hides an older registration's."""
         self.add_sorted(name, kind, help_text, tuple(sorted(labels.items())), value, registration_id)
 
-    def add_sorted(self, name: str, kind: str, help_text: str, labels: tuple[tuple[str, str], ...],
-                   value: float | None, registration_id: int = 0) -> None:
+    def add_sorted(
+        self,
+        name: str,
+        kind: str,
+        help_text: str,
+        labels: tuple[tuple[str, str], ...],
+        value: float | None,
+        registration_id: int = 0,
+    ) -> None:
         """``add`` with the labels as sorted (name, value) pairs (a counter's, kept from scrape to scrape)."""
         self.metrics.setdefault(name, (kind, help_text))
         key = (name, labels)
@@ -595,8 +715,12 @@ class NodeCollector(Collector):
 
     PREFIX = "fulmar_"
 
-    def __init__(self, node: MetricsNode, clock_ms: Callable[[], int] = epoch_ms,
-                 monotonic_s: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        node: MetricsNode,
+        clock_ms: Callable[[], int] = epoch_ms,
+        monotonic_s: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.node = node
         self._clock_ms = clock_ms
         self._monotonic_s = monotonic_s
@@ -621,12 +745,18 @@ class NodeCollector(Collector):
         families = _Families(self.PREFIX)
         files = read_node_files(self.node, self._driver, now_ms)
         for process in files.processes:
-            families.add("process_up", "gauge", _DERIVED_HELP["process_up"], {"process": process.name},
-                         1 if process.running else 0)
+            families.add(
+                "process_up",
+                "gauge",
+                _DERIVED_HELP["process_up"],
+                {"process": process.name},
+                1 if process.running else 0,
+            )
         for name, (distinct, observations) in files.errors.items():
             families.add("distinct_errors", "gauge", _DERIVED_HELP["distinct_errors"], {"process": name}, distinct)
-            families.add("error_observations", "counter", _DERIVED_HELP["error_observations"], {"process": name},
-                         observations)
+            families.add(
+                "error_observations", "counter", _DERIVED_HELP["error_observations"], {"process": name}, observations
+            )
         cnc = self._driver.cnc
         if cnc is not None and files.driver_dir is not None:
             member = "" if files.member_id is None else str(files.member_id)
@@ -640,15 +770,28 @@ class NodeCollector(Collector):
         if cached is None or cached.registration_id != registration_id or cached.type_id != type_id:
             key = reader.counter_key(counter_id)
             label = reader.counter_label(counter_id)
-            kind = SYSTEM_KINDS.get(_INT32.unpack_from(key)[0]) if type_id == SYSTEM_COUNTER_TYPE_ID \
+            kind = (
+                SYSTEM_KINDS.get(_INT32.unpack_from(key)[0])
+                if type_id == SYSTEM_COUNTER_TYPE_ID
                 else COUNTER_KINDS.get(type_id)
-            labels = kind.labels(key, label) if kind is not None else \
-                {"type_id": str(type_id), "counter_id": str(counter_id), "label": label}
+            )
+            labels = (
+                kind.labels(key, label)
+                if kind is not None
+                else {"type_id": str(type_id), "counter_id": str(counter_id), "label": label}
+            )
             cached = self._cache[counter_id] = _CachedCounter(registration_id, type_id, key, kind, labels)
         return cached
 
-    def _read_counters(self, cnc: CncFile, families: _Families, now_ms: int, member: str,
-                       processes: dict[str, str], log_recording: int | None) -> None:
+    def _read_counters(
+        self,
+        cnc: CncFile,
+        families: _Families,
+        now_ms: int,
+        member: str,
+        processes: dict[str, str],
+        log_recording: int | None,
+    ) -> None:
         reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
         metadata, values = cnc.counters_metadata, cnc.counters_values
         recorded: tuple[int, int] | None = None  # (registration id, position) of the log's rec-pos
@@ -674,8 +817,14 @@ class NodeCollector(Collector):
             labels = counter.labels
             if type_id == CLIENT_HEARTBEAT_TYPE_ID:
                 labels = {**labels, "process": processes.get(labels["pid"], "")}
-                families.add(kind.name, kind.metric_type, kind.help, labels, kind.value(raw, counter.key, now_ms),
-                             registration_id)
+                families.add(
+                    kind.name,
+                    kind.metric_type,
+                    kind.help,
+                    labels,
+                    kind.value(raw, counter.key, now_ms),
+                    registration_id,
+                )
             else:
                 if counter.member != member:  # sorted once per counter, not on every scrape
                     extra = {"member_id": member} if kind.name.startswith("cluster_") else {}
@@ -683,11 +832,20 @@ class NodeCollector(Collector):
                     if extra:
                         counter.labels = {**labels, **extra}
                 labels = counter.labels
-                families.add_sorted(kind.name, kind.metric_type, kind.help, counter.sorted_labels,
-                                    kind.value(raw, counter.key, now_ms), registration_id)
+                families.add_sorted(
+                    kind.name,
+                    kind.metric_type,
+                    kind.help,
+                    counter.sorted_labels,
+                    kind.value(raw, counter.key, now_ms),
+                    registration_id,
+                )
             if type_id == RECORDING_POSITION_TYPE_ID:
-                if log_recording is not None and recording_position_ids(counter.key)[0] == log_recording \
-                        and (recorded is None or registration_id > recorded[0]):
+                if (
+                    log_recording is not None
+                    and recording_position_ids(counter.key)[0] == log_recording
+                    and (recorded is None or registration_id > recorded[0])
+                ):
                     recorded = (registration_id, raw)
             elif type_id == cluster_protocol.COMMIT_POSITION_TYPE_ID:
                 if commit is None or registration_id > commit[0]:
@@ -696,9 +854,13 @@ class NodeCollector(Collector):
                 followers.append((registration_id, labels, raw))
         self._add_log_positions(families, recorded, commit, followers)
 
-    def _add_log_positions(self, families: _Families, recorded: tuple[int, int] | None,
-                           commit: tuple[int, int, Labels] | None,
-                           followers: list[tuple[int, Labels, int]]) -> None:
+    def _add_log_positions(
+        self,
+        families: _Families,
+        recorded: tuple[int, int] | None,
+        commit: tuple[int, int, Labels] | None,
+        followers: list[tuple[int, Labels, int]],
+    ) -> None:
         if commit is None:
             self._commit_seen = None
             return
@@ -707,15 +869,36 @@ class NodeCollector(Collector):
         seen = self._commit_seen
         if seen is None or seen[0] != registration_id or seen[1] != position:
             self._commit_seen = seen = (registration_id, position, now_s)
-        families.add("cluster_commit_position_unchanged_seconds", "gauge",
-                     _DERIVED_HELP["cluster_commit_position_unchanged_seconds"], labels, now_s - seen[2])
+        families.add(
+            "cluster_commit_position_unchanged_seconds",
+            "gauge",
+            _DERIVED_HELP["cluster_commit_position_unchanged_seconds"],
+            labels,
+            now_s - seen[2],
+        )
         if recorded is None:
             return
-        families.add("cluster_log_recorded_position_bytes", "gauge",
-                     _DERIVED_HELP["cluster_log_recorded_position_bytes"], labels, recorded[1])
-        families.add("cluster_uncommitted_log_bytes", "gauge", _DERIVED_HELP["cluster_uncommitted_log_bytes"],
-                     labels, max(0, recorded[1] - position))
+        families.add(
+            "cluster_log_recorded_position_bytes",
+            "gauge",
+            _DERIVED_HELP["cluster_log_recorded_position_bytes"],
+            labels,
+            recorded[1],
+        )
+        families.add(
+            "cluster_uncommitted_log_bytes",
+            "gauge",
+            _DERIVED_HELP["cluster_uncommitted_log_bytes"],
+            labels,
+            max(0, recorded[1] - position),
+        )
         for follower_registration, follower_labels, follower_position in followers:
             lag = None if follower_position == NULL_POSITION else max(0, recorded[1] - follower_position)
-            families.add("cluster_member_lag_bytes", "gauge", _DERIVED_HELP["cluster_member_lag_bytes"],
-                         follower_labels, lag, follower_registration)
+            families.add(
+                "cluster_member_lag_bytes",
+                "gauge",
+                _DERIVED_HELP["cluster_member_lag_bytes"],
+                follower_labels,
+                lag,
+                follower_registration,
+            )

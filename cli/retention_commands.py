@@ -55,17 +55,23 @@ class NodeRetention:
             out["error"] = self.error
         plan = self.result.plan if self.result is not None else self.plan
         if plan is not None:
-            out.update({
-                "kept_snapshot_positions": [s.log_position for s in plan.kept],
-                "snapshot_recordings_to_delete": [e.recording_id for e in plan.removed],
-                "log_recording_id": plan.log_recording_id,
-                "log_start_position": plan.log_start_position,
-                "new_log_start_position": plan.new_log_start_position,
-            })
+            out.update(
+                {
+                    "kept_snapshot_positions": [s.log_position for s in plan.kept],
+                    "snapshot_recordings_to_delete": [e.recording_id for e in plan.removed],
+                    "log_recording_id": plan.log_recording_id,
+                    "log_start_position": plan.log_start_position,
+                    "new_log_start_position": plan.new_log_start_position,
+                }
+            )
         if self.result is not None:
-            out.update({"segments_deleted": self.result.segments_deleted,
-                        "snapshot_recordings_deleted": self.result.snapshots_deleted,
-                        "problems": self.result.problems})
+            out.update(
+                {
+                    "segments_deleted": self.result.segments_deleted,
+                    "snapshot_recordings_deleted": self.result.snapshots_deleted,
+                    "problems": self.result.problems,
+                }
+            )
         return out
 
     def text(self, dry_run: bool) -> str:
@@ -76,12 +82,17 @@ class NodeRetention:
         assert self.plan is not None
         plan = self.plan
         kept = ", ".join(str(s.log_position) for s in plan.kept) or "none"
-        log = (f"purge log recording {plan.log_recording_id} from {plan.log_start_position} to "
-               f"{plan.new_log_start_position}" if plan.purges_log else
-               f"nothing to purge in log recording {plan.log_recording_id} (starts at {plan.log_start_position})")
+        log = (
+            f"purge log recording {plan.log_recording_id} from {plan.log_start_position} to "
+            f"{plan.new_log_start_position}"
+            if plan.purges_log
+            else f"nothing to purge in log recording {plan.log_recording_id} (starts at {plan.log_start_position})"
+        )
         prefix = "would keep" if dry_run else "keeps"
-        return (f"{self.name}: {prefix} snapshot sets at {kept}; delete {len(plan.removed)} older snapshot "
-                f"recording(s); {log}")
+        return (
+            f"{self.name}: {prefix} snapshot sets at {kept}; delete {len(plan.removed)} older snapshot "
+            f"recording(s); {log}"
+        )
 
 
 def service_count_of(cluster_dir: Path, entries: list[Entry]) -> int:
@@ -102,11 +113,13 @@ def purge_node(name: str, cluster_dir: Path, keep_snapshots: int, dry_run: bool)
         log_path = cluster_dir / RECORDING_LOG_FILE_NAME
         entries = decode_entries(log_path.read_bytes(), str(log_path)).entries
         with Aeron.connect(driver_dir) as aeron, AeronArchive.connect(aeron) as archive:
-            node.plan = plan_retention(entries, service_count_of(cluster_dir, entries), keep_snapshots,
-                                       archive.list_recording, str(log_path))
+            node.plan = plan_retention(
+                entries, service_count_of(cluster_dir, entries), keep_snapshots, archive.list_recording, str(log_path)
+            )
             if not dry_run:
-                node.result = apply_retention(archive, lambda entry: invalidate_entry_in_place(log_path, entry),
-                                              node.plan)
+                node.result = apply_retention(
+                    archive, lambda entry: invalidate_entry_in_place(log_path, entry), node.plan
+                )
     except FileNotFoundError as error:
         node.error = f"{error.filename or error}: no such file"
     except (FulmarError, LogRetentionError, OSError) as error:
@@ -120,11 +133,21 @@ def _fail(message: str) -> NoReturn:
 
 
 @click.command(name="purge-log", short_help="Purge each member's log and snapshots before the newest it keeps.")
-@click.option("--dir", "directory", required=True, type=click.Path(path_type=Path),
-              help="A node's cluster directory, a node directory, or the base of a local cluster (every member, "
-                   "and its backup).")
-@click.option("--keep-snapshots", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
-              help="How many of the newest snapshot sets to keep; the log from the oldest of them on is kept.")
+@click.option(
+    "--dir",
+    "directory",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="A node's cluster directory, a node directory, or the base of a local cluster (every member, and its backup).",
+)
+@click.option(
+    "--keep-snapshots",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="How many of the newest snapshot sets to keep; the log from the oldest of them on is kept.",
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be purged; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def purge_log(directory: Path, keep_snapshots: int, dry_run: bool, as_json: bool) -> None:
@@ -145,8 +168,12 @@ def purge_log(directory: Path, keep_snapshots: int, dry_run: bool, as_json: bool
         _fail(str(error))
     done = [purge_node(node.name, node.cluster_dir, keep_snapshots, dry_run) for node in nodes]
     if as_json:
-        click.echo(json.dumps({"dry_run": dry_run, "keep_snapshots": keep_snapshots,
-                               "nodes": [node.document() for node in done]}, indent=2))
+        click.echo(
+            json.dumps(
+                {"dry_run": dry_run, "keep_snapshots": keep_snapshots, "nodes": [node.document() for node in done]},
+                indent=2,
+            )
+        )
     else:
         for node in done:
             click.echo(node.text(dry_run))

@@ -120,8 +120,15 @@ _DERIVED = {
     "driver": {"directory", "stop_after", "stop_after_timeout"},
     "archive": {"archive_dir", "driver_dir", "stop_after", "stop_after_timeout"},
     "consensus": {"cluster_dir", "driver_dir", "member_id", "cluster_id", "service_count"},
-    "service": {"cluster_dir", "driver_dir", "service_name", "service_id", "member_id", "cluster_id",
-                "archive_control_channel"},
+    "service": {
+        "cluster_dir",
+        "driver_dir",
+        "service_name",
+        "service_id",
+        "member_id",
+        "cluster_id",
+        "archive_control_channel",
+    },
 }
 
 
@@ -224,41 +231,103 @@ class Option:
 def _node_options() -> list[Option]:
     path = click.Path(file_okay=False, dir_okay=True)
     return [
-        Option("node", "member_id", click.IntRange(0, 2**31 - 1), "This node's member id.", "0",
-               flag="--member-id"),
-        Option("node", "cluster_id", click.INT, "The cluster's id (shared by its members).", "0",
-               flag="--cluster-id"),
-        Option("node", "dir", path, "The node's directory: logs/, archive/, cluster/ (with --local: the "
-               "base directory of the whole cluster, node<i>/ under it).",
-               "/var/tmp/fulmar-<user>/node<member_id>", flag="--dir"),
-        Option("node", "driver_dir", path, "The media driver's directory (cnc.dat, log buffers).",
-               "/dev/shm/fulmar-<user>-node<member_id>", envvar="FULMAR_DRIVER_DIR", flag="--driver-dir"),
+        Option("node", "member_id", click.IntRange(0, 2**31 - 1), "This node's member id.", "0", flag="--member-id"),
+        Option("node", "cluster_id", click.INT, "The cluster's id (shared by its members).", "0", flag="--cluster-id"),
+        Option(
+            "node",
+            "dir",
+            path,
+            "The node's directory: logs/, archive/, cluster/ (with --local: the "
+            "base directory of the whole cluster, node<i>/ under it).",
+            "/var/tmp/fulmar-<user>/node<member_id>",
+            flag="--dir",
+        ),
+        Option(
+            "node",
+            "driver_dir",
+            path,
+            "The media driver's directory (cnc.dat, log buffers).",
+            "/dev/shm/fulmar-<user>-node<member_id>",
+            envvar="FULMAR_DRIVER_DIR",
+            flag="--driver-dir",
+        ),
         Option("node", "archive_dir", path, "The archive's directory.", "<dir>/archive", flag="--archive-dir"),
-        Option("node", "cluster_dir", path, "The cluster directory (recording.log, mark files).", "<dir>/cluster",
-               flag="--cluster-dir"),
-        Option("node", "log_dir", path, "Where each process's output goes (driver.log, archive.log, "
-               "consensus.log, service<i>.log).", "<dir>/logs", flag="--log-dir"),
-        Option("node", "start_timeout", Duration(min_ns=1_000_000), "How long each process may take to "
-               "print its readiness line.", "60s", flag="--start-timeout"),
-        Option("node", "stop_timeout", Duration(min_ns=1_000_000), "How long each step of an orderly stop "
-               "may take before what is left is killed.", "30s", flag="--stop-timeout"),
-        Option("node", "metrics_port", click.IntRange(0, 65535), "Serve the node's metrics for Prometheus "
-               "(/metrics), /health and /leader over HTTP on this TCP port, from the supervisor (0: any free "
-               "port; with --local: member i's is this + i).  Default: not served.", None, flag="--metrics-port"),
-        Option("node", "metrics_host", click.STRING, "The address the metrics are served on (0.0.0.0: every "
-               "interface).", "127.0.0.1", flag="--metrics-host"),
-        Option("node", "log_format", click.Choice(log_lines.LOG_FORMATS), "The form of the node's log lines: "
-               "plain text, or JSON, one object per line (time, process, member, level, event, fields); "
-               "passed to every process of the node.", log_lines.PLAIN, flag="--log-format"),
+        Option(
+            "node",
+            "cluster_dir",
+            path,
+            "The cluster directory (recording.log, mark files).",
+            "<dir>/cluster",
+            flag="--cluster-dir",
+        ),
+        Option(
+            "node",
+            "log_dir",
+            path,
+            "Where each process's output goes (driver.log, archive.log, consensus.log, service<i>.log).",
+            "<dir>/logs",
+            flag="--log-dir",
+        ),
+        Option(
+            "node",
+            "start_timeout",
+            Duration(min_ns=1_000_000),
+            "How long each process may take to print its readiness line.",
+            "60s",
+            flag="--start-timeout",
+        ),
+        Option(
+            "node",
+            "stop_timeout",
+            Duration(min_ns=1_000_000),
+            "How long each step of an orderly stop may take before what is left is killed.",
+            "30s",
+            flag="--stop-timeout",
+        ),
+        Option(
+            "node",
+            "metrics_port",
+            click.IntRange(0, 65535),
+            "Serve the node's metrics for Prometheus "
+            "(/metrics), /health and /leader over HTTP on this TCP port, from the supervisor (0: any free "
+            "port; with --local: member i's is this + i).  Default: not served.",
+            None,
+            flag="--metrics-port",
+        ),
+        Option(
+            "node",
+            "metrics_host",
+            click.STRING,
+            "The address the metrics are served on (0.0.0.0: every interface).",
+            "127.0.0.1",
+            flag="--metrics-host",
+        ),
+        Option(
+            "node",
+            "log_format",
+            click.Choice(log_lines.LOG_FORMATS),
+            "The form of the node's log lines: "
+            "plain text, or JSON, one object per line (time, process, member, level, event, fields); "
+            "passed to every process of the node.",
+            log_lines.PLAIN,
+            flag="--log-format",
+        ),
     ]
 
 
 def _service_options() -> list[Option]:
     return [
-        Option("service", "service", click.STRING, "The clustered service to run, as module:Class.",
-               None, flag="--service"),
-        Option("service", "count", click.IntRange(1, 64), "How many service containers (service ids "
-               "0..count-1), each running the service.", "1", flag="--service-count"),
+        Option(
+            "service", "service", click.STRING, "The clustered service to run, as module:Class.", None, flag="--service"
+        ),
+        Option(
+            "service",
+            "count",
+            click.IntRange(1, 64),
+            "How many service containers (service ids 0..count-1), each running the service.",
+            "1",
+            flag="--service-count",
+        ),
     ]
 
 
@@ -278,11 +347,19 @@ def _mirrored_options(section: str, command: click.Command) -> list[Option]:
         else:
             default_text = str(default)
         envvar = param.envvar if isinstance(param.envvar, str) else None
-        options.append(Option(
-            section, param.name, param.type, param.help or "", default_text,
-            is_flag=bool(param.is_flag), envvar=envvar, secret=envvar == SECRET_ENV,
-            child_opts=(*param.opts, *param.secondary_opts),
-        ))
+        options.append(
+            Option(
+                section,
+                param.name,
+                param.type,
+                param.help or "",
+                default_text,
+                is_flag=bool(param.is_flag),
+                envvar=envvar,
+                secret=envvar == SECRET_ENV,
+                child_opts=(*param.opts, *param.secondary_opts),
+            )
+        )
     return options
 
 
@@ -315,8 +392,9 @@ def click_options(options: list[Option]) -> Callable[[Any], Any]:
                 decls = [f"--{name}/--no-{name}", option.dest]
                 function = click.option(*decls, default=None, help=help_text, show_default=False)(function)
             else:
-                function = click.option(option.flag, option.dest, type=option.param_type, default=None,
-                                        help=help_text, show_default=False)(function)
+                function = click.option(
+                    option.flag, option.dest, type=option.param_type, default=None, help=help_text, show_default=False
+                )(function)
         return function
 
     return decorate
@@ -383,27 +461,67 @@ class NodeConfig:
         # them.  Each waits at most as long as the steps before it may take.
         cluster_dir, archive_dir = str(self.cluster_dir), str(self.archive_dir)
         step_ns = round(self.stop_timeout_s * 1e9)
-        driver_stop = ["--stop-after", cluster_dir, "--stop-after", archive_dir,
-                       "--stop-after-timeout", format_duration(2 * step_ns)]
+        driver_stop = [
+            "--stop-after",
+            cluster_dir,
+            "--stop-after",
+            archive_dir,
+            "--stop-after-timeout",
+            format_duration(2 * step_ns),
+        ]
         archive_stop = ["--stop-after", cluster_dir, "--stop-after-timeout", format_duration(step_ns)]
         specs = [
-            ChildSpec("media driver", "driver", ["driver", "--dir", driver_dir, *driver_stop, *mirrored("driver")],
-                      "media driver pid", base_env),
-            ChildSpec("archive", "archive", ["archive", "--dir", archive_dir, "--driver-dir", driver_dir,
-                                             *archive_stop, *mirrored("archive")], "archive pid", base_env),
-            ChildSpec("consensus module", "consensus",
-                      ["consensus", "--cluster-dir", str(self.cluster_dir), "--driver-dir", driver_dir, *identity,
-                       "--service-count", str(self.service_count), *mirrored("consensus")],
-                      "consensus module pid", consensus_env),
+            ChildSpec(
+                "media driver",
+                "driver",
+                ["driver", "--dir", driver_dir, *driver_stop, *mirrored("driver")],
+                "media driver pid",
+                base_env,
+            ),
+            ChildSpec(
+                "archive",
+                "archive",
+                ["archive", "--dir", archive_dir, "--driver-dir", driver_dir, *archive_stop, *mirrored("archive")],
+                "archive pid",
+                base_env,
+            ),
+            ChildSpec(
+                "consensus module",
+                "consensus",
+                [
+                    "consensus",
+                    "--cluster-dir",
+                    str(self.cluster_dir),
+                    "--driver-dir",
+                    driver_dir,
+                    *identity,
+                    "--service-count",
+                    str(self.service_count),
+                    *mirrored("consensus"),
+                ],
+                "consensus module pid",
+                consensus_env,
+            ),
         ]
         archive_control = self.values.get(("consensus", "archive_control_channel"))
         for service_id in range(self.service_count):
-            args = ["service", "--cluster-dir", str(self.cluster_dir), "--driver-dir", driver_dir,
-                    "--service", self.service, "--service-id", str(service_id), *identity]
+            args = [
+                "service",
+                "--cluster-dir",
+                str(self.cluster_dir),
+                "--driver-dir",
+                driver_dir,
+                "--service",
+                self.service,
+                "--service-id",
+                str(service_id),
+                *identity,
+            ]
             if archive_control is not None:
                 args += ["--archive-control-channel", str(archive_control)]
-            specs.append(ChildSpec(f"service {service_id}", f"service{service_id}", args,
-                                   f"service {service_id} (", base_env))
+            specs.append(
+                ChildSpec(f"service {service_id}", f"service{service_id}", args, f"service {service_id} (", base_env)
+            )
         for spec in specs:
             spec.log_format, spec.member = self.log_format, self.member_id
             if self.log_format != log_lines.PLAIN:  # on the command line too, where the header line shows it
@@ -413,17 +531,26 @@ class NodeConfig:
     def to_toml(self) -> str:
         """The configuration as a file ``cluster-node start --config`` reads back."""
         lines = ["# written by cluster-node start", "[node]"]
-        node: dict[str, Any] = {"member_id": self.member_id, "cluster_id": self.cluster_id, "dir": str(self.node_dir),
-                                "driver_dir": str(self.driver_dir), "archive_dir": str(self.archive_dir),
-                                "cluster_dir": str(self.cluster_dir), "log_dir": str(self.log_dir)}
+        node: dict[str, Any] = {
+            "member_id": self.member_id,
+            "cluster_id": self.cluster_id,
+            "dir": str(self.node_dir),
+            "driver_dir": str(self.driver_dir),
+            "archive_dir": str(self.archive_dir),
+            "cluster_dir": str(self.cluster_dir),
+            "log_dir": str(self.log_dir),
+        }
         if self.metrics_port is not None:
             node.update(metrics_port=self.metrics_port, metrics_host=self.metrics_host)
         if self.log_format != log_lines.PLAIN:
             node["log_format"] = self.log_format
         lines += [f"{key} = {_toml_value(value)}" for key, value in node.items()]
         for section in ("driver", "archive", "consensus"):
-            entries = [(key, value) for (s, key), value in self.values.items()
-                       if s == section and not self.options[(s, key)].secret]
+            entries = [
+                (key, value)
+                for (s, key), value in self.values.items()
+                if s == section and not self.options[(s, key)].secret
+            ]
             if entries:
                 lines += ["", f"[{section}]"]
                 for key, value in entries:
@@ -455,10 +582,12 @@ def read_toml(path: Path) -> dict[str, dict[str, Any]]:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
     for name, table in document.items():
         if name not in SECTIONS:
-            raise ConfigError(f"{path}: unknown table [{name}] (known: {', '.join(SECTIONS)})"
-                              if isinstance(table, dict) else
-                              f"{path}: unknown key {name!r} at the top level: every key belongs in a table "
-                              f"({', '.join(f'[{s}]' for s in SECTIONS)})")
+            raise ConfigError(
+                f"{path}: unknown table [{name}] (known: {', '.join(SECTIONS)})"
+                if isinstance(table, dict)
+                else f"{path}: unknown key {name!r} at the top level: every key belongs in a table "
+                f"({', '.join(f'[{s}]' for s in SECTIONS)})"
+            )
     return document
 
 
@@ -511,7 +640,7 @@ def resolve_config(
     service = resolved.get(("service", "service"))
     if not service:
         where = f" in {config_path}" if config_path else ""
-        raise ConfigError(f"no service to run: set [service] service = \"module:Class\"{where} or pass --service")
+        raise ConfigError(f'no service to run: set [service] service = "module:Class"{where} or pass --service')
     ingress = resolved.get(("consensus", "ingress_channel"), by_place[("consensus", "ingress_channel")].default_text)
     values = {place: value for place, value in resolved.items() if place[0] in ("driver", "archive", "consensus")}
     return NodeConfig(
@@ -624,14 +753,16 @@ def allocate_local_ports(count: int, first_ingress_port: int | None = None) -> l
     if first_ingress_port:
         last = first_ingress_port + count - 1
         if last > 65535:
-            raise ConfigError(f"--ingress-port {first_ingress_port}: members 0..{count - 1} take ports "
-                              f"{first_ingress_port}..{last}, beyond 65535")
+            raise ConfigError(
+                f"--ingress-port {first_ingress_port}: members 0..{count - 1} take ports "
+                f"{first_ingress_port}..{last}, beyond 65535"
+            )
         ingress = [first_ingress_port + i for i in range(count)]
         others = free_udp_ports(4 * count, exclude=ingress)
     else:
         ports = free_udp_ports(5 * count)
         ingress, others = ports[:count], ports[count:]
-    return [LocalPorts(ingress[i], *others[4 * i:4 * i + 4]) for i in range(count)]
+    return [LocalPorts(ingress[i], *others[4 * i : 4 * i + 4]) for i in range(count)]
 
 
 def local_metrics_ports(first_port: int | None, count: int) -> list[int] | None:
@@ -642,16 +773,17 @@ def local_metrics_ports(first_port: int | None, count: int) -> list[int] | None:
     if first_port == 0:
         return [0] * count
     if first_port + count - 1 > 65535:
-        raise ConfigError(f"--metrics-port {first_port}: members 0..{count - 1} take ports "
-                          f"{first_port}..{first_port + count - 1}, beyond 65535")
+        raise ConfigError(
+            f"--metrics-port {first_port}: members 0..{count - 1} take ports "
+            f"{first_port}..{first_port + count - 1}, beyond 65535"
+        )
     return [first_port + i for i in range(count)]
 
 
 def local_members_string(ports: list[LocalPorts]) -> str:
     """Aeron's cluster members string of a local cluster (member i has id i)."""
     names = ("ingress", "consensus", "log", "catchup", "archive")
-    return "|".join(",".join([str(i), *(member.endpoint(name) for name in names)])
-                    for i, member in enumerate(ports))
+    return "|".join(",".join([str(i), *(member.endpoint(name) for name in names)]) for i, member in enumerate(ports))
 
 
 def local_ingress_endpoints(ports: list[LocalPorts]) -> str:
@@ -659,8 +791,9 @@ def local_ingress_endpoints(ports: list[LocalPorts]) -> str:
     return ",".join(f"{i}={member.endpoint('ingress')}" for i, member in enumerate(ports))
 
 
-def local_layer(base: Path, member_id: int, ingress_port: int, *, members: str = "",
-                archive_port: int | None = None) -> dict[tuple[str, str], Any]:
+def local_layer(
+    base: Path, member_id: int, ingress_port: int, *, members: str = "", archive_port: int | None = None
+) -> dict[tuple[str, str], Any]:
     """The generated configuration of member ``member_id`` of a --local cluster
     under ``base``; with ``members`` (several), also its membership, a UDP log
     and its archive's control endpoint (``archive_port``)."""
@@ -693,15 +826,24 @@ def local_cluster_layers(base: Path, ports: list[LocalPorts]) -> list[dict[tuple
     if len(ports) == 1:
         return [local_layer(base, 0, ports[0].ingress)]
     members = local_members_string(ports)
-    return [local_layer(base, i, member.ingress, members=members, archive_port=member.archive)
-            for i, member in enumerate(ports)]
+    return [
+        local_layer(base, i, member.ingress, members=members, archive_port=member.archive)
+        for i, member in enumerate(ports)
+    ]
 
 
 # Start flags that would give every member of a --local cluster of several the
 # same value where each member needs its own.
-LOCAL_PER_MEMBER = (("node", "member_id"), ("node", "driver_dir"), ("node", "archive_dir"),
-                    ("node", "cluster_dir"), ("node", "log_dir"), ("consensus", "ingress_channel"),
-                    ("consensus", "cluster_members"), ("archive", "control_channel"))
+LOCAL_PER_MEMBER = (
+    ("node", "member_id"),
+    ("node", "driver_dir"),
+    ("node", "archive_dir"),
+    ("node", "cluster_dir"),
+    ("node", "log_dir"),
+    ("consensus", "ingress_channel"),
+    ("consensus", "cluster_members"),
+    ("archive", "control_channel"),
+)
 
 
 def check_local_flags(options: list[Option], flags: Mapping[str, Any], count: int) -> None:
@@ -711,8 +853,10 @@ def check_local_flags(options: list[Option], flags: Mapping[str, Any], count: in
     for place in LOCAL_PER_MEMBER:
         option = by_place[place]
         if flags.get(option.dest) is not None:
-            raise ConfigError(f"{option.flag} cannot be used with --local {count}: the generated configuration "
-                              "sets it for each member (see node<i>/node.toml under --dir)")
+            raise ConfigError(
+                f"{option.flag} cannot be used with --local {count}: the generated configuration "
+                "sets it for each member (see node<i>/node.toml under --dir)"
+            )
 
 
 # ---------------------------------------------------------------------------- membership
@@ -737,8 +881,10 @@ def check_membership(members: str, member_id: int, appointed_leader_id: int) -> 
     appointed leader among them."""
     if not members.strip():
         if appointed_leader_id not in (NULL_MEMBER_ID, member_id):
-            raise ClusterSettingError("appointed_leader_id", f"{appointed_leader_id} is not a member: without "
-                                      "cluster members this member is the whole cluster")
+            raise ClusterSettingError(
+                "appointed_leader_id",
+                f"{appointed_leader_id} is not a member: without cluster members this member is the whole cluster",
+            )
         return []
     try:
         parsed = parse_cluster_members(members)
@@ -749,23 +895,32 @@ def check_membership(members: str, member_id: int, appointed_leader_id: int) -> 
     if member_id not in ids:
         raise ClusterSettingError("member_id", f"{member_id} is not among the cluster members (ids {known})")
     if appointed_leader_id != NULL_MEMBER_ID and appointed_leader_id not in ids:
-        raise ClusterSettingError("appointed_leader_id",
-                                  f"{appointed_leader_id} is not among the cluster members (ids {known})")
+        raise ClusterSettingError(
+            "appointed_leader_id", f"{appointed_leader_id} is not among the cluster members (ids {known})"
+        )
     return parsed
 
 
-def check_timing(election_timeout_ns: int, election_status_interval_ns: int, leader_heartbeat_timeout_ns: int,
-                 leader_heartbeat_interval_ns: int) -> None:
+def check_timing(
+    election_timeout_ns: int,
+    election_status_interval_ns: int,
+    leader_heartbeat_timeout_ns: int,
+    leader_heartbeat_interval_ns: int,
+) -> None:
     """Intervals must be shorter than the timeouts they keep from expiring."""
     if leader_heartbeat_interval_ns >= leader_heartbeat_timeout_ns:
         raise ClusterSettingError(
-            "leader_heartbeat_interval", f"{format_duration(leader_heartbeat_interval_ns)} is not below the leader "
+            "leader_heartbeat_interval",
+            f"{format_duration(leader_heartbeat_interval_ns)} is not below the leader "
             f"heartbeat timeout ({format_duration(leader_heartbeat_timeout_ns)}): followers would start elections "
-            "between two heartbeats of a live leader")
+            "between two heartbeats of a live leader",
+        )
     if election_status_interval_ns >= election_timeout_ns:
         raise ClusterSettingError(
-            "election_status_interval", f"{format_duration(election_status_interval_ns)} is not below the election "
-            f"timeout ({format_duration(election_timeout_ns)}): an election would time out before it heard the others")
+            "election_status_interval",
+            f"{format_duration(election_status_interval_ns)} is not below the election "
+            f"timeout ({format_duration(election_timeout_ns)}): an election would time out before it heard the others",
+        )
 
 
 # ---------------------------------------------------------------------------- validation
@@ -809,8 +964,10 @@ def _check_port_free(option: str, channel: str, fixed: bool = False) -> None:
         raise ConfigError(f"{option}: {channel!r}: endpoint {endpoint!r} has no port") from None
     if port == 0:
         if fixed:
-            raise ConfigError(f"{option}: {channel!r}: port 0 would be a port nobody knows; clients need a "
-                              "fixed one (cluster-node start --local picks a free port for you)")
+            raise ConfigError(
+                f"{option}: {channel!r}: port 0 would be a port nobody knows; clients need a "
+                "fixed one (cluster-node start --local picks a free port for you)"
+            )
         return
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
@@ -821,14 +978,17 @@ def _check_port_free(option: str, channel: str, fixed: bool = False) -> None:
         try:
             probe.bind(address)
         except OSError as error:
-            raise ConfigError(f"{option}: UDP port {port} on {host} is in use ({error.strerror}); "
-                              "stop what uses it or choose another port") from None
+            raise ConfigError(
+                f"{option}: UDP port {port} on {host} is in use ({error.strerror}); "
+                "stop what uses it or choose another port"
+            ) from None
 
 
 def _check_tcp_port_free(place: str, host: str, port: int) -> None:
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as error:
         raise ConfigError(f"{place}: cannot resolve {host!r}: {error.strerror}") from None
     with socket.socket(family, kind, proto) as probe:
@@ -836,8 +996,10 @@ def _check_tcp_port_free(place: str, host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as error:
-            raise ConfigError(f"{place}: TCP port {port} on {host} is in use ({error.strerror}); "
-                              "stop what uses it or choose another port") from None
+            raise ConfigError(
+                f"{place}: TCP port {port} on {host} is in use ({error.strerror}); "
+                "stop what uses it or choose another port"
+            ) from None
 
 
 def _ensure_dir(what: str, path: Path) -> None:
@@ -865,8 +1027,12 @@ def _check_cluster_settings(config: NodeConfig) -> None:
     value = functools.partial(_consensus_value, config)
     try:
         members = check_membership(str(value("cluster_members")), config.member_id, int(value("appointed_leader_id")))
-        check_timing(value("election_timeout"), value("election_status_interval"), value("leader_heartbeat_timeout"),
-                     value("leader_heartbeat_interval"))
+        check_timing(
+            value("election_timeout"),
+            value("election_status_interval"),
+            value("leader_heartbeat_timeout"),
+            value("leader_heartbeat_interval"),
+        )
     except ClusterSettingError as error:
         place = "[node] member_id" if error.key == "member_id" else f"[consensus] {error.key}"
         raise ConfigError(f"{place}: {error.message}") from None
@@ -877,8 +1043,9 @@ def _check_cluster_settings(config: NodeConfig) -> None:
     if not (_check_channel("[consensus] ingress_channel", config.ingress_channel).get("endpoint")):
         endpoints.insert(0, ("ingress", own.ingress_endpoint))  # no endpoint of its own: the member's is bound
     for name, endpoint in endpoints:
-        _check_port_free(f"[consensus] cluster_members (member {own.id}'s {name} endpoint)",
-                         f"aeron:udp?endpoint={endpoint}")
+        _check_port_free(
+            f"[consensus] cluster_members (member {own.id}'s {name} endpoint)", f"aeron:udp?endpoint={endpoint}"
+        )
 
 
 def validate(config: NodeConfig) -> None:
@@ -891,13 +1058,19 @@ def validate(config: NodeConfig) -> None:
             _check_channel(f"[{section}] {key}", value)
     _check_port_free("[consensus] ingress_channel", config.ingress_channel, fixed=True)
     _check_cluster_settings(config)
-    control = config.values.get(("archive", "control_channel"), config.options[("archive", "control_channel")].default_text)
+    control = config.values.get(
+        ("archive", "control_channel"), config.options[("archive", "control_channel")].default_text
+    )
     if control and str(control).lower() != "none":
         _check_port_free("[archive] control_channel", str(control))
     if config.metrics_port:
         _check_tcp_port_free("[node] metrics_port", config.metrics_host, config.metrics_port)
-    for what, path in (("node directory", config.node_dir), ("archive directory", config.archive_dir),
-                       ("cluster directory", config.cluster_dir), ("log directory", config.log_dir)):
+    for what, path in (
+        ("node directory", config.node_dir),
+        ("archive directory", config.archive_dir),
+        ("cluster directory", config.cluster_dir),
+        ("log directory", config.log_dir),
+    ):
         _ensure_dir(what, path)
     parent = config.driver_dir.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
@@ -908,8 +1081,10 @@ def validate(config: NodeConfig) -> None:
         raise ConfigError(f"driver directory: {error}") from None
     pid = active_driver_pid(config.driver_dir, 10_000)
     if pid is not None:
-        raise ConfigError(f"driver directory {config.driver_dir}: a live media driver (pid {pid}) uses it; "
-                          "is this node already running?")
+        raise ConfigError(
+            f"driver directory {config.driver_dir}: a live media driver (pid {pid}) uses it; "
+            "is this node already running?"
+        )
 
 
 # ---------------------------------------------------------------------------- processes
@@ -970,20 +1145,31 @@ class Child:
     def start(self, preexec: Callable[[], None] | None) -> None:
         spec = self.spec
         if spec.log_format == log_lines.JSON:
-            header = log_lines.record(f"started by {spec.launcher} (pid {os.getpid()})", process=spec.name,
-                                      member=spec.member, launcher=spec.launcher, launcher_pid=os.getpid(),
-                                      args=spec.args)
+            header = log_lines.record(
+                f"started by {spec.launcher} (pid {os.getpid()})",
+                process=spec.name,
+                member=spec.member,
+                launcher=spec.launcher,
+                launcher_pid=os.getpid(),
+                args=spec.args,
+            )
         else:
-            header = f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {spec.launcher} (pid {os.getpid()}): " \
-                     f"{' '.join(spec.args)}"
+            header = (
+                f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {spec.launcher} (pid {os.getpid()}): {' '.join(spec.args)}"
+            )
         with open(self.log_path, "ab") as log:
             log.write(f"{header}\n".encode())
             log.flush()
             self._start_offset = log.tell()
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "fulmar.cli.cluster_node", *self.spec.args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.spec.env,
-                process_group=0, preexec_fn=preexec, close_fds=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.spec.env,
+                process_group=0,
+                preexec_fn=preexec,
+                close_fds=True,
             )
         self.process = psutil.Process(self.popen.pid)
 
@@ -1037,7 +1223,9 @@ class Child:
             self.send(signal.SIGKILL)
 
 
-def wait_all(children: Iterable[Child], timeout_s: float, interrupted: Callable[[], bool] = lambda: False) -> list[Child]:
+def wait_all(
+    children: Iterable[Child], timeout_s: float, interrupted: Callable[[], bool] = lambda: False
+) -> list[Child]:
     """Wait (bounded) until every child exited; the ones still alive."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -1067,8 +1255,15 @@ class Supervisor:
     ``LocalClusterSupervisor`` can drive several nodes from one loop.
     """
 
-    def __init__(self, config: NodeConfig, out: TextIO | None = None, err: TextIO | None = None, *,
-                 prefix: str = "", signals: StopSignals | None = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        *,
+        prefix: str = "",
+        signals: StopSignals | None = None,
+    ) -> None:
         self.config = config
         self.out = out or sys.stdout
         self.err = err or sys.stderr
@@ -1132,8 +1327,7 @@ class Supervisor:
         try:
             self._metrics = MetricsServer(node, config.metrics_host, config.metrics_port).start()
         except OSError as error:
-            return f"cannot serve the metrics on {config.metrics_host}:{config.metrics_port}: " \
-                   f"{error.strerror or error}"
+            return f"cannot serve the metrics on {config.metrics_host}:{config.metrics_port}: {error.strerror or error}"
         url = self._metrics.url
         self.say(f"metrics of node {config.member_id}: {url}/metrics, {url}/health, {url}/leader")
         return None
@@ -1176,14 +1370,18 @@ class Supervisor:
 
     def announce_start(self) -> None:
         config = self.config
-        self.say(f"node {config.member_id} of cluster {config.cluster_id}: directory {config.node_dir}, "
-                 f"driver directory {config.driver_dir}, logs in {config.log_dir}")
+        self.say(
+            f"node {config.member_id} of cluster {config.cluster_id}: directory {config.node_dir}, "
+            f"driver directory {config.driver_dir}, logs in {config.log_dir}"
+        )
 
     def announce_ready(self) -> None:
         config = self.config
         pids = ", ".join(f"{child.spec.log_name} {child.pid}" for child in self.children)
-        self.say(f"node {config.member_id} ready: ingress {config.ingress_channel}; driver directory "
-                 f"{config.driver_dir}; pids {pids}; SIGTERM or Ctrl-C stops it in order (snapshot first)")
+        self.say(
+            f"node {config.member_id} ready: ingress {config.ingress_channel}; driver directory "
+            f"{config.driver_dir}; pids {pids}; SIGTERM or Ctrl-C stops it in order (snapshot first)"
+        )
 
     @property
     def all_started(self) -> bool:
@@ -1219,8 +1417,10 @@ class Supervisor:
             if other is not child and other.started and other.poll() is not None:
                 return self._death_text(other, f"while the {child.name} was starting") + self._tail_text(other)
         if time.monotonic() > self._start_deadline:
-            return (f"the {child.name} (pid {child.pid}) printed no readiness line within "
-                    f"{self.config.start_timeout_s:g} s" + self._tail_text(child))
+            return (
+                f"the {child.name} (pid {child.pid}) printed no readiness line within "
+                f"{self.config.start_timeout_s:g} s" + self._tail_text(child)
+            )
         return None
 
     def dead_child(self) -> Child | None:
@@ -1258,10 +1458,12 @@ class Supervisor:
 
     def _stop_on_request(self) -> int:
         name = signal.Signals(self._signals.first_signum or signal.SIGTERM).name
-        module = "consensus module (a member of several stops at once)" if self._is_multi_member() \
+        module = (
+            "consensus module (a member of several stops at once)"
+            if self._is_multi_member()
             else "consensus module (snapshot)"
-        self.say(f"{name}: stopping node {self.config.member_id} in order: {module}, "
-                 "services, archive, media driver")
+        )
+        self.say(f"{name}: stopping node {self.config.member_id} in order: {module}, services, archive, media driver")
         clean = self._stop(after_failure=False)
         if clean:
             self.say(f"node {self.config.member_id} stopped cleanly")
@@ -1272,12 +1474,15 @@ class Supervisor:
     def _stop(self, after_failure: bool) -> bool:
         """Stop whatever runs, in order; whether every process stopped by itself with exit code 0."""
         clean = True
-        limit_s = min(self.config.stop_timeout_s, FAILURE_STOP_TIMEOUT_S) if after_failure else self.config.stop_timeout_s
+        limit_s = (
+            min(self.config.stop_timeout_s, FAILURE_STOP_TIMEOUT_S) if after_failure else self.config.stop_timeout_s
+        )
         # After a failure the dead one was reported; on request, a process the
         # signal reached too (a service manager signals every process of the
         # node) may stop by itself before its turn: said when its turn comes.
-        exited_before = {id(child) for child in self.children if child.started and not child.alive} \
-            if after_failure else set()
+        exited_before = (
+            {id(child) for child in self.children if child.started and not child.alive} if after_failure else set()
+        )
         if after_failure:
             self.say(f"stopping the rest of node {self.config.member_id} in order")
         cluster = [self.consensus, *self.services]
@@ -1364,13 +1569,16 @@ class LocalClusterSupervisor:
     every node has stopped.
     """
 
-    def __init__(self, configs: list[NodeConfig], ingress_endpoints: str, out: TextIO | None = None,
-                 err: TextIO | None = None) -> None:
+    def __init__(
+        self, configs: list[NodeConfig], ingress_endpoints: str, out: TextIO | None = None, err: TextIO | None = None
+    ) -> None:
         self.out = out or sys.stdout
         self.ingress_endpoints = ingress_endpoints
         self._signals = StopSignals()
-        self.nodes = [Supervisor(config, out, err, prefix=f"[node {config.member_id}] ", signals=self._signals)
-                      for config in configs]
+        self.nodes = [
+            Supervisor(config, out, err, prefix=f"[node {config.member_id}] ", signals=self._signals)
+            for config in configs
+        ]
         self.running = list(self.nodes)
         self.failed: list[Supervisor] = []
 
@@ -1428,8 +1636,10 @@ class LocalClusterSupervisor:
             starting = any(not node.all_started for node in self.running)
             if not starting and not announced:
                 announced = True
-                self.say(f"local cluster ready: {len(self.running)} of {len(self.nodes)} nodes running; ingress "
-                         f"endpoints {self.ingress_endpoints}; SIGTERM or Ctrl-C stops every node")
+                self.say(
+                    f"local cluster ready: {len(self.running)} of {len(self.nodes)} nodes running; ingress "
+                    f"endpoints {self.ingress_endpoints}; SIGTERM or Ctrl-C stops every node"
+                )
             self._wait(0.02 if starting else DUTY_CYCLE_S)
 
     def _fail(self, node: Supervisor) -> None:
@@ -1440,13 +1650,19 @@ class LocalClusterSupervisor:
         self.running.remove(node)
         self.failed.append(node)
         others = ", ".join(str(other.config.member_id) for other in self.running) or "none"
-        node.warn(f"node {node.config.member_id} stopped; nodes still running: {others} (start it again on its "
-                  f"own with: cluster-node start --config {node.config.node_dir / 'node.toml'})")
+        node.warn(
+            f"node {node.config.member_id} stopped; nodes still running: {others} (start it again on its "
+            f"own with: cluster-node start --config {node.config.node_dir / 'node.toml'})"
+        )
 
     def _wait(self, timeout_s: float) -> None:
         """Sleep up to ``timeout_s``, waking when any process of a running node exits."""
-        watched = {child.process: child for node in self.running for child in node.children
-                   if child.process is not None and child.alive}
+        watched = {
+            child.process: child
+            for node in self.running
+            for child in node.children
+            if child.process is not None and child.alive
+        }
         if not watched:
             time.sleep(timeout_s)
             return
@@ -1456,8 +1672,10 @@ class LocalClusterSupervisor:
 
     def _stop_on_request(self) -> int:
         name = signal.Signals(self._signals.first_signum or signal.SIGTERM).name
-        self.say(f"{name}: stopping nodes {', '.join(str(n.config.member_id) for n in self.running) or '(none)'} "
-                 "in parallel, each in order")
+        self.say(
+            f"{name}: stopping nodes {', '.join(str(n.config.member_id) for n in self.running) or '(none)'} "
+            "in parallel, each in order"
+        )
         # One thread per node: each waits for its own processes, and a node
         # that takes long to stop does not hold up the others.  (No process is
         # launched from these threads, so the parent-death preexec is safe.)

@@ -26,8 +26,11 @@ def format_counters(document: dict[str, Any]) -> str:
     title = f"driver pid {document['driver_pid']} in {document['dir']}: {len(counters)} counters"
     if with_rates:
         interval_s = document["interval_s"]
-        title += (f", rates per second over the last {interval_s:.2f} s" if interval_s is not None
-                  else ", rates from the next refresh")
+        title += (
+            f", rates per second over the last {interval_s:.2f} s"
+            if interval_s is not None
+            else ", rates from the next refresh"
+        )
     value_width = max([len("value")] + [len(str(counter["value"])) for counter in counters])
     rates = [_format_rate(counter.get("rate_per_s")) for counter in counters]
     rate_width = max([len("rate/s")] + [len(rate) for rate in rates])
@@ -36,7 +39,9 @@ def format_counters(document: dict[str, Any]) -> str:
     for counter, rate in zip(counters, rates):
         kind = f"{counter['type_id']}" + (f" {counter['type']}" if counter["type"] else "")
         rate_cell = f"  {rate:>{rate_width}}" if with_rates else ""
-        lines.append(f"{counter['id']:>4}  {kind:<22}  {counter['value']:>{value_width}}{rate_cell}  {counter['label']}")
+        lines.append(
+            f"{counter['id']:>4}  {kind:<22}  {counter['value']:>{value_width}}{rate_cell}  {counter['label']}"
+        )
     return "\n".join(lines)
 
 

@@ -14,12 +14,12 @@ import mmap
 import struct
 from enum import IntEnum
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple, Self, TypeVar, Union
+from typing import Any, ClassVar, NamedTuple, Self, TypeVar
 
 from .errors import CodecError
 
-ReadableBuffer = Union[bytes, bytearray, memoryview, mmap.mmap]
-WritableBuffer = Union[bytearray, memoryview, mmap.mmap]
+ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
+WritableBuffer = bytearray | memoryview | mmap.mmap
 
 # Little-endian codecs for the primitive types.
 I8 = struct.Struct("<b")
@@ -330,17 +330,14 @@ def unpack_versioned(
     required = required_block_length(layout, acting_version)
     if acting_block_length < required:
         cut = next(
-            f
-            for f in layout
-            if f.since_version <= acting_version and f.offset + f.codec.size > acting_block_length
+            f for f in layout if f.since_version <= acting_version and f.offset + f.codec.size > acting_block_length
         )
         raise t.error(
             cut.name,
             f"block length {acting_block_length} too short for version {acting_version} (needs {required})",
         )
     return tuple(
-        f.codec.unpack_from(buf, offset + f.offset)[0] if f.since_version <= acting_version else f.null
-        for f in layout
+        f.codec.unpack_from(buf, offset + f.offset)[0] if f.since_version <= acting_version else f.null for f in layout
     )
 
 
@@ -512,9 +509,7 @@ def read_group_header(
     return block_length, count, pos
 
 
-def unpack_entry(
-    layout: Sequence[FieldLayout], buf: ReadableBuffer, pos: int, acting_version: int
-) -> tuple[Any, ...]:
+def unpack_entry(layout: Sequence[FieldLayout], buf: ReadableBuffer, pos: int, acting_version: int) -> tuple[Any, ...]:
     """Read one group entry block whose length was checked by ``read_group_header``."""
     return tuple(
         f.codec.unpack_from(buf, pos + f.offset)[0] if f.since_version <= acting_version else f.null for f in layout

@@ -43,7 +43,7 @@ from fulmar.consensus.cluster_member import (
 )
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionAction, ClusterSessionState, SessionProxy
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
-from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, ConsensusPublisher
+from fulmar.consensus.consensus_publisher import ConsensusPublisher
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.mark_file import read_activity_timestamp, service_mark_file_name
 from fulmar.consensus.protocol import (
@@ -68,7 +68,7 @@ from fulmar.duty_cycle import DutyCycleStallTracker
 from fulmar import log_lines
 from fulmar.errors import FulmarError
 from fulmar.retry import DistinctErrorPrinter, RetryBackoff
-from fulmar.semantic_version import major_version
+from fulmar.semantic_version import major_version, version_text
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
@@ -153,7 +153,7 @@ class ConsensusModuleAgent:
     def __init__(
         self,
         context: ConsensusModuleContext,
-        aeron: "Aeron",
+        aeron: Aeron,
         archive: AeronArchive,
         recording_log: RecordingLog,
         epoch_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
@@ -208,9 +208,9 @@ class ConsensusModuleAgent:
         self._watched_recording_counter_id = NULL_VALUE
         self._egress = EgressPublisher()
         self.log_publisher = LogPublisher()
-        self._log_publication: "ExclusivePublication | None" = None
-        self._log_image: "Image | None" = None
-        self._replay_subscription: "Subscription | None" = None
+        self._log_publication: ExclusivePublication | None = None
+        self._log_image: Image | None = None
+        self._replay_subscription: Subscription | None = None
         self._log_replay_correlation_id = NULL_VALUE
         self._next_service_check_ns = 0
         self._service_heartbeat_since_ms = 0  # no older sign of life counts (set when checks begin or resume)
@@ -240,7 +240,7 @@ class ConsensusModuleAgent:
         self._service_check_deadline_ns = 0
         self._termination_ack_id = NULL_VALUE
         self._snapshot_ack_id = NULL_VALUE
-        self.recovery_state: "Counter | None" = None  # what the services recover from (set at launch)
+        self.recovery_state: Counter | None = None  # what the services recover from (set at launch)
         self.mark_file: Any = None  # the module's mark file (set at launch): the candidate term id lives there
         # A cluster of several members (seed 001): who they are, and what this
         # member knows of them.
@@ -275,7 +275,7 @@ class ConsensusModuleAgent:
         # Streams: ingress from clients, service control both ways.  A member
         # of several opens its ingress once an election is over (seed 001: no
         # client is served while nobody leads); a member alone has no other.
-        self.ingress: "Subscription | None" = None
+        self.ingress: Subscription | None = None
         # A refused ingress registration is tried again from the slow tick, backing off to a second.
         self._ingress_backoff = RetryBackoff(initial_ns=context.slow_tick_interval_ns, max_ns=1_000_000_000)
         if not self.is_multi_member:
@@ -283,7 +283,8 @@ class ConsensusModuleAgent:
         # Exclusive, as in Aeron: a dead process's publication on the same stream (until
         # the driver times it out) is not shared with, nor can it block, this one.
         self.service_proxy = ServiceProxy(
-            aeron.add_exclusive_publication(context.control_channel, context.service_stream_id))
+            aeron.add_exclusive_publication(context.control_channel, context.service_stream_id)
+        )
         self.from_services = aeron.add_subscription(context.control_channel, context.consensus_module_stream_id)
         # Capped at each image's max message length: a publisher that never
         # ends a message cannot grow the module's memory (see FragmentAssembler).
@@ -294,45 +295,60 @@ class ConsensusModuleAgent:
         self._session_header = codecs.SessionMessageHeaderDecoder()
         # Counters (keyed by cluster id, so tools find them).
         key = _CLUSTER_KEY.pack(context.cluster_id)
-        self.module_state_counter = self._counter(protocol.CONSENSUS_MODULE_STATE_TYPE_ID, "Consensus Module state", key)
+        self.module_state_counter = self._counter(
+            protocol.CONSENSUS_MODULE_STATE_TYPE_ID, "Consensus Module state", key
+        )
         self.role_counter = self._counter(protocol.CLUSTER_NODE_ROLE_TYPE_ID, "Cluster node role", key)
         self.control_toggle = self._counter(protocol.CLUSTER_CONTROL_TOGGLE_TYPE_ID, "Cluster control toggle", key)
         self.commit_position_counter = self._counter(protocol.COMMIT_POSITION_TYPE_ID, "Cluster commit-pos:", key)
         self.election_state_counter = self._counter(protocol.ELECTION_STATE_TYPE_ID, "Cluster election state", key)
         self.leadership_term_counter = self._counter(
-            protocol.CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID, "Cluster leadership term id", key)
+            protocol.CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID, "Cluster leadership term id", key
+        )
         self.error_counter = self._counter(protocol.CLUSTER_ERROR_COUNT_TYPE_ID, "Cluster errors", key)
-        self.max_cycle_counter = self._counter(protocol.CLUSTER_MAX_CYCLE_TIME_TYPE_ID, "Cluster max cycle time in ns", key)
+        self.max_cycle_counter = self._counter(
+            protocol.CLUSTER_MAX_CYCLE_TIME_TYPE_ID, "Cluster max cycle time in ns", key
+        )
         self.cycle_exceeded_counter = self._counter(
             protocol.CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID,
-            f"Cluster work cycle time exceeded count: threshold={context.cycle_threshold_ns}ns", key)
+            f"Cluster work cycle time exceeded count: threshold={context.cycle_threshold_ns}ns",
+            key,
+        )
         # Seed 000: measured from one duty cycle to the next, so a stall between
         # cycles (the kind that misses heartbeats) counts; the runner's idle
         # strategy reports its intended sleeps to it (ConsensusModule.run).
         self.duty_cycle_tracker = DutyCycleStallTracker(
-            self.max_cycle_counter, self.cycle_exceeded_counter, context.cycle_threshold_ns)
+            self.max_cycle_counter, self.cycle_exceeded_counter, context.cycle_threshold_ns
+        )
         self.snapshot_counter = self._counter(protocol.SNAPSHOT_COUNTER_TYPE_ID, "Cluster snapshot count", key)
         # Actions for this node alone, whatever its role (Aeron uses it for
         # standby snapshots, which a cluster without standbys refuses).
         self.node_control_toggle = self._counter(
-            protocol.CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID, "Cluster node control toggle", key)
+            protocol.CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID, "Cluster node control toggle", key
+        )
         self.sessions_counter = self._counter(protocol.CLUSTER_SESSIONS_TYPE_ID, "Cluster sessions", key)
         self.timers_counter = self._counter(protocol.CLUSTER_TIMERS_TYPE_ID, "Cluster timers", key)
         self.invalid_requests_counter = self._counter(
-            protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID, "Cluster invalid requests (ignored)", key)
+            protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID, "Cluster invalid requests (ignored)", key
+        )
         self.standby_snapshot_counter = self._counter(
-            protocol.CLUSTER_STANDBY_SNAPSHOT_COUNTER_TYPE_ID, "Cluster standby snapshots received", key)
+            protocol.CLUSTER_STANDBY_SNAPSHOT_COUNTER_TYPE_ID, "Cluster standby snapshots received", key
+        )
         # Each election this module starts, the one at start-up included (Aeron's election count).
-        self.election_count_counter = self._counter(protocol.CLUSTER_ELECTION_COUNT_TYPE_ID, "Cluster election count",
-                                                    key)
+        self.election_count_counter = self._counter(
+            protocol.CLUSTER_ELECTION_COUNT_TYPE_ID, "Cluster election count", key
+        )
         # What each follower last reported it has appended, while this member
         # leads (Aeron keeps it in memory only): tools and the metrics show each
         # follower's lag behind the leader from it.
         self._follower_position_counters = {
-            member_id: self._counter(protocol.CLUSTER_MEMBER_APPEND_POSITION_TYPE_ID,
-                                     f"Cluster member append position: memberId={member_id}",
-                                     _MEMBER_KEY.pack(context.cluster_id, member_id))
-            for member_id in self._followers}
+            member_id: self._counter(
+                protocol.CLUSTER_MEMBER_APPEND_POSITION_TYPE_ID,
+                f"Cluster member append position: memberId={member_id}",
+                _MEMBER_KEY.pack(context.cluster_id, member_id),
+            )
+            for member_id in self._followers
+        }
         self._follower_positions_shown = dict.fromkeys(self._followers, 0)
         self._show_follower_positions()
         self.leadership_term_counter.set(NULL_VALUE)
@@ -346,13 +362,14 @@ class ConsensusModuleAgent:
         if self.is_multi_member:
             self._open_consensus_streams()
             from fulmar.consensus.election_host import NodeElectionHost
+
             self.host = NodeElectionHost(self)
             self.election = MemberElection(self, is_startup=True)
         else:
             self.election = SingleNodeElection(self)
         self._set_state(ConsensusModuleState.INIT)
 
-    def _counter(self, type_id: int, label: str, key: bytes) -> "Counter":
+    def _counter(self, type_id: int, label: str, key: bytes) -> Counter:
         return self.aeron.add_counter(type_id, f"{label} - clusterId={self.context.cluster_id}", key)
 
     def _show_follower_positions(self) -> None:
@@ -387,7 +404,8 @@ class ConsensusModuleAgent:
                 # One member alone has nobody to hand over to: stop, loudly
                 # (the supervisor restarts the node), rather than retry forever.
                 raise ClusterTerminationError(
-                    f"election {self.election.state.name} failed: {type(error).__name__}: {error}") from error
+                    f"election {self.election.state.name} failed: {type(error).__name__}: {error}"
+                ) from error
         elif self.role is ClusterRole.LEADER:
             work += self._leader_work(now_ns)
         elif self.is_multi_member:
@@ -404,9 +422,11 @@ class ConsensusModuleAgent:
         # until the commit position it was notified of moves past what it has
         # read, and the archive has recorded that far (a replay is bounded by its
         # end instead).
-        if image is not None and image.is_data_available() and (
-                self.election is not None
-                or image.position < min(self.notified_commit_position, self.append_position)):
+        if (
+            image is not None
+            and image.is_data_available()
+            and (self.election is not None or image.position < min(self.notified_commit_position, self.append_position))
+        ):
             return True
         if not self.is_multi_member:
             return False
@@ -416,9 +436,11 @@ class ConsensusModuleAgent:
         # (Only while the counter is still the one found: a freed id may be reused.)
         counter_id = self._recording_position_counter_id
         reader = self.aeron.counters_reader
-        return counter_id != NULL_VALUE and \
-            reader.counter_registration_id(counter_id) == self._recording_position_registration_id and \
-            reader.counter_value(counter_id) > self.append_position
+        return (
+            counter_id != NULL_VALUE
+            and reader.counter_registration_id(counter_id) == self._recording_position_registration_id
+            and reader.counter_value(counter_id) > self.append_position
+        )
 
     def cluster_time(self) -> int:
         """Cluster time, in its unit (milliseconds since the epoch)."""
@@ -428,8 +450,12 @@ class ConsensusModuleAgent:
         """How long an idle module may sleep: ``max_wait_ns``, or less when a
         cluster timer falls due sooner (timers fire on the module's clock)."""
         deadline = self.timers.next_deadline()
-        if deadline is None or self.role is not ClusterRole.LEADER or self.election is not None \
-                or self.state is not ConsensusModuleState.ACTIVE:
+        if (
+            deadline is None
+            or self.role is not ClusterRole.LEADER
+            or self.election is not None
+            or self.state is not ConsensusModuleState.ACTIVE
+        ):
             # Only an ACTIVE leader fires timers: an overdue one would otherwise
             # make every idle wait 1 ns (a suspended leader spinning).
             return max_wait_ns
@@ -445,15 +471,19 @@ class ConsensusModuleAgent:
             self.archive.poll_for_signals()
         except FulmarError as error:
             self._error(f"archive: {error}")
-            if (self._replay_subscription is not None and isinstance(error, ArchiveResponseError)
-                    and error.correlation_id == self._log_replay_correlation_id):
+            if (
+                self._replay_subscription is not None
+                and isinstance(error, ArchiveResponseError)
+                and error.correlation_id == self._log_replay_correlation_id
+            ):
                 # The archive could not read this member's own log (a corrupt
                 # segment, a failed checksum): what it committed cannot be
                 # rebuilt here, so stop at once with the archive's reason
                 # rather than wait out the replay timeout or serve less.
                 raise ClusterTerminationError(
                     f"the replay of log recording {self.log_recording_id} failed, so this member cannot "
-                    f"recover its committed state: {error.archive_message}")
+                    f"recover its committed state: {error.archive_message}"
+                ) from error
             if self.is_multi_member:
                 self.host.on_archive_error(str(error))
         if self.is_multi_member:
@@ -508,8 +538,7 @@ class ConsensusModuleAgent:
             if counter.type_id != RECORDING_POSITION_TYPE_ID:
                 continue
             recording_id, session_id, archive_id = recording_position_ids(counter.key)
-            if (recording_id, session_id, archive_id) == (self.log_recording_id, self.log_session_id,
-                                                          self._archive_id):
+            if (recording_id, session_id, archive_id) == (self.log_recording_id, self.log_session_id, self._archive_id):
                 registration = reader.counter_registration_id(counter.counter_id)
                 if registration > registration_id:
                     found, registration_id = counter.counter_id, registration
@@ -521,8 +550,10 @@ class ConsensusModuleAgent:
                 watch.unwatch(self._watched_recording_counter_id)
             self._watched_recording_counter_id = found
             if found != NULL_VALUE and not watch.watch(found):
-                self._print_error(f"rec-pos counter {found} has no free watcher slot: "
-                               "this module notices new recording by its idle timeout")
+                self._print_error(
+                    f"rec-pos counter {found} has no free watcher slot: "
+                    "this module notices new recording by its idle timeout"
+                )
         return found
 
     def _recording_position_counter(self) -> int:
@@ -531,8 +562,10 @@ class ConsensusModuleAgent:
         counter_id = self._recording_position_counter_id
         if counter_id != NULL_VALUE:
             reader = self.aeron.counters_reader
-            if reader.counter_state(counter_id) == RECORD_ALLOCATED and \
-                    reader.counter_registration_id(counter_id) == self._recording_position_registration_id:
+            if (
+                reader.counter_state(counter_id) == RECORD_ALLOCATED
+                and reader.counter_registration_id(counter_id) == self._recording_position_registration_id
+            ):
                 return counter_id
             self._recording_position_counter_id = counter_id = NULL_VALUE
         if self.log_recording_id != NULL_VALUE and self.log_session_id != NULL_VALUE:
@@ -601,23 +634,30 @@ class ConsensusModuleAgent:
             if now_ms - last_seen_ms > timeout_ms:
                 raise ClusterTerminationError(
                     f"no heartbeat from service {service_id} for {now_ms - last_seen_ms} ms (timeout {timeout_ms} ms, "
-                    f"mark file {path}): the service is gone, so this member stops")
+                    f"mark file {path}): the service is gone, so this member stops"
+                )
 
     def _on_ingress_dropped(self, publication_session_id: int, length: int, max_length: int) -> None:
         self.invalid_requests_counter.increment()
         # The same text for every message of one publisher: the distinct error
         # log counts repeats instead of filling up.
-        self._error(f"ingress: dropped a message from publication session {publication_session_id} "
-                    f"longer than its max message length {max_length}")
+        self._error(
+            f"ingress: dropped a message from publication session {publication_session_id} "
+            f"longer than its max message length {max_length}"
+        )
 
     def _dispatch_ingress(self, buffer: memoryview, offset: int, length: int) -> bool:
         """Act on one ingress message; False to be retried (log back pressure)."""
         if length >= SESSION_HEADER_LENGTH:
             # The hot path, a client's message: its frame unpacked in one go.
             block_length, template, schema, _version, term_id, session_id, _timestamp = (
-                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset))
-            if (template == SESSION_MESSAGE_TEMPLATE_ID and schema == CLUSTER_SCHEMA_ID
-                    and block_length == SESSION_MESSAGE_BLOCK_LENGTH):
+                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset)
+            )
+            if (
+                template == SESSION_MESSAGE_TEMPLATE_ID
+                and schema == CLUSTER_SCHEMA_ID
+                and block_length == SESSION_MESSAGE_BLOCK_LENGTH
+            ):
                 if self.role is not ClusterRole.LEADER:
                     return True  # not for a follower
                 if self._ingress_control_only:
@@ -644,8 +684,9 @@ class ConsensusModuleAgent:
             except CodecError:
                 self.invalid_requests_counter.increment()
                 return True
-            return self._on_ingress_session_message(session_header.leadership_term_id,
-                                                    session_header.cluster_session_id, buffer, offset, length)
+            return self._on_ingress_session_message(
+                session_header.leadership_term_id, session_header.cluster_session_id, buffer, offset, length
+            )
         try:
             message = codecs.decode(buffer, offset, length)
         except CodecError:
@@ -657,24 +698,28 @@ class ConsensusModuleAgent:
             return True
         return handler(self, message)
 
-    def _on_ingress_session_message(self, leadership_term_id: int, cluster_session_id: int, buffer: memoryview,
-                                    offset: int, length: int) -> bool:
+    def _on_ingress_session_message(
+        self, leadership_term_id: int, cluster_session_id: int, buffer: memoryview, offset: int, length: int
+    ) -> bool:
         session = self.sessions.get(cluster_session_id)
-        if (session is None or session.state is not ClusterSessionState.OPEN
-                or leadership_term_id != self.leadership_term_id):
+        if (
+            session is None
+            or session.state is not ClusterSessionState.OPEN
+            or leadership_term_id != self.leadership_term_id
+        ):
             self.invalid_requests_counter.increment()
             return True
         payload = buffer[offset + SESSION_HEADER_LENGTH : offset + length]
-        result = self.log_publisher.append_message(
-            self.leadership_term_id, session.id, self.cluster_time(), payload)
+        result = self.log_publisher.append_message(self.leadership_term_id, session.id, self.cluster_time(), payload)
         if result <= 0:
             return False
         session.time_of_last_activity(self._now_ns)
         return True
 
     def on_session_connect(self, message: Any) -> bool:
-        session = ClusterSession(NULL_VALUE, message.response_stream_id, message.response_channel,
-                                 message.correlation_id, self._now_ns)
+        session = ClusterSession(
+            NULL_VALUE, message.response_stream_id, message.response_channel, message.correlation_id, self._now_ns
+        )
         try:
             session.async_connect(self.aeron, self._error)
         except FulmarError as error:
@@ -689,8 +734,10 @@ class ConsensusModuleAgent:
         session.id = self.next_session_id
         self.next_session_id += 1
         if major_version(message.version) != protocol.PROTOCOL_MAJOR_VERSION:
-            session.detail = (f"invalid client version {protocol.version_text(message.version)}, "
-                              f"cluster is {protocol.version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}")
+            session.detail = (
+                f"invalid client version {version_text(message.version)}, "
+                f"cluster is {version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}"
+            )
             self.rejected_sessions.append(session)
         elif len(self.sessions) + len(self.pending_sessions) >= self.context.max_concurrent_sessions:
             session.detail = f"concurrent session limit {self.context.max_concurrent_sessions} reached"
@@ -722,8 +769,9 @@ class ConsensusModuleAgent:
                 # As in Aeron, the answer to the client carries the challenge
                 # response's correlation id from now on.
                 session.correlation_id = message.correlation_id
-                self._authenticator.on_challenge_response(session.id, bytes(message.encoded_credentials),
-                                                          self.epoch_ms())
+                self._authenticator.on_challenge_response(
+                    session.id, bytes(message.encoded_credentials), self.epoch_ms()
+                )
                 return True
         self.invalid_requests_counter.increment()
         return True
@@ -733,82 +781,113 @@ class ConsensusModuleAgent:
         if session is None or message.leadership_term_id != self.leadership_term_id or session.publication is None:
             self.invalid_requests_counter.increment()
             return True
-        ok = message.request_type_raw == codecs.AdminRequestType.SNAPSHOT and self.control_toggle.get() == ControlToggle.NEUTRAL
+        ok = (
+            message.request_type_raw == codecs.AdminRequestType.SNAPSHOT
+            and self.control_toggle.get() == ControlToggle.NEUTRAL
+        )
         if ok:
             self.control_toggle.set(ControlToggle.SNAPSHOT)
         self._egress.admin_response(
-            session.publication, session.id, message.correlation_id, message.request_type_raw,
+            session.publication,
+            session.id,
+            message.correlation_id,
+            message.request_type_raw,
             int(codecs.AdminResponseCode.OK if ok else codecs.AdminResponseCode.ERROR),
-            "" if ok else "the cluster cannot take a snapshot now (another action is under way)")
+            "" if ok else "the cluster cannot take a snapshot now (another action is under way)",
+        )
         return True
 
     # ----------------------------- backup, heartbeat and standby snapshot sessions
 
-    def _new_backup_session(self, action: ClusterSessionAction, correlation_id: int, response_stream_id: int,
-                            response_channel: str) -> ClusterSession | None:
+    def _new_backup_session(
+        self, action: ClusterSessionAction, correlation_id: int, response_stream_id: int, response_channel: str
+    ) -> ClusterSession | None:
         """A session for a tool's one request (Aeron's onBackupQuery and the
         like): only while no election runs and the module runs, as in Aeron;
         the tool asks again when it hears nothing."""
-        if self.election is not None or self.state not in (ConsensusModuleState.ACTIVE,
-                                                           ConsensusModuleState.SUSPENDED):
+        if self.election is not None or self.state not in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
             return None
-        if len(self.pending_backup_sessions) + len(self.rejected_backup_sessions) >= \
-                self.context.max_concurrent_sessions:
+        if (
+            len(self.pending_backup_sessions) + len(self.rejected_backup_sessions)
+            >= self.context.max_concurrent_sessions
+        ):
             # A flood of requests gets no more response publications than clients could.
             self.invalid_requests_counter.increment()
             return None
-        session = ClusterSession(self._next_backup_session_id, response_stream_id, response_channel,
-                                 correlation_id, self._now_ns, action)
+        session = ClusterSession(
+            self._next_backup_session_id, response_stream_id, response_channel, correlation_id, self._now_ns, action
+        )
         self._next_backup_session_id -= 1
         try:
             session.async_connect(self.aeron, self._error)
         except FulmarError as error:
-            self._error(f"cannot connect the response channel of a {action.name} request "
-                        f"({response_channel}): {error}")
+            self._error(f"cannot connect the response channel of a {action.name} request ({response_channel}): {error}")
             self.invalid_requests_counter.increment()
             return None
         return session
 
     def _admit_backup_session(self, session: ClusterSession, version: int | None, encoded_credentials: bytes) -> None:
         if version is not None and major_version(version) != protocol.PROTOCOL_MAJOR_VERSION:
-            session.detail = (f"invalid client version {protocol.version_text(version)}, "
-                              f"cluster is {protocol.version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}")
+            session.detail = (
+                f"invalid client version {version_text(version)}, "
+                f"cluster is {version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}"
+            )
             self.rejected_backup_sessions.append(session)
             return
         self._authenticator.on_connect_request(session.id, encoded_credentials, self.epoch_ms())
         self.pending_backup_sessions.append(session)
 
-    def on_backup_query(self, correlation_id: int, response_stream_id: int, version: int, response_channel: str,
-                        encoded_credentials: bytes) -> None:
-        session = self._new_backup_session(ClusterSessionAction.BACKUP, correlation_id, response_stream_id,
-                                           response_channel)
+    def on_backup_query(
+        self,
+        correlation_id: int,
+        response_stream_id: int,
+        version: int,
+        response_channel: str,
+        encoded_credentials: bytes,
+    ) -> None:
+        session = self._new_backup_session(
+            ClusterSessionAction.BACKUP, correlation_id, response_stream_id, response_channel
+        )
         if session is not None:
             self._admit_backup_session(session, version, encoded_credentials)
 
-    def on_heartbeat_request(self, correlation_id: int, response_stream_id: int, response_channel: str,
-                             encoded_credentials: bytes) -> None:
-        session = self._new_backup_session(ClusterSessionAction.HEARTBEAT, correlation_id, response_stream_id,
-                                           response_channel)
+    def on_heartbeat_request(
+        self, correlation_id: int, response_stream_id: int, response_channel: str, encoded_credentials: bytes
+    ) -> None:
+        session = self._new_backup_session(
+            ClusterSessionAction.HEARTBEAT, correlation_id, response_stream_id, response_channel
+        )
         if session is not None:
             self._admit_backup_session(session, None, encoded_credentials)  # (the request has no version)
 
-    def on_standby_snapshot(self, correlation_id: int, version: int, response_stream_id: int,
-                            snapshots: list[Any], response_channel: str, encoded_credentials: bytes) -> None:
+    def on_standby_snapshot(
+        self,
+        correlation_id: int,
+        version: int,
+        response_stream_id: int,
+        snapshots: list[Any],
+        response_channel: str,
+        encoded_credentials: bytes,
+    ) -> None:
         if not self.context.accept_standby_snapshots:
             # Aeron's default too: another node's snapshots are not taken into
             # this member's recording log unless it is configured to.
             self.invalid_requests_counter.increment()
-            self._error("a StandbySnapshot was refused: this member does not accept standby snapshots "
-                        "(accept_standby_snapshots is off)")
+            self._error(
+                "a StandbySnapshot was refused: this member does not accept standby snapshots "
+                "(accept_standby_snapshots is off)"
+            )
             return
-        session = self._new_backup_session(ClusterSessionAction.STANDBY_SNAPSHOT, correlation_id,
-                                           response_stream_id, response_channel)
+        session = self._new_backup_session(
+            ClusterSessionAction.STANDBY_SNAPSHOT, correlation_id, response_stream_id, response_channel
+        )
         if session is not None:
             session.request_input = snapshots
             self._admit_backup_session(session, version, encoded_credentials)
 
-    def on_consensus_challenge_response(self, correlation_id: int, cluster_session_id: int,
-                                        encoded_credentials: bytes) -> None:
+    def on_consensus_challenge_response(
+        self, correlation_id: int, cluster_session_id: int, encoded_credentials: bytes
+    ) -> None:
         for session in self.pending_backup_sessions:
             if session.id == cluster_session_id and session.state is ClusterSessionState.CHALLENGED:
                 session.time_of_last_activity(self._now_ns)
@@ -837,8 +916,9 @@ class ConsensusModuleAgent:
                 work += 1
             if session.state is ClusterSessionState.CHALLENGED:
                 if session.encoded_challenge is not None and session.publication is not None:
-                    if self._egress.challenge(session.publication, session.correlation_id, session.id,
-                                              session.encoded_challenge):
+                    if self._egress.challenge(
+                        session.publication, session.correlation_id, session.id, session.encoded_challenge
+                    ):
                         session.encoded_challenge = None
                 self._authenticator.on_challenged_session(SessionProxy(session), self.epoch_ms())
             if session.state is ClusterSessionState.AUTHENTICATED:
@@ -865,8 +945,14 @@ class ConsensusModuleAgent:
             for entry in session.request_input:
                 try:
                     self.recording_log.append_standby_snapshot(
-                        entry.recording_id, entry.leadership_term_id, entry.term_base_log_position,
-                        entry.log_position, entry.timestamp, entry.service_id, entry.archive_endpoint)
+                        entry.recording_id,
+                        entry.leadership_term_id,
+                        entry.term_base_log_position,
+                        entry.log_position,
+                        entry.timestamp,
+                        entry.service_id,
+                        entry.archive_endpoint,
+                    )
                     recorded += 1
                 except RecordingLogError as error:  # a tool's bad entry: refused, the rest kept
                     self.invalid_requests_counter.increment()
@@ -876,7 +962,7 @@ class ConsensusModuleAgent:
             return True
         return self._send_backup_response(session, publication)
 
-    def _send_backup_response(self, session: ClusterSession, publication: "Publication") -> bool:
+    def _send_backup_response(self, session: ClusterSession, publication: Publication) -> bool:
         """BackupResponse (Aeron's ConsensusPublisher.backupResponse): where this
         member's log is recorded, its newest complete set of snapshots, the
         members and the leader, from the recording log (no archive round trip
@@ -885,29 +971,44 @@ class ConsensusModuleAgent:
         if last_term is None:
             return False  # nothing recorded yet: the backup asks again
         snapshots = [
-            {"recording_id": snapshot.recording_id, "leadership_term_id": snapshot.leadership_term_id,
-             "term_base_log_position": snapshot.term_base_log_position, "log_position": snapshot.log_position,
-             "timestamp": snapshot.timestamp, "service_id": snapshot.service_id}
-            for snapshot in self.recording_log.latest_snapshot_set(self.context.service_count)]
+            {
+                "recording_id": snapshot.recording_id,
+                "leadership_term_id": snapshot.leadership_term_id,
+                "term_base_log_position": snapshot.term_base_log_position,
+                "log_position": snapshot.log_position,
+                "timestamp": snapshot.timestamp,
+                "service_id": snapshot.service_id,
+            }
+            for snapshot in self.recording_log.latest_snapshot_set(self.context.service_count)
+        ]
         leader = self.leader_member_id if self.is_multi_member else self.member_id
         members = encode_cluster_members(self.members) if self.is_multi_member else ""
         return self._egress.backup_response(
-            publication, session.correlation_id, log_recording_id=last_term.recording_id,
+            publication,
+            session.correlation_id,
+            log_recording_id=last_term.recording_id,
             # (Aeron's from its recovery plan's log, which is the last term too
             # when the plan is fresh; this one always is.)
             log_leadership_term_id=last_term.leadership_term_id,
             log_term_base_log_position=last_term.term_base_log_position,
             last_leadership_term_id=last_term.leadership_term_id,
             last_term_base_log_position=last_term.term_base_log_position,
-            commit_position_counter_id=self.commit_position_counter.id, leader_member_id=leader,
-            member_id=self.member_id, snapshots=snapshots, cluster_members=members)
+            commit_position_counter_id=self.commit_position_counter.id,
+            leader_member_id=leader,
+            member_id=self.member_id,
+            snapshots=snapshots,
+            cluster_members=members,
+        )
 
     # -------------------------------------------------------------- sessions
 
     def _process_redirect_and_rejected(self, now_ns: int) -> int:
         work = 0
-        for collection, code in ((self.redirect_sessions, EventCode.REDIRECT), (self.rejected_sessions, None),
-                                 (self.rejected_backup_sessions, None)):
+        for collection, code in (
+            (self.redirect_sessions, EventCode.REDIRECT),
+            (self.rejected_sessions, None),
+            (self.rejected_backup_sessions, None),
+        ):
             for session in list(collection):
                 if session.state is ClusterSessionState.INVALID:  # the driver refused its egress
                     collection.remove(session)
@@ -917,12 +1018,22 @@ class ConsensusModuleAgent:
                 if session.publication is not None and session.is_response_publication_connected:
                     event_code = code
                     if event_code is None:
-                        event_code = (EventCode.AUTHENTICATION_REJECTED if session.state is ClusterSessionState.REJECTED
-                                      else EventCode.ERROR)
+                        event_code = (
+                            EventCode.AUTHENTICATION_REJECTED
+                            if session.state is ClusterSessionState.REJECTED
+                            else EventCode.ERROR
+                        )
                     detail = self._leader_detail() if event_code is EventCode.REDIRECT else session.detail
                     leader = self.leader_member_id if self.is_multi_member else self.member_id
-                    if self._egress.session_event(session.publication, session.id, session.correlation_id,
-                                                  self.leadership_term_id, leader, int(event_code), detail):
+                    if self._egress.session_event(
+                        session.publication,
+                        session.id,
+                        session.correlation_id,
+                        self.leadership_term_id,
+                        leader,
+                        int(event_code),
+                        detail,
+                    ):
                         collection.remove(session)
                         session.close(CloseReason.CLIENT_ACTION)
                         work += 1
@@ -954,8 +1065,9 @@ class ConsensusModuleAgent:
                 work += 1
             if session.state is ClusterSessionState.CHALLENGED:
                 if session.encoded_challenge is not None and session.publication is not None:
-                    if self._egress.challenge(session.publication, session.correlation_id, session.id,
-                                              session.encoded_challenge):
+                    if self._egress.challenge(
+                        session.publication, session.correlation_id, session.id, session.encoded_challenge
+                    ):
                         session.encoded_challenge = None
                 self._authenticator.on_challenged_session(SessionProxy(session), self.epoch_ms())
             if session.state is ClusterSessionState.AUTHENTICATED:
@@ -990,8 +1102,15 @@ class ConsensusModuleAgent:
                     work += 1
                 continue
             if session.has_open_event_pending and session.publication is not None:
-                if self._egress.session_event(session.publication, session.id, session.correlation_id,
-                                              self.leadership_term_id, self.member_id, int(EventCode.OK), ""):
+                if self._egress.session_event(
+                    session.publication,
+                    session.id,
+                    session.correlation_id,
+                    self.leadership_term_id,
+                    self.member_id,
+                    int(EventCode.OK),
+                    "",
+                ):
                     session.has_open_event_pending = False
                     work += 1
             if session.has_new_leader_event_pending and session.publication is not None:
@@ -1002,21 +1121,36 @@ class ConsensusModuleAgent:
     def _send_new_leader_event(self, session: ClusterSession) -> bool:
         assert session.publication is not None
         message = self._egress.encode(
-            codecs.NewLeaderEventEncoder, leadership_term_id=self.leadership_term_id, cluster_session_id=session.id,
-            leader_member_id=self.member_id, ingress_endpoints=self._leader_detail())
+            codecs.NewLeaderEventEncoder,
+            leadership_term_id=self.leadership_term_id,
+            cluster_session_id=session.id,
+            leader_member_id=self.member_id,
+            ingress_endpoints=self._leader_detail(),
+        )
         return session.publication.offer(message) > 0
 
     def _close_session(self, session: ClusterSession, reason: CloseReason, notify: bool) -> bool:
         """Append the SessionCloseEvent; False if the log is back pressured (retry)."""
-        if self.log_publisher.append_session_close(self.leadership_term_id, session.id, int(reason),
-                                                   self.cluster_time()) <= 0:
+        if (
+            self.log_publisher.append_session_close(
+                self.leadership_term_id, session.id, int(reason), self.cluster_time()
+            )
+            <= 0
+        ):
             return False
         if self.is_multi_member:
             self._uncommitted_closed_sessions.append((self.log_publisher.position, session))
         if notify and session.publication is not None:
             detail = "session timed out" if reason is CloseReason.TIMEOUT else "closed by the service"
-            self._egress.session_event(session.publication, session.id, session.correlation_id,
-                                       self.leadership_term_id, self.member_id, int(EventCode.CLOSED), detail)
+            self._egress.session_event(
+                session.publication,
+                session.id,
+                session.correlation_id,
+                self.leadership_term_id,
+                self.member_id,
+                int(EventCode.CLOSED),
+                detail,
+            )
         session.close(reason)
         self.sessions.pop(session.id, None)
         self.sessions_counter.set(len(self.sessions))
@@ -1080,8 +1214,9 @@ class ConsensusModuleAgent:
             if session_id <= self.log_service_session_id:
                 self.pending_service_messages.popleft()
                 continue
-            position = self.log_publisher.append_message(self.leadership_term_id, session_id, self.cluster_time(),
-                                                         payload)
+            position = self.log_publisher.append_message(
+                self.leadership_term_id, session_id, self.cluster_time(), payload
+            )
             if position <= 0:
                 break
             if self.is_multi_member:
@@ -1103,8 +1238,9 @@ class ConsensusModuleAgent:
     def services_acked_partially(self, ack_id: int, missing: list[int]) -> bool:
         """Whether a service other than ``missing`` has yet to acknowledge ``ack_id``."""
         acks = self._service_acks.get(ack_id, {})
-        return any(service_id not in acks and service_id not in missing
-                   for service_id in range(self.context.service_count))
+        return any(
+            service_id not in acks and service_id not in missing for service_id in range(self.context.service_count)
+        )
 
     def services_acked(self, ack_id: int, log_position: int | None = None) -> list[Any] | None:
         """The acks of every service for ``ack_id``, once all came."""
@@ -1117,7 +1253,8 @@ class ConsensusModuleAgent:
             for ack in acks.values():
                 if ack.log_position != log_position:
                     raise ClusterTerminationError(
-                        f"service {ack.service_id} acknowledged position {ack.log_position}, expected {log_position}")
+                        f"service {ack.service_id} acknowledged position {ack.log_position}, expected {log_position}"
+                    )
         del self._service_acks[ack_id]
         return list(acks.values())
 
@@ -1132,8 +1269,11 @@ class ConsensusModuleAgent:
             return None
         found: dict[int, tuple[int, Any]] = {}
         for arrival, ack in self._recent_acks:
-            if arrival > issued and (log_position is None or ack.log_position == log_position) \
-                    and ack.service_id not in found:
+            if (
+                arrival > issued
+                and (log_position is None or ack.log_position == log_position)
+                and ack.service_id not in found
+            ):
                 found[ack.service_id] = (arrival, ack)
         if len(found) < self.context.service_count:
             return None
@@ -1146,7 +1286,7 @@ class ConsensusModuleAgent:
 
     # ---------------------------------------------------------- log replay
 
-    def on_log_image(self, image: "Image | None") -> None:
+    def on_log_image(self, image: Image | None) -> None:
         self._log_image = image
 
     def poll_log(self, limit_position: int) -> int:
@@ -1171,9 +1311,13 @@ class ConsensusModuleAgent:
     def _on_log_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         if length >= SESSION_HEADER_LENGTH:
             block_length, template, schema, _version, _term_id, session_id, timestamp = (
-                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset))
-            if (template == SESSION_MESSAGE_TEMPLATE_ID and schema == CLUSTER_SCHEMA_ID
-                    and block_length == SESSION_MESSAGE_BLOCK_LENGTH):
+                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset)
+            )
+            if (
+                template == SESSION_MESSAGE_TEMPLATE_ID
+                and schema == CLUSTER_SCHEMA_ID
+                and block_length == SESSION_MESSAGE_BLOCK_LENGTH
+            ):
                 self._on_replay_session_message(session_id, timestamp)
                 return
         try:
@@ -1187,8 +1331,13 @@ class ConsensusModuleAgent:
             self._error(f"malformed log message at position {header.position}: {error}")
             return
         if isinstance(message, codecs.SessionOpenEventDecoder):
-            session = ClusterSession(message.cluster_session_id, message.response_stream_id,
-                                     message.response_channel, message.correlation_id, self._now_ns)
+            session = ClusterSession(
+                message.cluster_session_id,
+                message.response_stream_id,
+                message.response_channel,
+                message.correlation_id,
+                self._now_ns,
+            )
             session.state = ClusterSessionState.OPEN
             session.encoded_principal = bytes(message.encoded_principal)
             session.opened_log_position = header.position
@@ -1206,8 +1355,11 @@ class ConsensusModuleAgent:
             action = message.action_raw
             if action in (codecs.ClusterAction.SUSPEND, codecs.ClusterAction.RESUME):
                 self.on_replay_suspend_or_resume(action == codecs.ClusterAction.SUSPEND)
-            elif (self.is_multi_member and action == codecs.ClusterAction.SNAPSHOT
-                  and cluster_action_flags(message) == CLUSTER_ACTION_FLAGS_DEFAULT):
+            elif (
+                self.is_multi_member
+                and action == codecs.ClusterAction.SNAPSHOT
+                and cluster_action_flags(message) == CLUSTER_ACTION_FLAGS_DEFAULT
+            ):
                 # (A standby snapshot is not this member's to take.)
                 self._on_follower_snapshot_action(message.log_position)
             # (one member alone: a replayed snapshot already happened)
@@ -1241,15 +1393,20 @@ class ConsensusModuleAgent:
         """Ask the archive to replay the log recording between the positions;
         returns the replay image's session id."""
         replay_session_id = self.archive.start_replay(
-            self.log_recording_id, self.context.replay_channel, self.context.replay_stream_id,
-            from_position, to_position - from_position)
+            self.log_recording_id,
+            self.context.replay_channel,
+            self.context.replay_stream_id,
+            from_position,
+            to_position - from_position,
+        )
         self._log_replay_correlation_id = self.archive.last_correlation_id
         session_id = replay_session_id & 0xFFFF_FFFF
         session_id = session_id - (1 << 32) if session_id >= 1 << 31 else session_id
         channel = ChannelUri.parse(self.context.replay_channel).with_param("session-id", session_id)
         self._log_image = None
         self._replay_subscription = self.aeron.add_subscription(
-            str(channel), self.context.replay_stream_id, on_available_image=self.on_log_image)
+            str(channel), self.context.replay_stream_id, on_available_image=self.on_log_image
+        )
         return session_id
 
     def close_log_replay(self) -> None:
@@ -1270,8 +1427,9 @@ class ConsensusModuleAgent:
                 raise ClusterTerminationError(f"the log recording {self.log_recording_id} is missing from the archive")
             term_length = descriptor.term_buffer_length
             position = self.append_position
-            term_id = compute_term_id_from_position(position, position_bits_to_shift(term_length),
-                                                    descriptor.initial_term_id)
+            term_id = compute_term_id_from_position(
+                position, position_bits_to_shift(term_length), descriptor.initial_term_id
+            )
             channel = channel.with_param("term-length", term_length).with_param("mtu", descriptor.mtu_length)
             channel = channel.with_initial_position(descriptor.initial_term_id, term_id, position & (term_length - 1))
         publication = self.aeron.add_exclusive_publication(str(channel), context.log_stream_id)
@@ -1287,8 +1445,9 @@ class ConsensusModuleAgent:
         # the next term (or run) can extend the recording again.
         recorded = str(ChannelUri.parse(context.log_channel).with_param("session-id", publication.session_id))
         if self.log_recording_id != NULL_VALUE:
-            self.archive.extend_recording(self.log_recording_id, recorded, context.log_stream_id,
-                                          SourceLocation.LOCAL, auto_stop=True)
+            self.archive.extend_recording(
+                self.log_recording_id, recorded, context.log_stream_id, SourceLocation.LOCAL, auto_stop=True
+            )
         else:
             self.archive.start_recording(recorded, context.log_stream_id, SourceLocation.LOCAL, auto_stop=True)
         expected = RecordingSignal.EXTEND if self.log_recording_id != NULL_VALUE else RecordingSignal.START
@@ -1298,8 +1457,9 @@ class ConsensusModuleAgent:
         self.leadership_term_id = leadership_term_id
         self.leadership_term_counter.set(leadership_term_id)
         self.term_base_log_position = self.append_position
-        self.recording_log.append_term(self.log_recording_id, self.leadership_term_id,
-                                       self.term_base_log_position, self.cluster_time())
+        self.recording_log.append_term(
+            self.log_recording_id, self.leadership_term_id, self.term_base_log_position, self.cluster_time()
+        )
         self.role = ClusterRole.LEADER
         self.role_counter.set(ClusterRole.LEADER)
 
@@ -1383,8 +1543,9 @@ class ConsensusModuleAgent:
         return 1
 
     def _append_action(self, action: ClusterAction, flags: int = CLUSTER_ACTION_FLAGS_DEFAULT) -> tuple[int, int]:
-        return self.log_publisher.append_cluster_action(self.leadership_term_id, self.cluster_time(), int(action),
-                                                        flags)
+        return self.log_publisher.append_cluster_action(
+            self.leadership_term_id, self.cluster_time(), int(action), flags
+        )
 
     def _append_running_state_action(self, action: ClusterAction, state: ConsensusModuleState) -> bool:
         """The leader appends SUSPEND or RESUME and acts on it at once (the
@@ -1426,16 +1587,20 @@ class ConsensusModuleAgent:
                     for _ in range(1000):
                         if not self._poll_services():
                             break
-                    ack_id = self._snapshot_ack_id if self.state is ConsensusModuleState.SNAPSHOT \
+                    ack_id = (
+                        self._snapshot_ack_id
+                        if self.state is ConsensusModuleState.SNAPSHOT
                         else self._termination_ack_id
+                    )
                     acked = self._service_acks.get(ack_id, {})
                     dead = [service_id for service_id in dead if service_id not in acked]
                 if dead and self.state is ConsensusModuleState.SNAPSHOT:
                     raise ClusterTerminationError(f"service(s) {dead} died during the snapshot: stopping")
                 if dead and not self.services_acked_partially(self._termination_ack_id, dead):
                     self.terminated = True
-                    self.termination_reason = f"stop at log position {self._termination_position} " \
-                                              f"(service(s) {dead} already gone)"
+                    self.termination_reason = (
+                        f"stop at log position {self._termination_position} (service(s) {dead} already gone)"
+                    )
                     self._set_state(ConsensusModuleState.CLOSED)
                     return 1
         if self.state is ConsensusModuleState.SNAPSHOT:
@@ -1454,8 +1619,10 @@ class ConsensusModuleAgent:
                 return 0
             self.recording_log.commit_log_position(self.leadership_term_id, self._termination_position)
             self.terminated = True
-            self.termination_reason = f"{self._termination_action.name if self._termination_action else 'stop'} " \
-                                      f"at log position {self._termination_position}"
+            self.termination_reason = (
+                f"{self._termination_action.name if self._termination_action else 'stop'} "
+                f"at log position {self._termination_position}"
+            )
             self._set_state(ConsensusModuleState.CLOSED)
             return 1
         return 0
@@ -1487,10 +1654,17 @@ class ConsensusModuleAgent:
         """The recording log entries of a snapshot: each service's, then the module's."""
         timestamp = self.cluster_time()
         for ack in sorted(service_acks, key=lambda a: a.service_id):
-            self.recording_log.append_snapshot(ack.relevant_id, self.leadership_term_id, self.term_base_log_position,
-                                               position, timestamp, ack.service_id)
-        self.recording_log.append_snapshot(recording_id, self.leadership_term_id, self.term_base_log_position,
-                                           position, timestamp, -1)
+            self.recording_log.append_snapshot(
+                ack.relevant_id,
+                self.leadership_term_id,
+                self.term_base_log_position,
+                position,
+                timestamp,
+                ack.service_id,
+            )
+        self.recording_log.append_snapshot(
+            recording_id, self.leadership_term_id, self.term_base_log_position, position, timestamp, -1
+        )
         self.snapshot_counter.increment()
         if self.context.log_retention_snapshots:
             self._apply_log_retention()
@@ -1502,8 +1676,13 @@ class ConsensusModuleAgent:
 
         log = self.recording_log
         try:
-            plan = plan_retention(log.entries, self.context.service_count, self.context.log_retention_snapshots,
-                                  self.archive.list_recording, str(log.path))
+            plan = plan_retention(
+                log.entries,
+                self.context.service_count,
+                self.context.log_retention_snapshots,
+                self.archive.list_recording,
+                str(log.path),
+            )
             if not plan.removed and not plan.purges_log:
                 return
             result = apply_retention(self.archive, lambda entry: log.invalidate_entry(entry.entry_index), plan)
@@ -1531,7 +1710,8 @@ class ConsensusModuleAgent:
             assert self.consensus_publisher is not None
             for member_id in self._followers:
                 self.consensus_publisher.termination_position(
-                    member_id, leadership_term_id=self.leadership_term_id, log_position=self._termination_position)
+                    member_id, leadership_term_id=self.leadership_term_id, log_position=self._termination_position
+                )
 
     def request_shutdown(self, action: ControlToggle = ControlToggle.SHUTDOWN) -> bool:
         """What a stop signal asks for: SHUTDOWN (a snapshot, then the services
@@ -1567,8 +1747,10 @@ class ConsensusModuleAgent:
         if self.election is not None:
             if action is ControlToggle.ABORT or self.election.state is ElectionState.INIT:
                 self.terminated = True
-                self.termination_reason = (f"{action.name} during the election ({self.election.state.name}): "
-                                           f"stopped at once at log position {self.log_position}, no snapshot")
+                self.termination_reason = (
+                    f"{action.name} during the election ({self.election.state.name}): "
+                    f"stopped at once at log position {self.log_position}, no snapshot"
+                )
                 self._set_state(ConsensusModuleState.CLOSED)
                 return True
             return False
@@ -1597,14 +1779,18 @@ class ConsensusModuleAgent:
         base = ChannelUri.parse(context.consensus_channel)
         me = find_member(self.members, self.member_id)
         self._consensus_subscription = self.aeron.add_subscription(
-            str(base.with_param("endpoint", me.consensus_endpoint)), context.consensus_stream_id)
+            str(base.with_param("endpoint", me.consensus_endpoint)), context.consensus_stream_id
+        )
         self._consensus_publications = {
             member.id: self.aeron.add_exclusive_publication(
-                str(base.with_param("endpoint", member.consensus_endpoint)), context.consensus_stream_id)
-            for member in self._followers.values()}
+                str(base.with_param("endpoint", member.consensus_endpoint)), context.consensus_stream_id
+            )
+            for member in self._followers.values()
+        }
         self.consensus_publisher = ConsensusPublisher(self._consensus_publications)
         self.consensus_adapter = ConsensusAdapter(
-            self, self._consensus_subscription, error_handler=lambda text: self._error(f"consensus stream: {text}"))
+            self, self._consensus_subscription, error_handler=lambda text: self._error(f"consensus stream: {text}")
+        )
 
     def new_election(self, is_startup: bool) -> Any:
         from fulmar.consensus.election import Election, ElectionTimeouts
@@ -1615,20 +1801,33 @@ class ConsensusModuleAgent:
             election_status_interval_ns=context.election_status_interval_ns,
             startup_canvass_timeout_ns=context.startup_canvass_timeout_ns,
             leader_heartbeat_timeout_ns=context.leader_heartbeat_timeout_ns,
-            leader_heartbeat_interval_ns=context.leader_heartbeat_interval_ns)
+            leader_heartbeat_interval_ns=context.leader_heartbeat_interval_ns,
+        )
         entries = self.host.term_entries()
         candidate_term_id = self.mark_file.candidate_term_id if self.mark_file is not None else NULL_VALUE
         assert self.consensus_publisher is not None
         return Election(
-            self.member_id, [member.id for member in self.members], self.host, self.consensus_publisher,
-            random.Random(), timeouts, is_startup, entries[-1].leadership_term_id if entries else NULL_VALUE,
-            self.read_append_position(), context.appointed_leader_id,
-            leadership_term_id=self.leadership_term_id, candidate_term_id=candidate_term_id,
-            app_version=context.app_version, state_counter=self.election_state_counter)
+            self.member_id,
+            [member.id for member in self.members],
+            self.host,
+            self.consensus_publisher,
+            random.Random(),
+            timeouts,
+            is_startup,
+            entries[-1].leadership_term_id if entries else NULL_VALUE,
+            self.read_append_position(),
+            context.appointed_leader_id,
+            leadership_term_id=self.leadership_term_id,
+            candidate_term_id=candidate_term_id,
+            app_version=context.app_version,
+            state_counter=self.election_state_counter,
+        )
 
     def start_election(self, reason: str) -> None:
-        self.log_event(f"election: {reason} (term {self.leadership_term_id}, "
-                       f"{'leader' if self.role is ClusterRole.LEADER else 'follower'})")
+        self.log_event(
+            f"election: {reason} (term {self.leadership_term_id}, "
+            f"{'leader' if self.role is ClusterRole.LEADER else 'follower'})"
+        )
         self.election_count_counter.increment()
         self.election = MemberElection(self, is_startup=False)
 
@@ -1662,7 +1861,7 @@ class ConsensusModuleAgent:
             return
         logged = self._logged_transitions[1] if self._logged_transitions[0] is inner else 0
         new = min(inner.transition_count - logged, len(inner.transitions))
-        for _, old_state, new_state, reason in list(inner.transitions)[len(inner.transitions) - new:]:
+        for _, old_state, new_state, reason in list(inner.transitions)[len(inner.transitions) - new :]:
             self.log_event(f"election {ElectionState(old_state).name} -> {ElectionState(new_state).name}: {reason}")
         self._logged_transitions = (inner, inner.transition_count)
 
@@ -1733,8 +1932,7 @@ class ConsensusModuleAgent:
         applied: two followers whose archives run ahead of a slow leader archive
         make a quorum without it, which the seed's words alone would commit."""
         append_position = self.read_append_position()
-        quorum = quorum_position([append_position] +
-                                 [follower.log_position for follower in self._followers.values()])
+        quorum = quorum_position([append_position] + [follower.log_position for follower in self._followers.values()])
         commit = min(quorum, append_position)
         self._show_follower_positions()
         work = 0
@@ -1744,27 +1942,39 @@ class ConsensusModuleAgent:
             self._ring_counter_watchers(self.commit_position_counter.id)
             self._sweep_uncommitted(commit)
             work += 1
-        if self.commit_position != self._last_commit_position_sent or \
-                now_ns >= self._time_of_last_commit_position_sent_ns + self.context.leader_heartbeat_interval_ns:
+        if (
+            self.commit_position != self._last_commit_position_sent
+            or now_ns >= self._time_of_last_commit_position_sent_ns + self.context.leader_heartbeat_interval_ns
+        ):
             assert self.consensus_publisher is not None
             for member_id in self._followers:
                 self.consensus_publisher.commit_position(
-                    member_id, leadership_term_id=self.leadership_term_id, log_position=self.commit_position,
-                    leader_member_id=self.member_id)
+                    member_id,
+                    leadership_term_id=self.leadership_term_id,
+                    log_position=self.commit_position,
+                    leader_member_id=self.member_id,
+                )
             self._last_commit_position_sent = self.commit_position
             self._time_of_last_commit_position_sent_ns = now_ns
             work += 1
         work += self._check_catchups()
-        active = 1 + sum(1 for follower in self._followers.values()
-                         if now_ns - follower.time_of_last_append_position_ns < self.context.leader_heartbeat_timeout_ns)
+        active = 1 + sum(
+            1
+            for follower in self._followers.values()
+            if now_ns - follower.time_of_last_append_position_ns < self.context.leader_heartbeat_timeout_ns
+        )
         if active < quorum_threshold(len(self.members)) and self.state is not ConsensusModuleState.TERMINATING:
             self.start_election("inactive follower quorum")
             return work + 1
         return work
 
     def _sweep_uncommitted(self, commit: int) -> None:
-        for queue in (self._uncommitted_timers, self._uncommitted_service_messages, self._uncommitted_closed_sessions,
-                      self._uncommitted_actions):
+        for queue in (
+            self._uncommitted_timers,
+            self._uncommitted_service_messages,
+            self._uncommitted_closed_sessions,
+            self._uncommitted_actions,
+        ):
             while queue and queue[0][0] <= commit:
                 queue.popleft()
 
@@ -1804,26 +2014,38 @@ class ConsensusModuleAgent:
     def _follower_work(self, now_ns: int) -> int:
         applied = self._apply_follower_log()
         image = self._log_image
-        if applied == 0 and image is not None and image.is_closed and \
-                self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
+        if (
+            applied == 0
+            and image is not None
+            and image.is_closed
+            and self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED)
+        ):
             # As Aeron's follower: the leader's log went away under this member
             # (its image timed out or ended) while the leader itself may still
             # send heartbeats.  The archive recorded that image and no other, so
             # nothing after it would ever be recorded or committed here: only an
             # election (a catch-up from the leader and a new log image) brings
             # this member back, rather than it serving stale forever.
-            self._error(f"log disconnected from leader: its image closed (log position "
-                        f"{self.log_position}, commit position {self.commit_position}, term {self.leadership_term_id}, "
-                        f"leader {self.leader_member_id})")
+            self._error(
+                f"log disconnected from leader: its image closed (log position "
+                f"{self.log_position}, commit position {self.commit_position}, term {self.leadership_term_id}, "
+                f"leader {self.leader_member_id})"
+            )
             self.start_election("log disconnected from leader")
             return 1
         work = applied + self._check_follower_snapshot() + self._check_follower_termination()
         position = self.append_position
-        if position != self._last_append_position_sent or \
-                now_ns >= self._time_of_last_append_position_sent_ns + self.context.leader_heartbeat_interval_ns:
+        if (
+            position != self._last_append_position_sent
+            or now_ns >= self._time_of_last_append_position_sent_ns + self.context.leader_heartbeat_interval_ns
+        ):
             assert self.consensus_publisher is not None
-            if self.consensus_publisher.append_position(self.leader_member_id, leadership_term_id=self.leadership_term_id,
-                                                        log_position=position, follower_member_id=self.member_id):
+            if self.consensus_publisher.append_position(
+                self.leader_member_id,
+                leadership_term_id=self.leadership_term_id,
+                log_position=position,
+                follower_member_id=self.member_id,
+            ):
                 self._last_append_position_sent = position
                 self._time_of_last_append_position_sent_ns = now_ns
                 work += 1
@@ -1888,9 +2110,12 @@ class ConsensusModuleAgent:
             if descriptor is None:
                 raise ClusterTerminationError(f"the log recording {self.log_recording_id} is missing from the archive")
         channel = leader_log_channel(
-            self.context.log_channel, descriptor.term_buffer_length if descriptor else None,
-            descriptor.mtu_length if descriptor else None, descriptor.initial_term_id if descriptor else None,
-            log_position)
+            self.context.log_channel,
+            descriptor.term_buffer_length if descriptor else None,
+            descriptor.mtu_length if descriptor else None,
+            descriptor.initial_term_id if descriptor else None,
+            log_position,
+        )
         publication = self.aeron.add_exclusive_publication(channel, self.context.log_stream_id)
         for follower in self._followers.values():
             publication.add_destination(f"aeron:udp?endpoint={follower.log_endpoint}")
@@ -1915,11 +2140,13 @@ class ConsensusModuleAgent:
         services follow it; nothing is appended before they do."""
         recorded = self.leader_spy_channel().removeprefix("aeron-spy:")
         if self.log_recording_id != NULL_VALUE:
-            subscription_id = self.archive.extend_recording(self.log_recording_id, recorded, self.context.log_stream_id,
-                                                            SourceLocation.LOCAL, auto_stop=True)
+            subscription_id = self.archive.extend_recording(
+                self.log_recording_id, recorded, self.context.log_stream_id, SourceLocation.LOCAL, auto_stop=True
+            )
         else:
-            subscription_id = self.archive.start_recording(recorded, self.context.log_stream_id,
-                                                           SourceLocation.LOCAL, auto_stop=True)
+            subscription_id = self.archive.start_recording(
+                recorded, self.context.log_stream_id, SourceLocation.LOCAL, auto_stop=True
+            )
         # The archive says it records (START or EXTEND) once its spy has the
         # image; that comes as a signal, while this module keeps its heartbeats.
         self._leader_recording_subscription_id = subscription_id
@@ -1928,24 +2155,34 @@ class ConsensusModuleAgent:
         self._recording_position_counter_id = NULL_VALUE
         self.term_base_log_position = term_base_log_position
         self._leader_services_ack_id = self.next_ack_id()
-        self.service_proxy.join_log(term_base_log_position, NULL_POSITION, self.member_id, self.log_session_id,
-                                    self.context.log_stream_id, False, int(ClusterRole.LEADER),
-                                    self.leader_spy_channel())
+        self.service_proxy.join_log(
+            term_base_log_position,
+            NULL_POSITION,
+            self.member_id,
+            self.log_session_id,
+            self.context.log_stream_id,
+            False,
+            int(ClusterRole.LEADER),
+            self.leader_spy_channel(),
+        )
         self._leader_services_joined = False
         self._leader_services_deadline_ns = self.now_ns + self.context.service_ack_timeout_ns
 
     def on_leader_recording_signal(self, event: Any) -> bool:
         """The archive records the leader's log: the term goes into the recording log."""
-        if event.subscription_id != self._leader_recording_subscription_id \
-                or event.signal not in (RecordingSignal.START, RecordingSignal.EXTEND):
+        if event.subscription_id != self._leader_recording_subscription_id or event.signal not in (
+            RecordingSignal.START,
+            RecordingSignal.EXTEND,
+        ):
             return False
         if self.log_recording_id == NULL_VALUE:
             self.log_recording_id = event.recording_id
         self._leader_recording_started = True
         leadership_term_id, term_base_log_position = self._leader_term_to_record
         if self.recording_log.find_term_entry(leadership_term_id) is None:
-            self.recording_log.append_term(self.log_recording_id, leadership_term_id, term_base_log_position,
-                                           self.cluster_time())
+            self.recording_log.append_term(
+                self.log_recording_id, leadership_term_id, term_base_log_position, self.cluster_time()
+            )
         return True
 
     def append_new_leadership_term_event(self, log_position: int) -> bool:
@@ -1959,13 +2196,23 @@ class ConsensusModuleAgent:
                 if self.now_ns > self._leader_services_deadline_ns:
                     raise ClusterTerminationError(
                         f"the services did not acknowledge joining the log as leader at position {log_position} "
-                        f"within {self.context.service_ack_timeout_ns // 1_000_000_000} s")
+                        f"within {self.context.service_ack_timeout_ns // 1_000_000_000} s"
+                    )
                 return False
             self._leader_services_joined = True
         publisher = self.log_publisher
-        return publisher.append_new_leadership_term(
-            self.leadership_term_id, publisher.position, self.cluster_time(), self.term_base_log_position,
-            self.member_id, self.log_session_id, self.context.app_version) > 0
+        return (
+            publisher.append_new_leadership_term(
+                self.leadership_term_id,
+                publisher.position,
+                self.cluster_time(),
+                self.term_base_log_position,
+                self.member_id,
+                self.log_session_id,
+                self.context.app_version,
+            )
+            > 0
+        )
 
     def step_down(self) -> None:
         """Leave the role this member had: a leader closes its log publication (once
@@ -2005,8 +2252,11 @@ class ConsensusModuleAgent:
         for position, correlation_id in self._uncommitted_timers:
             if position > commit:
                 self.timers.schedule(correlation_id, now)
-        restored = [(session_id, payload) for position, session_id, payload in self._uncommitted_service_messages
-                    if position > commit]
+        restored = [
+            (session_id, payload)
+            for position, session_id, payload in self._uncommitted_service_messages
+            if position > commit
+        ]
         if restored:
             self.pending_service_messages.extendleft(reversed(restored))
             self.log_service_session_id = restored[0][0] - 1
@@ -2015,8 +2265,12 @@ class ConsensusModuleAgent:
             # The state as of the commit position: the log the next leader keeps
             # (replayed or applied from here) says whether the action happened.
             self.on_replay_suspend_or_resume(uncommitted_actions[0] is ConsensusModuleState.SUSPENDED)
-        for queue in (self._uncommitted_timers, self._uncommitted_service_messages, self._uncommitted_closed_sessions,
-                      self._uncommitted_actions):
+        for queue in (
+            self._uncommitted_timers,
+            self._uncommitted_service_messages,
+            self._uncommitted_closed_sessions,
+            self._uncommitted_actions,
+        ):
             queue.clear()
         self.sessions_counter.set(len(self.sessions))
         self.timers_counter.set(len(self.timers))
@@ -2033,8 +2287,9 @@ class ConsensusModuleAgent:
             if follower.catchup_replay_session_id != NULL_VALUE and follower.log_position >= position:
                 self._stop_catchup_replay(follower)
                 assert self.consensus_publisher is not None
-                self.consensus_publisher.stop_catchup(follower.id, leadership_term_id=self.leadership_term_id,
-                                                      follower_member_id=follower.id)
+                self.consensus_publisher.stop_catchup(
+                    follower.id, leadership_term_id=self.leadership_term_id, follower_member_id=follower.id
+                )
                 self.log_event(f"member {follower.id} caught up at {follower.log_position}")
                 work += 1
         return work
@@ -2056,14 +2311,21 @@ class ConsensusModuleAgent:
             return False  # starting: the services have yet to acknowledge
         return election.election
 
-    def on_canvass_position(self, log_leadership_term_id: int, log_position: int, leadership_term_id: int,
-                            follower_member_id: int, protocol_version: int) -> None:
+    def on_canvass_position(
+        self,
+        log_leadership_term_id: int,
+        log_position: int,
+        leadership_term_id: int,
+        follower_member_id: int,
+        protocol_version: int,
+    ) -> None:
         election = self._inner_election()
         if election is False:
             return
         if election is not None:
-            election.on_canvass_position(log_leadership_term_id, log_position, leadership_term_id,
-                                         follower_member_id, protocol_version)
+            election.on_canvass_position(
+                log_leadership_term_id, log_position, leadership_term_id, follower_member_id, protocol_version
+            )
         elif leadership_term_id > self.leadership_term_id:
             self.start_election(f"member {follower_member_id} canvasses in a newer term {leadership_term_id}")
         elif self.role is ClusterRole.LEADER:
@@ -2082,38 +2344,76 @@ class ConsensusModuleAgent:
 
         assert self.consensus_publisher is not None
         next_id, next_base, next_position = next_term_for(
-            self.host.term_entries(), follower_log_leadership_term_id, self.leadership_term_id,
-            self.term_base_log_position)
+            self.host.term_entries(),
+            follower_log_leadership_term_id,
+            self.leadership_term_id,
+            self.term_base_log_position,
+        )
         self.consensus_publisher.new_leadership_term(
-            to_member_id, log_leadership_term_id=follower_log_leadership_term_id,
-            next_leadership_term_id=next_id, next_term_base_log_position=next_base, next_log_position=next_position,
-            leadership_term_id=self.leadership_term_id, term_base_log_position=self.term_base_log_position,
-            log_position=self.read_append_position(), leader_recording_id=self.log_recording_id,
-            timestamp=self.cluster_time(), leader_member_id=self.member_id, log_session_id=self.log_session_id,
-            app_version=self.context.app_version, is_startup=False)
+            to_member_id,
+            log_leadership_term_id=follower_log_leadership_term_id,
+            next_leadership_term_id=next_id,
+            next_term_base_log_position=next_base,
+            next_log_position=next_position,
+            leadership_term_id=self.leadership_term_id,
+            term_base_log_position=self.term_base_log_position,
+            log_position=self.read_append_position(),
+            leader_recording_id=self.log_recording_id,
+            timestamp=self.cluster_time(),
+            leader_member_id=self.member_id,
+            log_session_id=self.log_session_id,
+            app_version=self.context.app_version,
+            is_startup=False,
+        )
 
-    def on_request_vote(self, log_leadership_term_id: int, log_position: int, candidate_term_id: int,
-                        candidate_member_id: int, protocol_version: int) -> None:
+    def on_request_vote(
+        self,
+        log_leadership_term_id: int,
+        log_position: int,
+        candidate_term_id: int,
+        candidate_member_id: int,
+        protocol_version: int,
+    ) -> None:
         election = self._inner_election()
         if election is None and candidate_term_id > self.leadership_term_id:
             self.start_election(f"member {candidate_member_id} asks for votes in term {candidate_term_id}")
             election = self.election.start_now()
         if election:
-            election.on_request_vote(log_leadership_term_id, log_position, candidate_term_id, candidate_member_id,
-                                     protocol_version)
+            election.on_request_vote(
+                log_leadership_term_id, log_position, candidate_term_id, candidate_member_id, protocol_version
+            )
 
-    def on_vote(self, candidate_term_id: int, log_leadership_term_id: int, log_position: int,
-                candidate_member_id: int, follower_member_id: int, vote: bool) -> None:
+    def on_vote(
+        self,
+        candidate_term_id: int,
+        log_leadership_term_id: int,
+        log_position: int,
+        candidate_member_id: int,
+        follower_member_id: int,
+        vote: bool,
+    ) -> None:
         election = self._inner_election()
         if election:
-            election.on_vote(candidate_term_id, log_leadership_term_id, log_position, candidate_member_id,
-                             follower_member_id, vote)
+            election.on_vote(
+                candidate_term_id, log_leadership_term_id, log_position, candidate_member_id, follower_member_id, vote
+            )
 
-    def on_new_leadership_term(self, log_leadership_term_id: int, next_leadership_term_id: int,
-                               next_term_base_log_position: int, next_log_position: int, leadership_term_id: int,
-                               term_base_log_position: int, log_position: int, leader_recording_id: int,
-                               timestamp: int, leader_member_id: int, log_session_id: int, app_version: int,
-                               is_startup: bool) -> None:
+    def on_new_leadership_term(
+        self,
+        log_leadership_term_id: int,
+        next_leadership_term_id: int,
+        next_term_base_log_position: int,
+        next_log_position: int,
+        leadership_term_id: int,
+        term_base_log_position: int,
+        log_position: int,
+        leader_recording_id: int,
+        timestamp: int,
+        leader_member_id: int,
+        log_session_id: int,
+        app_version: int,
+        is_startup: bool,
+    ) -> None:
         election = self._inner_election()
         if election is None:
             if leadership_term_id > self.leadership_term_id:
@@ -2126,12 +2426,24 @@ class ConsensusModuleAgent:
                 self._time_of_last_append_position_sent_ns = 0
         if election:
             election.on_new_leadership_term(
-                log_leadership_term_id, next_leadership_term_id, next_term_base_log_position, next_log_position,
-                leadership_term_id, term_base_log_position, log_position, leader_recording_id, timestamp,
-                leader_member_id, log_session_id, app_version, is_startup)
+                log_leadership_term_id,
+                next_leadership_term_id,
+                next_term_base_log_position,
+                next_log_position,
+                leadership_term_id,
+                term_base_log_position,
+                log_position,
+                leader_recording_id,
+                timestamp,
+                leader_member_id,
+                log_session_id,
+                app_version,
+                is_startup,
+            )
 
-    def on_append_position(self, leadership_term_id: int, log_position: int, follower_member_id: int,
-                           flags: int) -> None:
+    def on_append_position(
+        self, leadership_term_id: int, log_position: int, follower_member_id: int, flags: int
+    ) -> None:
         election = self._inner_election()
         if election:
             election.on_append_position(leadership_term_id, log_position, follower_member_id, flags)
@@ -2148,16 +2460,24 @@ class ConsensusModuleAgent:
             election = self.election.start_now()
         if election:
             election.on_commit_position(leadership_term_id, log_position, leader_member_id)
-        elif election is None and self.role is ClusterRole.FOLLOWER and leadership_term_id == self.leadership_term_id \
-                and leader_member_id == self.leader_member_id:
+        elif (
+            election is None
+            and self.role is ClusterRole.FOLLOWER
+            and leadership_term_id == self.leadership_term_id
+            and leader_member_id == self.leader_member_id
+        ):
             self.notify_commit_position(log_position)
 
-    def on_catchup_position(self, leadership_term_id: int, log_position: int, follower_member_id: int,
-                            catchup_endpoint: str) -> None:
+    def on_catchup_position(
+        self, leadership_term_id: int, log_position: int, follower_member_id: int, catchup_endpoint: str
+    ) -> None:
         """Seed 001: replay this leader's log recording from the follower's position
         to its catchup endpoint, under the live log's session id (replay merge)."""
-        if self.role is not ClusterRole.LEADER or leadership_term_id != self.leadership_term_id \
-                or not self._leader_services_joined:
+        if (
+            self.role is not ClusterRole.LEADER
+            or leadership_term_id != self.leadership_term_id
+            or not self._leader_services_joined
+        ):
             return  # not (yet) leading this term: the follower asks again shortly
         follower = self._followers.get(follower_member_id)
         if follower is None or follower.catchup_replay_session_id != NULL_VALUE:
@@ -2165,7 +2485,8 @@ class ConsensusModuleAgent:
         channel = f"aeron:udp?endpoint={catchup_endpoint}|session-id={self.log_session_id}"
         try:
             follower.catchup_replay_session_id = self.archive.start_replay(
-                self.log_recording_id, channel, self.context.log_stream_id, log_position)
+                self.log_recording_id, channel, self.context.log_stream_id, log_position
+            )
         except FulmarError as error:
             self._error(f"catchup of member {follower_member_id} from {log_position}: {error}")
             return
@@ -2180,8 +2501,12 @@ class ConsensusModuleAgent:
     def on_termination_position(self, leadership_term_id: int, log_position: int) -> None:
         """The leader stops the cluster at ``log_position`` (after a snapshot, for a
         SHUTDOWN): this follower's services stop there, then it says so and stops."""
-        if self.election is not None or self.role is not ClusterRole.FOLLOWER \
-                or leadership_term_id != self.leadership_term_id or self.state is ConsensusModuleState.TERMINATING:
+        if (
+            self.election is not None
+            or self.role is not ClusterRole.FOLLOWER
+            or leadership_term_id != self.leadership_term_id
+            or self.state is ConsensusModuleState.TERMINATING
+        ):
             return
         self._termination_position = log_position
         self._termination_ack_id = self.next_ack_id()
@@ -2195,16 +2520,23 @@ class ConsensusModuleAgent:
         if self.services_acked(self._termination_ack_id) is None:
             return 0
         assert self.consensus_publisher is not None
-        self.consensus_publisher.termination_ack(self.leader_member_id, leadership_term_id=self.leadership_term_id,
-                                                 log_position=self._termination_position, member_id=self.member_id)
+        self.consensus_publisher.termination_ack(
+            self.leader_member_id,
+            leadership_term_id=self.leadership_term_id,
+            log_position=self._termination_position,
+            member_id=self.member_id,
+        )
         self.terminated = True
         self.termination_reason = f"stopped by the leader at log position {self._termination_position}"
         self._set_state(ConsensusModuleState.CLOSED)
         return 1
 
     def on_termination_ack(self, leadership_term_id: int, log_position: int, member_id: int) -> None:
-        if self.state is ConsensusModuleState.TERMINATING and self.role is ClusterRole.LEADER \
-                and log_position == self._termination_position:
+        if (
+            self.state is ConsensusModuleState.TERMINATING
+            and self.role is ClusterRole.LEADER
+            and log_position == self._termination_position
+        ):
             self._termination_acks.add(member_id)
 
     def _check_cluster_termination(self, now_ns: int) -> int:
@@ -2222,7 +2554,8 @@ class ConsensusModuleAgent:
         self.terminated = True
         action = self._termination_action.name if self._termination_action else "stop"
         self.termination_reason = f"{action} of the cluster at log position {self._termination_position}" + (
-            f" (no acknowledgement from members {missing})" if missing else "")
+            f" (no acknowledgement from members {missing})" if missing else ""
+        )
         self._set_state(ConsensusModuleState.CLOSED)
         return 1
 
@@ -2240,16 +2573,19 @@ class ConsensusModuleAgent:
         self.leadership_term_id = leadership_term_id
         self.leadership_term_counter.set(leadership_term_id)
 
-    def on_multi_member_election_complete(self, role: ClusterRole, leader_member_id: int,
-                                          leadership_term_id: int) -> None:
+    def on_multi_member_election_complete(
+        self, role: ClusterRole, leader_member_id: int, leadership_term_id: int
+    ) -> None:
         self._election_backoff.on_success()
         self.leader_member_id = leader_member_id
         self.set_leadership_term_id(leadership_term_id)
         self.set_role(role)
         self._time_of_last_leader_message_ns = self._now_ns
         self._last_append_position_sent = NULL_POSITION
-        self.log_event(f"election complete: {role.name} of term {leadership_term_id} (leader member "
-                       f"{leader_member_id}), log at {self.read_append_position()}")
+        self.log_event(
+            f"election complete: {role.name} of term {leadership_term_id} (leader member "
+            f"{leader_member_id}), log at {self.read_append_position()}"
+        )
         if role is ClusterRole.LEADER:
             self.term_base_log_position = self.election.election.term_base_log_position
             for follower in self._followers.values():
@@ -2280,8 +2616,14 @@ class ConsensusModuleAgent:
     report_error = _error
 
     def close(self) -> None:
-        for session in (list(self.sessions.values()) + self.pending_sessions + self.rejected_sessions
-                        + self.redirect_sessions + self.pending_backup_sessions + self.rejected_backup_sessions):
+        for session in (
+            list(self.sessions.values())
+            + self.pending_sessions
+            + self.rejected_sessions
+            + self.redirect_sessions
+            + self.pending_backup_sessions
+            + self.rejected_backup_sessions
+        ):
             session.disconnect()
         self.close_log_replay()
         if self._log_publication is not None:
@@ -2306,7 +2648,7 @@ class LogReplay:
     ``to_position`` through the module and its services.  ``do_work`` is
     called every duty cycle until ``is_done``."""
 
-    def __init__(self, agent: "ConsensusModuleAgent", from_position: int, to_position: int, now_ns: int) -> None:
+    def __init__(self, agent: ConsensusModuleAgent, from_position: int, to_position: int, now_ns: int) -> None:
         self.agent = agent
         self.from_position = from_position
         self.to_position = to_position
@@ -2322,9 +2664,16 @@ class LogReplay:
         if self._ack_id == NULL_VALUE:
             session_id = agent.start_log_replay(self.from_position, self.to_position)
             self._ack_id = agent.next_ack_id()
-            agent.service_proxy.join_log(self.from_position, self.to_position, agent.member_id, session_id,
-                                         agent.context.replay_stream_id, False, int(ClusterRole.FOLLOWER),
-                                         agent.context.replay_channel)
+            agent.service_proxy.join_log(
+                self.from_position,
+                self.to_position,
+                agent.member_id,
+                session_id,
+                agent.context.replay_stream_id,
+                False,
+                int(ClusterRole.FOLLOWER),
+                agent.context.replay_channel,
+            )
             return 1
         if not self._services_ready:
             if agent.services_acked(self._ack_id, self.from_position) is None:
@@ -2414,9 +2763,16 @@ class SingleNodeElection:
         if not self._joined:
             agent.start_leadership_term()
             self._ack_id = agent.next_ack_id()
-            agent.service_proxy.join_log(agent.append_position, NULL_POSITION, agent.member_id, agent.log_session_id,
-                                         agent.context.log_stream_id, False, int(ClusterRole.LEADER),
-                                         agent.live_log_channel())
+            agent.service_proxy.join_log(
+                agent.append_position,
+                NULL_POSITION,
+                agent.member_id,
+                agent.log_session_id,
+                agent.context.log_stream_id,
+                False,
+                int(ClusterRole.LEADER),
+                agent.live_log_channel(),
+            )
             self._joined = True
             return 1
         if agent.services_acked(self._ack_id, agent.append_position) is None:
@@ -2428,9 +2784,18 @@ class SingleNodeElection:
     def leader_ready(self, now_ns: int) -> int:
         agent = self.agent
         publisher = agent.log_publisher
-        if publisher.append_new_leadership_term(agent.leadership_term_id, publisher.position, agent.cluster_time(),
-                                                agent.term_base_log_position, agent.member_id, agent.log_session_id,
-                                                agent.context.app_version) <= 0:
+        if (
+            publisher.append_new_leadership_term(
+                agent.leadership_term_id,
+                publisher.position,
+                agent.cluster_time(),
+                agent.term_base_log_position,
+                agent.member_id,
+                agent.log_session_id,
+                agent.context.app_version,
+            )
+            <= 0
+        ):
             self._check_deadline(now_ns, "appending the NewLeadershipTermEvent")
             return 0
         self.set_state(ElectionState.CLOSED, now_ns)
@@ -2439,7 +2804,6 @@ class SingleNodeElection:
 
     def closed(self, now_ns: int) -> int:
         return 0
-
 
 
 class MemberElection:

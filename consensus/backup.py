@@ -143,8 +143,7 @@ class ClusterBackupContext:
     idle_max_wait_ns: int = 10_000_000
     mark_file_liveness_timeout_ms: int = 10_000
     # Testing hook: called with each state change (old, new).
-    on_state_change: Callable[[ClusterBackupState, ClusterBackupState], None] | None = field(default=None,
-                                                                                          repr=False)
+    on_state_change: Callable[[ClusterBackupState, ClusterBackupState], None] | None = field(default=None, repr=False)
 
 
 def _endpoint_channel(channel: str, endpoint: str, **params: str) -> str:
@@ -158,8 +157,7 @@ class SnapshotRetrieval:
     """One snapshot recording replicated from a member's archive into this
     backup's, followed through the backup archive's recording signals."""
 
-    def __init__(self, snapshot: Snapshot, replication_id: int, correlation_id: int,
-                 source_stop_position: int) -> None:
+    def __init__(self, snapshot: Snapshot, replication_id: int, correlation_id: int, source_stop_position: int) -> None:
         self.snapshot = snapshot
         self.replication_id = replication_id
         self.correlation_id = correlation_id  # the request's: the archive's signals carry it
@@ -168,20 +166,31 @@ class SnapshotRetrieval:
         self.ended = False
 
     def on_signal(self, event: RecordingSignalEvent) -> None:
-        if self.recording_id == NULL_VALUE and event.correlation_id == self.correlation_id \
-                and event.signal in (RecordingSignal.REPLICATE, RecordingSignal.START):
+        if (
+            self.recording_id == NULL_VALUE
+            and event.correlation_id == self.correlation_id
+            and event.signal in (RecordingSignal.REPLICATE, RecordingSignal.START)
+        ):
             self.recording_id = event.recording_id
-        if event.recording_id == self.recording_id and event.signal in (RecordingSignal.REPLICATE_END,
-                                                                        RecordingSignal.STOP):
+        if event.recording_id == self.recording_id and event.signal in (
+            RecordingSignal.REPLICATE_END,
+            RecordingSignal.STOP,
+        ):
             self.ended = True
 
 
 class ClusterBackupAgent:
     """The backup's duty cycle (see the module's docstring)."""
 
-    def __init__(self, context: ClusterBackupContext, aeron: "Aeron", archive: AeronArchive,
-                 recording_log: RecordingLog, record_error: Callable[[str], object],
-                 log_event: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        context: ClusterBackupContext,
+        aeron: Aeron,
+        archive: AeronArchive,
+        recording_log: RecordingLog,
+        record_error: Callable[[str], object],
+        log_event: Callable[[str], None],
+    ) -> None:
         if context.log_source not in LOG_SOURCES:
             raise ValueError(f"log source {context.log_source!r} is not one of {', '.join(LOG_SOURCES)}")
         endpoints = [e.strip() for e in context.cluster_consensus_endpoints.split(",") if e.strip()]
@@ -197,25 +206,34 @@ class ClusterBackupAgent:
         self._endpoint_index = random.randrange(len(endpoints))
         self._next_endpoint: str | None = None  # a member named as the one to ask next
         key = protocol_key(context.cluster_id)
-        self.state_counter = aeron.add_counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID,
-                                               f"ClusterBackup state - clusterId={context.cluster_id}", key)
+        self.state_counter = aeron.add_counter(
+            protocol.CLUSTER_BACKUP_STATE_TYPE_ID, f"ClusterBackup state - clusterId={context.cluster_id}", key
+        )
         self.live_log_position_counter = aeron.add_counter(
             CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID,
-            f"ClusterBackup live log position - clusterId={context.cluster_id}", key)
+            f"ClusterBackup live log position - clusterId={context.cluster_id}",
+            key,
+        )
         self.next_query_deadline_counter = aeron.add_counter(
             CLUSTER_BACKUP_QUERY_DEADLINE_TYPE_ID,
-            f"ClusterBackup next query deadline in ms - clusterId={context.cluster_id}", key)
-        self.error_counter = aeron.add_counter(CLUSTER_BACKUP_ERROR_COUNT_TYPE_ID,
-                                               f"ClusterBackup errors - clusterId={context.cluster_id}", key)
+            f"ClusterBackup next query deadline in ms - clusterId={context.cluster_id}",
+            key,
+        )
+        self.error_counter = aeron.add_counter(
+            CLUSTER_BACKUP_ERROR_COUNT_TYPE_ID, f"ClusterBackup errors - clusterId={context.cluster_id}", key
+        )
         self.snapshot_retrieve_counter = aeron.add_counter(
             CLUSTER_BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID,
-            f"ClusterBackup snapshot retrieve count - clusterId={context.cluster_id}", key)
+            f"ClusterBackup snapshot retrieve count - clusterId={context.cluster_id}",
+            key,
+        )
         self.consensus_subscription = aeron.add_subscription(
-            _endpoint_channel(context.consensus_channel, context.consensus_endpoint), context.consensus_stream_id)
+            _endpoint_channel(context.consensus_channel, context.consensus_endpoint), context.consensus_stream_id
+        )
         self.response_channel = ""  # the consensus endpoint as the members must use it (its port resolved)
         self.state = ClusterBackupState.BACKUP_QUERY
         self.state_counter.set(int(self.state))
-        self._publication: "ExclusivePublication | None" = None
+        self._publication: ExclusivePublication | None = None
         self._publication_endpoint = ""
         self._buffer = bytearray(4096)
         self.correlation_id = NULL_VALUE
@@ -272,10 +290,15 @@ class ClusterBackupAgent:
                 work += self._backing_up()
             elif state is ClusterBackupState.RESET_BACKUP:
                 work += self._reset_backup()
-            if (self._live_log_counter_id == NULL_VALUE and self.state is not ClusterBackupState.RESET_BACKUP
-                    and now_ns > self._time_of_last_progress_ns + self.context.backup_progress_timeout_ns):
-                self._error(f"no progress in {self.state.name} for "
-                            f"{self.context.backup_progress_timeout_ns // 1_000_000} ms: starting over")
+            if (
+                self._live_log_counter_id == NULL_VALUE
+                and self.state is not ClusterBackupState.RESET_BACKUP
+                and now_ns > self._time_of_last_progress_ns + self.context.backup_progress_timeout_ns
+            ):
+                self._error(
+                    f"no progress in {self.state.name} for "
+                    f"{self.context.backup_progress_timeout_ns // 1_000_000} ms: starting over"
+                )
                 self._set_state(ClusterBackupState.RESET_BACKUP)
         except FulmarError as error:
             # A member's archive refused or went away, a replication failed:
@@ -293,8 +316,11 @@ class ClusterBackupAgent:
             self.archive.poll_for_signals()
         except FulmarError as error:
             self._error(f"backup archive: {error}")
-            if self.state in (ClusterBackupState.SNAPSHOT_RETRIEVE, ClusterBackupState.LIVE_LOG_RECORD,
-                              ClusterBackupState.LIVE_LOG_REPLAY):
+            if self.state in (
+                ClusterBackupState.SNAPSHOT_RETRIEVE,
+                ClusterBackupState.LIVE_LOG_RECORD,
+                ClusterBackupState.LIVE_LOG_REPLAY,
+            ):
                 self._set_state(ClusterBackupState.RESET_BACKUP)
         while self.archive.signals:
             event = self.archive.signals.popleft()
@@ -340,7 +366,8 @@ class ClusterBackupAgent:
             endpoint = self._current_endpoint()
         self._close_publication()
         self._publication = self.aeron.add_exclusive_publication(
-            _endpoint_channel(self.context.consensus_channel, endpoint), self.context.consensus_stream_id)
+            _endpoint_channel(self.context.consensus_channel, endpoint), self.context.consensus_stream_id
+        )
         self._publication_endpoint = endpoint
 
     def _close_publication(self) -> None:
@@ -363,8 +390,10 @@ class ClusterBackupAgent:
         now_ns = self._now_ns
         if self._publication is None or now_ns > self._time_of_last_query_ns + self.context.backup_response_timeout_ns:
             if self._publication is not None:
-                self.log_event(f"no answer from {self._publication_endpoint} within "
-                               f"{self.context.backup_response_timeout_ns // 1_000_000} ms: asking the next member")
+                self.log_event(
+                    f"no answer from {self._publication_endpoint} within "
+                    f"{self.context.backup_response_timeout_ns // 1_000_000} ms: asking the next member"
+                )
             self._next_publication()
             self.correlation_id = NULL_VALUE
             self._time_of_last_query_ns = now_ns
@@ -376,9 +405,14 @@ class ClusterBackupAgent:
                 return 0
             correlation_id = self.aeron.next_correlation_id()
             length = codecs.BackupQueryEncoder.encode(
-                self._buffer, 0, correlation_id=correlation_id, response_stream_id=self.context.consensus_stream_id,
-                version=protocol.PROTOCOL_SEMANTIC_VERSION, response_channel=response_channel,
-                encoded_credentials=self.context.encoded_credentials)
+                self._buffer,
+                0,
+                correlation_id=correlation_id,
+                response_stream_id=self.context.consensus_stream_id,
+                version=protocol.PROTOCOL_SEMANTIC_VERSION,
+                response_channel=response_channel,
+                encoded_credentials=self.context.encoded_credentials,
+            )
             if self._publication.offer(bytes(self._buffer[:length])) > 0:
                 self.correlation_id = correlation_id
                 self._time_of_last_query_ns = now_ns
@@ -387,7 +421,7 @@ class ClusterBackupAgent:
 
     def _on_fragment(self, buffer: Any, offset: int, length: int, header: Any) -> None:
         try:
-            message = codecs.decode(bytes(buffer[offset:offset + length]))
+            message = codecs.decode(bytes(buffer[offset : offset + length]))
         except CodecError as error:
             self._error(f"an answer on the consensus endpoint could not be decoded: {error}")
             return
@@ -403,8 +437,12 @@ class ClusterBackupAgent:
             return
         correlation_id = self.aeron.next_correlation_id()
         length = codecs.ChallengeResponseEncoder.encode(
-            self._buffer, 0, correlation_id=correlation_id, cluster_session_id=challenge.cluster_session_id,
-            encoded_credentials=self.context.encoded_credentials)
+            self._buffer,
+            0,
+            correlation_id=correlation_id,
+            cluster_session_id=challenge.cluster_session_id,
+            encoded_credentials=self.context.encoded_credentials,
+        )
         if self._publication.offer(bytes(self._buffer[:length])) > 0:
             self.correlation_id = correlation_id
 
@@ -413,8 +451,10 @@ class ClusterBackupAgent:
             return
         code = event.code_raw
         if code in (codecs.EventCode.ERROR, codecs.EventCode.AUTHENTICATION_REJECTED):
-            self._error(f"member at {self._publication_endpoint} refused the backup query: "
-                        f"{codecs.EventCode(code).name}: {event.detail}")
+            self._error(
+                f"member at {self._publication_endpoint} refused the backup query: "
+                f"{codecs.EventCode(code).name}: {event.detail}"
+            )
             self._set_state(ClusterBackupState.RESET_BACKUP)
         elif code == codecs.EventCode.REDIRECT:
             self._set_state(ClusterBackupState.RESET_BACKUP)
@@ -450,9 +490,11 @@ class ClusterBackupAgent:
                     self._next_endpoint = leader.consensus_endpoint
             else:
                 self._next_endpoint = None
-            self.log_event(f"member {member_id} answered; it is not the log source wanted "
-                           f"({self.context.log_source}; the leader is member {leader_member_id})"
-                           + (": starting over" if self.log_supplier is not None else ""))
+            self.log_event(
+                f"member {member_id} answered; it is not the log source wanted "
+                f"({self.context.log_source}; the leader is member {leader_member_id})"
+                + (": starting over" if self.log_supplier is not None else "")
+            )
             if self.log_supplier is not None:
                 self._set_state(ClusterBackupState.RESET_BACKUP)
             else:
@@ -474,9 +516,16 @@ class ClusterBackupAgent:
             latest = self.recording_log.get_latest_snapshot(snapshot.service_id)
             if latest is not None and latest.log_position == snapshot.log_position:
                 continue
-            self._snapshots_to_retrieve.append(Snapshot(
-                snapshot.recording_id, snapshot.leadership_term_id, snapshot.term_base_log_position,
-                snapshot.log_position, snapshot.timestamp, snapshot.service_id))
+            self._snapshots_to_retrieve.append(
+                Snapshot(
+                    snapshot.recording_id,
+                    snapshot.leadership_term_id,
+                    snapshot.term_base_log_position,
+                    snapshot.log_position,
+                    snapshot.timestamp,
+                    snapshot.service_id,
+                )
+            )
         if self.log_supplier is None or response.log_recording_id != self.cluster_log_recording_id:
             self.cluster_log_recording_id = response.log_recording_id
             self._leader_log_entry = (response.log_leadership_term_id, response.log_term_base_log_position)
@@ -488,8 +537,9 @@ class ClusterBackupAgent:
         self.leader_member_id = leader_member_id
         self.log_supplier = supplier
         self._time_of_last_progress_ns = self._now_ns
-        self._set_state(ClusterBackupState.SNAPSHOT_RETRIEVE if self._snapshots_to_retrieve
-                        else ClusterBackupState.LIVE_LOG_RECORD)
+        self._set_state(
+            ClusterBackupState.SNAPSHOT_RETRIEVE if self._snapshots_to_retrieve else ClusterBackupState.LIVE_LOG_RECORD
+        )
 
     # ----------------------------------------------------- a member's archive
 
@@ -499,12 +549,14 @@ class ClusterBackupAgent:
             context = self.context
             self.cluster_archive = AeronArchive.connect(
                 self.aeron,
-                control_request_channel=_endpoint_channel(context.cluster_archive_control_channel,
-                                                          self.log_supplier.archive_endpoint),
+                control_request_channel=_endpoint_channel(
+                    context.cluster_archive_control_channel, self.log_supplier.archive_endpoint
+                ),
                 control_request_stream_id=archive_protocol.CONTROL_STREAM_ID,
                 control_response_channel=context.cluster_archive_response_channel,
                 control_response_stream_id=context.cluster_archive_response_stream_id,
-                message_timeout_ns=max(CLUSTER_ARCHIVE_MESSAGE_TIMEOUT_MIN_NS, context.backup_response_timeout_ns))
+                message_timeout_ns=max(CLUSTER_ARCHIVE_MESSAGE_TIMEOUT_MIN_NS, context.backup_response_timeout_ns),
+            )
         return self.cluster_archive
 
     def _source_control_channel(self) -> str:
@@ -523,26 +575,43 @@ class ClusterBackupAgent:
             snapshot = self._snapshots_to_retrieve[0]
             source = self._cluster_archive().list_recording(snapshot.recording_id)
             if source is None or source.stop_position == NULL_POSITION:
-                raise ClusterBackupError(f"snapshot recording {snapshot.recording_id} is not a whole recording "
-                                         f"in member {self.log_supplier.id if self.log_supplier else '?'}'s archive")
+                raise ClusterBackupError(
+                    f"snapshot recording {snapshot.recording_id} is not a whole recording "
+                    f"in member {self.log_supplier.id if self.log_supplier else '?'}'s archive"
+                )
             replication_id = self.archive.replicate(
-                snapshot.recording_id, self._source_control_channel(), archive_protocol.CONTROL_STREAM_ID,
-                replication_channel=self.context.replication_channel)
-            self._retrieval = SnapshotRetrieval(snapshot, replication_id, self.archive.last_correlation_id,
-                                                source.stop_position)
+                snapshot.recording_id,
+                self._source_control_channel(),
+                archive_protocol.CONTROL_STREAM_ID,
+                replication_channel=self.context.replication_channel,
+            )
+            self._retrieval = SnapshotRetrieval(
+                snapshot, replication_id, self.archive.last_correlation_id, source.stop_position
+            )
             return 1
         if not retrieval.ended or retrieval.recording_id == NULL_VALUE:
             return 0
         stop = self.archive.get_stop_position(retrieval.recording_id)
         if stop != retrieval.source_stop_position:
-            raise ClusterBackupError(f"snapshot recording {retrieval.snapshot.recording_id} was replicated to "
-                                     f"{stop} of {retrieval.source_stop_position} bytes")
+            raise ClusterBackupError(
+                f"snapshot recording {retrieval.snapshot.recording_id} was replicated to "
+                f"{stop} of {retrieval.source_stop_position} bytes"
+            )
         snapshot = retrieval.snapshot
-        self._snapshots_retrieved.append(Snapshot(
-            retrieval.recording_id, snapshot.leadership_term_id, snapshot.term_base_log_position,
-            snapshot.log_position, snapshot.timestamp, snapshot.service_id))
-        self.log_event(f"snapshot of service {snapshot.service_id} at log position {snapshot.log_position} "
-                       f"retrieved: recording {retrieval.recording_id}")
+        self._snapshots_retrieved.append(
+            Snapshot(
+                retrieval.recording_id,
+                snapshot.leadership_term_id,
+                snapshot.term_base_log_position,
+                snapshot.log_position,
+                snapshot.timestamp,
+                snapshot.service_id,
+            )
+        )
+        self.log_event(
+            f"snapshot of service {snapshot.service_id} at log position {snapshot.log_position} "
+            f"retrieved: recording {retrieval.recording_id}"
+        )
         self._snapshots_to_retrieve.pop(0)
         self._retrieval = None
         return 1
@@ -554,16 +623,18 @@ class ClusterBackupAgent:
         if self._live_log_recording_subscription_id == NULL_VALUE:
             if self._live_log_session_id == NULL_VALUE:
                 self._live_log_session_id = random.randrange(1, 2**31 - 1)
-            channel = _endpoint_channel(self.context.catchup_channel, self.context.catchup_endpoint,
-                                        session_id=str(self._live_log_session_id))
+            channel = _endpoint_channel(
+                self.context.catchup_channel, self.context.catchup_endpoint, session_id=str(self._live_log_session_id)
+            )
             last_term = self.recording_log.find_last_term()
             if last_term is None:
                 self._live_log_recording_subscription_id = self.archive.start_recording(
-                    channel, self.context.log_stream_id, SourceLocation.REMOTE, auto_stop=True)
+                    channel, self.context.log_stream_id, SourceLocation.REMOTE, auto_stop=True
+                )
             else:
                 self._live_log_recording_subscription_id = self.archive.extend_recording(
-                    last_term.recording_id, channel, self.context.log_stream_id, SourceLocation.REMOTE,
-                    auto_stop=True)
+                    last_term.recording_id, channel, self.context.log_stream_id, SourceLocation.REMOTE, auto_stop=True
+                )
         self._set_state(ClusterBackupState.LIVE_LOG_REPLAY)
         return 1
 
@@ -575,15 +646,23 @@ class ClusterBackupAgent:
 
     def _live_log_replay(self) -> int:
         if self._live_log_replay_session_id == NULL_VALUE:
-            channel = _endpoint_channel(self.context.catchup_channel, self.context.catchup_endpoint,
-                                        session_id=str(self._live_log_session_id))
+            channel = _endpoint_channel(
+                self.context.catchup_channel, self.context.catchup_endpoint, session_id=str(self._live_log_session_id)
+            )
             start = self._replay_start_position()
             self._live_log_replay_session_id = self._cluster_archive().start_replay(
-                self.cluster_log_recording_id, channel, self.context.log_stream_id, start, NULL_LENGTH,
-                limit_counter_id=self._leader_commit_counter_id)
-            self.log_event(f"member {self.log_supplier.id if self.log_supplier else '?'} replays its log recording "
-                           f"{self.cluster_log_recording_id} from {start if start != NULL_POSITION else 'its start'}"
-                           f" to {self.context.catchup_endpoint}")
+                self.cluster_log_recording_id,
+                channel,
+                self.context.log_stream_id,
+                start,
+                NULL_LENGTH,
+                limit_counter_id=self._leader_commit_counter_id,
+            )
+            self.log_event(
+                f"member {self.log_supplier.id if self.log_supplier else '?'} replays its log recording "
+                f"{self.cluster_log_recording_id} from {start if start != NULL_POSITION else 'its start'}"
+                f" to {self.context.catchup_endpoint}"
+            )
             self._time_of_last_progress_ns = self._now_ns
             return 1
         counter_id, recording_id = self._find_live_log_counter()
@@ -626,8 +705,14 @@ class ClusterBackupAgent:
                 updated = True
             self._leader_log_entry = None
         for snapshot in sorted(self._snapshots_retrieved, key=lambda s: s.service_id, reverse=True):
-            log.append_snapshot(snapshot.recording_id, snapshot.leadership_term_id, snapshot.term_base_log_position,
-                                snapshot.log_position, snapshot.timestamp, snapshot.service_id)
+            log.append_snapshot(
+                snapshot.recording_id,
+                snapshot.leadership_term_id,
+                snapshot.term_base_log_position,
+                snapshot.log_position,
+                snapshot.timestamp,
+                snapshot.service_id,
+            )
             updated = True
         if self._leader_last_term_entry is not None:
             term_id, term_base = self._leader_last_term_entry
@@ -638,10 +723,14 @@ class ClusterBackupAgent:
         if self._snapshots_retrieved:
             self.snapshot_retrieve_counter.increment()
         if updated:
-            self.log_event("recording.log updated: " + "; ".join(
-                f"{entry.type_name} term {entry.leadership_term_id} at "
-                f"{entry.term_base_log_position if entry.is_valid_term else entry.log_position}"
-                for entry in log.entries[-4:]))
+            self.log_event(
+                "recording.log updated: "
+                + "; ".join(
+                    f"{entry.type_name} term {entry.leadership_term_id} at "
+                    f"{entry.term_base_log_position if entry.is_valid_term else entry.log_position}"
+                    for entry in log.entries[-4:]
+                )
+            )
         self._snapshots_retrieved.clear()
         self._snapshots_to_retrieve.clear()
         self._time_of_last_progress_ns = self._now_ns
@@ -662,8 +751,10 @@ class ClusterBackupAgent:
         if self._live_log_counter_id != NULL_VALUE:
             reader = self.aeron.counters_reader
             if not self._live_log_counter_alive():
-                self.log_event(f"the live log recording {self.live_log_recording_id} stopped "
-                               f"at {self.live_log_position_counter.get()}: starting over")
+                self.log_event(
+                    f"the live log recording {self.live_log_recording_id} stopped "
+                    f"at {self.live_log_position_counter.get()}: starting over"
+                )
                 self._live_log_counter_id = NULL_VALUE
                 self._set_state(ClusterBackupState.RESET_BACKUP)
                 return work + 1
@@ -765,8 +856,13 @@ class ClusterBackupAgent:
         self.consensus_subscription.close()
         # (A member that copied a snapshot this way goes on in this process: its
         # counters must not outlive the copy and show it as a backup.)
-        for counter in (self.state_counter, self.live_log_position_counter, self.next_query_deadline_counter,
-                        self.error_counter, self.snapshot_retrieve_counter):
+        for counter in (
+            self.state_counter,
+            self.live_log_position_counter,
+            self.next_query_deadline_counter,
+            self.error_counter,
+            self.snapshot_retrieve_counter,
+        ):
             counter.close()
 
 
@@ -782,8 +878,15 @@ class ClusterBackup:
     directory), its driver's client, its archive's client, ``recording.log``
     and the agent's duty cycle."""
 
-    def __init__(self, context: ClusterBackupContext, aeron: "Aeron", archive: AeronArchive,
-                 mark_file: ClusterMarkFile, recording_log: RecordingLog, agent: ClusterBackupAgent) -> None:
+    def __init__(
+        self,
+        context: ClusterBackupContext,
+        aeron: Aeron,
+        archive: AeronArchive,
+        mark_file: ClusterMarkFile,
+        recording_log: RecordingLog,
+        agent: ClusterBackupAgent,
+    ) -> None:
         self.context = context
         self.aeron = aeron
         self.archive = archive
@@ -794,21 +897,29 @@ class ClusterBackup:
         self._closed = False
 
     @classmethod
-    def launch(cls, context: ClusterBackupContext) -> "ClusterBackup":
+    def launch(cls, context: ClusterBackupContext) -> ClusterBackup:
         cluster_dir = Path(context.cluster_dir)
         make_directory(cluster_dir)
         aeron = Aeron.connect(context.driver_dir, use_conductor_thread=False)
         mark_file = archive = recording_log = None
         try:
             mark_file = ClusterMarkFile.create(
-                cluster_dir, ClusterComponentType.BACKUP, pid=os.getpid(), member_id=NULL_VALUE,
-                cluster_id=context.cluster_id, now_ms=epoch_ms(), aeron_directory=str(aeron.directory),
-                liveness_timeout_ms=context.mark_file_liveness_timeout_ms)
+                cluster_dir,
+                ClusterComponentType.BACKUP,
+                pid=os.getpid(),
+                member_id=NULL_VALUE,
+                cluster_id=context.cluster_id,
+                now_ms=epoch_ms(),
+                aeron_directory=str(aeron.directory),
+                liveness_timeout_ms=context.mark_file_liveness_timeout_ms,
+            )
             archive = AeronArchive.connect(
-                aeron, control_request_channel=context.archive_control_channel,
+                aeron,
+                control_request_channel=context.archive_control_channel,
                 control_request_stream_id=context.archive_control_stream_id,
                 control_response_channel="aeron:ipc?term-length=64k",
-                control_response_stream_id=context.archive_response_stream_id)
+                control_response_stream_id=context.archive_response_stream_id,
+            )
             recording_log = RecordingLog.open(cluster_dir)
             error_log = mark_file.error_log(epoch_ms)
             agent = ClusterBackupAgent(context, aeron, archive, recording_log, error_log.record, log_line)
@@ -860,8 +971,7 @@ class ClusterBackup:
             self.aeron.close()
 
 
-def run_cluster_backup(context: ClusterBackupContext,
-                       on_ready: Callable[[ClusterBackup], None] | None = None) -> str:
+def run_cluster_backup(context: ClusterBackupContext, on_ready: Callable[[ClusterBackup], None] | None = None) -> str:
     """Launch, back up until a stop signal, close; why it stopped."""
     running: list[ClusterBackup] = []
 

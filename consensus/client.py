@@ -153,7 +153,9 @@ def parse_ingress_endpoints(endpoints: str) -> dict[int, str]:
         try:
             member_id = int(member)
         except ValueError:
-            raise ValueError(f"ingress endpoint {entry!r} in {endpoints!r}: member id {member!r} is not an integer") from None
+            raise ValueError(
+                f"ingress endpoint {entry!r} in {endpoints!r}: member id {member!r} is not an integer"
+            ) from None
         if not endpoint:
             raise ValueError(f"ingress endpoint {entry!r} in {endpoints!r} has no address")
         members[member_id] = endpoint
@@ -168,7 +170,7 @@ def _member_channel(ingress_channel: str, endpoint: str | None) -> str:
     return str(uri.with_param("endpoint", endpoint))
 
 
-def _response_channel(subscription: "Subscription", egress_channel: str) -> str | None:
+def _response_channel(subscription: Subscription, egress_channel: str) -> str | None:
     """The egress channel as the cluster must use it: a UDP endpoint's port 0
     replaced by the port the driver bound (None until it is bound)."""
     uri = ChannelUri.parse(egress_channel)
@@ -181,7 +183,7 @@ def _response_channel(subscription: "Subscription", egress_channel: str) -> str 
     return str(uri.with_param("endpoint", resolved))
 
 
-def _wait_for_data(aeron: "Aeron", ready: Callable[[], bool], timeout_ns: int) -> None:
+def _wait_for_data(aeron: Aeron, ready: Callable[[], bool], timeout_ns: int) -> None:
     """Sleep on the driver's data doorbell (rung when data lands in any log)
     for at most ``timeout_ns``, unless ``ready()`` already holds."""
     doorbell = aeron.conductor.data_doorbell
@@ -196,7 +198,7 @@ def _wait_for_data(aeron: "Aeron", ready: Callable[[], bool], timeout_ns: int) -
 class _Member:
     member_id: int
     endpoint: str | None
-    publication: "Publication | None" = None
+    publication: Publication | None = None
     error: BaseException | None = None
 
     def close(self) -> None:
@@ -234,8 +236,8 @@ class _Connector:
 
     def __init__(
         self,
-        aeron: "Aeron",
-        subscription: "Subscription",
+        aeron: Aeron,
+        subscription: Subscription,
         ingress_channel: str,
         ingress_stream_id: int,
         ingress_endpoints: str | None,
@@ -261,7 +263,7 @@ class _Connector:
         self.message_timeout_ns = message_timeout_ns
         self.state = "AWAIT_PUBLICATION_CONNECTED"
         self.members: dict[int, _Member] = {}
-        self.publication: "Publication | None" = None
+        self.publication: Publication | None = None
         self.response_channel: str | None = None
         self.correlation_id = protocol.NULL_VALUE
         self.cluster_session_id = protocol.NULL_SESSION_ID
@@ -286,7 +288,7 @@ class _Connector:
 
     # ------------------------------------------------------------ publications
 
-    def _add_publication(self, channel: str) -> "Publication":
+    def _add_publication(self, channel: str) -> Publication:
         if self.exclusive:
             return self.aeron.add_exclusive_publication(channel, self.ingress_stream_id)
         return self.aeron.add_publication(channel, self.ingress_stream_id)
@@ -336,8 +338,12 @@ class _Connector:
             self.response_channel = _response_channel(self.subscription, self.egress_channel)
             if self.response_channel is None:
                 return
-        if self.publication is not None and not self.publication.is_connected and self.members \
-                and now_ns - self._attempt_deadline_ns >= 0:
+        if (
+            self.publication is not None
+            and not self.publication.is_connected
+            and self.members
+            and now_ns - self._attempt_deadline_ns >= 0
+        ):
             # The member a REDIRECT named does not connect (it may be the leader
             # that died): any member will do.
             self._restore_member_publications()
@@ -469,15 +475,17 @@ class _Connector:
                 except FulmarError as error:
                     member.error = error
 
-    def _publication_to(self, member_id: int, fallback_member_id: int | None) -> "Publication":
+    def _publication_to(self, member_id: int, fallback_member_id: int | None) -> Publication:
         for candidate in (member_id, fallback_member_id):
             member = self.members.get(candidate) if candidate is not None else None
             if member is not None and member.publication is not None:
                 return member.publication
         leader = self.members.get(member_id)
         if leader is None:
-            raise ClusterConnectError(f"the session was opened by member {member_id}, which is not among the "
-                                      f"ingress endpoints {self.ingress_endpoints!r}")
+            raise ClusterConnectError(
+                f"the session was opened by member {member_id}, which is not among the "
+                f"ingress endpoints {self.ingress_endpoints!r}"
+            )
         leader.publication = self._add_publication(_member_channel(self.ingress_channel, leader.endpoint))
         return leader.publication
 
@@ -505,7 +513,7 @@ class _Connector:
                 f"REDIRECT to member {leader_member_id}, which is not in the endpoints it gave: {detail!r}"
             )
         previous = self.members.get(leader_member_id)
-        kept: "Publication | None" = None
+        kept: Publication | None = None
         if previous is not None and previous.endpoint == endpoint and previous.publication is not None:
             kept, previous.publication = previous.publication, None
         for member in self.members.values():
@@ -571,9 +579,9 @@ class ClusterClient:
 
     def __init__(
         self,
-        aeron: "Aeron",
-        publication: "Publication",
-        subscription: "Subscription",
+        aeron: Aeron,
+        publication: Publication,
+        subscription: Subscription,
         *,
         cluster_session_id: int,
         leadership_term_id: int,
@@ -628,7 +636,7 @@ class ClusterClient:
     @classmethod
     def connect(
         cls,
-        aeron: "Aeron",
+        aeron: Aeron,
         ingress_channel: str = protocol.INGRESS_CHANNEL,
         ingress_endpoints: str | None = None,
         egress_channel: str = protocol.EGRESS_CHANNEL,
@@ -644,7 +652,7 @@ class ClusterClient:
         message_timeout_ns: int = protocol.MESSAGE_TIMEOUT_NS,
         keepalive_interval_ns: int = DEFAULT_KEEPALIVE_INTERVAL_NS,
         ingress_exclusive: bool = True,
-    ) -> "ClusterClient":
+    ) -> ClusterClient:
         """Open a session, waiting at most ``message_timeout_ns`` in all.
 
         ``ingress_endpoints`` (``"0=host:port,1=host:port"``) substitutes each
@@ -671,9 +679,18 @@ class ClusterClient:
         connector: _Connector | None = None
         try:
             connector = _Connector(
-                aeron, subscription, ingress_channel, ingress_stream_id, ingress_endpoints,
-                egress_channel, egress_stream_id, bytes(credentials), on_challenge, ingress_exclusive,
-                deadline_ns, message_timeout_ns,
+                aeron,
+                subscription,
+                ingress_channel,
+                ingress_stream_id,
+                ingress_endpoints,
+                egress_channel,
+                egress_stream_id,
+                bytes(credentials),
+                on_challenge,
+                ingress_exclusive,
+                deadline_ns,
+                message_timeout_ns,
             )
             step = connector.state
             while not connector.poll(time.monotonic_ns()):
@@ -736,8 +753,11 @@ class ClusterClient:
     def _encode_headers(self) -> None:
         header = bytearray(SESSION_HEADER_LENGTH)
         codecs.SessionMessageHeaderEncoder.encode(
-            header, 0, leadership_term_id=self._leadership_term_id,
-            cluster_session_id=self._cluster_session_id, timestamp=0,
+            header,
+            0,
+            leadership_term_id=self._leadership_term_id,
+            cluster_session_id=self._cluster_session_id,
+            timestamp=0,
         )
         self._header = bytes(header)
         keepalive = bytearray(SBE_HEADER_LENGTH + codecs.SessionKeepAliveEncoder.BLOCK_LENGTH)
@@ -829,8 +849,13 @@ class ClusterClient:
             correlation_id = self.aeron.next_correlation_id()
         message = bytearray(64)
         length = codecs.AdminRequestEncoder.encode(
-            message, 0, leadership_term_id=self._leadership_term_id, cluster_session_id=self._cluster_session_id,
-            correlation_id=correlation_id, request_type=codecs.AdminRequestType.SNAPSHOT, payload=b"",
+            message,
+            0,
+            leadership_term_id=self._leadership_term_id,
+            cluster_session_id=self._cluster_session_id,
+            correlation_id=correlation_id,
+            request_type=codecs.AdminRequestType.SNAPSHOT,
+            payload=b"",
         )
         return correlation_id if self._send_control(bytes(message[:length])) else None
 
@@ -951,8 +976,12 @@ class ClusterClient:
             if message.cluster_session_id == self._cluster_session_id:
                 if self.on_admin_response is not None:
                     self.on_admin_response(
-                        message.correlation_id, message.cluster_session_id, message.request_type,
-                        message.response_code, message.message, bytes(message.payload),
+                        message.correlation_id,
+                        message.cluster_session_id,
+                        message.request_type,
+                        message.response_code,
+                        message.message,
+                        bytes(message.payload),
                     )
             else:
                 self.foreign_count += 1
@@ -966,8 +995,12 @@ class ClusterClient:
             self._closed = True
         if self.on_session_event is not None:
             self.on_session_event(
-                event.correlation_id, event.cluster_session_id, event.leadership_term_id,
-                event.leader_member_id, event.code, event.detail,
+                event.correlation_id,
+                event.cluster_session_id,
+                event.leadership_term_id,
+                event.leader_member_id,
+                event.code,
+                event.detail,
             )
 
     def _on_new_leader(self, leadership_term_id: int, leader_member_id: int, ingress_endpoints: str) -> None:
@@ -1006,7 +1039,9 @@ class ClusterClient:
             if self.publication.is_connected:
                 message = bytearray(SBE_HEADER_LENGTH + codecs.SessionCloseRequestEncoder.BLOCK_LENGTH)
                 codecs.SessionCloseRequestEncoder.encode(
-                    message, 0, leadership_term_id=self._leadership_term_id,
+                    message,
+                    0,
+                    leadership_term_id=self._leadership_term_id,
                     cluster_session_id=self._cluster_session_id,
                 )
                 try:
@@ -1024,7 +1059,7 @@ class ClusterClient:
         finally:
             self.subscription.close()
 
-    def __enter__(self) -> "ClusterClient":
+    def __enter__(self) -> ClusterClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -1051,8 +1086,9 @@ class AsyncClusterClient:
     go to the ``messages()`` iterator.
     """
 
-    def __init__(self, client: ClusterClient, executor: ThreadPoolExecutor, loop: asyncio.AbstractEventLoop,
-                 idle_wait_ns: int) -> None:
+    def __init__(
+        self, client: ClusterClient, executor: ThreadPoolExecutor, loop: asyncio.AbstractEventLoop, idle_wait_ns: int
+    ) -> None:
         self.client = client
         self._executor = executor
         self._loop = loop
@@ -1066,8 +1102,9 @@ class AsyncClusterClient:
         self._poller: asyncio.Task[None] | None = None
 
     @classmethod
-    async def connect(cls, aeron: "Aeron", *args: Any, idle_wait_ns: int = 50_000_000,
-                      **kwargs: Any) -> "AsyncClusterClient":
+    async def connect(
+        cls, aeron: Aeron, *args: Any, idle_wait_ns: int = 50_000_000, **kwargs: Any
+    ) -> AsyncClusterClient:
         """Takes :meth:`ClusterClient.connect`'s arguments (``on_message`` excepted:
         use ``messages()``; ``on_new_leader`` is called on the event loop)."""
         if "on_message" in kwargs:
@@ -1196,7 +1233,7 @@ class AsyncClusterClient:
         try:
             await self.send(payload, timeout)
             return await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ClusterTimeoutError(f"no reply from the cluster within {timeout:g} s") from None
         finally:
             if not future.done():
@@ -1226,7 +1263,7 @@ class AsyncClusterClient:
         finally:
             self._executor.shutdown(wait=True)
 
-    async def __aenter__(self) -> "AsyncClusterClient":
+    async def __aenter__(self) -> AsyncClusterClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -44,8 +44,16 @@ class ClusterMember:
     catchup_replay_session_id: int = field(default=-1, compare=False)
 
     def encode(self) -> str:
-        return ",".join((str(self.id), self.ingress_endpoint, self.consensus_endpoint, self.log_endpoint,
-                         self.catchup_endpoint, self.archive_endpoint))
+        return ",".join(
+            (
+                str(self.id),
+                self.ingress_endpoint,
+                self.consensus_endpoint,
+                self.log_endpoint,
+                self.catchup_endpoint,
+                self.archive_endpoint,
+            )
+        )
 
 
 def parse_cluster_members(text: str) -> list[ClusterMember]:
@@ -71,7 +79,8 @@ def parse_cluster_members(text: str) -> list[ClusterMember]:
                 address = parse_socket_address(endpoint)
             except ValueError as error:  # (InvalidChannelError is one)
                 raise ClusterMembersError(
-                    f"cluster member {member_id}: {name} endpoint {endpoint!r}: {error}") from None
+                    f"cluster member {member_id}: {name} endpoint {endpoint!r}: {error}"
+                ) from None
             if address.port == 0:
                 raise ClusterMembersError(f"cluster member {member_id}: {name} endpoint {endpoint!r} needs a port")
         ingress, consensus, log, catchup, archive = parts[1:]

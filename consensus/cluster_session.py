@@ -66,15 +66,15 @@ class ClusterSession:
         # What a non-client session's request carried until it is answered (a
         # StandbySnapshot's entries; Aeron's requestInput).
         self.request_input: list[Any] = []
-        self._publication: "Publication | None" = None
+        self._publication: Publication | None = None
         # The egress publication the driver is adding (Aeron's responsePublicationId).
         self.response_publication_id = NULL_VALUE
-        self._aeron: "Aeron | None" = None
+        self._aeron: Aeron | None = None
         self._on_error: Callable[[str], object] | None = None
 
     # ------------------------------------------------------------- egress
 
-    def async_connect(self, aeron: "Aeron", on_error: Callable[[str], object] | None = None) -> None:
+    def async_connect(self, aeron: Aeron, on_error: Callable[[str], object] | None = None) -> None:
         """Ask the driver for the egress publication and return at once (Aeron's
         ``asyncConnect``; the leader does this, followers never): a driver round
         trip per session on the module's duty cycle would stall its heartbeats
@@ -90,7 +90,7 @@ class ClusterSession:
                 self.state = ClusterSessionState.CONNECTING
 
     @property
-    def publication(self) -> "Publication | None":
+    def publication(self) -> Publication | None:
         """The egress publication, once the driver has added it (read from the
         client's conductor when first asked for after that; never waits)."""
         if self._publication is None and self.response_publication_id != NULL_VALUE:
@@ -107,8 +107,10 @@ class ClusterSession:
                 self.state = ClusterSessionState.INVALID  # its owner drops it
             if self._on_error is not None:
                 # Without the session id: the distinct error log counts repeats.
-                self._on_error(f"cannot add a session's egress publication ({self.response_channel} "
-                               f"stream {self.response_stream_id}): {error}")
+                self._on_error(
+                    f"cannot add a session's egress publication ({self.response_channel} "
+                    f"stream {self.response_stream_id}): {error}"
+                )
             return
         if publication is not None:
             self._publication = publication

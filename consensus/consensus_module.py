@@ -45,15 +45,17 @@ from fulmar.stop_signals import StopKind, StopSignalHandlers, StopSignals
 STOP_TIMEOUT_NS = 30_000_000_000
 
 # Aeron's RecoveryState counter key: what the services need to recover.
-_RECOVERY_STATE_HEAD = struct.Struct("<qqqiii")  # term id, log position, timestamp, replay flag, cluster id, service count
-
+_RECOVERY_STATE_HEAD = struct.Struct(
+    "<qqqiii"
+)  # term id, log position, timestamp, replay flag, cluster id, service count
 
 
 def recovery_state_key(plan: RecoveryPlan, timestamp: int, cluster_id: int, service_count: int) -> bytes:
     snapshot_ids = {snapshot.service_id: snapshot.recording_id for snapshot in plan.snapshots}
     log_position = plan.snapshots[0].log_position if plan.snapshots else 0
-    key = _RECOVERY_STATE_HEAD.pack(plan.last_leadership_term_id, log_position, timestamp, int(plan.has_replay),
-                                    cluster_id, service_count)
+    key = _RECOVERY_STATE_HEAD.pack(
+        plan.last_leadership_term_id, log_position, timestamp, int(plan.has_replay), cluster_id, service_count
+    )
     return key + b"".join(struct.pack("<q", snapshot_ids.get(service_id, -1)) for service_id in range(service_count))
 
 
@@ -65,8 +67,15 @@ def parse_recovery_state_key(key: bytes) -> tuple[int, int, int, bool, int, list
 
 
 class ConsensusModule:
-    def __init__(self, context: ConsensusModuleContext, aeron: Aeron, archive: AeronArchive,
-                 mark_file: ClusterMarkFile, recording_log: RecordingLog, agent: ConsensusModuleAgent) -> None:
+    def __init__(
+        self,
+        context: ConsensusModuleContext,
+        aeron: Aeron,
+        archive: AeronArchive,
+        mark_file: ClusterMarkFile,
+        recording_log: RecordingLog,
+        agent: ConsensusModuleAgent,
+    ) -> None:
         self.context = context
         self.aeron = aeron
         self.archive = archive
@@ -79,23 +88,30 @@ class ConsensusModule:
         self._closed = False
 
     @classmethod
-    def launch(cls, context: ConsensusModuleContext) -> "ConsensusModule":
+    def launch(cls, context: ConsensusModuleContext) -> ConsensusModule:
         cluster_dir = Path(context.cluster_dir)
         make_directory(cluster_dir)
         aeron = Aeron.connect(context.driver_dir, use_conductor_thread=False)
         mark_file = archive = recording_log = None
         try:
             mark_file = ClusterMarkFile.create(
-                cluster_dir, ClusterComponentType.CONSENSUS_MODULE, pid=os.getpid(), member_id=context.member_id,
-                cluster_id=context.cluster_id, now_ms=epoch_ms(), aeron_directory=str(aeron.directory),
-                control_channel=context.control_channel, ingress_channel=context.ingress_channel,
+                cluster_dir,
+                ClusterComponentType.CONSENSUS_MODULE,
+                pid=os.getpid(),
+                member_id=context.member_id,
+                cluster_id=context.cluster_id,
+                now_ms=epoch_ms(),
+                aeron_directory=str(aeron.directory),
+                control_channel=context.control_channel,
+                ingress_channel=context.ingress_channel,
                 service_stream_id=context.service_stream_id,
                 consensus_module_stream_id=context.consensus_module_stream_id,
                 ingress_stream_id=context.ingress_stream_id,
                 liveness_timeout_ms=context.mark_file_liveness_timeout_ms,
             )
             archive = AeronArchive.connect(
-                aeron, control_request_channel=context.archive_control_channel,
+                aeron,
+                control_request_channel=context.archive_control_channel,
                 control_request_stream_id=context.archive_control_stream_id,
                 control_response_channel="aeron:ipc?term-length=64k",
                 control_response_stream_id=context.archive_response_stream_id,
@@ -103,8 +119,9 @@ class ConsensusModule:
             recording_log = RecordingLog.open(cluster_dir)
             error_log = mark_file.error_log(epoch_ms)
             # Before the agent opens this member's consensus endpoint, which the copy uses meanwhile.
-            join_from_snapshot_if_purged(context, aeron, archive, recording_log,
-                                         lambda text: log_line(context.member_id, text), error_log.record)
+            join_from_snapshot_if_purged(
+                context, aeron, archive, recording_log, lambda text: log_line(context.member_id, text), error_log.record
+            )
             agent = ConsensusModuleAgent(context, aeron, archive, recording_log, epoch_ms, error_log.record)
             agent.mark_file = mark_file
             stop_active_log_recording(archive, recording_log)
@@ -141,8 +158,12 @@ class ConsensusModule:
         agent = self.agent
         ring_deferred = self.aeron.ring_deferred
         # Its sleeps are intended idles, not stalls of the duty cycle.
-        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns,
-                                    has_work=agent.has_work, on_wait=agent.duty_cycle_tracker.on_idle_wait)
+        idle = DoorbellIdleStrategy(
+            self.aeron.conductor.data_doorbell,
+            self.context.idle_max_wait_ns,
+            has_work=agent.has_work,
+            on_wait=agent.duty_cycle_tracker.on_idle_wait,
+        )
         next_mark_ms = 0
         stop_deadline_ns = 0
         waiting_said_for: ControlToggle | None = None
@@ -160,13 +181,19 @@ class ConsensusModule:
                         break
                 elif waiting_said_for is not requested:
                     waiting_said_for = requested
-                    phase = f"election {agent.election.state.name}" if agent.election is not None \
+                    phase = (
+                        f"election {agent.election.state.name}"
+                        if agent.election is not None
                         else f"state {agent.state.name}"
-                    agent.log_event(f"{requested.name} requested in {phase}: acted on once the module can "
-                                    f"(within {STOP_TIMEOUT_NS // 1_000_000_000} s)")
+                    )
+                    agent.log_event(
+                        f"{requested.name} requested in {phase}: acted on once the module can "
+                        f"(within {STOP_TIMEOUT_NS // 1_000_000_000} s)"
+                    )
             if stop_deadline_ns and time.monotonic_ns() > stop_deadline_ns:
-                agent.record_error(f"consensus module: the orderly stop did not complete within "
-                                   f"{STOP_TIMEOUT_NS // 1_000_000_000} s")
+                agent.record_error(
+                    f"consensus module: the orderly stop did not complete within {STOP_TIMEOUT_NS // 1_000_000_000} s"
+                )
                 agent.termination_reason = f"stopped without completing the orderly stop (state {agent.state.name})"
                 return
             now_ns = time.monotonic_ns()
@@ -218,8 +245,14 @@ def _extent_lookup(archive: AeronArchive) -> Callable[[int], RecordingExtent | N
         stop = descriptor.stop_position
         if stop < 0:
             stop = archive.get_max_recorded_position(recording_id)
-        return RecordingExtent(descriptor.start_position, stop, descriptor.initial_term_id,
-                               descriptor.term_buffer_length, descriptor.mtu_length, descriptor.session_id)
+        return RecordingExtent(
+            descriptor.start_position,
+            stop,
+            descriptor.initial_term_id,
+            descriptor.term_buffer_length,
+            descriptor.mtu_length,
+            descriptor.session_id,
+        )
 
     return lookup
 
@@ -256,7 +289,8 @@ def refuse_unknown_log_recording(archive: AeronArchive, recording_log: Recording
             stop = archive.get_max_recorded_position(recording.recording_id)
         if stop > recording.start_position:
             raise ClusterTerminationError(
-                unknown_log_recording_message(recording_log.path, recording, stop, recording_log.repaired))
+                unknown_log_recording_message(recording_log.path, recording, stop, recording_log.repaired)
+            )
 
 
 def recover(agent: ConsensusModuleAgent, plan: RecoveryPlan) -> None:
@@ -280,16 +314,18 @@ def recover(agent: ConsensusModuleAgent, plan: RecoveryPlan) -> None:
 
 
 def load_snapshot(agent: ConsensusModuleAgent, recording_id: int) -> None:
-    messages = read_snapshot(agent.aeron, agent.archive, recording_id, agent.context.replay_channel,
-                             agent.context.replay_stream_id)
+    messages = read_snapshot(
+        agent.aeron, agent.archive, recording_id, agent.context.replay_channel, agent.context.replay_stream_id
+    )
     for record in decode_snapshot(messages, CONSENSUS_MODULE_SNAPSHOT_TYPE_ID):
         if isinstance(record, codecs.ConsensusModuleDecoder):
             agent.next_session_id = record.next_session_id
             agent.next_service_session_id = record.next_service_session_id
             agent.log_service_session_id = record.log_service_session_id
         elif isinstance(record, codecs.ClusterSessionDecoder):
-            session = ClusterSession(record.cluster_session_id, record.response_stream_id, record.response_channel,
-                                     record.correlation_id)
+            session = ClusterSession(
+                record.cluster_session_id, record.response_stream_id, record.response_channel, record.correlation_id
+            )
             session.state = ClusterSessionState.OPEN
             session.opened_log_position = record.opened_log_position
             agent.sessions[session.id] = session
@@ -304,9 +340,11 @@ def load_snapshot(agent: ConsensusModuleAgent, recording_id: int) -> None:
     agent.timers_counter.set(len(agent.timers))
 
 
-def run_consensus_module(context: ConsensusModuleContext,
-                         on_ready: Callable[[ConsensusModule], None] | None = None,
-                         signals: StopSignals | None = None) -> str:
+def run_consensus_module(
+    context: ConsensusModuleContext,
+    on_ready: Callable[[ConsensusModule], None] | None = None,
+    signals: StopSignals | None = None,
+) -> str:
     """Launch, serve until terminated, close.  Returns why it stopped.
 
     SIGTERM or SIGINT: SHUTDOWN, a snapshot and an orderly stop; repeated, or

@@ -51,15 +51,26 @@ from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, A
 from fulmar.consensus.protocol import NULL_MEMBER_ID, NULL_POSITION, NULL_VALUE
 from fulmar.errors import FulmarError
 
-_LEADER_STATES = frozenset({
-    ElectionState.LEADER_LOG_REPLICATION, ElectionState.LEADER_REPLAY, ElectionState.LEADER_INIT,
-    ElectionState.LEADER_READY,
-})
-_FOLLOWER_ALIGNED_STATES = frozenset({
-    ElectionState.FOLLOWER_LOG_REPLICATION, ElectionState.FOLLOWER_REPLAY, ElectionState.FOLLOWER_CATCHUP_INIT,
-    ElectionState.FOLLOWER_CATCHUP_AWAIT, ElectionState.FOLLOWER_CATCHUP, ElectionState.FOLLOWER_LOG_INIT,
-    ElectionState.FOLLOWER_LOG_AWAIT, ElectionState.FOLLOWER_READY,
-})
+_LEADER_STATES = frozenset(
+    {
+        ElectionState.LEADER_LOG_REPLICATION,
+        ElectionState.LEADER_REPLAY,
+        ElectionState.LEADER_INIT,
+        ElectionState.LEADER_READY,
+    }
+)
+_FOLLOWER_ALIGNED_STATES = frozenset(
+    {
+        ElectionState.FOLLOWER_LOG_REPLICATION,
+        ElectionState.FOLLOWER_REPLAY,
+        ElectionState.FOLLOWER_CATCHUP_INIT,
+        ElectionState.FOLLOWER_CATCHUP_AWAIT,
+        ElectionState.FOLLOWER_CATCHUP,
+        ElectionState.FOLLOWER_LOG_INIT,
+        ElectionState.FOLLOWER_LOG_AWAIT,
+        ElectionState.FOLLOWER_READY,
+    }
+)
 
 
 class ElectionError(FulmarError):
@@ -107,29 +118,80 @@ class ReplicationHandle(Protocol):
 class ConsensusPublisherLike(Protocol):
     """The consensus messages the election sends (see ``ConsensusPublisher``)."""
 
-    def canvass_position(self, to_member_id: int, *, log_leadership_term_id: int, log_position: int,
-                         leadership_term_id: int, follower_member_id: int) -> bool: ...
+    def canvass_position(
+        self,
+        to_member_id: int,
+        *,
+        log_leadership_term_id: int,
+        log_position: int,
+        leadership_term_id: int,
+        follower_member_id: int,
+    ) -> bool: ...
 
-    def request_vote(self, to_member_id: int, *, log_leadership_term_id: int, log_position: int,
-                     candidate_term_id: int, candidate_member_id: int) -> bool: ...
+    def request_vote(
+        self,
+        to_member_id: int,
+        *,
+        log_leadership_term_id: int,
+        log_position: int,
+        candidate_term_id: int,
+        candidate_member_id: int,
+    ) -> bool: ...
 
-    def place_vote(self, to_member_id: int, *, candidate_term_id: int, log_leadership_term_id: int,
-                   log_position: int, candidate_member_id: int, follower_member_id: int, vote: bool) -> bool: ...
+    def place_vote(
+        self,
+        to_member_id: int,
+        *,
+        candidate_term_id: int,
+        log_leadership_term_id: int,
+        log_position: int,
+        candidate_member_id: int,
+        follower_member_id: int,
+        vote: bool,
+    ) -> bool: ...
 
-    def new_leadership_term(self, to_member_id: int, *, log_leadership_term_id: int, next_leadership_term_id: int,
-                            next_term_base_log_position: int, next_log_position: int, leadership_term_id: int,
-                            term_base_log_position: int, log_position: int, leader_recording_id: int,
-                            timestamp: int, leader_member_id: int, log_session_id: int, app_version: int,
-                            is_startup: bool) -> bool: ...
+    def new_leadership_term(
+        self,
+        to_member_id: int,
+        *,
+        log_leadership_term_id: int,
+        next_leadership_term_id: int,
+        next_term_base_log_position: int,
+        next_log_position: int,
+        leadership_term_id: int,
+        term_base_log_position: int,
+        log_position: int,
+        leader_recording_id: int,
+        timestamp: int,
+        leader_member_id: int,
+        log_session_id: int,
+        app_version: int,
+        is_startup: bool,
+    ) -> bool: ...
 
-    def append_position(self, to_member_id: int, *, leadership_term_id: int, log_position: int,
-                        follower_member_id: int, flags: int = ...) -> bool: ...
+    def append_position(
+        self,
+        to_member_id: int,
+        *,
+        leadership_term_id: int,
+        log_position: int,
+        follower_member_id: int,
+        flags: int = ...,
+    ) -> bool: ...
 
-    def commit_position(self, to_member_id: int, *, leadership_term_id: int, log_position: int,
-                        leader_member_id: int) -> bool: ...
+    def commit_position(
+        self, to_member_id: int, *, leadership_term_id: int, log_position: int, leader_member_id: int
+    ) -> bool: ...
 
-    def catchup_position(self, to_member_id: int, *, leadership_term_id: int, log_position: int,
-                         follower_member_id: int, catchup_endpoint: str) -> bool: ...
+    def catchup_position(
+        self,
+        to_member_id: int,
+        *,
+        leadership_term_id: int,
+        log_position: int,
+        follower_member_id: int,
+        catchup_endpoint: str,
+    ) -> bool: ...
 
 
 class ElectionHost(Protocol):
@@ -206,13 +268,13 @@ class ElectionHost(Protocol):
         services join the live log."""
         ...
 
-    def append_new_leadership_term_event(self, leadership_term_id: int, log_position: int,
-                                         timestamp: int) -> bool:
+    def append_new_leadership_term_event(self, leadership_term_id: int, log_position: int, timestamp: int) -> bool:
         """Append NewLeadershipTermEvent to the log; False on back pressure (retried)."""
         ...
 
-    def join_log_as_follower(self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int,
-                             log_session_id: int) -> bool:
+    def join_log_as_follower(
+        self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int, log_session_id: int
+    ) -> bool:
         """Create the log subscription for the leader's log (no destination yet) and
         start recording it.  True once done; False while the driver or the archive
         refuses (the host retries with back-off on later calls and reports the error)."""
@@ -282,8 +344,12 @@ def quorum_threshold(member_count: int) -> int:
     return member_count // 2 + 1
 
 
-def next_term_for(entries: Sequence[TermEntry], follower_log_leadership_term_id: int, leadership_term_id: int,
-                  term_base_log_position: int) -> tuple[int, int, int]:
+def next_term_for(
+    entries: Sequence[TermEntry],
+    follower_log_leadership_term_id: int,
+    leadership_term_id: int,
+    term_base_log_position: int,
+) -> tuple[int, int, int]:
     """A leader's answer about a follower's last log term:
     ``(nextLeadershipTermId, nextTermBaseLogPosition, nextLogPosition)``.
 
@@ -312,9 +378,20 @@ def next_term_for(entries: Sequence[TermEntry], follower_log_leadership_term_id:
 
 
 class _Member:
-    __slots__ = ("member_id", "log_leadership_term_id", "log_position", "leadership_term_id", "canvassed",
-                 "candidate_term_id", "vote", "ballot_sent_ns", "append_term_id", "append_position",
-                 "append_ns", "new_leadership_term_due")
+    __slots__ = (
+        "member_id",
+        "log_leadership_term_id",
+        "log_position",
+        "leadership_term_id",
+        "canvassed",
+        "candidate_term_id",
+        "vote",
+        "ballot_sent_ns",
+        "append_term_id",
+        "append_position",
+        "append_ns",
+        "new_leadership_term_due",
+    )
 
     def __init__(self, member_id: int) -> None:
         self.member_id = member_id
@@ -340,12 +417,24 @@ class _Member:
 class Election:
     """One election of a member of a cluster of ``members`` (member ids, this one included)."""
 
-    def __init__(self, member_id: int, members: Sequence[int], host: ElectionHost,
-                 publisher: ConsensusPublisherLike, random: _random.Random, timeouts: ElectionTimeouts,
-                 is_startup: bool, log_leadership_term_id: int, log_position: int,
-                 appointed_leader_id: int = NULL_MEMBER_ID, *, leadership_term_id: int | None = None,
-                 candidate_term_id: int = NULL_VALUE, app_version: int = 0,
-                 state_counter: StateCounter | None = None) -> None:
+    def __init__(
+        self,
+        member_id: int,
+        members: Sequence[int],
+        host: ElectionHost,
+        publisher: ConsensusPublisherLike,
+        random: _random.Random,
+        timeouts: ElectionTimeouts,
+        is_startup: bool,
+        log_leadership_term_id: int,
+        log_position: int,
+        appointed_leader_id: int = NULL_MEMBER_ID,
+        *,
+        leadership_term_id: int | None = None,
+        candidate_term_id: int = NULL_VALUE,
+        app_version: int = 0,
+        state_counter: StateCounter | None = None,
+    ) -> None:
         if member_id not in members:
             raise ValueError(f"member {member_id} is not one of {list(members)}")
         self.member_id = member_id
@@ -456,8 +545,10 @@ class Election:
             self._refresh_log()
             host.on_role_change(ClusterRole.FOLLOWER)
         elif new == ElectionState.CANDIDATE_BALLOT:
-            highest = max([self.candidate_term_id, self.leadership_term_id]
-                          + [m.leadership_term_id for m in self.members.values() if m.canvassed])
+            highest = max(
+                [self.candidate_term_id, self.leadership_term_id]
+                + [m.leadership_term_id for m in self.members.values() if m.canvassed]
+            )
             self.candidate_term_id = highest + 1
             host.persist_candidate_term_id(self.candidate_term_id)
             for member in self.members.values():
@@ -488,8 +579,9 @@ class Election:
                 member.new_leadership_term_due = True
             host.start_replay(host.processed_position(), self.append_position)
         elif new == ElectionState.FOLLOWER_LOG_REPLICATION:
-            self.replication = host.replicate(self.leader_member_id, self.leader_recording_id,
-                                              self.replication_stop_position)
+            self.replication = host.replicate(
+                self.leader_member_id, self.leader_recording_id, self.replication_stop_position
+            )
         elif new == ElectionState.FOLLOWER_REPLAY:
             host.start_replay(host.processed_position(), self.append_position)
 
@@ -524,18 +616,17 @@ class Election:
         me.log_position = self.append_position
         me.leadership_term_id = self.leadership_term_id
         me.canvassed = True
-        timeout = self.timeouts.startup_canvass_timeout_ns if self.is_extended_canvass \
-            else self.timeouts.election_timeout_ns
+        timeout = (
+            self.timeouts.startup_canvass_timeout_ns if self.is_extended_canvass else self.timeouts.election_timeout_ns
+        )
         if self.appointed_leader_id == self.member_id:
             if self._is_quorum_candidate():
                 self.nomination_deadline_ns = now_ns
                 self.state(ElectionState.NOMINATE, now_ns, "appointed leader")
                 return work + 1
             return work
-        if self._is_unanimous_candidate() or (self._is_quorum_candidate()
-                                              and now_ns >= self.state_change_ns + timeout):
-            self.nomination_deadline_ns = now_ns + self.random.randrange(
-                max(1, self.timeouts.election_timeout_ns >> 1))
+        if self._is_unanimous_candidate() or (self._is_quorum_candidate() and now_ns >= self.state_change_ns + timeout):
+            self.nomination_deadline_ns = now_ns + self.random.randrange(max(1, self.timeouts.election_timeout_ns >> 1))
             self.state(ElectionState.NOMINATE, now_ns, "possible candidate")
             return work + 1
         return work
@@ -547,8 +638,9 @@ class Election:
         return self._publish_canvass_on_interval(now_ns)
 
     def candidate_ballot(self, now_ns: int) -> int:
-        votes_for = sum(1 for m in self.members.values()
-                        if m.candidate_term_id == self.candidate_term_id and m.vote is True)
+        votes_for = sum(
+            1 for m in self.members.values() if m.candidate_term_id == self.candidate_term_id and m.vote is True
+        )
         # Seed 001: "in a 3 node cluster, it only needs one more vote to win" --
         # a majority of FOR votes in this term makes the one leader of the term.
         if votes_for == len(self.members):
@@ -563,12 +655,16 @@ class Election:
         work = 0
         for member_id in self.others:
             member = self.members[member_id]
-            if member.vote is None and (member.ballot_sent_ns < 0 or
-                                        now_ns >= member.ballot_sent_ns + self.timeouts.election_status_interval_ns):
-                if self.publisher.request_vote(member_id, log_leadership_term_id=self.log_leadership_term_id,
-                                               log_position=self.append_position,
-                                               candidate_term_id=self.candidate_term_id,
-                                               candidate_member_id=self.member_id):
+            if member.vote is None and (
+                member.ballot_sent_ns < 0 or now_ns >= member.ballot_sent_ns + self.timeouts.election_status_interval_ns
+            ):
+                if self.publisher.request_vote(
+                    member_id,
+                    log_leadership_term_id=self.log_leadership_term_id,
+                    log_position=self.append_position,
+                    candidate_term_id=self.candidate_term_id,
+                    candidate_member_id=self.member_id,
+                ):
                     member.ballot_sent_ns = now_ns
                 work += 1
         return work
@@ -602,8 +698,9 @@ class Election:
     def leader_ready(self, now_ns: int) -> int:
         work = self._leader_heartbeats(now_ns)
         if self._quorum_reached(self.append_position):
-            if self.host.append_new_leadership_term_event(self.leadership_term_id, self.append_position,
-                                                          now_ns // 1_000_000):
+            if self.host.append_new_leadership_term_event(
+                self.leadership_term_id, self.append_position, now_ns // 1_000_000
+            ):
                 self.state(ElectionState.CLOSED, now_ns, "followers ready")
                 self.host.election_complete(ClusterRole.LEADER, self.member_id, self.leadership_term_id)
                 return work + 1
@@ -669,10 +766,13 @@ class Election:
         return work + self._check_follower_progress(now_ns)
 
     def _send_catchup_position(self, now_ns: int) -> bool:
-        sent = self.publisher.catchup_position(self.leader_member_id, leadership_term_id=self.leadership_term_id,
-                                               log_position=self.append_position,
-                                               follower_member_id=self.member_id,
-                                               catchup_endpoint=self.catchup_endpoint)
+        sent = self.publisher.catchup_position(
+            self.leader_member_id,
+            leadership_term_id=self.leadership_term_id,
+            log_position=self.append_position,
+            follower_member_id=self.member_id,
+            catchup_endpoint=self.catchup_endpoint,
+        )
         if sent:
             self.catchup_requests += 1
             self.catchup_requested_ns = now_ns
@@ -683,8 +783,10 @@ class Election:
         # Replay merge: near the leader's position the live log joins the catchup,
         # before this member reports a position the leader takes as caught up
         # (it stops the catchup replay then, and the live log must be flowing).
-        live = (self.stop_catchup_received or self.host.is_catchup_near_live(
-            max(self.leader_log_position, self.notified_commit_position))) and self.host.add_live_destination()
+        live = (
+            self.stop_catchup_received
+            or self.host.is_catchup_near_live(max(self.leader_log_position, self.notified_commit_position))
+        ) and self.host.add_live_destination()
         if live and self.stop_catchup_received:
             self.host.stop_catchup()
             self.state(ElectionState.FOLLOWER_LOG_INIT, now_ns, "StopCatchup")
@@ -717,9 +819,13 @@ class Election:
 
     def follower_ready(self, now_ns: int) -> int:
         self.append_position = self.host.append_position()
-        if self.publisher.append_position(self.leader_member_id, leadership_term_id=self.leadership_term_id,
-                                          log_position=self.append_position, follower_member_id=self.member_id,
-                                          flags=APPEND_POSITION_FLAG_NONE):
+        if self.publisher.append_position(
+            self.leader_member_id,
+            leadership_term_id=self.leadership_term_id,
+            log_position=self.append_position,
+            follower_member_id=self.member_id,
+            flags=APPEND_POSITION_FLAG_NONE,
+        ):
             self._notify_commit()
             self.state(ElectionState.CLOSED, now_ns, "joined the leader")
             self.host.election_complete(ClusterRole.FOLLOWER, self.leader_member_id, self.leadership_term_id)
@@ -736,15 +842,23 @@ class Election:
         for member in self.members.values():
             if not member.canvassed:
                 return False
-            if compare_log(me.log_leadership_term_id, me.log_position,
-                           member.log_leadership_term_id, member.log_position) < 0:
+            if (
+                compare_log(
+                    me.log_leadership_term_id, me.log_position, member.log_leadership_term_id, member.log_position
+                )
+                < 0
+            ):
                 return False
         return True
 
     def _is_quorum_candidate(self) -> bool:
         me = self.members[self.member_id]
-        count = sum(1 for m in self.members.values() if m.canvassed and compare_log(
-            me.log_leadership_term_id, me.log_position, m.log_leadership_term_id, m.log_position) >= 0)
+        count = sum(
+            1
+            for m in self.members.values()
+            if m.canvassed
+            and compare_log(me.log_leadership_term_id, me.log_position, m.log_leadership_term_id, m.log_position) >= 0
+        )
         return count >= self.quorum
 
     def _publish_canvass_on_interval(self, now_ns: int) -> int:
@@ -752,10 +866,13 @@ class Election:
             return 0
         self.last_status_ns = now_ns
         for member_id in self.others:
-            self.publisher.canvass_position(member_id, log_leadership_term_id=self.log_leadership_term_id,
-                                            log_position=self.append_position,
-                                            leadership_term_id=self.leadership_term_id,
-                                            follower_member_id=self.member_id)
+            self.publisher.canvass_position(
+                member_id,
+                log_leadership_term_id=self.log_leadership_term_id,
+                log_position=self.append_position,
+                leadership_term_id=self.leadership_term_id,
+                follower_member_id=self.member_id,
+            )
         return 1
 
     def _quorum_reached(self, position: int) -> bool:
@@ -775,30 +892,49 @@ class Election:
             member = self.members[member_id]
             if interval_due or member.new_leadership_term_due:
                 member.new_leadership_term_due = False
-                self.send_new_leadership_term(member_id, member.log_leadership_term_id
-                                              if member.log_leadership_term_id != NULL_VALUE or member.canvassed
-                                              else self.log_leadership_term_id, now_ns)
+                self.send_new_leadership_term(
+                    member_id,
+                    member.log_leadership_term_id
+                    if member.log_leadership_term_id != NULL_VALUE or member.canvassed
+                    else self.log_leadership_term_id,
+                    now_ns,
+                )
                 work += 1
         if interval_due:
             self.last_heartbeat_ns = now_ns
             commit = self.host.commit_position()
             for member_id in self.others:
-                self.publisher.commit_position(member_id, leadership_term_id=self.leadership_term_id,
-                                               log_position=commit, leader_member_id=self.member_id)
+                self.publisher.commit_position(
+                    member_id,
+                    leadership_term_id=self.leadership_term_id,
+                    log_position=commit,
+                    leader_member_id=self.member_id,
+                )
         return work
 
     def send_new_leadership_term(self, to_member_id: int, follower_log_leadership_term_id: int, now_ns: int) -> bool:
         next_term_id, next_base, next_position = next_term_for(
-            self.host.term_entries(), follower_log_leadership_term_id, self.leadership_term_id,
-            self.term_base_log_position)
+            self.host.term_entries(),
+            follower_log_leadership_term_id,
+            self.leadership_term_id,
+            self.term_base_log_position,
+        )
         return self.publisher.new_leadership_term(
-            to_member_id, log_leadership_term_id=follower_log_leadership_term_id,
-            next_leadership_term_id=next_term_id, next_term_base_log_position=next_base,
-            next_log_position=next_position, leadership_term_id=self.leadership_term_id,
-            term_base_log_position=self.term_base_log_position, log_position=self.append_position,
-            leader_recording_id=self.host.log_recording_id(), timestamp=now_ns // 1_000_000,
-            leader_member_id=self.member_id, log_session_id=self.log_session_id, app_version=self.app_version,
-            is_startup=self.is_leader_startup)
+            to_member_id,
+            log_leadership_term_id=follower_log_leadership_term_id,
+            next_leadership_term_id=next_term_id,
+            next_term_base_log_position=next_base,
+            next_log_position=next_position,
+            leadership_term_id=self.leadership_term_id,
+            term_base_log_position=self.term_base_log_position,
+            log_position=self.append_position,
+            leader_recording_id=self.host.log_recording_id(),
+            timestamp=now_ns // 1_000_000,
+            leader_member_id=self.member_id,
+            log_session_id=self.log_session_id,
+            app_version=self.app_version,
+            is_startup=self.is_leader_startup,
+        )
 
     def _check_leader_timeout(self, now_ns: int) -> int:
         if now_ns >= self.state_change_ns + self.timeouts.leader_heartbeat_timeout_ns:
@@ -808,15 +944,22 @@ class Election:
 
     def _follower_heartbeat(self, now_ns: int, flags: int) -> int:
         position = self.host.append_position()
-        if position == self.last_progress_position and \
-                now_ns < self.last_heartbeat_ns + self.timeouts.leader_heartbeat_interval_ns:
+        if (
+            position == self.last_progress_position
+            and now_ns < self.last_heartbeat_ns + self.timeouts.leader_heartbeat_interval_ns
+        ):
             return 0
         if position != self.last_progress_position:
             self.last_progress_position = position
             self.last_progress_ns = now_ns
         self.last_heartbeat_ns = now_ns
-        self.publisher.append_position(self.leader_member_id, leadership_term_id=self.leadership_term_id,
-                                       log_position=position, follower_member_id=self.member_id, flags=flags)
+        self.publisher.append_position(
+            self.leader_member_id,
+            leadership_term_id=self.leadership_term_id,
+            log_position=position,
+            follower_member_id=self.member_id,
+            flags=flags,
+        )
         return 1
 
     def _check_follower_progress(self, now_ns: int) -> int:
@@ -826,8 +969,9 @@ class Election:
         return 0
 
     def _join_log(self) -> bool:
-        if not self.host.join_log_as_follower(self.leader_member_id, self.leadership_term_id,
-                                              self.term_base_log_position, self.log_session_id):
+        if not self.host.join_log_as_follower(
+            self.leader_member_id, self.leadership_term_id, self.term_base_log_position, self.log_session_id
+        ):
             return False
         self.log_leadership_term_id = self.leadership_term_id
         self.joined_log = True
@@ -842,8 +986,14 @@ class Election:
 
     # ------------------------------------------------------------------ handlers (record facts)
 
-    def on_canvass_position(self, log_leadership_term_id: int, log_position: int, leadership_term_id: int,
-                            follower_member_id: int, protocol_version: int = 0) -> None:
+    def on_canvass_position(
+        self,
+        log_leadership_term_id: int,
+        log_position: int,
+        leadership_term_id: int,
+        follower_member_id: int,
+        protocol_version: int = 0,
+    ) -> None:
         member = self.members.get(follower_member_id)
         if member is None or follower_member_id == self.member_id or self.state_value == ElectionState.INIT:
             return
@@ -857,10 +1007,19 @@ class Election:
             else:
                 member.new_leadership_term_due = True
 
-    def on_request_vote(self, log_leadership_term_id: int, log_position: int, candidate_term_id: int,
-                        candidate_member_id: int, protocol_version: int = 0) -> None:
-        if candidate_member_id == self.member_id or candidate_member_id not in self.members \
-                or self.state_value in (ElectionState.INIT, ElectionState.CLOSED):
+    def on_request_vote(
+        self,
+        log_leadership_term_id: int,
+        log_position: int,
+        candidate_term_id: int,
+        candidate_member_id: int,
+        protocol_version: int = 0,
+    ) -> None:
+        if (
+            candidate_member_id == self.member_id
+            or candidate_member_id not in self.members
+            or self.state_value in (ElectionState.INIT, ElectionState.CLOSED)
+        ):
             return
         if self.voted_for == (candidate_term_id, candidate_member_id):
             self._place_vote(candidate_term_id, candidate_member_id, True)  # a repeated request
@@ -879,27 +1038,54 @@ class Election:
             self.state(ElectionState.FOLLOWER_BALLOT, self.now_ns, "voted for a candidate")
 
     def _place_vote(self, candidate_term_id: int, candidate_member_id: int, vote: bool) -> None:
-        self.publisher.place_vote(candidate_member_id, candidate_term_id=candidate_term_id,
-                                  log_leadership_term_id=self.log_leadership_term_id,
-                                  log_position=self.append_position, candidate_member_id=candidate_member_id,
-                                  follower_member_id=self.member_id, vote=vote)
+        self.publisher.place_vote(
+            candidate_member_id,
+            candidate_term_id=candidate_term_id,
+            log_leadership_term_id=self.log_leadership_term_id,
+            log_position=self.append_position,
+            candidate_member_id=candidate_member_id,
+            follower_member_id=self.member_id,
+            vote=vote,
+        )
 
-    def on_vote(self, candidate_term_id: int, log_leadership_term_id: int, log_position: int,
-                candidate_member_id: int, follower_member_id: int, vote: bool) -> None:
+    def on_vote(
+        self,
+        candidate_term_id: int,
+        log_leadership_term_id: int,
+        log_position: int,
+        candidate_member_id: int,
+        follower_member_id: int,
+        vote: bool,
+    ) -> None:
         member = self.members.get(follower_member_id)
-        if member is None or self.state_value != ElectionState.CANDIDATE_BALLOT \
-                or candidate_member_id != self.member_id or candidate_term_id != self.candidate_term_id:
+        if (
+            member is None
+            or self.state_value != ElectionState.CANDIDATE_BALLOT
+            or candidate_member_id != self.member_id
+            or candidate_term_id != self.candidate_term_id
+        ):
             return
         member.candidate_term_id = candidate_term_id
         member.log_leadership_term_id = log_leadership_term_id
         member.log_position = log_position
         member.vote = vote
 
-    def on_new_leadership_term(self, log_leadership_term_id: int, next_leadership_term_id: int,
-                               next_term_base_log_position: int, next_log_position: int, leadership_term_id: int,
-                               term_base_log_position: int, log_position: int, leader_recording_id: int,
-                               timestamp: int, leader_member_id: int, log_session_id: int, app_version: int = 0,
-                               is_startup: bool = False) -> None:
+    def on_new_leadership_term(
+        self,
+        log_leadership_term_id: int,
+        next_leadership_term_id: int,
+        next_term_base_log_position: int,
+        next_log_position: int,
+        leadership_term_id: int,
+        term_base_log_position: int,
+        log_position: int,
+        leader_recording_id: int,
+        timestamp: int,
+        leader_member_id: int,
+        log_session_id: int,
+        app_version: int = 0,
+        is_startup: bool = False,
+    ) -> None:
         if leader_member_id == self.member_id or leader_member_id not in self.members:
             return
         now_ns = self.now_ns
@@ -916,8 +1102,12 @@ class Election:
                 self.state(ElectionState.CANVASS, now_ns, "a newer leader")
             else:
                 return
-        if self.state_value not in (ElectionState.CANVASS, ElectionState.NOMINATE, ElectionState.CANDIDATE_BALLOT,
-                                    ElectionState.FOLLOWER_BALLOT):
+        if self.state_value not in (
+            ElectionState.CANVASS,
+            ElectionState.NOMINATE,
+            ElectionState.CANDIDATE_BALLOT,
+            ElectionState.FOLLOWER_BALLOT,
+        ):
             return
         if not self._accepts_term(leadership_term_id):
             return
@@ -963,8 +1153,9 @@ class Election:
             self.catchup_join_position = log_position if self.append_position < log_position else NULL_POSITION
             self.state(ElectionState.FOLLOWER_REPLAY, now_ns, "no log to replicate")
 
-    def on_append_position(self, leadership_term_id: int, log_position: int, follower_member_id: int,
-                           flags: int = 0) -> None:
+    def on_append_position(
+        self, leadership_term_id: int, log_position: int, follower_member_id: int, flags: int = 0
+    ) -> None:
         member = self.members.get(follower_member_id)
         if member is None or follower_member_id == self.member_id:
             return
@@ -978,17 +1169,24 @@ class Election:
             if leadership_term_id > self.leadership_term_id:
                 self.state(ElectionState.CANVASS, self.now_ns, "a newer leader")
             return
-        if leadership_term_id == self.leadership_term_id and leader_member_id == self.leader_member_id \
-                and self.state_value in _FOLLOWER_ALIGNED_STATES:
+        if (
+            leadership_term_id == self.leadership_term_id
+            and leader_member_id == self.leader_member_id
+            and self.state_value in _FOLLOWER_ALIGNED_STATES
+        ):
             self.notified_commit_position = max(self.notified_commit_position, log_position)
 
-    def on_catchup_position(self, leadership_term_id: int, log_position: int, follower_member_id: int,
-                            catchup_endpoint: str) -> None:
+    def on_catchup_position(
+        self, leadership_term_id: int, log_position: int, follower_member_id: int, catchup_endpoint: str
+    ) -> None:
         """Catchup is served by the leader's consensus work, after its election."""
 
     def on_stop_catchup(self, leadership_term_id: int, follower_member_id: int) -> None:
-        if follower_member_id == self.member_id and leadership_term_id == self.leadership_term_id \
-                and self.state_value == ElectionState.FOLLOWER_CATCHUP:
+        if (
+            follower_member_id == self.member_id
+            and leadership_term_id == self.leadership_term_id
+            and self.state_value == ElectionState.FOLLOWER_CATCHUP
+        ):
             self.stop_catchup_received = True
 
     def on_termination_position(self, leadership_term_id: int, log_position: int) -> None:
@@ -998,9 +1196,11 @@ class Election:
         """Termination is handled by the consensus module, not the election."""
 
     def __repr__(self) -> str:
-        return (f"Election(member={self.member_id}, state={self.state_value.name}, "
-                f"leadership_term_id={self.leadership_term_id}, candidate_term_id={self.candidate_term_id}, "
-                f"leader={self.leader_member_id}, log=({self.log_leadership_term_id}, {self.append_position}))")
+        return (
+            f"Election(member={self.member_id}, state={self.state_value.name}, "
+            f"leadership_term_id={self.leadership_term_id}, candidate_term_id={self.candidate_term_id}, "
+            f"leader={self.leader_member_id}, log=({self.log_leadership_term_id}, {self.append_position}))"
+        )
 
 
 _STATE_METHODS = {

@@ -54,8 +54,7 @@ class ArchiveReplication:
     """A ReplicateRequest2 of the leader's log recording into the local one,
     followed through the local archive's recording signals."""
 
-    def __init__(self, host: "NodeElectionHost", replication_id: int, dst_recording_id: int,
-                 stop_position: int) -> None:
+    def __init__(self, host: NodeElectionHost, replication_id: int, dst_recording_id: int, stop_position: int) -> None:
         self.host = host
         self.replication_id = replication_id
         self.dst_recording_id = dst_recording_id
@@ -106,7 +105,7 @@ class ArchiveReplication:
 class NodeElectionHost:
     """The election's view of this node (see ``election.ElectionHost``)."""
 
-    def __init__(self, agent: "ConsensusModuleAgent") -> None:
+    def __init__(self, agent: ConsensusModuleAgent) -> None:
         self.agent = agent
         self.context = agent.context
         self.members = agent.members
@@ -114,7 +113,7 @@ class NodeElectionHost:
         self.replay: LogReplay | None = None
         self.replication: ArchiveReplication | None = None
         # The follower's log subscription and what hangs off it.
-        self.log_subscription: "Subscription | None" = None
+        self.log_subscription: Subscription | None = None
         self._join_request: tuple[int, int, int, int] | None = None  # (leader, term, term base, session)
         self._channel_tag = NULL_VALUE
         self._log_session_id = NULL_VALUE
@@ -125,10 +124,12 @@ class NodeElectionHost:
         report, recovered = agent.report_error, agent.log_event
         self._subscription_retry = Retry("adding the log subscription", report, recovered)
         self._recording_retry = Retry("asking the archive to record the log", report, recovered)
-        self._live_destination_retry = Retry(f"adding the live log destination {self.this_member.log_endpoint}",
-                                             report, recovered)
+        self._live_destination_retry = Retry(
+            f"adding the live log destination {self.this_member.log_endpoint}", report, recovered
+        )
         self._catchup_destination_retry = Retry(
-            f"adding the catchup log destination {self.this_member.catchup_endpoint}", report, recovered)
+            f"adding the catchup log destination {self.this_member.catchup_endpoint}", report, recovered
+        )
         self._recording_failure: str | None = None
         self._term_to_append: tuple[int, int] | None = None
         self._recording_requested = False
@@ -136,14 +137,15 @@ class NodeElectionHost:
         self._misplaced_recording_id = NULL_VALUE
         self._join_ack_id = NULL_VALUE
         self._join_position = NULL_POSITION
-        self.log_image: "Image | None" = None
+        self.log_image: Image | None = None
         self.is_log_joined = False  # the services follow the image (their JoinLog acknowledged)
 
     # ------------------------------------------------------------- the local log
 
     def term_entries(self) -> Sequence[TermEntry]:
-        terms = sorted((e for e in self.agent.recording_log.entries if e.is_valid_term),
-                       key=lambda e: e.leadership_term_id)
+        terms = sorted(
+            (e for e in self.agent.recording_log.entries if e.is_valid_term), key=lambda e: e.leadership_term_id
+        )
         return [TermEntry(e.leadership_term_id, e.term_base_log_position, e.log_position) for e in terms]
 
     def append_position(self) -> int:
@@ -161,8 +163,9 @@ class NodeElectionHost:
     def truncate_log_to(self, position: int) -> None:
         agent = self.agent
         if position < agent.log_position:
-            raise ElectionError(f"cannot truncate the log to {position}: this member has applied it to "
-                                f"{agent.log_position}")
+            raise ElectionError(
+                f"cannot truncate the log to {position}: this member has applied it to {agent.log_position}"
+            )
         if agent.log_recording_id != NULL_VALUE and position < agent.append_position:
             agent.archive.truncate_recording(agent.log_recording_id, position)
         agent.recording_log.truncate_terms_to(position)
@@ -178,8 +181,9 @@ class NodeElectionHost:
             return
         if agent.log_recording_id == NULL_VALUE:
             raise ElectionError(f"term {leadership_term_id} cannot be recorded: no log recording yet")
-        agent.recording_log.append_term(agent.log_recording_id, leadership_term_id, term_base_log_position,
-                                        agent.cluster_time())
+        agent.recording_log.append_term(
+            agent.log_recording_id, leadership_term_id, term_base_log_position, agent.cluster_time()
+        )
 
     def adopt_recording(self, recording_id: int) -> None:
         """A replication made (or extended) the log recording: it is the log from now on."""
@@ -193,13 +197,21 @@ class NodeElectionHost:
         agent = self.agent
         leader = find_member(self.members, leader_member_id)
         source = ChannelUri.parse(self.context.archive_remote_control_channel).with_param(
-            "endpoint", leader.archive_endpoint)
+            "endpoint", leader.archive_endpoint
+        )
         replication_id = agent.archive.replicate(
-            leader_recording_id, str(source), CONTROL_STREAM_ID, dst_recording_id=agent.log_recording_id,
-            stop_position=stop_position, replication_channel=self.context.replication_channel)
+            leader_recording_id,
+            str(source),
+            CONTROL_STREAM_ID,
+            dst_recording_id=agent.log_recording_id,
+            stop_position=stop_position,
+            replication_channel=self.context.replication_channel,
+        )
         self.replication = ArchiveReplication(self, replication_id, agent.log_recording_id, stop_position)
-        agent.log_event(f"replicating the log from member {leader_member_id}'s recording {leader_recording_id} "
-                        f"from {agent.append_position} to {stop_position}")
+        agent.log_event(
+            f"replicating the log from member {leader_member_id}'s recording {leader_recording_id} "
+            f"from {agent.append_position} to {stop_position}"
+        )
         return self.replication
 
     def on_recording_signal(self, event: RecordingSignalEvent) -> None:
@@ -207,8 +219,10 @@ class NodeElectionHost:
             return
         if self.replication is not None:
             self.replication.on_signal(event)
-        if event.signal in (RecordingSignal.START, RecordingSignal.EXTEND) \
-                and event.subscription_id == self._recording_subscription_id != NULL_VALUE:
+        if (
+            event.signal in (RecordingSignal.START, RecordingSignal.EXTEND)
+            and event.subscription_id == self._recording_subscription_id != NULL_VALUE
+        ):
             # (Also after the subscription closed: a recording that started is the log.)
             if event.signal is RecordingSignal.START and event.position != self._join_position:
                 # A new recording that does not start where this member's log ends
@@ -263,12 +277,12 @@ class NodeElectionHost:
     def join_log_as_leader(self, leadership_term_id: int, term_base_log_position: int) -> None:
         self.agent.join_log_as_leader(leadership_term_id, term_base_log_position)
 
-    def append_new_leadership_term_event(self, leadership_term_id: int, log_position: int,
-                                         timestamp: int) -> bool:
+    def append_new_leadership_term_event(self, leadership_term_id: int, log_position: int, timestamp: int) -> bool:
         return self.agent.append_new_leadership_term_event(log_position)
 
-    def join_log_as_follower(self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int,
-                             log_session_id: int) -> bool:
+    def join_log_as_follower(
+        self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int, log_session_id: int
+    ) -> bool:
         """The log subscription (no destination yet), the archive recording on
         its endpoint; destinations come when the election says which.  Called
         again after a refusal, it goes on where it stopped (once due)."""
@@ -287,10 +301,17 @@ class NodeElectionHost:
                 return False
         return self._request_recording()
 
-    def _add_log_subscription(self) -> "Subscription":
+    def _add_log_subscription(self) -> Subscription:
         params = self._log_params()
-        owner = ChannelUri("udp", {**params, "control-mode": "manual", "tags": str(self._channel_tag),
-                                   "session-id": str(self._log_session_id)})
+        owner = ChannelUri(
+            "udp",
+            {
+                **params,
+                "control-mode": "manual",
+                "tags": str(self._channel_tag),
+                "session-id": str(self._log_session_id),
+            },
+        )
         return self.agent.aeron.add_subscription(str(owner), self.context.log_stream_id)
 
     def _request_recording(self) -> bool:
@@ -308,10 +329,16 @@ class NodeElectionHost:
     def _start_recording(self) -> int:
         agent = self.agent
         if agent.log_recording_id != NULL_VALUE:
-            return agent.archive.extend_recording(agent.log_recording_id, self.shared_log_channel(),
-                                                  self.context.log_stream_id, SourceLocation.REMOTE, auto_stop=True)
-        return agent.archive.start_recording(self.shared_log_channel(), self.context.log_stream_id,
-                                             SourceLocation.REMOTE, auto_stop=True)
+            return agent.archive.extend_recording(
+                agent.log_recording_id,
+                self.shared_log_channel(),
+                self.context.log_stream_id,
+                SourceLocation.REMOTE,
+                auto_stop=True,
+            )
+        return agent.archive.start_recording(
+            self.shared_log_channel(), self.context.log_stream_id, SourceLocation.REMOTE, auto_stop=True
+        )
 
     def shared_log_channel(self) -> str:
         """The follower's log as the archive and the services subscribe to it: the
@@ -328,8 +355,12 @@ class NodeElectionHost:
         subscription = self.log_subscription
         if subscription is None:
             return False
-        if self._live_destination_retry.attempt(
-                self.agent.now_ns, lambda: _add_destination(subscription, self._live_destination)) is None:
+        if (
+            self._live_destination_retry.attempt(
+                self.agent.now_ns, lambda: _add_destination(subscription, self._live_destination)
+            )
+            is None
+        ):
             return False
         self._live_destination_added = True
         return True
@@ -360,13 +391,16 @@ class NodeElectionHost:
             if image is None:
                 return False
             if image.join_position != self._join_position:
-                raise ElectionError(f"the leader's log joined at {image.join_position}, this member's log ends at "
-                                    f"{self._join_position}")
+                raise ElectionError(
+                    f"the leader's log joined at {image.join_position}, this member's log ends at {self._join_position}"
+                )
             self.log_image = image
             agent.on_log_image(image)
         if self._misplaced_recording_id != NULL_VALUE:
-            raise ElectionError(f"the leader's log reached this member from {self.log_image.join_position}, "
-                                f"not from where its log ends ({self._join_position})")
+            raise ElectionError(
+                f"the leader's log reached this member from {self.log_image.join_position}, "
+                f"not from where its log ends ({self._join_position})"
+            )
         if self._recording_requested:
             return False  # the archive has yet to say it records the image
         if self._term_to_append is not None:
@@ -374,9 +408,16 @@ class NodeElectionHost:
             self._term_to_append = None
         if self._join_ack_id == NULL_VALUE:
             self._join_ack_id = agent.next_ack_id()
-            agent.service_proxy.join_log(self._join_position, NULL_POSITION, agent.member_id, self._log_session_id,
-                                         self.context.log_stream_id, False, int(ClusterRole.FOLLOWER),
-                                         self.shared_log_channel())
+            agent.service_proxy.join_log(
+                self._join_position,
+                NULL_POSITION,
+                agent.member_id,
+                self._log_session_id,
+                self.context.log_stream_id,
+                False,
+                int(ClusterRole.FOLLOWER),
+                self.shared_log_channel(),
+            )
         if not self.is_log_joined:
             if agent.services_acked(self._join_ack_id, self._join_position) is None:
                 return False
@@ -390,8 +431,12 @@ class NodeElectionHost:
             return None
         if self._catchup_destination is None:
             destination = f"aeron:udp?endpoint={self.this_member.catchup_endpoint}"
-            if self._catchup_destination_retry.attempt(
-                    self.agent.now_ns, lambda: _add_destination(subscription, destination)) is None:
+            if (
+                self._catchup_destination_retry.attempt(
+                    self.agent.now_ns, lambda: _add_destination(subscription, destination)
+                )
+                is None
+            ):
                 return None
             self._catchup_destination = destination
         return self.this_member.catchup_endpoint
@@ -450,8 +495,12 @@ class NodeElectionHost:
         self._recording_requested = False
         self._recording_failure = None
         self._term_to_append = None
-        for retry in (self._subscription_retry, self._recording_retry, self._live_destination_retry,
-                      self._catchup_destination_retry):
+        for retry in (
+            self._subscription_retry,
+            self._recording_retry,
+            self._live_destination_retry,
+            self._catchup_destination_retry,
+        ):
             retry.reset()
         self._join_ack_id = NULL_VALUE
         self.is_log_joined = False
@@ -475,18 +524,22 @@ class NodeElectionHost:
         self.agent.on_multi_member_election_complete(role, leader_member_id, leadership_term_id)
 
 
-def _add_destination(subscription: "Subscription", destination: str) -> bool:
+def _add_destination(subscription: Subscription, destination: str) -> bool:
     subscription.add_destination(destination)
     return True
 
 
-def leader_log_channel(log_channel: str, term_length: int | None, mtu: int | None, initial_term_id: int | None,
-                       position: int) -> str:
+def leader_log_channel(
+    log_channel: str, term_length: int | None, mtu: int | None, initial_term_id: int | None, position: int
+) -> str:
     """The leader's log publication: ``log_channel``'s parameters on a
     control-mode=manual UDP channel (each follower a destination), continuing
     the recorded log at ``position`` when there is one."""
-    params = {k: v for k, v in ChannelUri.parse(log_channel).params.items()
-              if k not in ("endpoint", "control", "control-mode", "session-id", "tags")}
+    params = {
+        k: v
+        for k, v in ChannelUri.parse(log_channel).params.items()
+        if k not in ("endpoint", "control", "control-mode", "session-id", "tags")
+    }
     channel = ChannelUri("udp", {**params, "control-mode": "manual", "ssc": "true"})
     if term_length is not None and mtu is not None and initial_term_id is not None:
         term_id = compute_term_id_from_position(position, position_bits_to_shift(term_length), initial_term_id)

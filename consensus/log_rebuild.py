@@ -61,7 +61,8 @@ class RebuildResult:
 def log_recordings(descriptors: list[RecordingDescriptor], log_stream_id: int) -> list[RecordingDescriptor]:
     """The valid recordings of the log stream that hold any of it."""
     return [
-        d for d in descriptors
+        d
+        for d in descriptors
         if d.stream_id == log_stream_id and (d.stop_position == NULL_POSITION or d.stop_position > d.start_position)
     ]
 
@@ -167,6 +168,7 @@ def rebuild_recording_log(
         os.rename(path, kept)
     with RecordingLog.open(cluster_dir) as recording_log:
         for term in terms:
-            recording_log.append_term(descriptor.recording_id, term.leadership_term_id,
-                                      term.term_base_log_position, term.timestamp)
+            recording_log.append_term(
+                descriptor.recording_id, term.leadership_term_id, term.term_base_log_position, term.timestamp
+            )
     return RebuildResult(descriptor.recording_id, descriptor.stop_position, terms, kept)

@@ -73,12 +73,16 @@ class RetentionResult:
     def describe(self) -> str:
         plan = self.plan
         kept = ", ".join(f"{s.log_position} (term {s.leadership_term_id})" for s in plan.kept) or "none"
-        log = (f"log recording {plan.log_recording_id} now starts at {plan.new_log_start_position} "
-               f"(was {plan.log_start_position}; {self.segments_deleted} segment file(s) deleted)"
-               if plan.purges_log else
-               f"log recording {plan.log_recording_id} starts at {plan.log_start_position}: nothing to purge")
-        text = (f"kept {len(plan.kept)} snapshot set(s) at log position(s) {kept}; "
-                f"deleted {len(self.snapshots_deleted)} older snapshot recording(s); {log}")
+        log = (
+            f"log recording {plan.log_recording_id} now starts at {plan.new_log_start_position} "
+            f"(was {plan.log_start_position}; {self.segments_deleted} segment file(s) deleted)"
+            if plan.purges_log
+            else f"log recording {plan.log_recording_id} starts at {plan.log_start_position}: nothing to purge"
+        )
+        text = (
+            f"kept {len(plan.kept)} snapshot set(s) at log position(s) {kept}; "
+            f"deleted {len(self.snapshots_deleted)} older snapshot recording(s); {log}"
+        )
         if self.problems:
             text += "; not done: " + "; ".join(self.problems)
         return text
@@ -107,16 +111,22 @@ def last_term(entries: Sequence[Entry]) -> Entry | None:
     return max(terms, key=lambda e: (e.leadership_term_id, e.entry_index)) if terms else None
 
 
-def plan_retention(entries: Sequence[Entry], service_count: int, keep_snapshots: int,
-                   describe_recording: Callable[[int], "RecordingDescriptor | None"],
-                   where: str = "recording.log") -> RetentionPlan:
+def plan_retention(
+    entries: Sequence[Entry],
+    service_count: int,
+    keep_snapshots: int,
+    describe_recording: Callable[[int], RecordingDescriptor | None],
+    where: str = "recording.log",
+) -> RetentionPlan:
     """What keeping the newest ``keep_snapshots`` snapshot sets lets go of, from
     a member's recording log ``entries``.  ``describe_recording`` gives the
     archive's descriptor of a recording (its start position, term and segment
     lengths); ``where`` names the recording log in messages."""
     if keep_snapshots < 1:
-        raise LogRetentionError(f"keep at least one snapshot set (asked to keep {keep_snapshots}): the log before "
-                                "a member's newest snapshot is what it recovers from without one")
+        raise LogRetentionError(
+            f"keep at least one snapshot set (asked to keep {keep_snapshots}): the log before "
+            "a member's newest snapshot is what it recovers from without one"
+        )
     term = last_term(entries)
     if term is None:
         raise LogRetentionError(f"{where} has no leadership term: there is no log to purge")
@@ -129,17 +139,20 @@ def plan_retention(entries: Sequence[Entry], service_count: int, keep_snapshots:
     removed: list[Entry] = []
     if kept:
         oldest = kept[-1].log_position
-        base = segment_file_base_position(start, oldest, descriptor.term_buffer_length,
-                                          descriptor.segment_file_length)
+        base = segment_file_base_position(start, oldest, descriptor.term_buffer_length, descriptor.segment_file_length)
         new_start = max(start, base)
         kept_entries = {entry.entry_index for snapshot_set in kept for entry in snapshot_set.entries}
-        removed = [entry for entry in entries if entry.is_valid_snapshot
-                   and entry.entry_index not in kept_entries and entry.log_position < oldest]
+        removed = [
+            entry
+            for entry in entries
+            if entry.is_valid_snapshot and entry.entry_index not in kept_entries and entry.log_position < oldest
+        ]
     return RetentionPlan(kept, removed, term.recording_id, start, new_start)
 
 
-def apply_retention(archive: "AeronArchive", invalidate: Callable[[Entry], object],
-                    plan: RetentionPlan) -> RetentionResult:
+def apply_retention(
+    archive: AeronArchive, invalidate: Callable[[Entry], object], plan: RetentionPlan
+) -> RetentionResult:
     """Carry out ``plan`` through the member's archive; ``invalidate`` marks a
     recording log entry invalid.  What the archive refuses (a replay still
     reading the segments, say) is reported in ``problems``: the recording log
@@ -159,7 +172,6 @@ def apply_retention(archive: "AeronArchive", invalidate: Callable[[Entry], objec
         try:
             result.segments_deleted = archive.purge_segments(plan.log_recording_id, plan.new_log_start_position)
         except FulmarError as error:
-            result.problems.append(f"log recording {plan.log_recording_id} from {plan.new_log_start_position}: "
-                                   f"{error}")
+            result.problems.append(f"log recording {plan.log_recording_id} from {plan.new_log_start_position}: {error}")
             plan.new_log_start_position = plan.log_start_position
     return result

@@ -116,8 +116,7 @@ class ClusterMarkFileActiveError(ClusterMarkFileError):
 
     def __init__(self, path: str, pid: int, activity_age_ms: int) -> None:
         super().__init__(
-            f"cluster directory is in use: {path} belongs to live pid {pid} "
-            f"(last activity {activity_age_ms} ms ago)"
+            f"cluster directory is in use: {path} belongs to live pid {pid} (last activity {activity_age_ms} ms ago)"
         )
         self.path = path
         self.pid = pid
@@ -214,8 +213,9 @@ def _read_errors(path: Path, decoder: MarkFileHeaderDecoder) -> list[ErrorObserv
         memory = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     try:
         if decoder.header_length + length > len(memory):  # shrank since it was measured
-            raise CorruptErrorLogError(f"error buffer is {len(memory) - decoder.header_length} bytes, "
-                                       f"the header says {length}")
+            raise CorruptErrorLogError(
+                f"error buffer is {len(memory) - decoder.header_length} bytes, the header says {length}"
+            )
         buffer = AtomicBuffer(memory, decoder.header_length, length)
         try:
             return list(read_error_log(buffer))
@@ -233,8 +233,9 @@ def read_activity_timestamp(path: str | os.PathLike[str]) -> int | None:
     return None if liveness is None else int(liveness[2])
 
 
-def live_owner_pid(path: str | os.PathLike[str], now_ms: int,
-                   liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT) -> int | None:
+def live_owner_pid(
+    path: str | os.PathLike[str], now_ms: int, liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT
+) -> int | None:
     """The pid of the live process that owns the mark file at ``path`` (the
     test :meth:`ClusterMarkFile.create` refuses on), or None: no file, a
     clean close, a dead pid or a stale timestamp.  Reads the first bytes only."""
@@ -345,7 +346,9 @@ def _check_previous(
     if (
         existing_type != ClusterComponentType.UNKNOWN
         and existing_type != component_type
-        and not (existing_type == ClusterComponentType.BACKUP and component_type == ClusterComponentType.CONSENSUS_MODULE)
+        and not (
+            existing_type == ClusterComponentType.BACKUP and component_type == ClusterComponentType.CONSENSUS_MODULE
+        )
     ):
         raise ClusterMarkFileError(
             f"{path}: the mark file belongs to a {ClusterComponentType(existing_type).name}, "
@@ -354,8 +357,7 @@ def _check_previous(
     version = decoder.version
     if version not in (0, VERSION_FAILED) and major_version(version) != MAJOR_VERSION:
         raise ClusterMarkFileError(
-            f"{path}: mark file major version {major_version(version)} does not match "
-            f"this software's {MAJOR_VERSION}"
+            f"{path}: mark file major version {major_version(version)} does not match this software's {MAJOR_VERSION}"
         )
     try:
         errors = _read_errors(path, decoder)
@@ -408,7 +410,7 @@ class ClusterMarkFile:
         now_ms: int,
         liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT,
         error_buffer_length: int = ERROR_BUFFER_MIN_LENGTH,
-    ) -> "ClusterMarkFile":
+    ) -> ClusterMarkFile:
         """Claim the component's mark file in ``cluster_dir``: refuse if a live process owns it, else (re)write it.
 
         ``service_id`` is given for a clustered service (CONTAINER) only; the file is then
@@ -563,7 +565,7 @@ class ClusterMarkFile:
         self._error_log = None
         self._mapped.close()
 
-    def __enter__(self) -> "ClusterMarkFile":
+    def __enter__(self) -> ClusterMarkFile:
         return self
 
     def __exit__(self, *exc: object) -> None:

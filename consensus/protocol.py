@@ -14,7 +14,7 @@ import struct
 from typing import Any
 
 from fulmar.codecs.generated import cluster as codecs
-from fulmar.semantic_version import compose_version, version_text
+from fulmar.semantic_version import compose_version
 
 NULL_VALUE = -1
 _INT32_NULL = -(2**31)  # SBE's null value of an optional int32
@@ -33,8 +33,17 @@ CLUSTER_SCHEMA_VERSION = codecs.SCHEMA_VERSION
 
 def session_message_frame(leadership_term_id: int, cluster_session_id: int, timestamp: int) -> bytes:
     """The 32 bytes that precede a client message's payload."""
-    return SESSION_MESSAGE_FRAME.pack(SESSION_MESSAGE_BLOCK_LENGTH, SESSION_MESSAGE_TEMPLATE_ID, CLUSTER_SCHEMA_ID,
-                                      CLUSTER_SCHEMA_VERSION, leadership_term_id, cluster_session_id, timestamp)
+    return SESSION_MESSAGE_FRAME.pack(
+        SESSION_MESSAGE_BLOCK_LENGTH,
+        SESSION_MESSAGE_TEMPLATE_ID,
+        CLUSTER_SCHEMA_ID,
+        CLUSTER_SCHEMA_VERSION,
+        leadership_term_id,
+        cluster_session_id,
+        timestamp,
+    )
+
+
 NULL_POSITION = -1
 NULL_SESSION_ID = -1
 NULL_MEMBER_ID = -1
@@ -44,7 +53,6 @@ NULL_MEMBER_ID = -1
 PROTOCOL_MAJOR_VERSION = 0
 PROTOCOL_MINOR_VERSION = 3
 PROTOCOL_PATCH_VERSION = 0
-
 
 
 PROTOCOL_SEMANTIC_VERSION = compose_version(PROTOCOL_MAJOR_VERSION, PROTOCOL_MINOR_VERSION, PROTOCOL_PATCH_VERSION)
@@ -110,6 +118,7 @@ def cluster_action_flags(request: Any) -> int:
     existed (schema version < 11) decodes it as its null value: the default."""
     flags: int = request.flags
     return CLUSTER_ACTION_FLAGS_DEFAULT if flags == _INT32_NULL else flags
+
 
 EventCode = codecs.EventCode
 CloseReason = codecs.CloseReason

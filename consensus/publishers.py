@@ -28,7 +28,7 @@ class _Encoding:
         return bytes(self._buffer[:length])
 
 
-def _offer(publication: "Publication", message: bytes) -> int:
+def _offer(publication: Publication, message: bytes) -> int:
     result = publication.offer(message)
     if result == ADMIN_ACTION:
         result = publication.offer(message)
@@ -40,15 +40,16 @@ class LogPublisher(_Encoding):
 
     def __init__(self) -> None:
         super().__init__()
-        self.publication: "Publication | None" = None
+        self.publication: Publication | None = None
 
     @property
     def position(self) -> int:
         assert self.publication is not None
         return self.publication.position
 
-    def append_message(self, leadership_term_id: int, cluster_session_id: int, timestamp: int,
-                       payload: memoryview | bytes) -> int:
+    def append_message(
+        self, leadership_term_id: int, cluster_session_id: int, timestamp: int, payload: memoryview | bytes
+    ) -> int:
         assert self.publication is not None
         # One bytes object: the publication's native fast path takes it whole.
         message = session_message_frame(leadership_term_id, cluster_session_id, timestamp) + payload
@@ -62,21 +63,37 @@ class LogPublisher(_Encoding):
         return _offer(self.publication, self.encode(encoder, **fields))
 
     def append_session_open(self, leadership_term_id: int, session: Any, timestamp: int) -> int:
-        return self.append(codecs.SessionOpenEventEncoder, leadership_term_id=leadership_term_id,
-                           correlation_id=session.correlation_id, cluster_session_id=session.id,
-                           timestamp=timestamp, response_stream_id=session.response_stream_id,
-                           response_channel=session.response_channel, encoded_principal=session.encoded_principal)
+        return self.append(
+            codecs.SessionOpenEventEncoder,
+            leadership_term_id=leadership_term_id,
+            correlation_id=session.correlation_id,
+            cluster_session_id=session.id,
+            timestamp=timestamp,
+            response_stream_id=session.response_stream_id,
+            response_channel=session.response_channel,
+            encoded_principal=session.encoded_principal,
+        )
 
     def append_session_close(self, leadership_term_id: int, session_id: int, reason: int, timestamp: int) -> int:
-        return self.append(codecs.SessionCloseEventEncoder, leadership_term_id=leadership_term_id,
-                           cluster_session_id=session_id, timestamp=timestamp, close_reason=reason)
+        return self.append(
+            codecs.SessionCloseEventEncoder,
+            leadership_term_id=leadership_term_id,
+            cluster_session_id=session_id,
+            timestamp=timestamp,
+            close_reason=reason,
+        )
 
     def append_timer(self, leadership_term_id: int, correlation_id: int, timestamp: int) -> int:
-        return self.append(codecs.TimerEventEncoder, leadership_term_id=leadership_term_id,
-                           correlation_id=correlation_id, timestamp=timestamp)
+        return self.append(
+            codecs.TimerEventEncoder,
+            leadership_term_id=leadership_term_id,
+            correlation_id=correlation_id,
+            timestamp=timestamp,
+        )
 
-    def append_cluster_action(self, leadership_term_id: int, timestamp: int, action: int,
-                              flags: int = 0) -> tuple[int, int]:
+    def append_cluster_action(
+        self, leadership_term_id: int, timestamp: int, action: int, flags: int = 0
+    ) -> tuple[int, int]:
         """Append a ClusterActionRequest whose logPosition is the end of its own
         frame (where a snapshot is taken); returns (result, that position).
         ``flags`` is CLUSTER_ACTION_FLAGS_DEFAULT, or for a SNAPSHOT that only
@@ -88,75 +105,188 @@ class LogPublisher(_Encoding):
         if (position & (term_length - 1)) + frame_length > term_length:
             position = (position | (term_length - 1)) + 1  # the frame goes to the next term
         log_position = position + frame_length
-        result = self.append(codecs.ClusterActionRequestEncoder, leadership_term_id=leadership_term_id,
-                             log_position=log_position, timestamp=timestamp, action=action, flags=flags)
+        result = self.append(
+            codecs.ClusterActionRequestEncoder,
+            leadership_term_id=leadership_term_id,
+            log_position=log_position,
+            timestamp=timestamp,
+            action=action,
+            flags=flags,
+        )
         return result, log_position
 
-    def append_new_leadership_term(self, leadership_term_id: int, log_position: int, timestamp: int,
-                                   term_base_log_position: int, leader_member_id: int, log_session_id: int,
-                                   app_version: int) -> int:
-        return self.append(codecs.NewLeadershipTermEventEncoder, leadership_term_id=leadership_term_id,
-                           log_position=log_position, timestamp=timestamp,
-                           term_base_log_position=term_base_log_position, leader_member_id=leader_member_id,
-                           log_session_id=log_session_id, time_unit=int(protocol.ClusterTimeUnit.MILLIS),
-                           app_version=app_version)
+    def append_new_leadership_term(
+        self,
+        leadership_term_id: int,
+        log_position: int,
+        timestamp: int,
+        term_base_log_position: int,
+        leader_member_id: int,
+        log_session_id: int,
+        app_version: int,
+    ) -> int:
+        return self.append(
+            codecs.NewLeadershipTermEventEncoder,
+            leadership_term_id=leadership_term_id,
+            log_position=log_position,
+            timestamp=timestamp,
+            term_base_log_position=term_base_log_position,
+            leader_member_id=leader_member_id,
+            log_session_id=log_session_id,
+            time_unit=int(protocol.ClusterTimeUnit.MILLIS),
+            app_version=app_version,
+        )
 
 
 class ServiceProxy(_Encoding):
     """Consensus module -> services (stream 104)."""
 
-    def __init__(self, publication: "Publication") -> None:
+    def __init__(self, publication: Publication) -> None:
         super().__init__()
         self.publication = publication
 
-    def join_log(self, log_position: int, max_log_position: int, member_id: int, log_session_id: int,
-                 log_stream_id: int, is_startup: bool, role: int, channel: str) -> int:
-        return _offer(self.publication, self.encode(
-            codecs.JoinLogEncoder, log_position=log_position, max_log_position=max_log_position,
-            member_id=member_id, log_session_id=log_session_id, log_stream_id=log_stream_id,
-            is_startup=1 if is_startup else 0, role=role, log_channel=channel))
+    def join_log(
+        self,
+        log_position: int,
+        max_log_position: int,
+        member_id: int,
+        log_session_id: int,
+        log_stream_id: int,
+        is_startup: bool,
+        role: int,
+        channel: str,
+    ) -> int:
+        return _offer(
+            self.publication,
+            self.encode(
+                codecs.JoinLogEncoder,
+                log_position=log_position,
+                max_log_position=max_log_position,
+                member_id=member_id,
+                log_session_id=log_session_id,
+                log_stream_id=log_stream_id,
+                is_startup=1 if is_startup else 0,
+                role=role,
+                log_channel=channel,
+            ),
+        )
 
     def termination_position(self, log_position: int) -> int:
-        return _offer(self.publication, self.encode(codecs.ServiceTerminationPositionEncoder,
-                                                    log_position=log_position))
+        return _offer(
+            self.publication, self.encode(codecs.ServiceTerminationPositionEncoder, log_position=log_position)
+        )
 
 
 class EgressPublisher(_Encoding):
     """Consensus module -> a client (its egress)."""
 
-    def session_event(self, publication: "Publication", cluster_session_id: int, correlation_id: int,
-                      leadership_term_id: int, leader_member_id: int, code: int, detail: str) -> bool:
-        return _offer(publication, self.encode(
-            codecs.SessionEventEncoder, cluster_session_id=cluster_session_id, correlation_id=correlation_id,
-            leadership_term_id=leadership_term_id, leader_member_id=leader_member_id, code=code,
-            version=protocol.PROTOCOL_SEMANTIC_VERSION, detail=detail[:1000])) > 0
+    def session_event(
+        self,
+        publication: Publication,
+        cluster_session_id: int,
+        correlation_id: int,
+        leadership_term_id: int,
+        leader_member_id: int,
+        code: int,
+        detail: str,
+    ) -> bool:
+        return (
+            _offer(
+                publication,
+                self.encode(
+                    codecs.SessionEventEncoder,
+                    cluster_session_id=cluster_session_id,
+                    correlation_id=correlation_id,
+                    leadership_term_id=leadership_term_id,
+                    leader_member_id=leader_member_id,
+                    code=code,
+                    version=protocol.PROTOCOL_SEMANTIC_VERSION,
+                    detail=detail[:1000],
+                ),
+            )
+            > 0
+        )
 
-    def challenge(self, publication: "Publication", correlation_id: int, cluster_session_id: int,
-                  encoded_challenge: bytes) -> bool:
-        return _offer(publication, self.encode(
-            codecs.ChallengeEncoder, correlation_id=correlation_id, cluster_session_id=cluster_session_id,
-            encoded_challenge=encoded_challenge)) > 0
+    def challenge(
+        self, publication: Publication, correlation_id: int, cluster_session_id: int, encoded_challenge: bytes
+    ) -> bool:
+        return (
+            _offer(
+                publication,
+                self.encode(
+                    codecs.ChallengeEncoder,
+                    correlation_id=correlation_id,
+                    cluster_session_id=cluster_session_id,
+                    encoded_challenge=encoded_challenge,
+                ),
+            )
+            > 0
+        )
 
-    def admin_response(self, publication: "Publication", cluster_session_id: int, correlation_id: int,
-                       request_type: int, response_code: int, message: str) -> bool:
-        return _offer(publication, self.encode(
-            codecs.AdminResponseEncoder, cluster_session_id=cluster_session_id, correlation_id=correlation_id,
-            request_type=request_type, response_code=response_code, message=message, payload=b"")) > 0
+    def admin_response(
+        self,
+        publication: Publication,
+        cluster_session_id: int,
+        correlation_id: int,
+        request_type: int,
+        response_code: int,
+        message: str,
+    ) -> bool:
+        return (
+            _offer(
+                publication,
+                self.encode(
+                    codecs.AdminResponseEncoder,
+                    cluster_session_id=cluster_session_id,
+                    correlation_id=correlation_id,
+                    request_type=request_type,
+                    response_code=response_code,
+                    message=message,
+                    payload=b"",
+                ),
+            )
+            > 0
+        )
 
     # The answers to the tools that are not members (a backup's BackupQuery, a
     # HeartbeatRequest) go back on the session's response publication too, as
     # Aeron's ConsensusPublisher sends them on the session's.
 
-    def backup_response(self, publication: "Publication", correlation_id: int, log_recording_id: int,
-                        log_leadership_term_id: int, log_term_base_log_position: int, last_leadership_term_id: int,
-                        last_term_base_log_position: int, commit_position_counter_id: int, leader_member_id: int,
-                        member_id: int, snapshots: Sequence[Mapping[str, int]], cluster_members: str) -> bool:
-        return _offer(publication, self.encode(
-            codecs.BackupResponseEncoder, correlation_id=correlation_id, log_recording_id=log_recording_id,
-            log_leadership_term_id=log_leadership_term_id, log_term_base_log_position=log_term_base_log_position,
-            last_leadership_term_id=last_leadership_term_id, last_term_base_log_position=last_term_base_log_position,
-            commit_position_counter_id=commit_position_counter_id, leader_member_id=leader_member_id,
-            member_id=member_id, snapshots=snapshots, cluster_members=cluster_members)) > 0
+    def backup_response(
+        self,
+        publication: Publication,
+        correlation_id: int,
+        log_recording_id: int,
+        log_leadership_term_id: int,
+        log_term_base_log_position: int,
+        last_leadership_term_id: int,
+        last_term_base_log_position: int,
+        commit_position_counter_id: int,
+        leader_member_id: int,
+        member_id: int,
+        snapshots: Sequence[Mapping[str, int]],
+        cluster_members: str,
+    ) -> bool:
+        return (
+            _offer(
+                publication,
+                self.encode(
+                    codecs.BackupResponseEncoder,
+                    correlation_id=correlation_id,
+                    log_recording_id=log_recording_id,
+                    log_leadership_term_id=log_leadership_term_id,
+                    log_term_base_log_position=log_term_base_log_position,
+                    last_leadership_term_id=last_leadership_term_id,
+                    last_term_base_log_position=last_term_base_log_position,
+                    commit_position_counter_id=commit_position_counter_id,
+                    leader_member_id=leader_member_id,
+                    member_id=member_id,
+                    snapshots=snapshots,
+                    cluster_members=cluster_members,
+                ),
+            )
+            > 0
+        )
 
-    def heartbeat_response(self, publication: "Publication", correlation_id: int) -> bool:
+    def heartbeat_response(self, publication: Publication, correlation_id: int) -> bool:
         return _offer(publication, self.encode(codecs.HeartbeatResponseEncoder, correlation_id=correlation_id)) > 0

@@ -59,7 +59,7 @@ import os
 import struct
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from fulmar.errors import FulmarError
 from fulmar.permissions import open_new_file
@@ -157,9 +157,7 @@ class CorruptRecordingLogError(RecordingLogError):
     """A whole record inside ``recording.log`` (not a torn tail) has impossible fields."""
 
     def __init__(self, path: str, entry_index: int, file_offset: int, reason: str) -> None:
-        super().__init__(
-            f"{path}: corrupt entry at index {entry_index} (file offset {file_offset}): {reason}"
-        )
+        super().__init__(f"{path}: corrupt entry at index {entry_index} (file offset {file_offset}): {reason}")
         self.path = path
         self.entry_index = entry_index
         self.file_offset = file_offset
@@ -337,9 +335,7 @@ def _decode_at(data: bytes | memoryview, offset: int, entry_index: int) -> _Deco
     base_length = record_length(ENTRY_TYPE_TERM)
     if remaining < base_length:
         return _Problem(True, f"only {remaining} of a record's {base_length} bytes are present")
-    (recording_id, term_id, term_base, log_position, timestamp, service_id, raw_type) = (
-        _FIXED.unpack_from(data, offset)
-    )
+    (recording_id, term_id, term_base, log_position, timestamp, service_id, raw_type) = _FIXED.unpack_from(data, offset)
     if raw_type == _REMOVED_ENTRY_TYPE:
         why = _impossible_fields(recording_id, term_id, term_base, log_position, service_id, None)
         if why is not None:
@@ -407,8 +403,9 @@ def invalidate_entry_in_place(path: str | os.PathLike[str], entry: Entry) -> Non
         record = os.pread(fd, RECORD_ALIGNMENT, entry.file_offset)
         found = _decode_at(record, 0, entry.entry_index)
         if not isinstance(found, _Decoded) or found.entry is None or found.entry != entry:
-            raise RecordingLogError(f"{path}: entry {entry.entry_index} at offset {entry.file_offset} changed; "
-                                    "read the recording log again")
+            raise RecordingLogError(
+                f"{path}: entry {entry.entry_index} at offset {entry.file_offset} changed; read the recording log again"
+            )
         raw_type = (entry.entry_type | ENTRY_TYPE_INVALID_FLAG) - (1 << 32)
         os.pwrite(fd, _I32.pack(raw_type), entry.file_offset + ENTRY_TYPE_OFFSET)
         os.fsync(fd)
@@ -448,9 +445,7 @@ def decode_entries(data: bytes | memoryview, path: str = RECORDING_LOG_FILE_NAME
     return DecodeResult(entries, index, offset, None)
 
 
-def _raise_if_anything_follows(
-    data: bytes | memoryview, path: str, offset: int, index: int, reason: str
-) -> None:
+def _raise_if_anything_follows(data: bytes | memoryview, path: str, offset: int, index: int, reason: str) -> None:
     """A bad record is a torn tail only if no plausible whole record comes after it."""
     probe = offset + RECORD_ALIGNMENT
     while probe + RECORD_ALIGNMENT <= len(data):
@@ -932,9 +927,7 @@ class RecordingLog:
         if not archive_endpoint.isascii() or "\x00" in archive_endpoint:
             raise RecordingLogError(f"archive endpoint {archive_endpoint!r} is not US-ASCII text")
         if len(archive_endpoint) > MAX_ENDPOINT_LENGTH:
-            raise RecordingLogError(
-                f"archive endpoint is too long: {len(archive_endpoint)} > {MAX_ENDPOINT_LENGTH}"
-            )
+            raise RecordingLogError(f"archive endpoint is too long: {len(archive_endpoint)} > {MAX_ENDPOINT_LENGTH}")
         return self._append(
             Entry(
                 entry_index=self._next_entry_index,
@@ -986,8 +979,11 @@ class RecordingLog:
         for entry in list(self._entries):
             if not entry.is_valid:
                 continue
-            beyond = (entry.term_base_log_position > position if entry.entry_type == ENTRY_TYPE_TERM
-                      else entry.log_position > position)
+            beyond = (
+                entry.term_base_log_position > position
+                if entry.entry_type == ENTRY_TYPE_TERM
+                else entry.log_position > position
+            )
             if beyond:
                 dropped.append(self.invalidate_entry(entry.entry_index))
         last = self.find_last_term()
@@ -1045,9 +1041,7 @@ class RecordingLog:
             return False
         anchor = self._sorted[anchor_at]
         if anchor.leadership_term_id not in self._term_index:
-            raise RecordingLogError(
-                f"no matching term for snapshot: leadershipTermId={anchor.leadership_term_id}"
-            )
+            raise RecordingLogError(f"no matching term for snapshot: leadershipTermId={anchor.leadership_term_id}")
         to_invalidate: list[int] = []
         expected_service = CONSENSUS_MODULE_SERVICE_ID
         for i in range(anchor_at, -1, -1):
@@ -1089,9 +1083,7 @@ class RecordingLog:
             raise RecordingLogError(f"{self._path} is closed")
         written = self._checked(os.pwrite, self._fd, data, offset)
         if written != len(data):
-            raise RecordingLogError(
-                f"{self._path}: short write at offset {offset}: {written} of {len(data)} bytes"
-            )
+            raise RecordingLogError(f"{self._path}: short write at offset {offset}: {written} of {len(data)} bytes")
         self._sync()
 
     def _sync(self) -> None:

@@ -42,17 +42,22 @@ class SnapshotError(FulmarError):
 class SnapshotWriter:
     """Publishes one snapshot, recorded by the archive; ``close`` returns the recording id."""
 
-    def __init__(self, aeron: "Aeron", archive: AeronArchive, channel: str = protocol.SNAPSHOT_CHANNEL,
-                 stream_id: int = protocol.SNAPSHOT_STREAM_ID) -> None:
+    def __init__(
+        self,
+        aeron: Aeron,
+        archive: AeronArchive,
+        channel: str = protocol.SNAPSHOT_CHANNEL,
+        stream_id: int = protocol.SNAPSHOT_STREAM_ID,
+    ) -> None:
         self.aeron = aeron
         self.archive = archive
         self.publication = aeron.add_exclusive_publication(channel, stream_id)
         recorded = ChannelUri.parse(channel).with_param("session-id", self.publication.session_id)
-        self._subscription_id = archive.start_recording(str(recorded), stream_id, SourceLocation.LOCAL,
-                                                        auto_stop=True)
+        self._subscription_id = archive.start_recording(str(recorded), stream_id, SourceLocation.LOCAL, auto_stop=True)
         signal = archive.wait_for_signal(
             lambda s: s.signal == RecordingSignal.START and s.subscription_id == self._subscription_id,
-            int(SNAPSHOT_TIMEOUT_S * 1e9))
+            int(SNAPSHOT_TIMEOUT_S * 1e9),
+        )
         self.recording_id = signal.recording_id
         self._buffer = bytearray(64 * 1024)
 
@@ -74,11 +79,19 @@ class SnapshotWriter:
         length = encoder.encode(self._buffer, 0, **fields)
         self.offer(bytes(self._buffer[:length]))
 
-    def marker(self, type_id: int, log_position: int, leadership_term_id: int, mark: codecs.SnapshotMark,
-               app_version: int = 0) -> None:
-        self.encode(codecs.SnapshotMarkerEncoder, type_id=type_id, log_position=log_position,
-                    leadership_term_id=leadership_term_id, index=0, mark=int(mark),
-                    time_unit=int(protocol.ClusterTimeUnit.MILLIS), app_version=app_version)
+    def marker(
+        self, type_id: int, log_position: int, leadership_term_id: int, mark: codecs.SnapshotMark, app_version: int = 0
+    ) -> None:
+        self.encode(
+            codecs.SnapshotMarkerEncoder,
+            type_id=type_id,
+            log_position=log_position,
+            leadership_term_id=leadership_term_id,
+            index=0,
+            mark=int(mark),
+            time_unit=int(protocol.ClusterTimeUnit.MILLIS),
+            app_version=app_version,
+        )
 
     def close(self) -> int:
         """Wait until the archive has it all, stop the recording; the recording id."""
@@ -93,9 +106,13 @@ class SnapshotWriter:
         return self.recording_id
 
 
-def read_snapshot(aeron: "Aeron", archive: AeronArchive, recording_id: int,
-                  replay_channel: str = protocol.REPLAY_CHANNEL, replay_stream_id: int = protocol.REPLAY_STREAM_ID
-                  ) -> list[bytes]:
+def read_snapshot(
+    aeron: Aeron,
+    archive: AeronArchive,
+    recording_id: int,
+    replay_channel: str = protocol.REPLAY_CHANNEL,
+    replay_stream_id: int = protocol.REPLAY_STREAM_ID,
+) -> list[bytes]:
     """Every message of a snapshot recording, in order (markers included)."""
     stop = archive.get_stop_position(recording_id)
     if stop < 0:
@@ -103,8 +120,9 @@ def read_snapshot(aeron: "Aeron", archive: AeronArchive, recording_id: int,
     start = archive.get_start_position(recording_id)
     subscription = archive.replay(recording_id, replay_channel, replay_stream_id, start, stop - start)
     messages: list[bytes] = []
-    assembler = FragmentAssembler(lambda buffer, offset, length, header: messages.append(
-        bytes(buffer[offset : offset + length])))
+    assembler = FragmentAssembler(
+        lambda buffer, offset, length, header: messages.append(bytes(buffer[offset : offset + length]))
+    )
     deadline = time.monotonic() + SNAPSHOT_TIMEOUT_S
     invoker = not aeron.context.use_conductor_thread
     try:
@@ -154,33 +172,58 @@ def take_consensus_module_snapshot(agent: Any, log_position: int) -> int:
     """Write the consensus module's state at ``log_position``; the recording id."""
     from fulmar.consensus.agent import ConsensusModuleState  # (the agent imports this module)
 
-    writer = SnapshotWriter(agent.aeron, agent.archive, agent.context.snapshot_channel,
-                            agent.context.snapshot_stream_id)
+    writer = SnapshotWriter(
+        agent.aeron, agent.archive, agent.context.snapshot_channel, agent.context.snapshot_stream_id
+    )
     try:
-        writer.marker(CONSENSUS_MODULE_SNAPSHOT_TYPE_ID, log_position, agent.leadership_term_id,
-                      codecs.SnapshotMark.BEGIN, agent.context.app_version)
-        writer.encode(codecs.ConsensusModuleEncoder, next_session_id=agent.next_session_id,
-                      next_service_session_id=agent.next_service_session_id,
-                      log_service_session_id=agent.log_service_session_id,
-                      pending_message_capacity=0)
+        writer.marker(
+            CONSENSUS_MODULE_SNAPSHOT_TYPE_ID,
+            log_position,
+            agent.leadership_term_id,
+            codecs.SnapshotMark.BEGIN,
+            agent.context.app_version,
+        )
+        writer.encode(
+            codecs.ConsensusModuleEncoder,
+            next_session_id=agent.next_session_id,
+            next_service_session_id=agent.next_service_session_id,
+            log_service_session_id=agent.log_service_session_id,
+            pending_message_capacity=0,
+        )
         if agent.running_state is ConsensusModuleState.SUSPENDED:
             # Aeron snapshots only an ACTIVE module, so its ConsensusModule record
             # has no state; fulmar also snapshots a suspended one (a SIGTERM).  The
             # suspension is kept as the log keeps it, a ClusterActionRequest
             # SUSPEND (at the snapshot's position): a message Aeron's snapshot
             # loader skips, and one whose absence means ACTIVE (older snapshots).
-            writer.encode(codecs.ClusterActionRequestEncoder, leadership_term_id=agent.leadership_term_id,
-                          log_position=log_position, timestamp=agent.cluster_time(),
-                          action=int(codecs.ClusterAction.SUSPEND), flags=0)
+            writer.encode(
+                codecs.ClusterActionRequestEncoder,
+                leadership_term_id=agent.leadership_term_id,
+                log_position=log_position,
+                timestamp=agent.cluster_time(),
+                action=int(codecs.ClusterAction.SUSPEND),
+                flags=0,
+            )
         for session in sorted(agent.sessions.values(), key=lambda s: s.id):
-            writer.encode(codecs.ClusterSessionEncoder, cluster_session_id=session.id,
-                          correlation_id=session.correlation_id, opened_log_position=session.opened_log_position,
-                          time_of_last_activity=agent.cluster_time(), close_reason=0,
-                          response_stream_id=session.response_stream_id, response_channel=session.response_channel)
+            writer.encode(
+                codecs.ClusterSessionEncoder,
+                cluster_session_id=session.id,
+                correlation_id=session.correlation_id,
+                opened_log_position=session.opened_log_position,
+                time_of_last_activity=agent.cluster_time(),
+                close_reason=0,
+                response_stream_id=session.response_stream_id,
+                response_channel=session.response_channel,
+            )
         for correlation_id, deadline in agent.timers.timers():
             writer.encode(codecs.TimerEncoder, correlation_id=correlation_id, deadline=deadline)
-        writer.marker(CONSENSUS_MODULE_SNAPSHOT_TYPE_ID, log_position, agent.leadership_term_id,
-                      codecs.SnapshotMark.END, agent.context.app_version)
+        writer.marker(
+            CONSENSUS_MODULE_SNAPSHOT_TYPE_ID,
+            log_position,
+            agent.leadership_term_id,
+            codecs.SnapshotMark.END,
+            agent.context.app_version,
+        )
         return writer.close()
     except BaseException:
         writer.publication.close()

@@ -76,18 +76,25 @@ def _host(endpoint: str) -> str:
     return endpoint.rsplit(":", 1)[0]
 
 
-def peer_log_starts(aeron: "Aeron", me: ClusterMember, peers: list[ClusterMember], log_stream_id: int,
-                    timeout_ns: int = PEER_ARCHIVE_TIMEOUT_NS) -> list[PeerLog]:
+def peer_log_starts(
+    aeron: Aeron,
+    me: ClusterMember,
+    peers: list[ClusterMember],
+    log_stream_id: int,
+    timeout_ns: int = PEER_ARCHIVE_TIMEOUT_NS,
+) -> list[PeerLog]:
     """Where each other member's log recording starts, from its archive."""
     found = []
     for peer in peers:
         try:
             with AeronArchive.connect(
-                    aeron, control_request_channel=f"aeron:udp?endpoint={peer.archive_endpoint}",
-                    control_request_stream_id=archive_protocol.CONTROL_STREAM_ID,
-                    control_response_channel=f"aeron:udp?endpoint={_host(me.archive_endpoint)}:0",
-                    control_response_stream_id=PEER_ARCHIVE_RESPONSE_STREAM_ID,
-                    message_timeout_ns=timeout_ns) as archive:
+                aeron,
+                control_request_channel=f"aeron:udp?endpoint={peer.archive_endpoint}",
+                control_request_stream_id=archive_protocol.CONTROL_STREAM_ID,
+                control_response_channel=f"aeron:udp?endpoint={_host(me.archive_endpoint)}:0",
+                control_response_stream_id=PEER_ARCHIVE_RESPONSE_STREAM_ID,
+                message_timeout_ns=timeout_ns,
+            ) as archive:
                 recordings = log_recordings(archive.list_recordings(), log_stream_id)
         except FulmarError:
             found.append(PeerLog(peer.id, None, answered=False))
@@ -97,9 +104,15 @@ def peer_log_starts(aeron: "Aeron", me: ClusterMember, peers: list[ClusterMember
     return found
 
 
-def join_from_snapshot_if_purged(context: "ConsensusModuleContext", aeron: "Aeron", archive: AeronArchive,
-                                 recording_log: RecordingLog, log_event: Callable[[str], None],
-                                 record_error: Callable[[str], object], timeout_ns: int = 60_000_000_000) -> bool:
+def join_from_snapshot_if_purged(
+    context: ConsensusModuleContext,
+    aeron: Aeron,
+    archive: AeronArchive,
+    recording_log: RecordingLog,
+    log_event: Callable[[str], None],
+    record_error: Callable[[str], object],
+    timeout_ns: int = 60_000_000_000,
+) -> bool:
     """At launch: a blank member copies the leader's snapshot and log when the
     cluster's log was purged (see the module's docstring).  True if it did."""
     if not context.cluster_members or not is_blank(recording_log, archive, context.log_stream_id):
@@ -111,42 +124,65 @@ def join_from_snapshot_if_purged(context: "ConsensusModuleContext", aeron: "Aero
         return False
     starts = peer_log_starts(aeron, me, peers, context.log_stream_id)
     purged = [p for p in starts if p.start_position is not None and p.start_position > 0]
-    said = ", ".join(f"member {p.member_id}: " + ("no answer" if not p.answered else "no log"
-                                                   if p.start_position is None else f"log from {p.start_position}")
-                     for p in starts)
+    said = ", ".join(
+        f"member {p.member_id}: "
+        + ("no answer" if not p.answered else "no log" if p.start_position is None else f"log from {p.start_position}")
+        for p in starts
+    )
     if not purged:
-        log_event(f"blank member: the other members' logs ({said}) start at 0 or are empty: "
-                  "joining by replicating the leader's log")
+        log_event(
+            f"blank member: the other members' logs ({said}) start at 0 or are empty: "
+            "joining by replicating the leader's log"
+        )
         return False
-    log_event(f"blank member: the cluster's log was purged ({said}): copying the leader's snapshot and the log "
-              "after it before the services start")
+    log_event(
+        f"blank member: the cluster's log was purged ({said}): copying the leader's snapshot and the log "
+        "after it before the services start"
+    )
     copy_snapshot_and_log(context, aeron, archive, recording_log, me, peers, log_event, record_error, timeout_ns)
     return True
 
 
-def copy_snapshot_and_log(context: "ConsensusModuleContext", aeron: "Aeron", archive: AeronArchive,
-                          recording_log: RecordingLog, me: ClusterMember, peers: list[ClusterMember],
-                          log_event: Callable[[str], None], record_error: Callable[[str], object],
-                          timeout_ns: int) -> None:
+def copy_snapshot_and_log(
+    context: ConsensusModuleContext,
+    aeron: Aeron,
+    archive: AeronArchive,
+    recording_log: RecordingLog,
+    me: ClusterMember,
+    peers: list[ClusterMember],
+    log_event: Callable[[str], None],
+    record_error: Callable[[str], object],
+    timeout_ns: int,
+) -> None:
     """Run a cluster backup's copy into this member until its log reaches the
     newest snapshot it retrieved, then stop it (the recording ends there)."""
     endpoints = [peer.consensus_endpoint for peer in peers]
     random.shuffle(endpoints)
     backup_context = ClusterBackupContext(
-        cluster_dir=Path(context.cluster_dir), driver_dir=context.driver_dir,
-        cluster_consensus_endpoints=",".join(endpoints), consensus_endpoint=me.consensus_endpoint,
-        consensus_channel=context.consensus_channel, consensus_stream_id=context.consensus_stream_id,
-        catchup_endpoint=me.catchup_endpoint, log_stream_id=context.log_stream_id,
+        cluster_dir=Path(context.cluster_dir),
+        driver_dir=context.driver_dir,
+        cluster_consensus_endpoints=",".join(endpoints),
+        consensus_endpoint=me.consensus_endpoint,
+        consensus_channel=context.consensus_channel,
+        consensus_stream_id=context.consensus_stream_id,
+        catchup_endpoint=me.catchup_endpoint,
+        log_stream_id=context.log_stream_id,
         archive_control_channel=context.archive_control_channel,
         archive_control_stream_id=context.archive_control_stream_id,
         cluster_archive_control_channel=context.archive_remote_control_channel,
         cluster_archive_response_channel=f"aeron:udp?endpoint={_host(me.archive_endpoint)}:0",
         cluster_archive_response_stream_id=PEER_ARCHIVE_RESPONSE_STREAM_ID,
-        replication_channel=context.replication_channel, cluster_id=context.cluster_id, log_source="leader",
-        backup_response_timeout_ns=PEER_ARCHIVE_TIMEOUT_NS, cool_down_interval_ns=200_000_000,
-        encoded_credentials=_credentials(context), idle_max_wait_ns=context.idle_max_wait_ns)
-    agent = ClusterBackupAgent(backup_context, aeron, archive, recording_log, record_error,
-                               lambda text: log_event(f"snapshot join: {text}"))
+        replication_channel=context.replication_channel,
+        cluster_id=context.cluster_id,
+        log_source="leader",
+        backup_response_timeout_ns=PEER_ARCHIVE_TIMEOUT_NS,
+        cool_down_interval_ns=200_000_000,
+        encoded_credentials=_credentials(context),
+        idle_max_wait_ns=context.idle_max_wait_ns,
+    )
+    agent = ClusterBackupAgent(
+        backup_context, aeron, archive, recording_log, record_error, lambda text: log_event(f"snapshot join: {text}")
+    )
     idle = DoorbellIdleStrategy(aeron.conductor.data_doorbell, context.idle_max_wait_ns)
     progress: tuple[object, ...] = ()
     deadline_ns = time.monotonic_ns() + timeout_ns
@@ -161,22 +197,28 @@ def copy_snapshot_and_log(context: "ConsensusModuleContext", aeron: "Aeron", arc
             if seen != progress:
                 progress, deadline_ns = seen, now_ns + timeout_ns
             elif now_ns > deadline_ns:
-                why = (" no member answered as the leader: a cluster without a leader cannot give a blank member "
-                       "its snapshot, and a blank member cannot vote before it has one"
-                       if agent.state in (ClusterBackupState.BACKUP_QUERY, ClusterBackupState.RESET_BACKUP) else "")
+                why = (
+                    " no member answered as the leader: a cluster without a leader cannot give a blank member "
+                    "its snapshot, and a blank member cannot vote before it has one"
+                    if agent.state in (ClusterBackupState.BACKUP_QUERY, ClusterBackupState.RESET_BACKUP)
+                    else ""
+                )
                 raise SnapshotJoinError(
                     f"no progress copying the leader's snapshot and log for {timeout_ns // 1_000_000_000} s "
-                    f"(state {agent.state.name}, live log position {position}):{why or ' see cluster-tool errors'}")
+                    f"(state {agent.state.name}, live log position {position}):{why or ' see cluster-tool errors'}"
+                )
             if aeron.is_closed:
                 raise SnapshotJoinError("the media driver went away")
             idle.idle(work)
     finally:
         agent.close()
-    log_event(f"snapshot join: copied the snapshot at log position {_newest_snapshot_position(recording_log)} "
-              f"and the log to {position}")
+    log_event(
+        f"snapshot join: copied the snapshot at log position {_newest_snapshot_position(recording_log)} "
+        f"and the log to {position}"
+    )
 
 
-def _credentials(context: "ConsensusModuleContext") -> bytes:
+def _credentials(context: ConsensusModuleContext) -> bytes:
     """What the members' authenticator wants of this member's query: the
     cluster's secret, when it has one (every member is configured with it)."""
     secret = getattr(context.authenticator, "secret", None)

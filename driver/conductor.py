@@ -93,7 +93,7 @@ class SubscriptionLink:
     stream_id: int
     channel: str
     session_id: int | None
-    endpoint: "ReceiveChannelEndpoint | None" = None  # UDP subscriptions: where their stream arrives
+    endpoint: ReceiveChannelEndpoint | None = None  # UDP subscriptions: where their stream arrives
     spy_key: str | None = None  # spies: the endpoint key of the publications they watch
     wake_on_data: bool = True  # wake-on-data=false: data landing does not ring its client
 
@@ -201,7 +201,9 @@ class DriverConductor:
             if publication.state is PublicationState.DRAINING:
                 return self.context.timer_interval_ns
             if publication.state is PublicationState.LINGER:
-                wait_ns = min(wait_ns, max(publication.linger_deadline_ns - self._now_ns, self.context.timer_interval_ns))
+                wait_ns = min(
+                    wait_ns, max(publication.linger_deadline_ns - self._now_ns, self.context.timer_interval_ns)
+                )
         for image in self.images:
             if image.status is PublicationState.LINGER:
                 wait_ns = min(wait_ns, max(image.linger_deadline_ns - self._now_ns, self.context.timer_interval_ns))
@@ -258,7 +260,9 @@ class DriverConductor:
         try:
             handler = self._handlers.get(msg_type_id)
             if handler is None:
-                raise ControlProtocolError(ErrorCode.UNKNOWN_COMMAND_TYPE_ID, f"unknown command type id {msg_type_id:#x}")
+                raise ControlProtocolError(
+                    ErrorCode.UNKNOWN_COMMAND_TYPE_ID, f"unknown command type id {msg_type_id:#x}"
+                )
             command = protocol.decode(msg_type_id, body, 0, len(body))
             handler(command)
         except ControlProtocolError as error:
@@ -323,7 +327,8 @@ class DriverConductor:
             and not (subscription and not uri.is_spy and uri.channel_tag() is not None)
         ):
             raise ControlProtocolError(
-                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': UDP needs an endpoint, a control address or control-mode=manual"
+                ErrorCode.INVALID_CHANNEL,
+                f"channel '{channel}': UDP needs an endpoint, a control address or control-mode=manual",
             )
         return uri
 
@@ -377,7 +382,9 @@ class DriverConductor:
                 raise ControlProtocolError(
                     ErrorCode.GENERIC_ERROR, f"session-id {session_id} is already in use for stream {stream_id}"
                 )
-            publication = self._new_publication(correlation_id, client_id, uri, channel, stream_id, session_id, exclusive)
+            publication = self._new_publication(
+                correlation_id, client_id, uri, channel, stream_id, session_id, exclusive
+            )
         encoder = protocol.OnExclusivePublicationReadyEncoder if exclusive else protocol.OnPublicationReadyEncoder
         self._send(
             encoder,
@@ -566,7 +573,9 @@ class DriverConductor:
                 self._release_publication_ref(publication, client_id)
                 self._send(protocol.OnOperationSuccessEncoder, correlation_id=correlation_id)
                 return
-        raise ControlProtocolError(ErrorCode.UNKNOWN_PUBLICATION, f"unknown publication registration id {registration_id}")
+        raise ControlProtocolError(
+            ErrorCode.UNKNOWN_PUBLICATION, f"unknown publication registration id {registration_id}"
+        )
 
     def _release_publication_ref(self, publication: IpcPublication | NetworkPublication, client_id: int) -> None:
         publication.client_refs.remove(client_id)
@@ -578,8 +587,14 @@ class DriverConductor:
         stream_id, channel = command.stream_id, command.channel  # type: ignore[attr-defined]
         self._client(client_id)
         uri = self._parse_channel(channel, subscription=True)
-        subscription = SubscriptionLink(correlation_id, client_id, stream_id, channel, self._session_id_filter(uri),
-                                        wake_on_data=uri.wake_on_data() is not False)
+        subscription = SubscriptionLink(
+            correlation_id,
+            client_id,
+            stream_id,
+            channel,
+            self._session_id_filter(uri),
+            wake_on_data=uri.wake_on_data() is not False,
+        )
         status_id = NULL_VALUE
         if uri.is_spy:
             subscription.spy_key = self._endpoint_key(uri)
@@ -591,14 +606,20 @@ class DriverConductor:
             status_id = self.channel_status[id(subscription.endpoint)][0].id
         self.subscriptions.append(subscription)
         self.system[SystemCounter.ACTIVE_SUBSCRIPTIONS].set(len(self.subscriptions))
-        self._send(protocol.OnSubscriptionReadyEncoder, correlation_id=correlation_id, channel_status_indicator_id=status_id)
+        self._send(
+            protocol.OnSubscriptionReadyEncoder, correlation_id=correlation_id, channel_status_indicator_id=status_id
+        )
         # Offer what it can see already: a UDP publication's log (spy), the
         # images of its endpoint (UDP) or the IPC publications of its stream.
         sources: list[IpcPublication | NetworkPublication | PublicationImage]
         if uri.is_spy:
-            sources = [p for p in self.publications if isinstance(p, NetworkPublication) and self._spies_on(subscription, p)]
+            sources = [
+                p for p in self.publications if isinstance(p, NetworkPublication) and self._spies_on(subscription, p)
+            ]
         elif uri.is_udp:
-            sources = [i for i in self.images if i.status is PublicationState.ACTIVE and self._matches_image(subscription, i)]
+            sources = [
+                i for i in self.images if i.status is PublicationState.ACTIVE and self._matches_image(subscription, i)
+            ]
         else:
             sources = [p for p in self.publications if isinstance(p, IpcPublication) and self._matches(subscription, p)]
         for source in sources:
@@ -650,7 +671,8 @@ class DriverConductor:
                     ErrorCode.INVALID_CHANNEL, f"channel '{channel}': no receive channel endpoint has tag {tag}"
                 )
             raise ControlProtocolError(
-                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': a UDP subscription needs an endpoint or control-mode=manual"
+                ErrorCode.INVALID_CHANNEL,
+                f"channel '{channel}': a UDP subscription needs an endpoint or control-mode=manual",
             )
         by_address = self.receive_endpoints.get(self._endpoint_key(uri))
         if by_address is not None and tag is not None and by_address.tag is not None:
@@ -716,13 +738,19 @@ class DriverConductor:
         if endpoint is None or (setup.session_id, setup.stream_id) in endpoint.images:
             return  # the endpoint closed meanwhile, or a repeated SETUP queued before the image existed
         source = setup.source
-        if not any(s.endpoint is endpoint and s.stream_id == setup.stream_id
-                   and (s.session_id is None or s.session_id == setup.session_id) for s in self.subscriptions):
+        if not any(
+            s.endpoint is endpoint
+            and s.stream_id == setup.stream_id
+            and (s.session_id is None or s.session_id == setup.session_id)
+            for s in self.subscriptions
+        ):
             # Every subscription of the stream here wants one session only
             # (a cluster follower's log): as in Aeron, a stranger gets no
             # image (no log buffer, no status messages), and is counted.
-            self._invalid_packet(f"SETUP from {source} for session {setup.session_id} stream {setup.stream_id}, "
-                                 "which no subscription here takes")
+            self._invalid_packet(
+                f"SETUP from {source} for session {setup.session_id} stream {setup.stream_id}, "
+                "which no subscription here takes"
+            )
             return
         correlation_id = self.to_driver.next_correlation_id()
         context = self.context
@@ -798,8 +826,9 @@ class DriverConductor:
             subscription.registration_id,
         )
         position.set(join_position)
-        publication.subscribers.append(SubscriberLink(subscription.registration_id, subscription.client_id, position,
-                                                      subscription.wake_on_data))
+        publication.subscribers.append(
+            SubscriberLink(subscription.registration_id, subscription.client_id, position, subscription.wake_on_data)
+        )
         self._update_readers(publication)
         if isinstance(publication, IpcPublication):
             publication.set_connected()
@@ -839,7 +868,7 @@ class DriverConductor:
         self.system[SystemCounter.ACTIVE_SUBSCRIPTIONS].set(len(self.subscriptions))
         for publication in [*self.publications, *self.images]:
             subscribers: list[SubscriberLink] = publication.subscribers
-            links = [l for l in subscribers if l.subscription_registration_id == subscription.registration_id]
+            links = [link for link in subscribers if link.subscription_registration_id == subscription.registration_id]
             for link in links:
                 subscribers.remove(link)
                 link.position.close()
@@ -1010,17 +1039,23 @@ class DriverConductor:
             (
                 p
                 for p in self.publications
-                if isinstance(p, NetworkPublication) and p.registration_id == registration_id and client_id in p.client_refs
+                if isinstance(p, NetworkPublication)
+                and p.registration_id == registration_id
+                and client_id in p.client_refs
             ),
             None,
         )
         if publication is None:
-            raise ControlProtocolError(ErrorCode.UNKNOWN_PUBLICATION, f"unknown publication registration id {registration_id}")
+            raise ControlProtocolError(
+                ErrorCode.UNKNOWN_PUBLICATION, f"unknown publication registration id {registration_id}"
+            )
         try:
             destination = ChannelUri.parse(command.channel)
             endpoint = destination.endpoint()
             if endpoint is None:
-                raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"destination '{command.channel}' has no endpoint")
+                raise ControlProtocolError(
+                    ErrorCode.INVALID_CHANNEL, f"destination '{command.channel}' has no endpoint"
+                )
             address = UdpAddress.resolve(endpoint.host, endpoint.port)
             if isinstance(command, protocol.AddDestinationDecoder):
                 publication.endpoint.add_destination(address)
@@ -1032,7 +1067,7 @@ class DriverConductor:
         self._send(protocol.OnOperationSuccessEncoder, correlation_id=command.correlation_id)
 
     def _on_receive_destination(
-        self, command: "protocol.AddRcvDestinationDecoder | protocol.RemoveRcvDestinationDecoder"
+        self, command: protocol.AddRcvDestinationDecoder | protocol.RemoveRcvDestinationDecoder
     ) -> None:
         """Add or remove a transport of a multi-destination subscription."""
         registration_id = command.registration_correlation_id
@@ -1045,16 +1080,21 @@ class DriverConductor:
             None,
         )
         if subscription is None:
-            raise ControlProtocolError(ErrorCode.UNKNOWN_SUBSCRIPTION, f"unknown subscription registration id {registration_id}")
+            raise ControlProtocolError(
+                ErrorCode.UNKNOWN_SUBSCRIPTION, f"unknown subscription registration id {registration_id}"
+            )
         endpoint = subscription.endpoint
         if endpoint is None or not endpoint.is_manual:
             raise ControlProtocolError(
-                ErrorCode.INVALID_CHANNEL, f"subscription {registration_id} is not a control-mode=manual UDP subscription"
+                ErrorCode.INVALID_CHANNEL,
+                f"subscription {registration_id} is not a control-mode=manual UDP subscription",
             )
         try:
             destination = ChannelUri.parse(command.channel).endpoint()
             if destination is None:
-                raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"destination '{command.channel}' has no endpoint")
+                raise ControlProtocolError(
+                    ErrorCode.INVALID_CHANNEL, f"destination '{command.channel}' has no endpoint"
+                )
             if isinstance(command, protocol.AddRcvDestinationDecoder):
                 transport = endpoint.add_transport(destination.host, destination.port)
                 self._on_transport_bound(endpoint, transport)

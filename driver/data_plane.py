@@ -235,7 +235,9 @@ class DataPlane:
         )
 
     def add_destination(self, endpoint_id: int, destination: UdpAddress) -> None:
-        _check(lib.fulmar_dp_add_destination(self._handle, endpoint_id, destination.native), f"destination {destination}")
+        _check(
+            lib.fulmar_dp_add_destination(self._handle, endpoint_id, destination.native), f"destination {destination}"
+        )
 
     def remove_destination(self, endpoint_id: int, destination: UdpAddress) -> bool:
         return bool(
@@ -325,7 +327,9 @@ class DataPlane:
 
     def publication_status(self, registration_id: int) -> PublicationStatus:
         status = self._publication_status
-        _check(lib.fulmar_dp_publication_status(self._handle, registration_id, status), f"publication {registration_id}")
+        _check(
+            lib.fulmar_dp_publication_status(self._handle, registration_id, status), f"publication {registration_id}"
+        )
         return PublicationStatus(
             status.sender_position, status.producer_position, bool(status.is_connected),
             bool(status.is_end_of_stream_sent), status.retransmits_active, bool(status.setup_backing_off),
@@ -350,9 +354,17 @@ class DataPlane:
                 if event.type == EVENT_SETUP:
                     events.append(
                         SetupEvent(
-                            event.endpoint_id, event.transport_index, native_address(event.source), event.term_offset,
-                            event.session_id, event.stream_id, event.initial_term_id, event.active_term_id,
-                            event.term_length, event.mtu, event.ttl,
+                            event.endpoint_id,
+                            event.transport_index,
+                            native_address(event.source),
+                            event.term_offset,
+                            event.session_id,
+                            event.stream_id,
+                            event.initial_term_id,
+                            event.active_term_id,
+                            event.term_length,
+                            event.mtu,
+                            event.ttl,
                         )  # fmt: skip
                     )
                 else:

@@ -57,7 +57,7 @@ class IpcPublication:
         back_pressure_events: AtomicCounter,
         messages: AtomicCounter,
         term_window_length: int,
-        data_plane: "DataPlane",
+        data_plane: DataPlane,
     ) -> None:
         self.registration_id = registration_id
         self.session_id = session_id
@@ -169,7 +169,9 @@ class IpcPublication:
             return False
         term_id = compute_term_id_from_position(position, bits, log.initial_term_id)
         buffer.put_int32_ordered(frame_at, -pad_length)
-        header = struct.pack("<BBhiiii", 0, UNFRAGMENTED, FrameType.PAD, term_offset, self.session_id, self.stream_id, term_id)
+        header = struct.pack(
+            "<BBhiiii", 0, UNFRAGMENTED, FrameType.PAD, term_offset, self.session_id, self.stream_id, term_id
+        )
         buffer.put_bytes(frame_at + 4, header)
         buffer.put_int32_ordered(frame_at, pad_length)
         return True

@@ -47,7 +47,6 @@ class DriverDirectoryError(FulmarError):
 DRIVER_DIR_ENTRIES = frozenset({"cnc.dat", DRIVER_DATA_FIFO, "publications", "images"})
 
 
-
 def check_reclaimable(directory: Path) -> None:
     """Refuse to delete a directory that is not a media driver's.
 
@@ -61,8 +60,7 @@ def check_reclaimable(directory: Path) -> None:
         if foreign:
             shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
             raise DriverDirectoryError(
-                f"{directory} holds files that are not a media driver's ({shown}); "
-                "choose an empty or new directory"
+                f"{directory} holds files that are not a media driver's ({shown}); choose an empty or new directory"
             )
 
 
@@ -106,7 +104,7 @@ class MediaDriver:
         self.stop_gate: StopGate | None = None  # an orderly stop waits for what it names
 
     @classmethod
-    def launch(cls, context: DriverContext) -> "MediaDriver":
+    def launch(cls, context: DriverContext) -> MediaDriver:
         directory = Path(context.directory)
         timeout_ms = context.client_liveness_timeout_ns // 1_000_000
         pid = active_driver_pid(directory, timeout_ms)
@@ -207,15 +205,16 @@ class MediaDriver:
         if self.context.delete_dir_on_shutdown:
             shutil.rmtree(self.directory, ignore_errors=True)
 
-    def __enter__(self) -> "MediaDriver":
+    def __enter__(self) -> MediaDriver:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def run_driver(context: DriverContext, on_ready: Callable[[MediaDriver], None] | None = None,
-               stop_gate: StopGate | None = None) -> None:
+def run_driver(
+    context: DriverContext, on_ready: Callable[[MediaDriver], None] | None = None, stop_gate: StopGate | None = None
+) -> None:
     """Launch, serve until SIGINT/SIGTERM or an authorised terminate, close.
 
     The signal handlers go in before the launch: a supervisor may send

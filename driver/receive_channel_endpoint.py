@@ -92,7 +92,9 @@ class ReceiveChannelEndpoint:
     def add_stream(self, stream_id: int) -> None:
         if stream_id not in self.stream_refs:
             if len(self.stream_refs) >= MAX_STREAMS:
-                raise ChannelEndpointError(f"channel '{self.channel}': at most {MAX_STREAMS} streams per receive endpoint")
+                raise ChannelEndpointError(
+                    f"channel '{self.channel}': at most {MAX_STREAMS} streams per receive endpoint"
+                )
             self._data_plane.set_streams(self.id, [*self.stream_refs, stream_id])
         self.stream_refs[stream_id] = self.stream_refs.get(stream_id, 0) + 1
 

@@ -87,15 +87,17 @@ class SendChannelEndpoint:
     def local_address(self) -> tuple[str, int]:
         return self.transport.local_address
 
-    def add(self, publication: "NetworkPublication") -> None:
+    def add(self, publication: NetworkPublication) -> None:
         self.publications[(publication.session_id, publication.stream_id)] = publication
 
-    def remove(self, publication: "NetworkPublication") -> None:
+    def remove(self, publication: NetworkPublication) -> None:
         self.publications.pop((publication.session_id, publication.stream_id), None)
 
     def add_destination(self, address: UdpAddress) -> None:
         if not self.is_manual:
-            raise ChannelEndpointError(f"channel '{self.channel}': destinations are added only with control-mode=manual")
+            raise ChannelEndpointError(
+                f"channel '{self.channel}': destinations are added only with control-mode=manual"
+            )
         try:
             self._data_plane.add_destination(self.id, address)
         except DataPlaneError as error:
@@ -103,7 +105,9 @@ class SendChannelEndpoint:
 
     def remove_destination(self, address: UdpAddress) -> bool:
         if not self.is_manual:
-            raise ChannelEndpointError(f"channel '{self.channel}': destinations are removed only with control-mode=manual")
+            raise ChannelEndpointError(
+                f"channel '{self.channel}': destinations are removed only with control-mode=manual"
+            )
         return self._data_plane.remove_destination(self.id, address)
 
     def close(self) -> None:

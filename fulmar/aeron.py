@@ -102,7 +102,7 @@ class _Pending:
 class Counter(AtomicCounter):
     """A counter this client asked the driver for; ``close`` asks the driver to free it."""
 
-    def __init__(self, conductor: "ClientConductor", values: Any, counter_id: int, registration_id: int) -> None:
+    def __init__(self, conductor: ClientConductor, values: Any, counter_id: int, registration_id: int) -> None:
         super().__init__(values, counter_id)
         self._conductor = conductor
         self.registration_id = registration_id
@@ -292,7 +292,8 @@ class ClientConductor:
                         heartbeat_age_ms = int(time.time() * 1000) - self.to_driver.consumer_heartbeat_time
                         if heartbeat_age_ms > 1000 and not psutil.pid_exists(self.cnc.pid):
                             error = DriverTimeoutError(
-                                f"the media driver (pid {self.cnc.pid}) in {self.cnc.path.parent} is gone")
+                                f"the media driver (pid {self.cnc.pid}) in {self.cnc.path.parent} is gone"
+                            )
                             self._fail(error)
                             raise error
                     if now_ns >= self._next_keepalive_ns:
@@ -329,8 +330,13 @@ class ClientConductor:
             correlation_id = self.to_driver.next_correlation_id()
             self._pending[correlation_id] = _Pending(kind, {"stream_id": stream_id, "channel": channel})
             try:
-                self._send(encoder, client_id=self.client_id, correlation_id=correlation_id,
-                           stream_id=stream_id, channel=channel)
+                self._send(
+                    encoder,
+                    client_id=self.client_id,
+                    correlation_id=correlation_id,
+                    stream_id=stream_id,
+                    channel=channel,
+                )
             except BaseException:
                 del self._pending[correlation_id]
                 raise
@@ -350,7 +356,8 @@ class ClientConductor:
                 publication = self._publications.get(registration_id)
                 if publication is None:
                     raise UnknownRegistrationError(
-                        f"no publication with registration id {registration_id}: never added, or removed")
+                        f"no publication with registration id {registration_id}: never added, or removed"
+                    )
                 return publication
             if not pending.done:
                 return None
@@ -383,8 +390,12 @@ class ClientConductor:
         if self._closed or self._terminal_error is not None:
             return
         try:
-            self._send(protocol.RemovePublicationEncoder, client_id=self.client_id,
-                       correlation_id=self.to_driver.next_correlation_id(), registration_id=original_registration_id)
+            self._send(
+                protocol.RemovePublicationEncoder,
+                client_id=self.client_id,
+                correlation_id=self.to_driver.next_correlation_id(),
+                registration_id=original_registration_id,
+            )
         except DriverTimeoutError as error:
             self._fail(error)  # its command buffer stayed full: the driver is not working
 
@@ -450,7 +461,10 @@ class ClientConductor:
             return []
         addresses = []
         for counter in self.counters_reader:
-            if counter.type_id == LOCAL_SOCKADDR_TYPE_ID and int.from_bytes(counter.key[:4], "little", signed=True) == channel_status_id:
+            if (
+                counter.type_id == LOCAL_SOCKADDR_TYPE_ID
+                and int.from_bytes(counter.key[:4], "little", signed=True) == channel_status_id
+            ):
                 addresses.append(counter.label.rsplit(" ", 1)[-1])
         return addresses
 
@@ -467,8 +481,9 @@ class ClientConductor:
             self._release_log(str(publication.log.path))
             if self._closed or self._terminal_error is not None:
                 return
-        self._release_request("remove publication", protocol.RemovePublicationEncoder,
-                              publication.original_registration_id)
+        self._release_request(
+            "remove publication", protocol.RemovePublicationEncoder, publication.original_registration_id
+        )
 
     def release_subscription(self, subscription: Subscription) -> None:
         with self.lock:
@@ -479,8 +494,7 @@ class ClientConductor:
             self._subscriptions.pop(subscription.registration_id, None)
             if self._closed or self._terminal_error is not None:
                 return
-        self._release_request("remove subscription", protocol.RemoveSubscriptionEncoder,
-                              subscription.registration_id)
+        self._release_request("remove subscription", protocol.RemoveSubscriptionEncoder, subscription.registration_id)
 
     def release_counter(self, counter: Counter) -> None:
         with self.lock:
@@ -619,14 +633,18 @@ class ClientConductor:
             self._counters[message.correlation_id] = counter
             pending.result, pending.done = counter, True
         elif self.context.on_available_counter is not None:
-            self._call_user(self.context.on_available_counter, self.counters_reader, message.correlation_id, message.counter_id)
+            self._call_user(
+                self.context.on_available_counter, self.counters_reader, message.correlation_id, message.counter_id
+            )
 
     def _on_unavailable_counter(self, message: Any) -> None:
         counter = self._counters.pop(message.correlation_id, None)
         if counter is not None:
             counter._released = True
         if self.context.on_unavailable_counter is not None:
-            self._call_user(self.context.on_unavailable_counter, self.counters_reader, message.correlation_id, message.counter_id)
+            self._call_user(
+                self.context.on_unavailable_counter, self.counters_reader, message.correlation_id, message.counter_id
+            )
 
     def _on_client_timeout(self, message: Any) -> None:
         if message.client_id == self.client_id:
@@ -725,7 +743,7 @@ class Aeron:
         self._stop = threading.Event()
 
     @classmethod
-    def connect(cls, directory: str | Path | None = None, context: AeronContext | None = None, **options: Any) -> "Aeron":
+    def connect(cls, directory: str | Path | None = None, context: AeronContext | None = None, **options: Any) -> Aeron:
         """Connect to the driver in ``directory``.
 
         ``DriverTimeoutError`` when no driver runs there or its heartbeat is
@@ -856,7 +874,7 @@ class Aeron:
             self._thread.join(5)
         self.conductor.close()
 
-    def __enter__(self) -> "Aeron":
+    def __enter__(self) -> Aeron:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -134,7 +134,7 @@ class MappedFile:
         self._buffers: list[AtomicBuffer] = []
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str], length: int, mode: int | None = None) -> "MappedFile":
+    def create(cls, path: str | os.PathLike[str], length: int, mode: int | None = None) -> MappedFile:
         """Create (or replace) a zero-filled file of ``length`` bytes and map it.
 
         Without ``mode`` the file gets the node's permissions (owner-only, or
@@ -154,7 +154,7 @@ class MappedFile:
         return cls(path, memory)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> "MappedFile":
+    def open(cls, path: str | os.PathLike[str]) -> MappedFile:
         """Map an existing file, read-write, at its current length."""
         path = Path(path)
         fd = os.open(path, os.O_RDWR)
@@ -187,7 +187,7 @@ class MappedFile:
         if not self._mmap.closed:
             self._mmap.close()
 
-    def __enter__(self) -> "MappedFile":
+    def __enter__(self) -> MappedFile:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -682,7 +682,8 @@ class ChannelUri:
             return None
         if len(present) < len(keys):
             raise InvalidChannelError(
-                self._text, f"'{INITIAL_TERM_ID_PARAM}', '{TERM_ID_PARAM}' and '{TERM_OFFSET_PARAM}' must be used together"
+                self._text,
+                f"'{INITIAL_TERM_ID_PARAM}', '{TERM_ID_PARAM}' and '{TERM_OFFSET_PARAM}' must be used together",
             )
         initial_term_id = self._value(INITIAL_TERM_ID_PARAM, _parse_int32)
         term_id = self._value(TERM_ID_PARAM, _parse_int32)

@@ -51,9 +51,8 @@ def process_declaration(pid: int | None = None, namespace: int | None = None) ->
 
 def declared_process(label: str) -> tuple[int, int] | None:
     """``(pid, pid namespace)`` declared in a heartbeat counter's label, or None."""
-    found = None
-    for found in _DECLARATION.finditer(label):
-        pass  # the last one: appended after anything else a label may hold
+    # The last one: appended after anything else a label may hold.
+    found = next(iter(reversed(list(_DECLARATION.finditer(label)))), None)
     if found is None:
         return None
     return int(found.group(1)), int(found.group(2))

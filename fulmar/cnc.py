@@ -110,7 +110,7 @@ class CncLayout:
         to_clients_capacity: int = DEFAULT_TO_CLIENTS_CAPACITY,
         counters_values_length: int = DEFAULT_COUNTERS_VALUES_LENGTH,
         error_log_length: int = DEFAULT_ERROR_LOG_LENGTH,
-    ) -> "CncLayout":
+    ) -> CncLayout:
         return cls(
             to_driver_capacity + RING_BUFFER_TRAILER_LENGTH,
             to_clients_capacity + BROADCAST_TRAILER_LENGTH,
@@ -139,7 +139,7 @@ class CncFile:
     @classmethod
     def create(
         cls, directory: str | os.PathLike[str], layout: CncLayout, client_liveness_timeout_ns: int, start_ms: int
-    ) -> "CncFile":
+    ) -> CncFile:
         path = Path(directory) / CNC_FILE
         mapped = MappedFile.create(path, layout.file_length)
         cnc = cls(mapped, layout)
@@ -159,7 +159,7 @@ class CncFile:
         self.header.put_int32_ordered(VERSION_OFFSET, CNC_VERSION)
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str]) -> "CncFile":
+    def open(cls, directory: str | os.PathLike[str]) -> CncFile:
         """Map an existing cnc.dat; ``CncError`` if absent, not ready or inconsistent."""
         path = Path(directory) / CNC_FILE
         try:
@@ -234,7 +234,7 @@ class CncFile:
     def close(self) -> None:
         self.mapped.close()
 
-    def __enter__(self) -> "CncFile":
+    def __enter__(self) -> CncFile:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -24,7 +24,8 @@ Everything here is a handful of atomic word accesses through
 
 from __future__ import annotations
 
-from typing import Callable, Final, Iterator, NamedTuple
+from typing import Final, NamedTuple
+from collections.abc import Callable, Iterator
 
 from fulmar._native import ffi
 from fulmar.buffers import AtomicBuffer
@@ -226,8 +227,7 @@ class CountersReader:
                 return counter_id
         return NULL_COUNTER_ID
 
-    def find_by_type_and_registration(self, type_id: int, registration_id: int,
-                                      near: int = NULL_COUNTER_ID) -> int:
+    def find_by_type_and_registration(self, type_id: int, registration_id: int, near: int = NULL_COUNTER_ID) -> int:
         """First allocated counter of this type and registration id, or NULL_COUNTER_ID.
 
         ``near``: the id of a counter allocated with it (the driver allocates
@@ -269,9 +269,7 @@ class CountersManager(CountersReader):
     holds the old id does not start reading someone else's counter at once.
     """
 
-    def __init__(
-        self, metadata: AtomicBuffer, values: AtomicBuffer, reuse_timeout_ms: int, clock: EpochClock
-    ) -> None:
+    def __init__(self, metadata: AtomicBuffer, values: AtomicBuffer, reuse_timeout_ms: int, clock: EpochClock) -> None:
         if metadata.capacity < values.capacity * (METADATA_LENGTH // COUNTER_LENGTH):
             raise ValueError(
                 f"metadata buffer of {metadata.capacity} bytes is too small for a values buffer of "
@@ -362,9 +360,7 @@ class CountersManager(CountersReader):
         # Unpublish first so readers stop reporting the counter, then clear it.
         metadata.put_int32_ordered(offset, RECORD_RECLAIMED)
         metadata.set_memory(offset + KEY_OFFSET, MAX_KEY_LENGTH, 0)
-        metadata.put_int64_ordered(
-            offset + FREE_FOR_REUSE_DEADLINE_OFFSET, self._clock() + self._reuse_timeout_ms
-        )
+        metadata.put_int64_ordered(offset + FREE_FOR_REUSE_DEADLINE_OFFSET, self._clock() + self._reuse_timeout_ms)
         self._free_list.append(counter_id)
 
     def _reuse_deadline(self, counter_id: int) -> int:
@@ -384,7 +380,9 @@ class CountersManager(CountersReader):
                     self._values.put_int64(offset + REFERENCE_ID_OFFSET, DEFAULT_REFERENCE_ID)
                     # fulmar's watcher slots (fulmar.reader_doorbells): the
                     # previous counter's watchers are not this one's.
-                    self._values.set_memory(offset + COUNTER_WATCHERS_OFFSET, COUNTER_LENGTH - COUNTER_WATCHERS_OFFSET, 0)
+                    self._values.set_memory(
+                        offset + COUNTER_WATCHERS_OFFSET, COUNTER_LENGTH - COUNTER_WATCHERS_OFFSET, 0
+                    )
                     self._values.put_int64_ordered(offset, 0)
                     return counter_id
 

@@ -74,8 +74,13 @@ class Child:
         self.ended = False
         self.changed = threading.Condition()
         self.signalled = False
-        self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", *args],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fulmar.cli.cluster_node", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -90,8 +95,9 @@ class Child:
             self.ended = True
             self.changed.notify_all()
 
-    def await_line(self, pattern: str, what: str, timeout_s: float = START_TIMEOUT_S,
-                   client: ClusterClient | None = None) -> re.Match[str]:
+    def await_line(
+        self, pattern: str, what: str, timeout_s: float = START_TIMEOUT_S, client: ClusterClient | None = None
+    ) -> re.Match[str]:
         """The first line of its output matching ``pattern``, waiting at most
         ``timeout_s`` (polling ``client``'s egress meanwhile: its keepalives)."""
         deadline = time.monotonic() + timeout_s
@@ -154,13 +160,17 @@ def pause(client: ClusterClient | None, seconds: float) -> None:
     time.sleep(max(0.0, end - time.monotonic()))
 
 
-def await_leader(base: Path, timeout_s: float, not_member: int | None = None,
-                 client: ClusterClient | None = None) -> tuple[int, dict[str, Any]]:
+def await_leader(
+    base: Path, timeout_s: float, not_member: int | None = None, client: ClusterClient | None = None
+) -> tuple[int, dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         states = [member_state(base, i) for i in range(MEMBERS)]
-        leaders = [(i, s) for i, s in enumerate(states) if s and s["running"] and s["role"] == ClusterRole.LEADER
-                   and i != not_member]
+        leaders = [
+            (i, s)
+            for i, s in enumerate(states)
+            if s and s["running"] and s["role"] == ClusterRole.LEADER and i != not_member
+        ]
         if len(leaders) == 1:
             return leaders[0]
         pause(client, 0.1)
@@ -246,8 +256,7 @@ class Workload:
             request_id = expected["id"]
             attempt_end = time.monotonic() + ATTEMPT_TIMEOUT_S
             sent, leader = False, client.leader_member_id
-            while (time.monotonic() < attempt_end and request_id not in self.by_id
-                   and client.leader_member_id == leader):
+            while time.monotonic() < attempt_end and request_id not in self.by_id and client.leader_member_id == leader:
                 sent = sent or client.offer(payload) > 0  # NOT_CONNECTED while the leader is gone
                 if not client.poll_egress():
                     time.sleep(0.0005)
@@ -279,8 +288,10 @@ def analyse_logs(base: Path, model: dict[str, Any]) -> None:
         say(f"step 6 skipped: the Spark analysis needs the spark extra (pip install 'fulmar[spark]'): {error}")
         return
     archives = [str(base / f"node{member}" / "archive") for member in range(MEMBERS)]
-    say(f"step 6: Spark over the recorded logs: cluster-tool analyze --archive-dir {archives[0]} ... "
-        f"(the same job, in this process, local[*])")
+    say(
+        f"step 6: Spark over the recorded logs: cluster-tool analyze --archive-dir {archives[0]} ... "
+        f"(the same job, in this process, local[*])"
+    )
     started = time.monotonic()
     spark = spark_session(app_name="fulmar demo")
     try:
@@ -291,12 +302,15 @@ def analyse_logs(base: Path, model: dict[str, Any]) -> None:
     finally:
         stop_spark(spark)
     if replayed.state["data"] != model:
-        differing = sorted(k for k in set(model) | set(replayed.state["data"])
-                           if model.get(k) != replayed.state["data"].get(k))
+        differing = sorted(
+            k for k in set(model) | set(replayed.state["data"]) if model.get(k) != replayed.state["data"].get(k)
+        )
         raise SystemExit(f"the log's replay differs from the model at {len(differing)} keys: {differing[:5]}")
-    say(f"replayed member 0's log ({replayed.messages:,} messages, to position {replayed.position:,}) through "
+    say(
+        f"replayed member 0's log ({replayed.messages:,} messages, to position {replayed.position:,}) through "
         f"KeyValueService's apply in Spark: {len(model):,} keys, every value as the model says "
-        f"({time.monotonic() - started:.1f} s with Spark's start)")
+        f"({time.monotonic() - started:.1f} s with Spark's start)"
+    )
 
 
 def main() -> None:
@@ -304,10 +318,18 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000, help="puts and gets in the workload")
     parser.add_argument("--keys", type=int, default=1_000, help="distinct keys")
     parser.add_argument("--window", type=int, default=64, help="requests in flight")
-    parser.add_argument("--after-failover", type=int, default=100,
-                        help="requests answered by the new leader before the killed node is restarted")
-    parser.add_argument("--heartbeat-timeout", default="10s", help="the members' leader heartbeat timeout: a "
-                        "follower that hears nothing from the leader this long starts an election")
+    parser.add_argument(
+        "--after-failover",
+        type=int,
+        default=100,
+        help="requests answered by the new leader before the killed node is restarted",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        default="10s",
+        help="the members' leader heartbeat timeout: a "
+        "follower that hears nothing from the leader this long starts an election",
+    )
     args = parser.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="fulmar-demo-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
@@ -319,14 +341,28 @@ def main() -> None:
     client: ClusterClient | None = None
     model: dict[str, Any] = {}
     try:
-        say(f"step 1: starting a {MEMBERS}-member cluster under {base} (leader heartbeat timeout "
-            f"{args.heartbeat_timeout})")
-        cluster = Child("cluster", "start", "--local", str(MEMBERS), "--dir", str(base), "--service", SERVICE,
-                        "--consensus-leader-heartbeat-timeout", args.heartbeat_timeout)
+        say(
+            f"step 1: starting a {MEMBERS}-member cluster under {base} (leader heartbeat timeout "
+            f"{args.heartbeat_timeout})"
+        )
+        cluster = Child(
+            "cluster",
+            "start",
+            "--local",
+            str(MEMBERS),
+            "--dir",
+            str(base),
+            "--service",
+            SERVICE,
+            "--consensus-leader-heartbeat-timeout",
+            args.heartbeat_timeout,
+        )
         children.append(cluster)
         endpoints = cluster.await_line(r"^ingress endpoints: (\S+)", "ingress endpoints line").group(1)
-        driver_dirs += [Path(cluster.await_line(rf"^member {i}: .*driver directory (\S+)", "member line").group(1))
-                        for i in range(MEMBERS)]
+        driver_dirs += [
+            Path(cluster.await_line(rf"^member {i}: .*driver directory (\S+)", "member line").group(1))
+            for i in range(MEMBERS)
+        ]
         cluster.await_line(r"^local cluster ready", '"local cluster ready"')
         leader, state = await_leader(base, START_TIMEOUT_S)
         say(f"cluster ready: member {leader} leads (term {state['leadership_term_id']}), the others follow")
@@ -339,11 +375,18 @@ def main() -> None:
         new_leader_at: list[float] = []
         aeron = Aeron.connect(client_driver_dir)
         client = workload.client = ClusterClient.connect(
-            aeron, "aeron:udp", endpoints, egress_channel="aeron:udp?endpoint=127.0.0.1:0",
-            on_message=workload.on_message, message_timeout_ns=REPLY_TIMEOUT_S * 1_000_000_000,
-            on_new_leader=lambda session, term, member, _endpoints: new_leader_at.append(time.monotonic()))
-        say(f"session {client.cluster_session_id} open with leader member {client.leader_member_id} "
-            f"(ingress endpoints {endpoints})")
+            aeron,
+            "aeron:udp",
+            endpoints,
+            egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+            on_message=workload.on_message,
+            message_timeout_ns=REPLY_TIMEOUT_S * 1_000_000_000,
+            on_new_leader=lambda session, term, member, _endpoints: new_leader_at.append(time.monotonic()),
+        )
+        say(
+            f"session {client.cluster_session_id} open with leader member {client.leader_member_id} "
+            f"(ingress endpoints {endpoints})"
+        )
         keys = [f"key-{k:05d}" for k in range(args.keys)]
         operations: list[tuple[str, str, Any]] = []
         for i in range(args.requests):  # every key written, reads of written and unwritten keys
@@ -353,14 +396,18 @@ def main() -> None:
                 operations.append(("get", keys[(i * 104729) % len(keys)], None))
         elapsed = workload.run(operations, args.window)
         puts = sum(1 for op in operations if op[0] == "put")
-        say(f"workload: {args.requests:,} requests ({puts:,} puts, {args.requests - puts:,} gets over {len(keys):,} "
+        say(
+            f"workload: {args.requests:,} requests ({puts:,} puts, {args.requests - puts:,} gets over {len(keys):,} "
             f"keys, {args.window} in flight) -> {workload.replies:,} replies in {elapsed:.2f} s: "
-            f"{workload.replies / elapsed:,.0f} requests/s, every reply verified against the model")
+            f"{workload.replies / elapsed:,.0f} requests/s, every reply verified against the model"
+        )
 
         old_leader, state = await_leader(base, 10, client=client)
         pid = state["pid"]
-        say(f"step 3: failover: SIGKILL to the leader's consensus module (member {old_leader}, pid {pid}, "
-            f"term {state['leadership_term_id']})")
+        say(
+            f"step 3: failover: SIGKILL to the leader's consensus module (member {old_leader}, pid {pid}, "
+            f"term {state['leadership_term_id']})"
+        )
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
         workload.by_id = {}
@@ -381,13 +428,22 @@ def main() -> None:
             raise SystemExit(f"the client follows member {client.leader_member_id}, the leader is {new_leader}")
         assert first_answer is not None
         event = f"NewLeaderEvent {new_leader_at[-1] - killed_at:.1f} s after the kill, " if new_leader_at else ""
-        say(f"new leader: member {new_leader} (term {state['leadership_term_id']}); {event}first answer from it "
-            f"{first_answer - killed_at:.1f} s after the kill")
-        say(f"from the kill on: {n:,} requests one at a time; {sent_again} attempt(s) unanswered within "
+        say(
+            f"new leader: member {new_leader} (term {state['leadership_term_id']}); {event}first answer from it "
+            f"{first_answer - killed_at:.1f} s after the kill"
+        )
+        say(
+            f"from the kill on: {n:,} requests one at a time; {sent_again} attempt(s) unanswered within "
             f"{ATTEMPT_TIMEOUT_S:g} s (or by the old leader) sent again (a put of the same key and value is "
-            f"idempotent); {late} late answer(s) to abandoned attempts; every answer verified against the model")
-        restart = cluster.await_line(rf"node {old_leader} stopped;.*start it again on its own with: "
-                                     r"cluster-node (start --config (\S+))\)", "restart command", 30, client)
+            f"idempotent); {late} late answer(s) to abandoned attempts; every answer verified against the model"
+        )
+        restart = cluster.await_line(
+            rf"node {old_leader} stopped;.*start it again on its own with: "
+            r"cluster-node (start --config (\S+))\)",
+            "restart command",
+            30,
+            client,
+        )
         say(f"the supervisor stopped the rest of node {old_leader} and printed how to restart it")
 
         say(f"step 4: restarting node {old_leader}: cluster-node {restart.group(1)}")
@@ -398,22 +454,32 @@ def main() -> None:
         deadline = time.monotonic() + CATCHUP_TIMEOUT_S
         while True:
             view, lead = member_state(base, old_leader), member_state(base, new_leader)
-            if (view and lead and view["running"] and view["role"] == ClusterRole.FOLLOWER
-                    and (view["leadership_term_id"], view["commit_position"])
-                    == (lead["leadership_term_id"], lead["commit_position"])):
+            if (
+                view
+                and lead
+                and view["running"]
+                and view["role"] == ClusterRole.FOLLOWER
+                and (view["leadership_term_id"], view["commit_position"])
+                == (lead["leadership_term_id"], lead["commit_position"])
+            ):
                 break
             if time.monotonic() > deadline:
                 raise SystemExit(f"member {old_leader} did not catch up within {CATCHUP_TIMEOUT_S} s: {view}")
             pause(client, 0.1)
         assert view is not None
         log = (base / f"node{old_leader}" / "logs" / "consensus.log").read_text()
-        steps = [state for pair in re.findall(r"election (\w+) -> (\w+)", log[log.rfind("consensus module pid"):])
-                 for state in pair]
+        steps = [
+            state
+            for pair in re.findall(r"election (\w+) -> (\w+)", log[log.rfind("consensus module pid") :])
+            for state in pair
+        ]
         path = " -> ".join(state for i, state in enumerate(steps) if i == 0 or state != steps[i - 1])
         how = "a catch-up from the leader" if "FOLLOWER_CATCHUP" in path else "no catch-up needed"
-        say(f"member {old_leader} rejoined as a follower of term {view['leadership_term_id']} ({how}; its election: "
+        say(
+            f"member {old_leader} rejoined as a follower of term {view['leadership_term_id']} ({how}; its election: "
             f"{path}): commit position {view['commit_position']:,}, the leader's, "
-            f"{time.monotonic() - started:.1f} s after the restart")
+            f"{time.monotonic() - started:.1f} s after the restart"
+        )
         elapsed = workload.run([("get", key, None) for key in sorted(model)], args.window)
         say(f"final read: {len(model):,} keys, every value as the model says ({elapsed:.2f} s)")
 
@@ -427,8 +493,10 @@ def main() -> None:
         # The local cluster's supervisor exits 1: one of its nodes had failed (the kill).
         if codes != (1, 0, 0) or not any("local cluster stopped; node(s)" in line for line in cluster.output):
             raise SystemExit(f"an unclean stop: exit codes {codes} (cluster, node {old_leader}, client driver)")
-        say(f"stopped: exit codes {codes[0]} (the cluster supervisor: a node had failed), {codes[1]} (node "
-            f"{old_leader}), {codes[2]} (client driver)")
+        say(
+            f"stopped: exit codes {codes[0]} (the cluster supervisor: a node had failed), {codes[1]} (node "
+            f"{old_leader}), {codes[2]} (client driver)"
+        )
         analyse_logs(base, model)
     except BaseException as error:
         for log_path in sorted(base.glob("node*/logs/consensus.log")):  # before they are removed

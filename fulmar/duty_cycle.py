@@ -41,8 +41,13 @@ class DutyCycleStallTracker:
     reads) stamps the start of a sleep.
     """
 
-    def __init__(self, max_cycle_time: _Counter, threshold_exceeded: _Counter, threshold_ns: int,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        max_cycle_time: _Counter,
+        threshold_exceeded: _Counter,
+        threshold_ns: int,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         if threshold_ns <= 0:
             raise ValueError(f"the cycle time threshold must be positive, not {threshold_ns} ns")
         self.max_cycle_time = max_cycle_time

@@ -21,7 +21,8 @@ a count of 0.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Final, Iterator, NamedTuple
+from typing import Final, NamedTuple
+from collections.abc import Callable, Iterator
 
 from fulmar._native import ffi
 from fulmar.buffers import AtomicBuffer

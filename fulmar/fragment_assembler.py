@@ -29,8 +29,9 @@ class FragmentAssembler:
     ``on_dropped`` (if given) hears of each.
     """
 
-    def __init__(self, handler: FragmentHandler, initial_capacity: int = 4096,
-                 on_dropped: DroppedMessageHandler | None = None) -> None:
+    def __init__(
+        self, handler: FragmentHandler, initial_capacity: int = 4096, on_dropped: DroppedMessageHandler | None = None
+    ) -> None:
         self._handler = handler
         self._initial_capacity = initial_capacity
         self._on_dropped = on_dropped

@@ -199,8 +199,12 @@ class SleepingIdleStrategy(IdleStrategy):
 
     alias = "sleep"
 
-    def __init__(self, period_ns: int = DEFAULT_SLEEP_PERIOD_NS, sleep_ns: Callable[[int], None] = _sleep_ns,
-                 on_wait: WaitListener | None = None) -> None:
+    def __init__(
+        self,
+        period_ns: int = DEFAULT_SLEEP_PERIOD_NS,
+        sleep_ns: Callable[[int], None] = _sleep_ns,
+        on_wait: WaitListener | None = None,
+    ) -> None:
         if period_ns <= 0:
             raise ValueError(f"sleep period must be positive, not {period_ns} ns")
         self.period_ns = period_ns

@@ -29,7 +29,7 @@ import json
 import os
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any, TextIO
 
 PLAIN = "plain"
@@ -57,15 +57,24 @@ _format = PLAIN
 
 def iso_time(epoch_s: float) -> str:
     """UTC, to the millisecond: ``2026-11-27T06:52:29.190Z``."""
-    moment = datetime.fromtimestamp(epoch_s, tz=timezone.utc)
+    moment = datetime.fromtimestamp(epoch_s, tz=UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-def record(event: str, *, process: str, member: int | None, level: str = "info", epoch_s: float | None = None,
-           **fields: Any) -> str:
+def record(
+    event: str, *, process: str, member: int | None, level: str = "info", epoch_s: float | None = None, **fields: Any
+) -> str:
     """One JSON log line (without its newline)."""
-    return json.dumps({"time": iso_time(time.time() if epoch_s is None else epoch_s), "process": process,
-                       "member": member, "level": level, "event": event, "fields": fields})
+    return json.dumps(
+        {
+            "time": iso_time(time.time() if epoch_s is None else epoch_s),
+            "process": process,
+            "member": member,
+            "level": level,
+            "event": event,
+            "fields": fields,
+        }
+    )
 
 
 class JsonLineWriter(io.TextIOBase):
@@ -90,7 +99,7 @@ class JsonLineWriter(io.TextIOBase):
     def _line(self, text: str) -> str:
         level = self.level
         if text.startswith(_ERROR_PREFIX):
-            level, text = "error", text[len(_ERROR_PREFIX):]
+            level, text = "error", text[len(_ERROR_PREFIX) :]
         fields: dict[str, Any] = {"pid": os.getpid()}
         if self.stream != "stdout":
             fields["stream"] = self.stream

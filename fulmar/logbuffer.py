@@ -203,7 +203,7 @@ class LogBuffers:
         correlation_id: int = 0,
         page_size: int = PAGE_MIN_SIZE,
         term_window_length: int = 0,
-    ) -> "LogBuffers":
+    ) -> LogBuffers:
         """Create a fresh log buffer file with its metadata initialised."""
         check_term_length(term_length)
         check_page_size(page_size)
@@ -252,7 +252,7 @@ class LogBuffers:
         self.clean_position = compute_position(term_id, term_offset, self.position_bits_to_shift, self.initial_term_id)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> "LogBuffers":
+    def open(cls, path: str | os.PathLike[str]) -> LogBuffers:
         return cls(MappedFile.open(path))
 
     @property
@@ -286,8 +286,11 @@ class LogBuffers:
 
     def producer_position(self) -> int:
         """Position just after the last claimed byte of the active term."""
-        return int(lib.fulmar_log_producer_position(
-            self._metadata_address, self.term_length, self.position_bits_to_shift, self.initial_term_id))
+        return int(
+            lib.fulmar_log_producer_position(
+                self._metadata_address, self.term_length, self.position_bits_to_shift, self.initial_term_id
+            )
+        )
 
     @property
     def is_connected(self) -> bool:
@@ -325,7 +328,7 @@ class LogBuffers:
     def close(self) -> None:
         self._mapped.close()
 
-    def __enter__(self) -> "LogBuffers":
+    def __enter__(self) -> LogBuffers:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -55,8 +55,10 @@ def check_file_group(name: str) -> int:
         gid = grp.getgrnam(name).gr_gid
     except KeyError:
         if not name.isdigit():
-            raise FileGroupError(f"file group {name!r} does not exist on this machine "
-                                 f"(set {FILE_GROUP_ENV} or --file-group to an existing group)") from None
+            raise FileGroupError(
+                f"file group {name!r} does not exist on this machine "
+                f"(set {FILE_GROUP_ENV} or --file-group to an existing group)"
+            ) from None
         gid = int(name)
         try:
             grp.getgrgid(gid)
@@ -64,8 +66,10 @@ def check_file_group(name: str) -> int:
             raise FileGroupError(f"file group id {gid} does not exist on this machine") from None
     # Only root may give a file to a group its owner is not a member of.
     if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
-        raise FileGroupError(f"user {os.geteuid()} is not a member of file group {name!r} (gid {gid}), "
-                             "so it cannot give its files to that group")
+        raise FileGroupError(
+            f"user {os.geteuid()} is not a member of file group {name!r} (gid {gid}), "
+            "so it cannot give its files to that group"
+        )
     _checked_groups[name] = gid
     return gid
 

@@ -52,7 +52,7 @@ class Publication:
 
     def __init__(
         self,
-        conductor: "ClientConductor",
+        conductor: ClientConductor,
         channel: str,
         stream_id: int,
         session_id: int,
@@ -81,26 +81,43 @@ class Publication:
         # Each append rings ``doorbell`` (a UDP publication's: the driver's, whose
         # sender sends it) and the log's readers (fulmar.reader_doorbells);
         # ``relay_doorbell`` (the driver's) when they are more than the log's table holds.
-        self._writer = self._make_writer(log, counters_values, counter_offset(position_limit_id), doorbell,
-                                         relay_doorbell)
+        self._writer = self._make_writer(
+            log, counters_values, counter_offset(position_limit_id), doorbell, relay_doorbell
+        )
         self._offer = self._writer.offer
         self._native_offer = self._writer.native_offer
         self._native_state = self._writer.native_state
 
     def _make_writer(
-        self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell | None,
+        self,
+        log: LogBuffers,
+        values: AtomicBuffer,
+        limit_offset: int,
+        doorbell: Doorbell | None,
         relay_doorbell: Doorbell | None,
     ) -> ConcurrentLogWriter | ExclusiveLogWriter:
-        return ConcurrentLogWriter(log, values, limit_offset, doorbell, *self._messages_counter(values),
-                                   readers=values, relay_doorbell=relay_doorbell)
+        return ConcurrentLogWriter(
+            log,
+            values,
+            limit_offset,
+            doorbell,
+            *self._messages_counter(values),
+            readers=values,
+            relay_doorbell=relay_doorbell,
+        )
 
     def _messages_counter(self, values: AtomicBuffer) -> tuple[AtomicBuffer | None, int]:
         return (values, self._messages_offset) if self._messages_offset is not None else (None, 0)
 
     # ------------------------------------------------------------------ sending
 
-    def offer(self, buffer: bytes | bytearray | memoryview, offset: int = 0, length: int | None = None,
-              reserved_value: int = 0) -> int:
+    def offer(
+        self,
+        buffer: bytes | bytearray | memoryview,
+        offset: int = 0,
+        length: int | None = None,
+        reserved_value: int = 0,
+    ) -> int:
         """Append one message (``buffer[offset:offset+length]``).
 
         Returns the new position, or NOT_CONNECTED, BACK_PRESSURED,
@@ -196,7 +213,7 @@ class Publication:
         cycle that may have appended (``Aeron.do_work`` does too)."""
         self._conductor.defer_rings_of(self.registration_id, self._native_state)
 
-    def __enter__(self) -> "Publication":
+    def __enter__(self) -> Publication:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -215,13 +232,24 @@ class ExclusivePublication(Publication):
     _writer: ExclusiveLogWriter
 
     def _make_writer(
-        self, log: LogBuffers, values: AtomicBuffer, limit_offset: int, doorbell: Doorbell | None,
+        self,
+        log: LogBuffers,
+        values: AtomicBuffer,
+        limit_offset: int,
+        doorbell: Doorbell | None,
         relay_doorbell: Doorbell | None,
     ) -> ExclusiveLogWriter:
-        return ExclusiveLogWriter(log, values, limit_offset, doorbell, *self._messages_counter(values),
-                                  readers=values, relay_doorbell=relay_doorbell)
+        return ExclusiveLogWriter(
+            log,
+            values,
+            limit_offset,
+            doorbell,
+            *self._messages_counter(values),
+            readers=values,
+            relay_doorbell=relay_doorbell,
+        )
 
-    def offer_block(self, data: bytes, lengths: "array[int]", reserved_value: int = 0) -> tuple[int, int]:
+    def offer_block(self, data: bytes, lengths: array[int], reserved_value: int = 0) -> tuple[int, int]:
         """Like :meth:`offer_batch` for messages already laid end to end in
         ``data``, their lengths in an ``array('i')``: no joining per call."""
         if self._closed:

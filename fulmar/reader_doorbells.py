@@ -107,8 +107,10 @@ def log_readers_in_table(log: LogBuffers) -> tuple[list[int], bool]:
     """The doorbell ids a log's table names, and its relay flag (for tools and tests)."""
     metadata = log.metadata
     count = min(metadata.get_int32_volatile(_COUNT), LOG_READERS_CAPACITY)
-    return ([metadata.get_int32_volatile(_IDS + 4 * index) for index in range(count)],
-            bool(metadata.get_int32_volatile(_RELAY)))
+    return (
+        [metadata.get_int32_volatile(_IDS + 4 * index) for index in range(count)],
+        bool(metadata.get_int32_volatile(_RELAY)),
+    )
 
 
 class CounterWatch:

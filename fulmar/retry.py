@@ -131,9 +131,13 @@ class Retry:
 
     __slots__ = ("what", "backoff", "_report_error", "_report_recovery", "last_error")
 
-    def __init__(self, what: str, report_error: Callable[[str], object],
-                 report_recovery: Callable[[str], object] | None = None,
-                 backoff: RetryBackoff | None = None) -> None:
+    def __init__(
+        self,
+        what: str,
+        report_error: Callable[[str], object],
+        report_recovery: Callable[[str], object] | None = None,
+        backoff: RetryBackoff | None = None,
+    ) -> None:
         self.what = what
         self.backoff = backoff if backoff is not None else RetryBackoff()
         self._report_error = report_error

@@ -82,8 +82,10 @@ class StopSignals:
         if kind is StopKind.IMMEDIATE:
             return f"{name} again: stopping at once"
         if kind is StopKind.ORDERLY:
-            return (f"{name}: stopping in order (a second Ctrl-C, {self.repeat_interval_ns / 1e9:g} s or more "
-                    "after the first, stops at once)")
+            return (
+                f"{name}: stopping in order (a second Ctrl-C, {self.repeat_interval_ns / 1e9:g} s or more "
+                "after the first, stops at once)"
+            )
         return f"{name}: the stop already under way goes on"
 
 
@@ -98,8 +100,13 @@ class StopGate:
     immediate stop) ends the wait.
     """
 
-    def __init__(self, still_running: Callable[[], str | None], timeout_ns: int, say: Callable[[str], None],
-                 check_interval_ns: int = 100_000_000) -> None:
+    def __init__(
+        self,
+        still_running: Callable[[], str | None],
+        timeout_ns: int,
+        say: Callable[[str], None],
+        check_interval_ns: int = 100_000_000,
+    ) -> None:
         self.still_running = still_running
         self.timeout_ns = timeout_ns
         self.say = say
@@ -134,12 +141,12 @@ class StopGate:
                 self.say(f"{self._waiting_for} has stopped, and nothing else to wait for runs: stopping")
             return True
         if now_ns >= self._deadline_ns:
-            self.say(f"{running} still running {self.timeout_ns / 1e9:g} s after the stop was asked for: "
-                     "stopping anyway")
+            self.say(
+                f"{running} still running {self.timeout_ns / 1e9:g} s after the stop was asked for: stopping anyway"
+            )
             return True
         if running != self._waiting_for:
-            self.say(f"stop requested: waiting for {running} to stop first "
-                     f"(up to {self.timeout_ns / 1e9:g} s)")
+            self.say(f"stop requested: waiting for {running} to stop first (up to {self.timeout_ns / 1e9:g} s)")
             self._waiting_for = running
         return False
 
@@ -164,8 +171,9 @@ class StopSignalHandlers:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, rule: StopSignals, on_stop: Callable[[StopKind | None, int], None],
-                 clock_ns: Callable[[], int]) -> None:
+    def __init__(
+        self, rule: StopSignals, on_stop: Callable[[StopKind | None, int], None], clock_ns: Callable[[], int]
+    ) -> None:
         self.rule = rule
         self.on_stop = on_stop
         self.clock_ns = clock_ns
@@ -179,7 +187,7 @@ class StopSignalHandlers:
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
 
-    def __enter__(self) -> "StopSignalHandlers":
+    def __enter__(self) -> StopSignalHandlers:
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
         return self
 

@@ -45,7 +45,7 @@ class Image:
 
     def __init__(
         self,
-        subscription: "Subscription",
+        subscription: Subscription,
         correlation_id: int,
         session_id: int,
         log: LogBuffers,
@@ -196,7 +196,7 @@ class Image:
 class Subscription:
     def __init__(
         self,
-        conductor: "ClientConductor",
+        conductor: ClientConductor,
         channel: str,
         stream_id: int,
         registration_id: int,
@@ -299,7 +299,7 @@ class Subscription:
             image._close()
         return list(images)
 
-    def __enter__(self) -> "Subscription":
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -83,16 +83,22 @@ def _live_clients(reader: Any) -> set[int]:
 class ClientSessionHandle:
     """A client session in the service (``ClientSession``)."""
 
-    def __init__(self, agent: "ClusteredServiceAgent", session_id: int, response_stream_id: int,
-                 response_channel: str, encoded_principal: bytes) -> None:
+    def __init__(
+        self,
+        agent: ClusteredServiceAgent,
+        session_id: int,
+        response_stream_id: int,
+        response_channel: str,
+        encoded_principal: bytes,
+    ) -> None:
         self._agent = agent
         self.id = session_id
         self.response_stream_id = response_stream_id
         self.response_channel = response_channel
         self.encoded_principal = encoded_principal
-        self.publication: "Publication | None" = None
+        self.publication: Publication | None = None
 
-    def connect(self, aeron: "Aeron") -> None:
+    def connect(self, aeron: Aeron) -> None:
         if self.publication is None:
             self.publication = aeron.add_publication(self.response_channel, self.response_stream_id)
             # Replies of a cycle's messages go out together: the container rings once per cycle.
@@ -131,8 +137,14 @@ class _SnapshotImage:
 
 
 class ClusteredServiceAgent:
-    def __init__(self, context: ServiceContext, aeron: "Aeron", archive: AeronArchive, service: ClusteredService,
-                 record_error: Callable[[str], object] = lambda text: None) -> None:
+    def __init__(
+        self,
+        context: ServiceContext,
+        aeron: Aeron,
+        archive: AeronArchive,
+        service: ClusteredService,
+        record_error: Callable[[str], object] = lambda text: None,
+    ) -> None:
         self.context = context
         self.aeron = aeron
         self.archive = archive
@@ -159,8 +171,8 @@ class ClusteredServiceAgent:
         self._commit_watched = False  # is this container rung when commit-pos moves
         self._active_log: Any = None
         self._join_retry = RetryBackoff()
-        self._log_subscription: "Subscription | None" = None
-        self._log_image: "Image | None" = None
+        self._log_subscription: Subscription | None = None
+        self._log_image: Image | None = None
         self._max_log_position = NULL_POSITION
         self._termination_position = NULL_POSITION
         self.idle_strategy: Any = None  # the container's, for Cluster.idle
@@ -172,14 +184,17 @@ class ClusteredServiceAgent:
         deadline = time.monotonic() + deadline_s
         self._await_consensus_module(deadline)
         recovery = self._await_counter(protocol.RECOVERY_STATE_TYPE_ID, deadline, "the recovery state counter")
-        self._commit_counter_id = self._await_counter(protocol.COMMIT_POSITION_TYPE_ID, deadline,
-                                                      "the commit position counter")
+        self._commit_counter_id = self._await_counter(
+            protocol.COMMIT_POSITION_TYPE_ID, deadline, "the commit position counter"
+        )
         # The module rings commit-pos's watchers when it moves it: this
         # service then wakes for what it may apply, not for every append.
         self._commit_watched = self.aeron.conductor.counter_watch().watch(self._commit_counter_id)
         if not self._commit_watched:
-            self.record_error(f"service {self.service_id}: commit-pos counter {self._commit_counter_id} has no free "
-                              "watcher slot: this service notices commits by its idle timeout and the log's data")
+            self.record_error(
+                f"service {self.service_id}: commit-pos counter {self._commit_counter_id} has no free "
+                "watcher slot: this service notices commits by its idle timeout and the log's data"
+            )
         key = self.aeron.counters_reader.counter_key(recovery)
         term_id, log_position, timestamp, _, _, count = _RECOVERY_HEAD.unpack_from(key, 0)
         snapshot_ids = [struct.unpack_from("<q", key, _RECOVERY_HEAD.size + 8 * i)[0] for i in range(count)]
@@ -235,19 +250,26 @@ class ClusteredServiceAgent:
             if best != protocol.NULL_VALUE:
                 return best
             if time.monotonic() > deadline:
-                raise FulmarError(f"service {self.service_id}: no {what} for cluster {self.context.cluster_id} "
-                                  "(is the consensus module running?)")
+                raise FulmarError(
+                    f"service {self.service_id}: no {what} for cluster {self.context.cluster_id} "
+                    "(is the consensus module running?)"
+                )
             time.sleep(0.005)
 
     def _load_snapshot(self, recording_id: int) -> _SnapshotImage:
-        messages = read_snapshot(self.aeron, self.archive, recording_id, self.context.replay_channel,
-                                 self.context.replay_stream_id)
+        messages = read_snapshot(
+            self.aeron, self.archive, recording_id, self.context.replay_channel, self.context.replay_stream_id
+        )
         user: list[bytes] = []
         for record in decode_snapshot(messages, SERVICE_SNAPSHOT_TYPE_ID):
             if isinstance(record, codecs.ClientSessionDecoder):
                 self.sessions[record.cluster_session_id] = ClientSessionHandle(
-                    self, record.cluster_session_id, record.response_stream_id, record.response_channel,
-                    bytes(record.encoded_principal))
+                    self,
+                    record.cluster_session_id,
+                    record.response_stream_id,
+                    record.response_channel,
+                    bytes(record.encoded_principal),
+                )
             elif isinstance(record, bytes):
                 user.append(record)
             elif not isinstance(record, codecs.SnapshotMarkerDecoder):
@@ -275,8 +297,9 @@ class ClusteredServiceAgent:
                 # could be added (an election began meanwhile and closed it):
                 # try again after a back-off; the module's next JoinLog, for the
                 # log it opens then, replaces this one.
-                self.record_error(f"service {self.service_id}: joining the log at position "
-                                  f"{self._active_log.log_position}: {error}")
+                self.record_error(
+                    f"service {self.service_id}: joining the log at position {self._active_log.log_position}: {error}"
+                )
                 self._join_retry.on_failure(now_ns)
             else:
                 self._join_retry.on_success()
@@ -384,12 +407,21 @@ class ClusteredServiceAgent:
         if length >= _SESSION_HEADER_LENGTH:
             # The hot path, a client's message: its frame unpacked in one go.
             block_length, template, schema, _version, _term_id, session_id, timestamp = (
-                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset))
-            if (template == SESSION_MESSAGE_TEMPLATE_ID and schema == CLUSTER_SCHEMA_ID
-                    and block_length == SESSION_MESSAGE_BLOCK_LENGTH):
+                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset)
+            )
+            if (
+                template == SESSION_MESSAGE_TEMPLATE_ID
+                and schema == CLUSTER_SCHEMA_ID
+                and block_length == SESSION_MESSAGE_BLOCK_LENGTH
+            ):
                 self.time = timestamp
-                self.service.on_session_message(self.sessions.get(session_id), timestamp, buffer,
-                                                offset + _SESSION_HEADER_LENGTH, length - _SESSION_HEADER_LENGTH)
+                self.service.on_session_message(
+                    self.sessions.get(session_id),
+                    timestamp,
+                    buffer,
+                    offset + _SESSION_HEADER_LENGTH,
+                    length - _SESSION_HEADER_LENGTH,
+                )
                 return
         try:
             message_header = codecs.read_header(buffer, offset, length)
@@ -397,8 +429,13 @@ class ClusteredServiceAgent:
                 session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
                 self.time = session_header.timestamp
                 session = self.sessions.get(session_header.cluster_session_id)
-                self.service.on_session_message(session, session_header.timestamp, buffer,
-                                                offset + _SESSION_HEADER_LENGTH, length - _SESSION_HEADER_LENGTH)
+                self.service.on_session_message(
+                    session,
+                    session_header.timestamp,
+                    buffer,
+                    offset + _SESSION_HEADER_LENGTH,
+                    length - _SESSION_HEADER_LENGTH,
+                )
                 return
             message = codecs.decode(buffer, offset, length)
         except CodecError as error:
@@ -406,8 +443,13 @@ class ClusteredServiceAgent:
             return
         if isinstance(message, codecs.SessionOpenEventDecoder):
             self.time = message.timestamp
-            session = ClientSessionHandle(self, message.cluster_session_id, message.response_stream_id,
-                                          message.response_channel, bytes(message.encoded_principal))
+            session = ClientSessionHandle(
+                self,
+                message.cluster_session_id,
+                message.response_stream_id,
+                message.response_channel,
+                bytes(message.encoded_principal),
+            )
             self.sessions[session.id] = session
             if self.role is Role.LEADER:
                 session.connect(self.aeron)
@@ -425,25 +467,38 @@ class ClusteredServiceAgent:
             self.time = message.timestamp
             # Seed 004: a SNAPSHOT flagged for standby members is not this
             # member's to take (Aeron's shouldSnapshot; no standby runs here).
-            if (message.action_raw == codecs.ClusterAction.SNAPSHOT
-                    and cluster_action_flags(message) == CLUSTER_ACTION_FLAGS_DEFAULT):
+            if (
+                message.action_raw == codecs.ClusterAction.SNAPSHOT
+                and cluster_action_flags(message) == CLUSTER_ACTION_FLAGS_DEFAULT
+            ):
                 recording_id = self._take_snapshot(message.log_position, message.leadership_term_id)
                 self._ack(message.log_position, recording_id)
         elif isinstance(message, codecs.NewLeadershipTermEventDecoder):
             self.time = message.timestamp
             self.leadership_term_id = message.leadership_term_id
             self.service.on_new_leadership_term_event(
-                message.leadership_term_id, message.log_position, message.timestamp, message.term_base_log_position,
-                message.leader_member_id, message.log_session_id, message.app_version)
+                message.leadership_term_id,
+                message.log_position,
+                message.timestamp,
+                message.term_base_log_position,
+                message.leader_member_id,
+                message.log_session_id,
+                message.app_version,
+            )
 
     def _take_snapshot(self, log_position: int, leadership_term_id: int) -> int:
-        writer = SnapshotWriter(self.aeron, self.archive, self.context.snapshot_channel,
-                                self.context.snapshot_stream_id)
+        writer = SnapshotWriter(
+            self.aeron, self.archive, self.context.snapshot_channel, self.context.snapshot_stream_id
+        )
         writer.marker(SERVICE_SNAPSHOT_TYPE_ID, log_position, leadership_term_id, codecs.SnapshotMark.BEGIN)
         for session in sorted(self.sessions.values(), key=lambda s: s.id):
-            writer.encode(codecs.ClientSessionEncoder, cluster_session_id=session.id,
-                          response_stream_id=session.response_stream_id, response_channel=session.response_channel,
-                          encoded_principal=session.encoded_principal)
+            writer.encode(
+                codecs.ClientSessionEncoder,
+                cluster_session_id=session.id,
+                response_stream_id=session.response_stream_id,
+                response_channel=session.response_channel,
+                encoded_principal=session.encoded_principal,
+            )
         self.service.on_take_snapshot(writer)
         writer.marker(SERVICE_SNAPSHOT_TYPE_ID, log_position, leadership_term_id, codecs.SnapshotMark.END)
         return writer.close()
@@ -479,8 +534,13 @@ class ClusteredServiceAgent:
 
     def offer(self, payload: bytes | bytearray | memoryview) -> bool:
         header = bytearray(_SESSION_HEADER_LENGTH)
-        codecs.SessionMessageHeaderEncoder.encode(header, 0, leadership_term_id=self.leadership_term_id,
-                                                  cluster_session_id=self.service_id, timestamp=self.time)
+        codecs.SessionMessageHeaderEncoder.encode(
+            header,
+            0,
+            leadership_term_id=self.leadership_term_id,
+            cluster_session_id=self.service_id,
+            timestamp=self.time,
+        )
         return self._offer_parts([header, payload])
 
     # --------------------------------------------------------------- plumbing
@@ -488,8 +548,14 @@ class ClusteredServiceAgent:
     def _ack(self, log_position: int, relevant_id: int = protocol.NULL_VALUE) -> None:
         ack_id = self._ack_id
         self._ack_id += 1
-        if not self._send(codecs.ServiceAckEncoder, log_position=log_position, timestamp=self.time, ack_id=ack_id,
-                          relevant_id=relevant_id, service_id=self.service_id):
+        if not self._send(
+            codecs.ServiceAckEncoder,
+            log_position=log_position,
+            timestamp=self.time,
+            ack_id=ack_id,
+            relevant_id=relevant_id,
+            service_id=self.service_id,
+        ):
             raise FulmarError(f"service {self.service_id}: could not acknowledge position {log_position}")
 
     def _send(self, encoder: Any, **fields: Any) -> bool:

@@ -124,8 +124,9 @@ class ClusteredService(ABC):
     def on_session_close(self, session: ClientSession, timestamp: int, reason: CloseReason) -> None:
         pass
 
-    def on_session_message(self, session: ClientSession | None, timestamp: int, buffer: memoryview,
-                           offset: int, length: int) -> None:
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, buffer: memoryview, offset: int, length: int
+    ) -> None:
         """A committed message: from a client session, or (``session`` None)
         one the service offered to the cluster."""
 
@@ -141,9 +142,16 @@ class ClusteredService(ABC):
     def on_terminate(self, cluster: Cluster) -> None:
         pass
 
-    def on_new_leadership_term_event(self, leadership_term_id: int, log_position: int, timestamp: int,
-                                     term_base_log_position: int, leader_member_id: int, log_session_id: int,
-                                     app_version: int) -> None:
+    def on_new_leadership_term_event(
+        self,
+        leadership_term_id: int,
+        log_position: int,
+        timestamp: int,
+        term_base_log_position: int,
+        leader_member_id: int,
+        log_session_id: int,
+        app_version: int,
+    ) -> None:
         pass
 
     def do_background_work(self, now_ns: int) -> int:

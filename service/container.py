@@ -39,7 +39,6 @@ class ServiceFailedError(FulmarError):
     """The user's service raised while applying the log."""
 
 
-
 def load_service(name: str) -> ClusteredService:
     module_name, colon, class_name = name.partition(":")
     if not colon or not module_name or not class_name:
@@ -60,8 +59,14 @@ def load_service(name: str) -> ClusteredService:
 
 
 class ServiceContainer:
-    def __init__(self, context: ServiceContext, aeron: Aeron, archive: AeronArchive, mark_file: ClusterMarkFile,
-                 agent: ClusteredServiceAgent) -> None:
+    def __init__(
+        self,
+        context: ServiceContext,
+        aeron: Aeron,
+        archive: AeronArchive,
+        mark_file: ClusterMarkFile,
+        agent: ClusteredServiceAgent,
+    ) -> None:
         self.context = context
         self.aeron = aeron
         self.archive = archive
@@ -71,7 +76,7 @@ class ServiceContainer:
         self._closed = False
 
     @classmethod
-    def launch(cls, context: ServiceContext, service: ClusteredService | None = None) -> "ServiceContainer":
+    def launch(cls, context: ServiceContext, service: ClusteredService | None = None) -> ServiceContainer:
         service = service if service is not None else load_service(context.service_name)
         cluster_dir = Path(context.cluster_dir)
         make_directory(cluster_dir)
@@ -79,16 +84,23 @@ class ServiceContainer:
         mark_file = archive = None
         try:
             mark_file = ClusterMarkFile.create(
-                cluster_dir, ClusterComponentType.CONTAINER, service_id=context.service_id, pid=os.getpid(),
-                member_id=context.member_id, cluster_id=context.cluster_id, now_ms=epoch_ms(),
-                aeron_directory=str(aeron.directory), control_channel=context.control_channel,
+                cluster_dir,
+                ClusterComponentType.CONTAINER,
+                service_id=context.service_id,
+                pid=os.getpid(),
+                member_id=context.member_id,
+                cluster_id=context.cluster_id,
+                now_ms=epoch_ms(),
+                aeron_directory=str(aeron.directory),
+                control_channel=context.control_channel,
                 service_name=context.service_name or type(service).__name__,
                 service_stream_id=context.service_stream_id,
                 consensus_module_stream_id=context.consensus_module_stream_id,
                 liveness_timeout_ms=context.mark_file_liveness_timeout_ms,
             )
             archive = AeronArchive.connect(
-                aeron, control_request_channel=context.archive_control_channel,
+                aeron,
+                control_request_channel=context.archive_control_channel,
                 control_request_stream_id=context.archive_control_stream_id,
                 control_response_channel="aeron:ipc?term-length=64k",
                 control_response_stream_id=context.archive_response_stream_id + context.service_id,
@@ -110,8 +122,9 @@ class ServiceContainer:
     def run(self) -> str:
         agent = self.agent
         ring_deferred = self.aeron.ring_deferred
-        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns,
-                                    has_work=agent.has_work)
+        idle = DoorbellIdleStrategy(
+            self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns, has_work=agent.has_work
+        )
         agent.idle_strategy = idle
         next_slow_ns = 0
         next_mark_ms = 0
@@ -125,8 +138,10 @@ class ServiceContainer:
             except Exception as error:
                 # The service cannot skip a committed message (every member
                 # must apply the same log), so it stops, saying where and why.
-                text = (f"service {self.context.service_id} failed at log position {agent.log_position}: "
-                        f"{type(error).__name__}: {error}")
+                text = (
+                    f"service {self.context.service_id} failed at log position {agent.log_position}: "
+                    f"{type(error).__name__}: {error}"
+                )
                 agent.record_error(text)
                 raise ServiceFailedError(text) from error
             ring_deferred()  # the egress readers, once for all the replies of this cycle
@@ -178,8 +193,11 @@ def _consensus_module_alive(cluster_dir: Path, pid: int | None = None) -> bool:
     return contents.is_active(epoch_ms())
 
 
-def run_service_container(context: ServiceContext, service: ClusteredService | None = None,
-                          on_ready: Callable[[ServiceContainer], None] | None = None) -> str:
+def run_service_container(
+    context: ServiceContext,
+    service: ClusteredService | None = None,
+    on_ready: Callable[[ServiceContainer], None] | None = None,
+) -> str:
     running: list[ServiceContainer] = []
 
     def on_stop(kind: StopKind | None, signum: int) -> None:

@@ -37,8 +37,9 @@ class EchoService(ClusteredService):
             for message in snapshot.messages():
                 (self.echoed,) = struct.unpack("<q", message)
 
-    def on_session_message(self, session: ClientSession | None, timestamp: int, buffer: memoryview,
-                           offset: int, length: int) -> None:
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, buffer: memoryview, offset: int, length: int
+    ) -> None:
         if session is not None:
             self.echoed += 1
             session.offer(buffer[offset : offset + length])
@@ -67,8 +68,9 @@ class KeyValueService(ClusteredService):
                 key, value = json.loads(message)
                 self.data[key] = value
 
-    def on_session_message(self, session: ClientSession | None, timestamp: int, buffer: memoryview,
-                           offset: int, length: int) -> None:
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, buffer: memoryview, offset: int, length: int
+    ) -> None:
         if session is None:
             return
         reply = self.apply(bytes(buffer[offset : offset + length]))
@@ -140,8 +142,9 @@ class CounterService(ClusteredService):
         self.timer_deadline = timestamp + self.PERIOD_MS
         self.cluster.schedule_timer(self.TIMER_ID, self.timer_deadline)
 
-    def on_session_message(self, session: ClientSession | None, timestamp: int, buffer: memoryview,
-                           offset: int, length: int) -> None:
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, buffer: memoryview, offset: int, length: int
+    ) -> None:
         request = bytes(buffer[offset : offset + length])
         if session is None:
             if request == b"+":  # the increment this service offered into the log for a b"!"

@@ -95,6 +95,7 @@ def record_counter_cluster(base: Path, *, increments: int = 60) -> RecordedLog:
             client.request(b"+", timeout_s=30)
             recorded.increments += 1
         cluster.start_member(leader.member)
+
         # Increments until the timer has ticked three times (once a second
         # of cluster time while a session is open: replies carry the ticks).
         def ticked() -> bool:
@@ -114,8 +115,13 @@ def record_counter_cluster(base: Path, *, increments: int = 60) -> RecordedLog:
             # The leader's log ends with this session's close, and it commits it:
             # after that, nothing is appended (no session, no timer).
             # No batch at all until the close is in the log (not yet appended or recorded).
-            rows = [row for batch in read_log(str(cluster.archive_dir(leader_now.member)),
-                                              {"messageTypes": "SessionCloseEvent"}) for row in batch.to_pylist()]
+            rows = [
+                row
+                for batch in read_log(
+                    str(cluster.archive_dir(leader_now.member)), {"messageTypes": "SessionCloseEvent"}
+                )
+                for row in batch.to_pylist()
+            ]
             ends = [r["next_position"] for r in rows if r["cluster_session_id"] == recorded.client_session_id]
             committed = member_view(cluster, leader_now.member).commit_position or -1
             return ends[0] if ends and committed >= ends[0] else 0

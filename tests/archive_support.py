@@ -18,9 +18,21 @@ class ArchiveProcess:
         self.driver_dir = driver_dir
         self.control_port = control_port
         control = f"aeron:udp?endpoint=127.0.0.1:{control_port}" if control_port else "none"
-        args = [sys.executable, "-m", "fulmar.cli.cluster_node", "archive", "--dir", str(archive_dir),
-                "--driver-dir", str(driver_dir), "--control-channel", control,
-                "--replication-channel", "aeron:udp?endpoint=127.0.0.1:0", *extra]
+        args = [
+            sys.executable,
+            "-m",
+            "fulmar.cli.cluster_node",
+            "archive",
+            "--dir",
+            str(archive_dir),
+            "--driver-dir",
+            str(driver_dir),
+            "--control-channel",
+            control,
+            "--replication-channel",
+            "aeron:udp?endpoint=127.0.0.1:0",
+            *extra,
+        ]
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.process.stdout is not None
         os.set_blocking(self.process.stdout.fileno(), False)
@@ -53,4 +65,3 @@ class ArchiveProcess:
 
     def stop(self) -> int:
         return stop_process(self.process, 15)
-

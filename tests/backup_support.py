@@ -33,19 +33,55 @@ class Backup:
         endpoints = ",".join(cluster.ports[m].endpoint("consensus") for m in range(cluster.size))
         self.processes: list[NodeProcess] = []
         try:
-            self.processes.append(NodeProcess(["driver", "--dir", str(self.driver_dir), *_DRIVER_ARGS],
-                                              "media driver pid", self.base / "driver.log"))
-            self.processes.append(NodeProcess(
-                ["archive", "--dir", str(self.archive_dir), "--driver-dir", str(self.driver_dir),
-                 "--control-channel", f"aeron:udp?endpoint=127.0.0.1:{archive_port}",
-                 "--replication-channel", "aeron:udp?endpoint=127.0.0.1:0"],
-                "archive pid", self.base / "archive.log"))
-            self.processes.append(NodeProcess(
-                ["cluster-backup", "--cluster-dir", str(self.cluster_dir), "--driver-dir", str(self.driver_dir),
-                 "--cluster-consensus-endpoints", endpoints, "--consensus-endpoint", f"127.0.0.1:{consensus_port}",
-                 "--catchup-endpoint", self.catchup_endpoint, "--backup-interval", "1s",
-                 "--backup-response-timeout", "1s", "--cool-down-interval", "200ms"],
-                "cluster backup pid", self.base / "backup.log"))
+            self.processes.append(
+                NodeProcess(
+                    ["driver", "--dir", str(self.driver_dir), *_DRIVER_ARGS],
+                    "media driver pid",
+                    self.base / "driver.log",
+                )
+            )
+            self.processes.append(
+                NodeProcess(
+                    [
+                        "archive",
+                        "--dir",
+                        str(self.archive_dir),
+                        "--driver-dir",
+                        str(self.driver_dir),
+                        "--control-channel",
+                        f"aeron:udp?endpoint=127.0.0.1:{archive_port}",
+                        "--replication-channel",
+                        "aeron:udp?endpoint=127.0.0.1:0",
+                    ],
+                    "archive pid",
+                    self.base / "archive.log",
+                )
+            )
+            self.processes.append(
+                NodeProcess(
+                    [
+                        "cluster-backup",
+                        "--cluster-dir",
+                        str(self.cluster_dir),
+                        "--driver-dir",
+                        str(self.driver_dir),
+                        "--cluster-consensus-endpoints",
+                        endpoints,
+                        "--consensus-endpoint",
+                        f"127.0.0.1:{consensus_port}",
+                        "--catchup-endpoint",
+                        self.catchup_endpoint,
+                        "--backup-interval",
+                        "1s",
+                        "--backup-response-timeout",
+                        "1s",
+                        "--cool-down-interval",
+                        "200ms",
+                    ],
+                    "cluster backup pid",
+                    self.base / "backup.log",
+                )
+            )
         except BaseException:
             self.close()
             raise

@@ -108,8 +108,13 @@ from fulmar.service.samples import KeyValueService  # noqa: E402
 HEARTBEAT_TIMEOUT_S = 2.0
 # A module whose service died stops after 3 s, so that a dead service on the
 # leader fails over instead of leaving the cluster without answers.
-CHAOS_CONSENSUS_ARGS = (*FAST_ELECTION_ARGS, "--leader-heartbeat-timeout", f"{HEARTBEAT_TIMEOUT_S:g}s",
-                        "--service-heartbeat-timeout", "3s")
+CHAOS_CONSENSUS_ARGS = (
+    *FAST_ELECTION_ARGS,
+    "--leader-heartbeat-timeout",
+    f"{HEARTBEAT_TIMEOUT_S:g}s",
+    "--service-heartbeat-timeout",
+    "3s",
+)
 # What a process kind cannot live without: killing the first means the others
 # of the member go down with it and start again.
 DEPENDENTS = {
@@ -174,18 +179,29 @@ class Op:
         """As the checker takes it."""
         if self.outcome != "ok":
             outcome = "fail" if self.outcome == "fail" else "unknown"
-            return linearizability.Operation(self.client, self.op, self.key, self.invoke, outcome=outcome,
-                                             value=self.value, expected=self.expected)
+            return linearizability.Operation(
+                self.client, self.op, self.key, self.invoke, outcome=outcome, value=self.value, expected=self.expected
+            )
         reply = self.reply or {}
         if self.op == "get":
-            return linearizability.Operation(self.client, "get", self.key, self.invoke, self.complete,
-                                             output=reply.get("value"))
+            return linearizability.Operation(
+                self.client, "get", self.key, self.invoke, self.complete, output=reply.get("value")
+            )
         if self.op == "put":
-            return linearizability.Operation(self.client, "put", self.key, self.invoke, self.complete,
-                                             value=self.value, output=reply.get("previous"))
-        return linearizability.Operation(self.client, "cas", self.key, self.invoke, self.complete,
-                                         value=self.value, expected=self.expected, output=reply.get("value"),
-                                         swapped=bool(reply.get("ok")))
+            return linearizability.Operation(
+                self.client, "put", self.key, self.invoke, self.complete, value=self.value, output=reply.get("previous")
+            )
+        return linearizability.Operation(
+            self.client,
+            "cas",
+            self.key,
+            self.invoke,
+            self.complete,
+            value=self.value,
+            expected=self.expected,
+            output=reply.get("value"),
+            swapped=bool(reply.get("ok")),
+        )
 
 
 class History:
@@ -216,7 +232,8 @@ class History:
                 self.strange_replies.append(
                     f"a second reply to {op.id} {(now - op.invoke) / 1e9:.3f} s after it was sent (the first after "
                     f"{((op.complete or now) - op.invoke) / 1e9:.3f} s {op.source}), {source}: "
-                    f"{payload.decode(errors='replace')}")
+                    f"{payload.decode(errors='replace')}"
+                )
             else:
                 op.reply, op.complete, op.source = reply, now, source
                 op.late = op.outcome == "unknown"
@@ -236,8 +253,15 @@ class KvClient(threading.Thread):
     """One client: one request at a time, a new session when the old one is closed
     or silent for several requests in a row."""
 
-    def __init__(self, index: int, cluster: LocalCluster, history: History, config: ChaosConfig,
-                 started_ns: int, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        index: int,
+        cluster: LocalCluster,
+        history: History,
+        config: ChaosConfig,
+        started_ns: int,
+        stop: threading.Event,
+    ) -> None:
         super().__init__(name=f"kv-client-{index}", daemon=True)
         self.index = index
         self.cluster = cluster
@@ -284,10 +308,13 @@ class KvClient(threading.Thread):
             if self.aeron is None:
                 self.aeron = self.cluster.connect()  # one Aeron client for all this client's sessions
             self.client = ClusterClient.connect(
-                self.aeron, "aeron:udp", self.cluster.ingress_endpoints,
-                egress_channel="aeron:udp?endpoint=127.0.0.1:0", message_timeout_ns=int(5e9),
-                on_message=lambda _session, _timestamp, payload: self.history.on_reply(bytes(payload),
-                                                                                         self._source))
+                self.aeron,
+                "aeron:udp",
+                self.cluster.ingress_endpoints,
+                egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+                message_timeout_ns=int(5e9),
+                on_message=lambda _session, _timestamp, payload: self.history.on_reply(bytes(payload), self._source),
+            )
             _note_reply_sources(self.client, self)
             self.sessions += 1
         except FulmarError as error:
@@ -470,8 +497,10 @@ class Nemesis:
         if kind in ("pause", "pause-module"):
             [member] = self._pick()
             kinds = ("consensus",) if kind == "pause-module" else KINDS
-            detail = f"SIGSTOP the {'consensus module' if kind == 'pause-module' else 'processes'} of member " \
-                     f"{member} ({self._role(member)})"
+            detail = (
+                f"SIGSTOP the {'consensus module' if kind == 'pause-module' else 'processes'} of member "
+                f"{member} ({self._role(member)})"
+            )
             for process_kind in kinds:
                 process = self.cluster.process(member, process_kind)
                 if process is not None and process.alive:
@@ -489,15 +518,15 @@ class Nemesis:
             sending = self.random.random() < 0.5
             self._set_loss(member, 0 if sending else 1_000_000, 1_000_000 if sending else 0)
             way = "sends" if sending else "receives"
-            return FaultEvent(kind, [member], f"member {member} ({self._role(member)}) loses all it {way}",
-                              self.now())
+            return FaultEvent(kind, [member], f"member {member} ({self._role(member)}) loses all it {way}", self.now())
         if kind == "flaky":
             rate = self.random.randint(100_000, 300_000)
             members = list(range(self.cluster.size))
             for member in members:
                 self._set_loss(member, rate, rate)
-            return FaultEvent(kind, members, f"every member drops {rate / 10_000:g}% of what it sends and receives",
-                              self.now())
+            return FaultEvent(
+                kind, members, f"every member drops {rate / 10_000:g}% of what it sends and receives", self.now()
+            )
         raise ValueError(f"no nemesis {kind!r} (nemeses: {', '.join(NEMESES_5)})")
 
     def _set_loss(self, member: int, receive_ppm: int, send_ppm: int) -> None:
@@ -580,7 +609,7 @@ def log_requests(frames: Iterable[tuple[int, int, bytes]]) -> tuple[list[LogRequ
         if frame_type != FrameType.DATA:
             continue
         if flags & _BEGIN_END != _BEGIN_END:
-            pending = (payload if flags & 0x80 else pending + payload)
+            pending = payload if flags & 0x80 else pending + payload
             if not flags & 0x40:
                 continue
             payload, pending = pending, b""
@@ -624,7 +653,11 @@ def check_log_against_history(requests: list[LogRequest], ops: dict[str, Op]) ->
         elif op.outcome == "ok" and op.reply != reply:
             anomalies.append(f"request {op_id} was answered {op.reply} but the log's replay answers {reply}")
     for op in ops.values():
-        if op.outcome == "ok" and op.id not in seen and (op.op == "put" or (op.op == "cas" and op.reply and op.reply.get("ok"))):
+        if (
+            op.outcome == "ok"
+            and op.id not in seen
+            and (op.op == "put" or (op.op == "cas" and op.reply and op.reply.get("ok")))
+        ):
             anomalies.append(f"acknowledged write {op.id} ({op.op} {op.key}={op.value}) is not in the log: lost")
     return anomalies, dict(model.data)
 
@@ -662,8 +695,9 @@ def snapshot_state(cluster: LocalCluster, member: int, min_position: int) -> dic
         entry = log.get_latest_snapshot(0)
     finally:
         log.close()
-    assert entry is not None and entry.log_position >= min_position, \
+    assert entry is not None and entry.log_position >= min_position, (
         f"member {member} has no service snapshot at or after {min_position}: {entry}"
+    )
     state: dict[str, Any] = {}
     for frame_type, _flags, payload in read_recording(cluster.archive_dir(member), entry.recording_id):
         if frame_type != FrameType.DATA or len(payload) < _SBE_HEADER_LENGTH:
@@ -705,12 +739,17 @@ class ChaosReport:
         c = self.config
         lines = [f"chaos: {c['members']} members, {c['clients']} clients, {c['seconds']:g} s, seed {c['seed']}"]
         ops = self.operations
-        lines.append(f"  operations      {sum(ops.values())}: " + ", ".join(f"{n} {k}" for k, n in sorted(ops.items()))
-                     + f" ({self.late_replies} answered late); {self.sessions} client sessions")
+        lines.append(
+            f"  operations      {sum(ops.values())}: "
+            + ", ".join(f"{n} {k}" for k, n in sorted(ops.items()))
+            + f" ({self.late_replies} answered late); {self.sessions} client sessions"
+        )
         for name, counts in sorted(self.by_op.items()):
             lines.append(f"    {name:<5} " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         kinds = Counter(e["kind"] for e in self.events)
-        lines.append(f"  nemesis events  {len(self.events)}: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+        lines.append(
+            f"  nemesis events  {len(self.events)}: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        )
         for event in self.events[:40]:
             healed = event["healed_s"]
             held = f"{healed - event['start_s']:.1f} s" if healed is not None else "not healed"
@@ -721,14 +760,18 @@ class ChaosReport:
             lines.append(f"    ... and {len(self.events) - 40} more")
         a = self.availability
         if a:
-            lines.append(f"  availability    {a['ok_per_s_healthy']:.0f} ok ops/s healthy, {a['ok_per_s_faulted']:.0f} "
-                         f"during faults; {a['seconds_with_ok_faulted']:.0%} of faulted seconds and "
-                         f"{a['seconds_with_ok_healthy']:.0%} of healthy seconds answered at least one request; "
-                         f"longest gap {a['longest_gap_s']:.1f} s; recovery after heal median "
-                         f"{a['recovery_median_s']:.2f} s, max {a['recovery_max_s']:.2f} s")
+            lines.append(
+                f"  availability    {a['ok_per_s_healthy']:.0f} ok ops/s healthy, {a['ok_per_s_faulted']:.0f} "
+                f"during faults; {a['seconds_with_ok_faulted']:.0%} of faulted seconds and "
+                f"{a['seconds_with_ok_healthy']:.0%} of healthy seconds answered at least one request; "
+                f"longest gap {a['longest_gap_s']:.1f} s; recovery after heal median "
+                f"{a['recovery_median_s']:.2f} s, max {a['recovery_max_s']:.2f} s"
+            )
         verdict = {True: "yes", False: "NO", None: "undecided (search budget)"}[self.linearizable]
-        lines.append(f"  linearizable    {verdict} ({self.keys_checked} keys); log {self.log_requests} requests "
-                     f"up to position {self.commit_position}, identical on every member")
+        lines.append(
+            f"  linearizable    {verdict} ({self.keys_checked} keys); log {self.log_requests} requests "
+            f"up to position {self.commit_position}, identical on every member"
+        )
         if self.backup_matches is not None:
             lines.append(f"  backup          {'log identical to the members' if self.backup_matches else 'DIFFERS'}")
         lines.append(f"  anomalies       {len(self.anomalies)}")
@@ -737,8 +780,10 @@ class ChaosReport:
             lines.append(f"    ... and {len(self.anomalies) - 20} more")
         if self.artifacts:
             lines.append(f"  artifacts       {self.artifacts}")
-            lines.append(f"  reproduce with  python tests/chaos.py --members {c['members']} --seconds {c['seconds']:g} "
-                         f"--clients {c['clients']} --seed {c['seed']}")
+            lines.append(
+                f"  reproduce with  python tests/chaos.py --members {c['members']} --seconds {c['seconds']:g} "
+                f"--clients {c['clients']} --seed {c['seed']}"
+            )
         lines.append(f"  took            {self.elapsed_s:.0f} s")
         return "\n".join(lines)
 
@@ -772,8 +817,10 @@ def _availability(ops: list[Op], events: list[FaultEvent], started_ns: int, seco
     edges = [0.0, *completions, seconds]
     recoveries = sorted(e.recovered_s - e.healed_s for e in events if e.recovered_s is not None and e.healed_s)
     return {
-        "ok_per_s_healthy": rate(healthy_seconds), "ok_per_s_faulted": rate(faulted_seconds),
-        "seconds_with_ok_healthy": answered(healthy_seconds), "seconds_with_ok_faulted": answered(faulted_seconds),
+        "ok_per_s_healthy": rate(healthy_seconds),
+        "ok_per_s_faulted": rate(faulted_seconds),
+        "seconds_with_ok_healthy": answered(healthy_seconds),
+        "seconds_with_ok_faulted": answered(faulted_seconds),
         "longest_gap_s": max(b - a for a, b in zip(edges, edges[1:])),
         "recovery_median_s": recoveries[len(recoveries) // 2] if recoveries else 0.0,
         "recovery_max_s": recoveries[-1] if recoveries else 0.0,
@@ -815,8 +862,9 @@ def _converge(cluster: LocalCluster, timeout_s: float) -> int:
 def _final_reads(cluster: LocalCluster, history: History, keys: list[str]) -> list[str]:
     """Read every key once more, through a fresh session, into the history."""
     problems: list[str] = []
-    client = cluster.connect_client(on_message=lambda _s, _t, payload: history.on_reply(bytes(payload)),
-                                    message_timeout_ns=int(30e9))
+    client = cluster.connect_client(
+        on_message=lambda _s, _t, payload: history.on_reply(bytes(payload)), message_timeout_ns=int(30e9)
+    )
     try:
         for index, key in enumerate(keys):
             op = Op(f"final-{index}", -1, "get", key, time.monotonic_ns())
@@ -839,8 +887,9 @@ def _final_reads(cluster: LocalCluster, history: History, keys: list[str]) -> li
 
 def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None) -> ChaosReport:
     began = time.monotonic()
-    report = ChaosReport(config={**asdict(config), "artifacts": str(config.artifacts),
-                                 "nemeses": list(config.nemesis_kinds())})
+    report = ChaosReport(
+        config={**asdict(config), "artifacts": str(config.artifacts), "nemeses": list(config.nemesis_kinds())}
+    )
     history = History()
     cluster = LocalCluster(config.members, KEY_VALUE_SERVICE, extra_consensus_args=CHAOS_CONSENSUS_ARGS)
     nemesis: Nemesis | None = None
@@ -876,8 +925,12 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
         # A snapshot: every member's service writes its state into its own archive.
         before_snapshot = _converge(cluster, config.converge_timeout_s)
         cluster_operate(cluster.base, "snapshot", 60)
-        wait_for(lambda: all(_has_snapshot_after(cluster, m, before_snapshot) for m in range(cluster.size)), 60,
-                 f"every member's snapshot after position {before_snapshot}", poll_s=0.2)
+        wait_for(
+            lambda: all(_has_snapshot_after(cluster, m, before_snapshot) for m in range(cluster.size)),
+            60,
+            f"every member's snapshot after position {before_snapshot}",
+            poll_s=0.2,
+        )
         position = _converge(cluster, config.converge_timeout_s)
         report.converged = True
         report.commit_position = position
@@ -900,7 +953,9 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
             nemesis._resume_all()
         ops = history.all()
         report.operations = dict(Counter(op.outcome for op in ops))
-        report.by_op = {name: dict(Counter(op.outcome for op in ops if op.op == name)) for name in ("get", "put", "cas")}
+        report.by_op = {
+            name: dict(Counter(op.outcome for op in ops if op.op == name)) for name in ("get", "put", "cas")
+        }
         report.late_replies = sum(1 for op in ops if op.late)
         report.anomalies += [f"a reply nobody asked for: {r[:120]}" for r in history.strange_replies]
         report.elapsed_s = time.monotonic() - began
@@ -912,13 +967,16 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
     return report
 
 
-def _check_backup(cluster: LocalCluster, backup: Backup, report: ChaosReport, position: int,
-                  timeout_s: float) -> None:
+def _check_backup(cluster: LocalCluster, backup: Backup, report: ChaosReport, position: int, timeout_s: float) -> None:
     """The backup followed the log through every fault: its copy reaches the
     converged commit position and holds the members' log, frame for frame."""
     try:
-        wait_for(lambda: backup.counter(BACKUP_LIVE_LOG_POSITION_TYPE_ID) >= position, timeout_s,
-                 f"the backup's live log to reach {position}", poll_s=0.2)
+        wait_for(
+            lambda: backup.counter(BACKUP_LIVE_LOG_POSITION_TYPE_ID) >= position,
+            timeout_s,
+            f"the backup's live log to reach {position}",
+            poll_s=0.2,
+        )
         theirs = log_frames(cluster, 0, position)
         mine = backup_log(backup, position)
     except AssertionError as error:
@@ -928,8 +986,10 @@ def _check_backup(cluster: LocalCluster, backup: Backup, report: ChaosReport, po
     report.backup_matches = mine == theirs
     if mine != theirs:
         differing = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-        report.anomalies.append(f"the backup's log differs from the members' at frame {differing} "
-                                f"({len(mine)} frames against {len(theirs)})")
+        report.anomalies.append(
+            f"the backup's log differs from the members' at frame {differing} "
+            f"({len(mine)} frames against {len(theirs)})"
+        )
 
 
 def _has_snapshot_after(cluster: LocalCluster, member: int, position: int) -> bool:
@@ -968,16 +1028,19 @@ def _check(cluster: LocalCluster, history: History, report: ChaosReport, positio
         state = snapshot_state(cluster, member, snapshot_after)
         if state != log_state:
             differing = sorted(k for k in set(state) | set(log_state) if state.get(k) != log_state.get(k))
-            report.anomalies.append(f"member {member}'s service state differs from the log's replay at keys "
-                                    f"{differing[:10]}")
+            report.anomalies.append(
+                f"member {member}'s service state differs from the log's replay at keys {differing[:10]}"
+            )
     for op in ops.values():
         if op.client == -1 and op.outcome == "ok" and (op.reply or {}).get("value") != log_state.get(op.key):
-            report.anomalies.append(f"final read of {op.key} answered {(op.reply or {}).get('value')}, the log says "
-                                    f"{log_state.get(op.key)}")
+            report.anomalies.append(
+                f"final read of {op.key} answered {(op.reply or {}).get('value')}, the log says {log_state.get(op.key)}"
+            )
 
 
-def _save_artifacts(config: ChaosConfig, cluster: LocalCluster, history: History, report: ChaosReport,
-                    backup: Backup | None = None) -> Path:
+def _save_artifacts(
+    config: ChaosConfig, cluster: LocalCluster, history: History, report: ChaosReport, backup: Backup | None = None
+) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     directory = config.artifacts / f"{stamp}-{config.members}members-seed{config.seed}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -1006,21 +1069,55 @@ def _save_artifacts(config: ChaosConfig, cluster: LocalCluster, history: History
 @click.option("--seconds", type=click.FloatRange(min=5), default=60.0, help="How long the faults go on.")
 @click.option("--seed", type=int, default=None, help="The schedule's seed (default: a random one, printed).")
 @click.option("--clients", type=click.IntRange(1, 32), default=4)
-@click.option("--nemesis", "nemeses", multiple=True, type=click.Choice(NEMESES_5),
-              help="Only these faults (repeatable); default every fault that fits the member count.")
-@click.option("--artifacts", type=click.Path(path_type=Path), default=Path("chaos-artifacts"),
-              help="Where a failed run leaves its history, schedule and logs.")
+@click.option(
+    "--nemesis",
+    "nemeses",
+    multiple=True,
+    type=click.Choice(NEMESES_5),
+    help="Only these faults (repeatable); default every fault that fits the member count.",
+)
+@click.option(
+    "--artifacts",
+    type=click.Path(path_type=Path),
+    default=Path("chaos-artifacts"),
+    help="Where a failed run leaves its history, schedule and logs.",
+)
 @click.option("--keep", is_flag=True, help="Leave the history, schedule and logs there even if nothing is wrong.")
-@click.option("--reconnect-after", type=click.FloatRange(min=0.5), default=ChaosConfig.reconnect_after_s,
-              help="Seconds without an answer before a client opens a new session.")
-@click.option("--report-json", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the whole report there as JSON (what make chaos's campaign reads).")
-def main(members: int, seconds: float, seed: int | None, clients: int, nemeses: tuple[str, ...],
-         artifacts: Path, keep: bool, reconnect_after: float, report_json: Path | None) -> None:
+@click.option(
+    "--reconnect-after",
+    type=click.FloatRange(min=0.5),
+    default=ChaosConfig.reconnect_after_s,
+    help="Seconds without an answer before a client opens a new session.",
+)
+@click.option(
+    "--report-json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the whole report there as JSON (what make chaos's campaign reads).",
+)
+def main(
+    members: int,
+    seconds: float,
+    seed: int | None,
+    clients: int,
+    nemeses: tuple[str, ...],
+    artifacts: Path,
+    keep: bool,
+    reconnect_after: float,
+    report_json: Path | None,
+) -> None:
     """Run the chaos workload once and print its summary; exit 1 on any anomaly."""
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
-    config = ChaosConfig(members=members, seconds=seconds, seed=seed, clients=clients, nemeses=nemeses,
-                         artifacts=artifacts, keep_artifacts=keep, reconnect_after_s=reconnect_after)
+    config = ChaosConfig(
+        members=members,
+        seconds=seconds,
+        seed=seed,
+        clients=clients,
+        nemeses=nemeses,
+        artifacts=artifacts,
+        keep_artifacts=keep,
+        reconnect_after_s=reconnect_after,
+    )
     report = run_chaos(config, progress=lambda text: click.echo(f"[chaos] {text}", err=True))
     click.echo(report.summary())
     if report_json is not None:

@@ -51,18 +51,24 @@ class SeedResult:
 
     @property
     def ok(self) -> bool:
-        return not self.anomalies and self.converged is True and self.linearizable is True \
+        return (
+            not self.anomalies
+            and self.converged is True
+            and self.linearizable is True
             and self.backup_matches is not False
+        )
 
     def line(self) -> str:
         ops = self.operations
         verdict = "ok" if self.ok else ("NOT CONVERGED" if self.converged is False else "ANOMALY")
         linearizable = {True: "yes", False: "NO", None: "undecided"}[self.linearizable]
-        text = (f"{self.members} members  seed {self.seed:<10d}  {verdict:<13}  "
-                f"{ops.get('ok', 0):6d} ok {ops.get('unknown', 0):4d} unknown {ops.get('fail', 0):4d} fail  "
-                f"{self.faults:3d} faults  linearizable {linearizable:<9}  "
-                f"backup {({True: 'same log', False: 'DIFFERS', None: '-'})[self.backup_matches]:<8}  "
-                f"{len(self.anomalies)} anomalies  {self.seconds_taken:4.0f} s")
+        text = (
+            f"{self.members} members  seed {self.seed:<10d}  {verdict:<13}  "
+            f"{ops.get('ok', 0):6d} ok {ops.get('unknown', 0):4d} unknown {ops.get('fail', 0):4d} fail  "
+            f"{self.faults:3d} faults  linearizable {linearizable:<9}  "
+            f"backup {({True: 'same log', False: 'DIFFERS', None: '-'})[self.backup_matches]:<8}  "
+            f"{len(self.anomalies)} anomalies  {self.seconds_taken:4.0f} s"
+        )
         if not self.ok:
             first = self.anomalies[0].splitlines()[0] if self.anomalies else "no report"
             text += f"\n    {first[:300]}"
@@ -77,9 +83,22 @@ def run_seed(members: int, seed: int, seconds: float, clients: int, artifacts: P
     with tempfile.TemporaryDirectory(prefix="fulmar-campaign-") as scratch:
         report_path = Path(scratch) / "report.json"
         output_path = Path(scratch) / "output.txt"
-        command = [sys.executable, str(CHAOS), "--members", str(members), "--seconds", f"{seconds:g}",
-                   "--clients", str(clients), "--seed", str(seed), "--artifacts", str(artifacts),
-                   "--report-json", str(report_path)]
+        command = [
+            sys.executable,
+            str(CHAOS),
+            "--members",
+            str(members),
+            "--seconds",
+            f"{seconds:g}",
+            "--clients",
+            str(clients),
+            "--seed",
+            str(seed),
+            "--artifacts",
+            str(artifacts),
+            "--report-json",
+            str(report_path),
+        ]
         with open(output_path, "w") as output:
             process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
             try:
@@ -91,17 +110,31 @@ def run_seed(members: int, seed: int, seconds: float, clients: int, artifacts: P
                 process.wait(30)
         taken = time.monotonic() - began
         if overstayed:
-            return SeedResult(members, seed, taken, [f"the run overstayed {seconds + _OVERHEAD_S:.0f} s and was killed"],
-                              converged=False)
+            return SeedResult(
+                members,
+                seed,
+                taken,
+                [f"the run overstayed {seconds + _OVERHEAD_S:.0f} s and was killed"],
+                converged=False,
+            )
         if not report_path.exists():
             tail = output_path.read_text(errors="replace")[-2000:]
-            return SeedResult(members, seed, taken,
-                              [f"chaos.py exited {process.returncode} without a report: {tail.strip()[-300:]}"])
+            return SeedResult(
+                members, seed, taken, [f"chaos.py exited {process.returncode} without a report: {tail.strip()[-300:]}"]
+            )
         report: dict[str, Any] = json.loads(report_path.read_text())
-    return SeedResult(members, seed, taken, anomalies=list(report["anomalies"]), converged=report.get("converged"),
-                      linearizable=report.get("linearizable"), operations=dict(report.get("operations", {})),
-                      faults=len(report.get("events", [])), artifacts=report.get("artifacts"),
-                      backup_matches=report.get("backup_matches"))
+    return SeedResult(
+        members,
+        seed,
+        taken,
+        anomalies=list(report["anomalies"]),
+        converged=report.get("converged"),
+        linearizable=report.get("linearizable"),
+        operations=dict(report.get("operations", {})),
+        faults=len(report.get("events", [])),
+        artifacts=report.get("artifacts"),
+        backup_matches=report.get("backup_matches"),
+    )
 
 
 def summarize(results: list[SeedResult]) -> list[str]:
@@ -112,9 +145,11 @@ def summarize(results: list[SeedResult]) -> list[str]:
         unconverged = [r for r in runs if r.converged is False]
         ops = sum(r.operations.get("ok", 0) for r in runs)
         faults = sum(r.faults for r in runs)
-        lines.append(f"total {members} members: {len(runs)} runs, {len(runs) - len(anomalous) - len(unconverged)} "
-                     f"clean, {len(anomalous)} with anomalies, {len(unconverged)} not converged; "
-                     f"{faults} faults, {ops} acknowledged operations")
+        lines.append(
+            f"total {members} members: {len(runs)} runs, {len(runs) - len(anomalous) - len(unconverged)} "
+            f"clean, {len(anomalous)} with anomalies, {len(unconverged)} not converged; "
+            f"{faults} faults, {ops} acknowledged operations"
+        )
         failed = anomalous + unconverged
         if failed:
             lines.append("  failed seeds: " + ", ".join(str(r.seed) for r in failed))
@@ -123,16 +158,31 @@ def summarize(results: list[SeedResult]) -> list[str]:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--seeds", type=click.IntRange(min=1), default=10, help="Runs per member count.")
-@click.option("--members", "member_counts", type=click.IntRange(3, 7), multiple=True, default=(3, 5),
-              help="Member counts (repeatable); each gets --seeds runs.")
+@click.option(
+    "--members",
+    "member_counts",
+    type=click.IntRange(3, 7),
+    multiple=True,
+    default=(3, 5),
+    help="Member counts (repeatable); each gets --seeds runs.",
+)
 @click.option("--seconds", type=click.FloatRange(min=5), default=60.0, help="How long the faults go on, each run.")
 @click.option("--seed", type=int, default=None, help="The first seed (then +1 each run); default random.")
-@click.option("--clients", type=click.IntRange(1, 32), default=None,
-              help="Client threads per run (default 4 on 3 members, 5 on 5 or more).")
-@click.option("--artifacts", type=click.Path(path_type=Path), default=Path("chaos-artifacts"),
-              help="Where a failed run leaves its history, schedule and logs.")
-def main(seeds: int, member_counts: tuple[int, ...], seconds: float, seed: int | None, clients: int | None,
-         artifacts: Path) -> None:
+@click.option(
+    "--clients",
+    type=click.IntRange(1, 32),
+    default=None,
+    help="Client threads per run (default 4 on 3 members, 5 on 5 or more).",
+)
+@click.option(
+    "--artifacts",
+    type=click.Path(path_type=Path),
+    default=Path("chaos-artifacts"),
+    help="Where a failed run leaves its history, schedule and logs.",
+)
+def main(
+    seeds: int, member_counts: tuple[int, ...], seconds: float, seed: int | None, clients: int | None, artifacts: Path
+) -> None:
     """Run SEEDS chaos runs per member count, one after another; one line per run, then the totals."""
     first = seed if seed is not None else random.SystemRandom().randrange(1 << 30)
     results: list[SeedResult] = []

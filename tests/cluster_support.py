@@ -48,12 +48,16 @@ class NodeProcess:
         self.log_path = log_path
         self._log = open(log_path, "a")
         self._start = log_path.stat().st_size  # a restart appends: only what it prints counts
-        self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", *args],
-                                        stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fulmar.cli.cluster_node", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         if wait:
             self.wait_ready(30)
 
-    def wait_ready(self, timeout_s: float) -> "NodeProcess":
+    def wait_ready(self, timeout_s: float) -> NodeProcess:
         wait_for(lambda: self._ready(self.ready_text), timeout_s, f"{self.args[0]} to start (log {self.log_path})")
         return self
 
@@ -80,8 +84,9 @@ class NodeProcess:
 
 
 class SingleNodeCluster:
-    def __init__(self, service: str, *, extra_consensus_args: tuple[str, ...] = (),
-                 driver_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, service: str, *, extra_consensus_args: tuple[str, ...] = (), driver_options: dict[str, Any] | None = None
+    ) -> None:
         self.service_name = service
         self.extra_consensus_args = extra_consensus_args
         self.driver_options = driver_options or {}  # DriverProcess options (e.g. a bigger cnc layout)
@@ -98,7 +103,7 @@ class SingleNodeCluster:
     def cluster_dir(self) -> Path:
         return self.base / "cluster"
 
-    def start(self) -> "SingleNodeCluster":
+    def start(self) -> SingleNodeCluster:
         """Start whatever is not running (after a crash: the dead ones)."""
         if self.driver is None or self.driver.process.poll() is not None:
             self.driver = DriverProcess(self.driver_dir, **self.driver_options)
@@ -110,16 +115,35 @@ class SingleNodeCluster:
 
     def start_consensus(self) -> NodeProcess:
         self.consensus = NodeProcess(
-            ["consensus", "--cluster-dir", str(self.cluster_dir), "--driver-dir", str(self.driver_dir),
-             "--ingress-channel", self.ingress_channel, *self.extra_consensus_args],
-            "consensus module pid", self.base / "consensus.log")
+            [
+                "consensus",
+                "--cluster-dir",
+                str(self.cluster_dir),
+                "--driver-dir",
+                str(self.driver_dir),
+                "--ingress-channel",
+                self.ingress_channel,
+                *self.extra_consensus_args,
+            ],
+            "consensus module pid",
+            self.base / "consensus.log",
+        )
         return self.consensus
 
     def start_service(self) -> NodeProcess:
         self.service = NodeProcess(
-            ["service", "--cluster-dir", str(self.cluster_dir), "--driver-dir", str(self.driver_dir),
-             "--service", self.service_name],
-            "service 0 (", self.base / "service.log")
+            [
+                "service",
+                "--cluster-dir",
+                str(self.cluster_dir),
+                "--driver-dir",
+                str(self.driver_dir),
+                "--service",
+                self.service_name,
+            ],
+            "service 0 (",
+            self.base / "service.log",
+        )
         return self.service
 
     def kill_all(self) -> None:
@@ -172,16 +196,37 @@ class SingleNodeCluster:
 
 KEY_VALUE_SERVICE = supervisor.DEFAULT_LOCAL_SERVICE
 KINDS = ("driver", "archive", "consensus", "service")
-_READY = {"driver": "media driver pid", "archive": "archive pid", "consensus": "consensus module pid",
-          "service": "service 0 ("}
+_READY = {
+    "driver": "media driver pid",
+    "archive": "archive pid",
+    "consensus": "consensus module pid",
+    "service": "service 0 (",
+}
 # Small cnc.dat buffers (as DriverProcess uses): N drivers share one /dev/shm.
-_DRIVER_ARGS = ("--to-driver-buffer", "256k", "--to-clients-buffer", "256k", "--counters-buffer", "256k",
-                "--error-buffer", "256k")
+_DRIVER_ARGS = (
+    "--to-driver-buffer",
+    "256k",
+    "--to-clients-buffer",
+    "256k",
+    "--counters-buffer",
+    "256k",
+    "--error-buffer",
+    "256k",
+)
 # Election timing for tests: an election within seconds, not the minute of
 # the start-up canvass default.  Flags a test appends win (click keeps the last).
-FAST_ELECTION_ARGS = ("--startup-canvass-timeout", "2s", "--election-timeout", "500ms",
-                      "--election-status-interval", "50ms", "--leader-heartbeat-timeout", "3s",
-                      "--leader-heartbeat-interval", "100ms")
+FAST_ELECTION_ARGS = (
+    "--startup-canvass-timeout",
+    "2s",
+    "--election-timeout",
+    "500ms",
+    "--election-status-interval",
+    "50ms",
+    "--leader-heartbeat-timeout",
+    "3s",
+    "--leader-heartbeat-interval",
+    "100ms",
+)
 
 
 class LocalCluster:
@@ -196,9 +241,16 @@ class LocalCluster:
     whatever state the cluster is in.
     """
 
-    def __init__(self, members: int = 3, service: str = KEY_VALUE_SERVICE, *,
-                 extra_consensus_args: Sequence[str] = FAST_ELECTION_ARGS, extra_archive_args: Sequence[str] = (),
-                 extra_driver_args: Sequence[str] = (), ready_timeout_s: float = 60) -> None:
+    def __init__(
+        self,
+        members: int = 3,
+        service: str = KEY_VALUE_SERVICE,
+        *,
+        extra_consensus_args: Sequence[str] = FAST_ELECTION_ARGS,
+        extra_archive_args: Sequence[str] = (),
+        extra_driver_args: Sequence[str] = (),
+        ready_timeout_s: float = 60,
+    ) -> None:
         self.size = members
         self.service_name = service
         # Lists, so that a test may change them before (re)starting a process.
@@ -220,7 +272,7 @@ class LocalCluster:
         for member in range(members):
             (self.member_dir(member) / "logs").mkdir(parents=True)
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -255,17 +307,47 @@ class LocalCluster:
         if kind == "driver":
             return ["driver", "--dir", driver_dir, *_DRIVER_ARGS, *self.extra_driver_args]
         if kind == "archive":
-            return ["archive", "--dir", str(self.archive_dir(member)), "--driver-dir", driver_dir,
-                    "--control-channel", self.archive_control_channel(member),
-                    "--replication-channel", "aeron:udp?endpoint=127.0.0.1:0", *self.extra_archive_args]
+            return [
+                "archive",
+                "--dir",
+                str(self.archive_dir(member)),
+                "--driver-dir",
+                driver_dir,
+                "--control-channel",
+                self.archive_control_channel(member),
+                "--replication-channel",
+                "aeron:udp?endpoint=127.0.0.1:0",
+                *self.extra_archive_args,
+            ]
         if kind == "consensus":
-            return ["consensus", "--cluster-dir", str(self.cluster_dir(member)), "--driver-dir", driver_dir,
-                    "--member-id", str(member), "--ingress-channel", self.ingress_channel(member),
-                    "--log-channel", supervisor.LOCAL_LOG_CHANNEL, "--cluster-members", self.cluster_members,
-                    *self.extra_consensus_args]
+            return [
+                "consensus",
+                "--cluster-dir",
+                str(self.cluster_dir(member)),
+                "--driver-dir",
+                driver_dir,
+                "--member-id",
+                str(member),
+                "--ingress-channel",
+                self.ingress_channel(member),
+                "--log-channel",
+                supervisor.LOCAL_LOG_CHANNEL,
+                "--cluster-members",
+                self.cluster_members,
+                *self.extra_consensus_args,
+            ]
         if kind == "service":
-            return ["service", "--cluster-dir", str(self.cluster_dir(member)), "--driver-dir", driver_dir,
-                    "--service", self.service_name, "--member-id", str(member)]
+            return [
+                "service",
+                "--cluster-dir",
+                str(self.cluster_dir(member)),
+                "--driver-dir",
+                driver_dir,
+                "--service",
+                self.service_name,
+                "--member-id",
+                str(member),
+            ]
         raise ValueError(f"no process kind {kind!r} (kinds: {', '.join(KINDS)})")
 
     # -- processes
@@ -284,8 +366,9 @@ class LocalCluster:
             if previous.alive:
                 raise AssertionError(f"member {member}'s {kind} (pid {previous.process.pid}) is still running")
             previous.kill()  # reaped already; this closes its log file
-        process = NodeProcess([*self.command(member, kind), *extra_args], _READY[kind], self.log_path(member, kind),
-                              wait=False)
+        process = NodeProcess(
+            [*self.command(member, kind), *extra_args], _READY[kind], self.log_path(member, kind), wait=False
+        )
         self.processes[member][kind] = process  # held before waiting: close() reaps it whatever happens
         return process
 
@@ -293,7 +376,7 @@ class LocalCluster:
         """(Re)start one process of ``member`` and wait until it is ready."""
         return self.launch(member, kind, extra_args).wait_ready(self.ready_timeout_s)
 
-    def start(self) -> "LocalCluster":
+    def start(self) -> LocalCluster:
         """Start every process that is not running, one kind at a time across
         the members (every driver, then every archive, ...): a consensus
         module may wait for the other members before it says it is ready, so
@@ -352,8 +435,12 @@ class LocalCluster:
         if self.client_driver is None or not self.client_driver.alive:
             if self.client_driver is not None:
                 self.client_driver.kill()  # reaped already; closes its log file
-            self.client_driver = NodeProcess(["driver", "--dir", str(self.client_driver_dir), *_DRIVER_ARGS],
-                                             _READY["driver"], self.base / "client-driver.log", wait=False)
+            self.client_driver = NodeProcess(
+                ["driver", "--dir", str(self.client_driver_dir), *_DRIVER_ARGS],
+                _READY["driver"],
+                self.base / "client-driver.log",
+                wait=False,
+            )
             self.client_driver.wait_ready(self.ready_timeout_s)
 
     def connect_client(self, member: int | None = None, **options: Any) -> ClusterClient:
@@ -385,7 +472,9 @@ class LocalCluster:
             try:
                 # The cluster's processes first (a module stopping in order
                 # still needs its archive and driver), then the rest.
-                cluster = [p for member in self.processes for kind, p in member.items() if kind in ("consensus", "service")]
+                cluster = [
+                    p for member in self.processes for kind, p in member.items() if kind in ("consensus", "service")
+                ]
                 rest = [p for member in self.processes for kind, p in member.items() if kind in ("archive", "driver")]
                 try:
                     self._terminate(cluster, timeout_s)
@@ -428,8 +517,11 @@ def bare_member_agent(aeron: Any, cluster_dir: Path) -> Any:
 
     ports = supervisor.allocate_local_ports(3)
     context = ConsensusModuleContext(
-        cluster_dir=cluster_dir, member_id=1, cluster_members=supervisor.local_members_string(ports),
-        ingress_channel=f"aeron:udp?endpoint={ports[1].endpoint('ingress')}")
+        cluster_dir=cluster_dir,
+        member_id=1,
+        cluster_members=supervisor.local_members_string(ports),
+        ingress_channel=f"aeron:udp?endpoint={ports[1].endpoint('ingress')}",
+    )
     agent = ConsensusModuleAgent(context, aeron, archive=None, recording_log=None)  # type: ignore[arg-type]
     agent.election = None
     return agent

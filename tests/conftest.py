@@ -33,7 +33,7 @@ def child_processes() -> Iterator[list[multiprocessing.process.BaseProcess]]:
 
 
 @pytest.fixture
-def driver_dir() -> Iterator["Path"]:
+def driver_dir() -> Iterator[Path]:
     """A fresh directory for a media driver under /dev/shm, removed afterwards."""
     from driver_support import new_driver_dir, remove_driver_dir
 
@@ -43,13 +43,13 @@ def driver_dir() -> Iterator["Path"]:
 
 
 @pytest.fixture
-def start_driver(driver_dir: "Path") -> Iterator[Callable[..., "DriverProcess"]]:
+def start_driver(driver_dir: Path) -> Iterator[Callable[..., DriverProcess]]:
     """Start media driver processes (in driver_dir by default); all are stopped afterwards."""
     from driver_support import DriverProcess
 
     drivers: list[DriverProcess] = []
 
-    def start(directory: "Path | None" = None, **options: object) -> DriverProcess:
+    def start(directory: Path | None = None, **options: object) -> DriverProcess:
         driver = DriverProcess(directory or driver_dir, **options)
         drivers.append(driver)
         return driver

@@ -48,8 +48,15 @@ class DriverProcess:
 
         self.directory = directory
         options["directory"] = str(directory)
-        options.setdefault("layout", {"to_driver_capacity": 256 * 1024, "to_clients_capacity": 256 * 1024,
-                                      "counters_values_length": 256 * 1024, "error_log_length": 256 * 1024})
+        options.setdefault(
+            "layout",
+            {
+                "to_driver_capacity": 256 * 1024,
+                "to_clients_capacity": 256 * 1024,
+                "counters_values_length": 256 * 1024,
+                "error_log_length": 256 * 1024,
+            },
+        )
         self.process = subprocess.Popen(
             [sys.executable, "-c", _DRIVER_CODE, json.dumps(options)],
             stdout=subprocess.PIPE,
@@ -60,7 +67,9 @@ class DriverProcess:
 
     def _ready(self) -> bool:
         if self.process.poll() is not None:
-            raise AssertionError(f"driver exited with {self.process.returncode}: {self.process.stderr.read() if self.process.stderr else ''}")
+            raise AssertionError(
+                f"driver exited with {self.process.returncode}: {self.process.stderr.read() if self.process.stderr else ''}"
+            )
         try:
             with CncFile.open(self.directory) as cnc:
                 # A dead driver's leftover file does not count: it must be ours.
@@ -78,14 +87,14 @@ class DriverProcess:
         return stop_process(self.process, 10)
 
 
-def kill_process(process: "subprocess.Popen[Any]") -> None:
+def kill_process(process: subprocess.Popen[Any]) -> None:
     """SIGKILL, and reap."""
     if process.poll() is None:
         process.send_signal(signal.SIGKILL)
         process.wait(10)
 
 
-def stop_process(process: "subprocess.Popen[Any]", timeout_s: float) -> int:
+def stop_process(process: subprocess.Popen[Any], timeout_s: float) -> int:
     """SIGTERM, wait up to ``timeout_s``, then SIGKILL; reaped either way.  The exit code."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)

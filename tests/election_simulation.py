@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fulmar.consensus.agent import ClusterRole, ElectionState
+from fulmar.consensus.agent import ClusterRole
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
 from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, ConsensusPublisher
 from fulmar.consensus.election import Election, ElectionTimeouts, TermEntry, next_term_for, quorum_threshold
@@ -67,7 +67,7 @@ def reproduce_hint(seed: int, members: int) -> str:
 class Link:
     """The publication from one member to another's consensus endpoint."""
 
-    def __init__(self, network: "Network", src: int, dst: int) -> None:
+    def __init__(self, network: Network, src: int, dst: int) -> None:
         self.network = network
         self.src = src
         self.dst = dst
@@ -78,7 +78,7 @@ class Link:
 
 
 class Network:
-    def __init__(self, sim: "Simulation", rng: random.Random) -> None:
+    def __init__(self, sim: Simulation, rng: random.Random) -> None:
         self.sim = sim
         self.rng = rng
         self.queue: list[tuple[int, int, int, int, bytes]] = []
@@ -121,7 +121,7 @@ class SimReplication:
     """Copies the leader's log into the follower's, a few entries per tick,
     while the source is still the leader of the term the follower joined."""
 
-    def __init__(self, node: "SimNode", source_id: int, leadership_term_id: int, stop_position: int) -> None:
+    def __init__(self, node: SimNode, source_id: int, leadership_term_id: int, stop_position: int) -> None:
         self.node = node
         self.source_id = source_id
         self.leadership_term_id = leadership_term_id
@@ -157,7 +157,7 @@ class SimReplication:
 class SimNode:
     """One member: the ElectionHost and the consensus work around its election."""
 
-    def __init__(self, sim: "Simulation", member_id: int) -> None:
+    def __init__(self, sim: Simulation, member_id: int) -> None:
         self.sim = sim
         self.member_id = member_id
         self.others = [m for m in range(sim.member_count) if m != member_id]
@@ -206,7 +206,7 @@ class SimNode:
     def is_leader_of(self, leadership_term_id: int) -> bool:
         return self.alive and self.publication_term == leadership_term_id
 
-    def copy_from(self, source: "SimNode", stop_position: int, limit: int) -> None:
+    def copy_from(self, source: SimNode, stop_position: int, limit: int) -> None:
         start = len(self.log)
         stop = min(stop_position // ENTRY_LENGTH, len(source.log), start + limit)
         if stop > start:
@@ -223,7 +223,8 @@ class SimNode:
                 if committed[index] != entry:
                     raise SimulationFailure(
                         f"member {self.member_id} commits {entry} at position {index * ENTRY_LENGTH} where "
-                        f"{committed[index]} was committed")
+                        f"{committed[index]} was committed"
+                    )
             else:
                 committed.append(entry)
         self.commit = position
@@ -231,9 +232,18 @@ class SimNode:
     def start_election(self, now_ns: int, reason: str) -> None:
         self.sim.trace(f"member {self.member_id} starts an election: {reason}")
         self.election = Election(
-            self.member_id, list(range(self.sim.member_count)), self, self.publisher, self.sim.rng,
-            self.sim.timeouts, False, self.log_term(), self.append_position(),
-            leadership_term_id=self.leadership_term_id, candidate_term_id=self.candidate_term_id)
+            self.member_id,
+            list(range(self.sim.member_count)),
+            self,
+            self.publisher,
+            self.sim.rng,
+            self.sim.timeouts,
+            False,
+            self.log_term(),
+            self.append_position(),
+            leadership_term_id=self.leadership_term_id,
+            candidate_term_id=self.candidate_term_id,
+        )
         self.election.do_work(now_ns)
 
     def crash(self) -> None:
@@ -249,9 +259,18 @@ class SimNode:
             self.catchup_endpoint_free_at_ns = self.sim.rng.randint(now_ns, self.live_endpoint_free_at_ns)
         self._reset_volatile()
         self.election = Election(
-            self.member_id, list(range(self.sim.member_count)), self, self.publisher, self.sim.rng,
-            self.sim.timeouts, True, self.log_term(), self.append_position(),
-            leadership_term_id=max(self.log_term(), NULL_VALUE), candidate_term_id=self.candidate_term_id)
+            self.member_id,
+            list(range(self.sim.member_count)),
+            self,
+            self.publisher,
+            self.sim.rng,
+            self.sim.timeouts,
+            True,
+            self.log_term(),
+            self.append_position(),
+            leadership_term_id=max(self.log_term(), NULL_VALUE),
+            candidate_term_id=self.candidate_term_id,
+        )
 
     # -------------------------------------------------------------- duty cycle
 
@@ -285,33 +304,48 @@ class SimNode:
         if self.role == ClusterRole.LEADER:
             if self.sim.rng.random() < self.sim.write_probability:
                 self.writes += 1
-                self.log.append((self.leadership_term_id, f"m{self.member_id}-t{self.leadership_term_id}-"
-                                                          f"w{self.writes}"))
-            positions = sorted([self.append_position()] + [
-                p for m, (p, _) in self.follower_positions.items()], reverse=True)
+                self.log.append(
+                    (self.leadership_term_id, f"m{self.member_id}-t{self.leadership_term_id}-w{self.writes}")
+                )
+            positions = sorted(
+                [self.append_position()] + [p for m, (p, _) in self.follower_positions.items()], reverse=True
+            )
             quorum = quorum_threshold(self.sim.member_count)
             if len(positions) >= quorum:
                 quorum_position = positions[quorum - 1]
                 if quorum_position > self.term_base:  # only entries of this term commit by counting
                     self._set_commit(quorum_position)
-            if self.commit != self.last_commit_sent[0] or \
-                    now_ns >= self.last_commit_sent[1] + timeouts.leader_heartbeat_interval_ns:
+            if (
+                self.commit != self.last_commit_sent[0]
+                or now_ns >= self.last_commit_sent[1] + timeouts.leader_heartbeat_interval_ns
+            ):
                 self.last_commit_sent = (self.commit, now_ns)
                 for m in self.others:
-                    self.publisher.commit_position(m, leadership_term_id=self.leadership_term_id,
-                                                   log_position=self.commit, leader_member_id=self.member_id)
-            active = 1 + sum(1 for _, t in self.follower_positions.values()
-                             if now_ns - t < timeouts.leader_heartbeat_timeout_ns)
+                    self.publisher.commit_position(
+                        m,
+                        leadership_term_id=self.leadership_term_id,
+                        log_position=self.commit,
+                        leader_member_id=self.member_id,
+                    )
+            active = 1 + sum(
+                1 for _, t in self.follower_positions.values() if now_ns - t < timeouts.leader_heartbeat_timeout_ns
+            )
             if active < quorum_threshold(self.sim.member_count):
                 self.start_election(now_ns, "inactive follower quorum")
         else:
             self._set_commit(self.notified_commit)
             position = self.append_position()
-            if position != self.last_append_sent[0] or \
-                    now_ns >= self.last_append_sent[1] + timeouts.leader_heartbeat_interval_ns:
+            if (
+                position != self.last_append_sent[0]
+                or now_ns >= self.last_append_sent[1] + timeouts.leader_heartbeat_interval_ns
+            ):
                 self.last_append_sent = (position, now_ns)
-                self.publisher.append_position(self.leader_id, leadership_term_id=self.leadership_term_id,
-                                               log_position=position, follower_member_id=self.member_id)
+                self.publisher.append_position(
+                    self.leader_id,
+                    leadership_term_id=self.leadership_term_id,
+                    log_position=position,
+                    follower_member_id=self.member_id,
+                )
             if now_ns - self.last_leader_message_ns >= timeouts.leader_heartbeat_timeout_ns:
                 self.start_election(now_ns, "leader heartbeat timeout")
 
@@ -338,10 +372,11 @@ class SimNode:
 
     def truncate_log_to(self, position: int) -> None:
         if position < self.commit:
-            raise SimulationFailure(f"member {self.member_id} truncates to {position} below its commit "
-                                    f"position {self.commit}")
+            raise SimulationFailure(
+                f"member {self.member_id} truncates to {position} below its commit position {self.commit}"
+            )
         self.sim.trace(f"member {self.member_id} truncates {self.append_position()} -> {position}")
-        del self.log[position // ENTRY_LENGTH:]
+        del self.log[position // ENTRY_LENGTH :]
         self.terms = [t for t in self.terms if t[1] <= position]
         self.processed = min(self.processed, position)
 
@@ -353,11 +388,15 @@ class SimNode:
         if any(t == leadership_term_id for t, _ in self.terms):
             return
         if self.terms and (self.terms[-1][0] > leadership_term_id or self.terms[-1][1] > term_base_log_position):
-            raise SimulationFailure(f"member {self.member_id} records term {leadership_term_id} at "
-                                    f"{term_base_log_position} after {self.terms[-1]}")
+            raise SimulationFailure(
+                f"member {self.member_id} records term {leadership_term_id} at "
+                f"{term_base_log_position} after {self.terms[-1]}"
+            )
         if term_base_log_position > self.append_position():
-            raise SimulationFailure(f"member {self.member_id} records term {leadership_term_id} at "
-                                    f"{term_base_log_position} beyond its log {self.append_position()}")
+            raise SimulationFailure(
+                f"member {self.member_id} records term {leadership_term_id} at "
+                f"{term_base_log_position} beyond its log {self.append_position()}"
+            )
         self.terms.append((leadership_term_id, term_base_log_position))
 
     def replicate(self, leader_member_id: int, leader_recording_id: int, stop_position: int) -> SimReplication:
@@ -389,8 +428,9 @@ class SimNode:
     def create_log_publication(self, leadership_term_id: int, log_position: int) -> int:
         leaders = self.sim.leaders
         if leaders.setdefault(leadership_term_id, self.member_id) != self.member_id:
-            raise SimulationFailure(f"two leaders in term {leadership_term_id}: members "
-                                    f"{leaders[leadership_term_id]} and {self.member_id}")
+            raise SimulationFailure(
+                f"two leaders in term {leadership_term_id}: members {leaders[leadership_term_id]} and {self.member_id}"
+            )
         self.sim.trace(f"member {self.member_id} leads term {leadership_term_id} from {log_position}")
         self.prepare_for_election()
         self.publication_term = leadership_term_id
@@ -406,8 +446,9 @@ class SimNode:
         self.log.append((leadership_term_id, f"new-leadership-term-{leadership_term_id}"))
         return True
 
-    def join_log_as_follower(self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int,
-                             log_session_id: int) -> bool:
+    def join_log_as_follower(
+        self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int, log_session_id: int
+    ) -> bool:
         self.subscribed = (leader_member_id, leadership_term_id)
         self.term_base = term_base_log_position
         self.append_term(leadership_term_id, term_base_log_position)
@@ -460,48 +501,93 @@ class SimNode:
         if role == ClusterRole.LEADER:
             self.term_base = self.election.term_base_log_position
             self.follower_positions = {m: (0, now_ns) for m in self.others}
-        self.sim.trace(f"member {self.member_id} completes its election as {role.name} of term "
-                       f"{leadership_term_id} (leader {leader_member_id})")
+        self.sim.trace(
+            f"member {self.member_id} completes its election as {role.name} of term "
+            f"{leadership_term_id} (leader {leader_member_id})"
+        )
 
     # -------------------------------------------------------------- consensus messages
 
-    def on_canvass_position(self, log_leadership_term_id: int, log_position: int, leadership_term_id: int,
-                            follower_member_id: int, protocol_version: int) -> None:
+    def on_canvass_position(
+        self,
+        log_leadership_term_id: int,
+        log_position: int,
+        leadership_term_id: int,
+        follower_member_id: int,
+        protocol_version: int,
+    ) -> None:
         if self.election is not None:
-            self.election.on_canvass_position(log_leadership_term_id, log_position, leadership_term_id,
-                                              follower_member_id, protocol_version)
+            self.election.on_canvass_position(
+                log_leadership_term_id, log_position, leadership_term_id, follower_member_id, protocol_version
+            )
         elif leadership_term_id > self.leadership_term_id:
             self.start_election(self.sim.now_ns, "a member canvasses in a newer term")
         elif self.role == ClusterRole.LEADER:
             next_id, next_base, next_position = next_term_for(
-                self.term_entries(), log_leadership_term_id, self.leadership_term_id, self.term_base)
+                self.term_entries(), log_leadership_term_id, self.leadership_term_id, self.term_base
+            )
             self.publisher.new_leadership_term(
-                follower_member_id, log_leadership_term_id=log_leadership_term_id, next_leadership_term_id=next_id,
-                next_term_base_log_position=next_base, next_log_position=next_position,
-                leadership_term_id=self.leadership_term_id, term_base_log_position=self.term_base,
-                log_position=self.append_position(), leader_recording_id=0, timestamp=self.sim.now_ns // MS,
-                leader_member_id=self.member_id, log_session_id=self.log_session_id, app_version=0,
-                is_startup=False)
+                follower_member_id,
+                log_leadership_term_id=log_leadership_term_id,
+                next_leadership_term_id=next_id,
+                next_term_base_log_position=next_base,
+                next_log_position=next_position,
+                leadership_term_id=self.leadership_term_id,
+                term_base_log_position=self.term_base,
+                log_position=self.append_position(),
+                leader_recording_id=0,
+                timestamp=self.sim.now_ns // MS,
+                leader_member_id=self.member_id,
+                log_session_id=self.log_session_id,
+                app_version=0,
+                is_startup=False,
+            )
 
-    def on_request_vote(self, log_leadership_term_id: int, log_position: int, candidate_term_id: int,
-                        candidate_member_id: int, protocol_version: int) -> None:
+    def on_request_vote(
+        self,
+        log_leadership_term_id: int,
+        log_position: int,
+        candidate_term_id: int,
+        candidate_member_id: int,
+        protocol_version: int,
+    ) -> None:
         if self.election is None and candidate_term_id > self.leadership_term_id:
             self.start_election(self.sim.now_ns, "RequestVote for a newer term")
         if self.election is not None:
-            self.election.on_request_vote(log_leadership_term_id, log_position, candidate_term_id,
-                                          candidate_member_id, protocol_version)
+            self.election.on_request_vote(
+                log_leadership_term_id, log_position, candidate_term_id, candidate_member_id, protocol_version
+            )
 
-    def on_vote(self, candidate_term_id: int, log_leadership_term_id: int, log_position: int,
-                candidate_member_id: int, follower_member_id: int, vote: bool) -> None:
+    def on_vote(
+        self,
+        candidate_term_id: int,
+        log_leadership_term_id: int,
+        log_position: int,
+        candidate_member_id: int,
+        follower_member_id: int,
+        vote: bool,
+    ) -> None:
         if self.election is not None:
-            self.election.on_vote(candidate_term_id, log_leadership_term_id, log_position, candidate_member_id,
-                                  follower_member_id, vote)
+            self.election.on_vote(
+                candidate_term_id, log_leadership_term_id, log_position, candidate_member_id, follower_member_id, vote
+            )
 
-    def on_new_leadership_term(self, log_leadership_term_id: int, next_leadership_term_id: int,
-                               next_term_base_log_position: int, next_log_position: int, leadership_term_id: int,
-                               term_base_log_position: int, log_position: int, leader_recording_id: int,
-                               timestamp: int, leader_member_id: int, log_session_id: int, app_version: int,
-                               is_startup: bool) -> None:
+    def on_new_leadership_term(
+        self,
+        log_leadership_term_id: int,
+        next_leadership_term_id: int,
+        next_term_base_log_position: int,
+        next_log_position: int,
+        leadership_term_id: int,
+        term_base_log_position: int,
+        log_position: int,
+        leader_recording_id: int,
+        timestamp: int,
+        leader_member_id: int,
+        log_session_id: int,
+        app_version: int,
+        is_startup: bool,
+    ) -> None:
         if self.election is None:
             if leadership_term_id > self.leadership_term_id:
                 self.start_election(self.sim.now_ns, "NewLeadershipTerm for a newer term")
@@ -509,22 +595,40 @@ class SimNode:
                 self.last_leader_message_ns = self.sim.now_ns
         if self.election is not None:
             self.election.on_new_leadership_term(
-                log_leadership_term_id, next_leadership_term_id, next_term_base_log_position, next_log_position,
-                leadership_term_id, term_base_log_position, log_position, leader_recording_id, timestamp,
-                leader_member_id, log_session_id, app_version, is_startup)
+                log_leadership_term_id,
+                next_leadership_term_id,
+                next_term_base_log_position,
+                next_log_position,
+                leadership_term_id,
+                term_base_log_position,
+                log_position,
+                leader_recording_id,
+                timestamp,
+                leader_member_id,
+                log_session_id,
+                app_version,
+                is_startup,
+            )
 
-    def on_append_position(self, leadership_term_id: int, log_position: int, follower_member_id: int,
-                           flags: int) -> None:
+    def on_append_position(
+        self, leadership_term_id: int, log_position: int, follower_member_id: int, flags: int
+    ) -> None:
         if self.election is not None:
             self.election.on_append_position(leadership_term_id, log_position, follower_member_id, flags)
         elif self.role == ClusterRole.LEADER and leadership_term_id == self.leadership_term_id:
             previous = self.follower_positions.get(follower_member_id, (0, 0))[0]
             self.follower_positions[follower_member_id] = (max(previous, log_position), self.sim.now_ns)
-            if flags & APPEND_POSITION_FLAG_CATCHUP and follower_member_id in self.catchups and \
-                    log_position >= self.append_position() - 2 * ENTRY_LENGTH:
+            if (
+                flags & APPEND_POSITION_FLAG_CATCHUP
+                and follower_member_id in self.catchups
+                and log_position >= self.append_position() - 2 * ENTRY_LENGTH
+            ):
                 self.catchups.discard(follower_member_id)
-                self.publisher.stop_catchup(follower_member_id, leadership_term_id=self.leadership_term_id,
-                                            follower_member_id=follower_member_id)
+                self.publisher.stop_catchup(
+                    follower_member_id,
+                    leadership_term_id=self.leadership_term_id,
+                    follower_member_id=follower_member_id,
+                )
 
     def on_commit_position(self, leadership_term_id: int, log_position: int, leader_member_id: int) -> None:
         if self.election is not None:
@@ -533,15 +637,18 @@ class SimNode:
             self.start_election(self.sim.now_ns, "CommitPosition of a newer term")
             assert self.election is not None
             self.election.on_commit_position(leadership_term_id, log_position, leader_member_id)
-        elif self.role == ClusterRole.FOLLOWER and leadership_term_id == self.leadership_term_id \
-                and leader_member_id == self.leader_id:
+        elif (
+            self.role == ClusterRole.FOLLOWER
+            and leadership_term_id == self.leadership_term_id
+            and leader_member_id == self.leader_id
+        ):
             self.notified_commit = max(self.notified_commit, log_position)
             self.last_leader_message_ns = self.sim.now_ns
 
-    def on_catchup_position(self, leadership_term_id: int, log_position: int, follower_member_id: int,
-                            catchup_endpoint: str) -> None:
-        if self.election is None and self.role == ClusterRole.LEADER and \
-                leadership_term_id == self.leadership_term_id:
+    def on_catchup_position(
+        self, leadership_term_id: int, log_position: int, follower_member_id: int, catchup_endpoint: str
+    ) -> None:
+        if self.election is None and self.role == ClusterRole.LEADER and leadership_term_id == self.leadership_term_id:
             self.catchups.add(follower_member_id)
 
     def on_stop_catchup(self, leadership_term_id: int, follower_member_id: int) -> None:
@@ -572,8 +679,16 @@ class Result:
 class Simulation:
     """One seeded run: a chaos phase with faults, then a liveness phase after healing."""
 
-    def __init__(self, seed: int, member_count: int = 3, *, timeouts: ElectionTimeouts = SIM_TIMEOUTS,
-                 tick_ns: int = 10 * MS, chaos_ns: int = 10 * SECOND, verbose: bool = False) -> None:
+    def __init__(
+        self,
+        seed: int,
+        member_count: int = 3,
+        *,
+        timeouts: ElectionTimeouts = SIM_TIMEOUTS,
+        tick_ns: int = 10 * MS,
+        chaos_ns: int = 10 * SECOND,
+        verbose: bool = False,
+    ) -> None:
         self.seed = seed
         self.member_count = member_count
         self.rng = random.Random(seed)
@@ -600,8 +715,11 @@ class Simulation:
         # How long a restarted member's endpoints may stay held (up to two heartbeat timeouts).
         self.held_endpoint_max_ms = rng.choice([0, 1000, 4000])
         # the liveness bound after healing: stale roles time out, then a few election rounds
-        self.liveness_bound_ns = timeouts.startup_canvass_timeout_ns + timeouts.leader_heartbeat_timeout_ns \
+        self.liveness_bound_ns = (
+            timeouts.startup_canvass_timeout_ns
+            + timeouts.leader_heartbeat_timeout_ns
             + 20 * timeouts.election_timeout_ns
+        )
 
     def trace(self, text: str) -> None:
         if self.verbose:
@@ -642,11 +760,21 @@ class Simulation:
 
     def stable_leader(self) -> SimNode | None:
         for node in self.nodes:
-            if node.alive and node.election is None and node.role == ClusterRole.LEADER \
-                    and node.commit > node.term_base:
-                followers = sum(1 for n in self.nodes if n.alive and n.election is None
-                                and n.role == ClusterRole.FOLLOWER and n.leader_id == node.member_id
-                                and n.leadership_term_id == node.leadership_term_id)
+            if (
+                node.alive
+                and node.election is None
+                and node.role == ClusterRole.LEADER
+                and node.commit > node.term_base
+            ):
+                followers = sum(
+                    1
+                    for n in self.nodes
+                    if n.alive
+                    and n.election is None
+                    and n.role == ClusterRole.FOLLOWER
+                    and n.leader_id == node.member_id
+                    and n.leadership_term_id == node.leadership_term_id
+                )
                 if followers + 1 >= quorum_threshold(self.member_count):
                     return node
         return None
@@ -680,9 +808,14 @@ class Simulation:
                     break
                 if self.now_ns - healed_ns > self.liveness_bound_ns:
                     raise SimulationFailure(
-                        f"no leader {self.liveness_bound_ns / SECOND:.1f}s after healing: " + "; ".join(
-                            f"m{n.member_id}:{n.election!r}" if n.election else
-                            f"m{n.member_id}:{n.role.name} term {n.leadership_term_id}" for n in self.nodes))
+                        f"no leader {self.liveness_bound_ns / SECOND:.1f}s after healing: "
+                        + "; ".join(
+                            f"m{n.member_id}:{n.election!r}"
+                            if n.election
+                            else f"m{n.member_id}:{n.role.name} term {n.leadership_term_id}"
+                            for n in self.nodes
+                        )
+                    )
             elected_ns = self.now_ns - healed_ns
             # a write after healing commits on the leader
             deadline = self.now_ns + 10 * self.timeouts.election_timeout_ns
@@ -690,13 +823,23 @@ class Simulation:
             while self.stable_leader() is leader and leader.commit < target and self.now_ns < deadline:
                 self._tick()
             if leader.commit < target and self.stable_leader() is leader:
-                raise SimulationFailure(f"leader {leader.member_id} does not commit after healing "
-                                        f"(commit {commit}, target {target})")
+                raise SimulationFailure(
+                    f"leader {leader.member_id} does not commit after healing (commit {commit}, target {target})"
+                )
         except SimulationFailure as failure:
-            raise SimulationFailure(f"seed {self.seed} ({self.member_count} members) at "
-                                    f"{self.now_ns / SECOND:.3f}s: {failure}\n{reproduce_hint(self.seed, self.member_count)}") from None
-        return Result(self.seed, self.member_count, elected_ns, self.now_ns, len(self.committed),
-                      max(self.leaders, default=NULL_VALUE), network.delivered)
+            raise SimulationFailure(
+                f"seed {self.seed} ({self.member_count} members) at "
+                f"{self.now_ns / SECOND:.3f}s: {failure}\n{reproduce_hint(self.seed, self.member_count)}"
+            ) from None
+        return Result(
+            self.seed,
+            self.member_count,
+            elected_ns,
+            self.now_ns,
+            len(self.committed),
+            max(self.leaders, default=NULL_VALUE),
+            network.delivered,
+        )
 
 
 def run_seed(seed: int, members: int = 3, verbose: bool = False) -> Result:
@@ -725,8 +868,10 @@ def main(argv: list[str] | None = None) -> int:
             failures += 1
             print(failure, file=sys.stderr)
     elapsed = time.perf_counter() - started
-    print(f"{len(seeds)} seeds x {args.members} members: {failures} failed, slowest election after healing "
-          f"{worst / SECOND:.2f}s simulated, {elapsed:.1f}s")
+    print(
+        f"{len(seeds)} seeds x {args.members} members: {failures} failed, slowest election after healing "
+        f"{worst / SECOND:.2f}s simulated, {elapsed:.1f}s"
+    )
     return 1 if failures else 0
 
 

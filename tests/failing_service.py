@@ -7,8 +7,9 @@ from fulmar.service.clustered_service import ClientSession, ClusteredService
 
 
 class FailingService(ClusteredService):
-    def on_session_message(self, session: ClientSession | None, timestamp: int, buffer: memoryview,
-                           offset: int, length: int) -> None:
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, buffer: memoryview, offset: int, length: int
+    ) -> None:
         payload = bytes(buffer[offset : offset + length])
         if payload == b"boom":
             raise RuntimeError("the service was asked to fail")

@@ -82,9 +82,9 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
-Value = Union[None, bool, int, float, str]
+Value = None | bool | int | float | str
 """A JSON-like scalar; ``None`` is "absent"."""
 
 
@@ -215,8 +215,10 @@ class KeyResult:
         if self.ok:
             return lines[0]
         shown = self.linearization[-max_prefix:] if max_prefix > 0 else ()
-        lines.append(f"  longest linearizable prefix: {len(self.linearization)} operations"
-                     + (f" (last {len(shown)} shown)" if len(shown) < len(self.linearization) else ""))
+        lines.append(
+            f"  longest linearizable prefix: {len(self.linearization)} operations"
+            + (f" (last {len(shown)} shown)" if len(shown) < len(self.linearization) else "")
+        )
         first = len(self.linearization) - len(shown)
         for index, step in enumerate(shown, start=first + 1):
             lines.append(f"    {index}. {step.operation.describe()}  => {step.state!r}")

@@ -19,9 +19,14 @@ BEGIN, END = 0x80, 0x40
 PAD, DATA = 0, 1
 
 _DECODERS = {
-    d.TEMPLATE_ID: d for d in (
-        codecs.SessionMessageHeaderDecoder, codecs.SessionOpenEventDecoder, codecs.SessionCloseEventDecoder,
-        codecs.TimerEventDecoder, codecs.ClusterActionRequestDecoder, codecs.NewLeadershipTermEventDecoder,
+    d.TEMPLATE_ID: d
+    for d in (
+        codecs.SessionMessageHeaderDecoder,
+        codecs.SessionOpenEventDecoder,
+        codecs.SessionCloseEventDecoder,
+        codecs.TimerEventDecoder,
+        codecs.ClusterActionRequestDecoder,
+        codecs.NewLeadershipTermEventDecoder,
     )
 }
 _NAMES = {template_id: d.NAME for template_id, d in codecs.DECODERS.items()}
@@ -37,9 +42,17 @@ def _enum_name(enum: Any, raw: int) -> str:
 def decode_message(message: bytes) -> dict[str, Any]:
     """The columns of one whole message (no positions)."""
     row: dict[str, Any] = {
-        "template_id": -1, "message_type": "Unknown", "leadership_term_id": None, "cluster_session_id": None,
-        "correlation_id": None, "timestamp": None, "leader_member_id": None, "time_unit": None,
-        "cluster_action": None, "close_reason": None, "payload": message,
+        "template_id": -1,
+        "message_type": "Unknown",
+        "leadership_term_id": None,
+        "cluster_session_id": None,
+        "correlation_id": None,
+        "timestamp": None,
+        "leader_member_id": None,
+        "time_unit": None,
+        "cluster_action": None,
+        "close_reason": None,
+        "payload": message,
     }
     if len(message) < 8:
         return row
@@ -97,8 +110,12 @@ def reference_rows(data: bytes, segment_base: int, start: int, end: int) -> list
         offset += aligned
         if flags & END:
             row = decode_message(bytes(pending))
-            row.update(log_position=segment_base + first, next_position=segment_base + offset, fragments=fragments,
-                       payload_length=len(row["payload"]))
+            row.update(
+                log_position=segment_base + first,
+                next_position=segment_base + offset,
+                fragments=fragments,
+                payload_length=len(row["payload"]),
+            )
             rows.append(row)
             pending = None
     return rows
@@ -125,8 +142,9 @@ def write_messages(messages: list[bytes], term_length: int, max_payload: int, te
         term_offset = position % term_length
         if term_offset + needed > term_length:
             pad_length = term_length - term_offset
-            out[position : position + HEADER_LENGTH] = FRAME.pack(pad_length, 0, BEGIN | END, PAD, term_offset,
-                                                                  7, 100, 0, 0)
+            out[position : position + HEADER_LENGTH] = FRAME.pack(
+                pad_length, 0, BEGIN | END, PAD, term_offset, 7, 100, 0, 0
+            )
             position += pad_length
         if position + needed > len(out):
             raise ValueError("the messages do not fit in the segment")

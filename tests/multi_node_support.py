@@ -40,8 +40,13 @@ def member_view(cluster: LocalCluster, member: int) -> MemberView:
         node = cluster_member_node(ClusterNode(f"node{member}", cluster.cluster_dir(member)), epoch_ms())
     except FulmarError:
         return MemberView(member, False, None, None, None)
-    return MemberView(member, bool(node["running"]) and node["role"] is not None, node["role"],
-                      node["leadership_term_id"], node["commit_position"])
+    return MemberView(
+        member,
+        bool(node["running"]) and node["role"] is not None,
+        node["role"],
+        node["leadership_term_id"],
+        node["commit_position"],
+    )
 
 
 def leaders(cluster: LocalCluster) -> list[MemberView]:
@@ -49,8 +54,9 @@ def leaders(cluster: LocalCluster) -> list[MemberView]:
     return [v for v in views if v.running and v.role == LEADER]
 
 
-def wait_for_leader(cluster: LocalCluster, timeout_s: float, *, not_member: int | None = None,
-                    min_term: int = 0) -> MemberView:
+def wait_for_leader(
+    cluster: LocalCluster, timeout_s: float, *, not_member: int | None = None, min_term: int = 0
+) -> MemberView:
     """The one leader (a member other than ``not_member``, in a term >= ``min_term``);
     two leaders of one term fail the test at once."""
     found: list[MemberView] = []
@@ -73,8 +79,9 @@ def wait_for_commit(cluster: LocalCluster, members: list[int], position: int, ti
     def reached() -> bool:
         return all((member_view(cluster, m).commit_position or -1) >= position for m in members)
 
-    wait_for(reached, timeout_s, f"members {members} to commit {position}: "
-             f"{[member_view(cluster, m) for m in members]}")
+    wait_for(
+        reached, timeout_s, f"members {members} to commit {position}: {[member_view(cluster, m) for m in members]}"
+    )
 
 
 # ----------------------------------------------------------------------------- logs
@@ -90,9 +97,13 @@ def log_frames(cluster: LocalCluster, member: int, limit: int, start: int = 0) -
         recording_id = log.find_last_term_recording_id()
     finally:
         log.close()
-    segments = sorted(cluster.archive_dir(member).glob(f"{recording_id}-*.rec"), key=lambda p: segment_base_of_file(p.name))
+    segments = sorted(
+        cluster.archive_dir(member).glob(f"{recording_id}-*.rec"), key=lambda p: segment_base_of_file(p.name)
+    )
     first = segment_base_of_file(segments[0].name) if segments else None
-    assert first is not None and first <= start, f"member {member}: no log from position {start} (first segment {first})"
+    assert first is not None and first <= start, (
+        f"member {member}: no log from position {start} (first segment {first})"
+    )
     data = b"".join(p.read_bytes() for p in segments)
     frames = []
     position = start
@@ -108,8 +119,9 @@ def assert_same_logs(cluster: LocalCluster, members: list[int], limit: int) -> N
     reference = log_frames(cluster, members[0], limit)
     for member in members[1:]:
         frames = log_frames(cluster, member, limit)
-        assert len(frames) == len(reference), f"member {member} holds {len(frames)} frames, member {members[0]} " \
-                                              f"{len(reference)}"
+        assert len(frames) == len(reference), (
+            f"member {member} holds {len(frames)} frames, member {members[0]} {len(reference)}"
+        )
         for index, (mine, theirs) in enumerate(zip(frames, reference)):
             assert mine == theirs, f"frame {index} differs between members {member} and {members[0]}"
 
@@ -139,7 +151,7 @@ class CounterWorkload:
         self._thread = threading.Thread(target=self._run, name="workload", daemon=True)
         self.client: ClusterClient | None = None
 
-    def start(self) -> "CounterWorkload":
+    def start(self) -> CounterWorkload:
         self.client = self.cluster.connect_client()
         self._thread.start()
         return self
@@ -169,8 +181,11 @@ class CounterWorkload:
 
     def wait_for_acks(self, count: int, timeout_s: float) -> None:
         target = len(self.acked) + count
-        wait_for(lambda: len(self.acked) >= target, timeout_s,
-                 f"{count} more acknowledged writes (errors: {self.errors[-3:]})")
+        wait_for(
+            lambda: len(self.acked) >= target,
+            timeout_s,
+            f"{count} more acknowledged writes (errors: {self.errors[-3:]})",
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -191,12 +206,14 @@ class CounterWorkload:
         for index, (value, unknown) in enumerate(zip(self.acked, self.unknown_before), start=1):
             sent += unknown + 1
             assert previous < value, f"the counter went back from {previous} to {value}"
-            assert index <= value <= sent, \
+            assert index <= value <= sent, (
                 f"answer {index} was {value}, with {sent} requests sent by then: a write lost or applied twice"
+            )
             previous = value
-        assert self.acked[-1] <= final_value <= len(self.acked) + self.unknown, \
-            f"final value {final_value} after last answer {self.acked[-1]}, {len(self.acked)} answered and " \
+        assert self.acked[-1] <= final_value <= len(self.acked) + self.unknown, (
+            f"final value {final_value} after last answer {self.acked[-1]}, {len(self.acked)} answered and "
             f"{self.unknown} unanswered requests"
+        )
 
 
 def read_counter(client: ClusterClient) -> int:

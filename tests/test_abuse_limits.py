@@ -50,8 +50,9 @@ def connect(cluster: SingleNodeCluster, aeron: Aeron | None = None, **options: A
     options.setdefault("message_timeout_ns", 10_000_000_000)
     options.setdefault("keepalive_interval_ns", KEEPALIVE_NS)
     channel = options.pop("ingress_channel", cluster.ingress_channel)
-    return ClusterClient.connect(aeron or cluster.connect(), channel,
-                                 egress_channel="aeron:udp?endpoint=127.0.0.1:0", **options)
+    return ClusterClient.connect(
+        aeron or cluster.connect(), channel, egress_channel="aeron:udp?endpoint=127.0.0.1:0", **options
+    )
 
 
 def counter(aeron: Aeron, type_id: int) -> int:
@@ -68,14 +69,20 @@ def log_frame_length(payload_length: int) -> int:
     return (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
 
 
-def raw_connect_request(publication: Publication, correlation_id: int, response_channel: str,
-                        credentials: bytes = b"") -> None:
+def raw_connect_request(
+    publication: Publication, correlation_id: int, response_channel: str, credentials: bytes = b""
+) -> None:
     """A SessionConnectRequest offered by hand, as a hostile client would."""
     message = bytearray(512)
     length = codecs.SessionConnectRequestEncoder.encode(
-        message, 0, correlation_id=correlation_id, response_stream_id=protocol.EGRESS_STREAM_ID,
-        version=protocol.PROTOCOL_SEMANTIC_VERSION, response_channel=response_channel,
-        encoded_credentials=credentials)
+        message,
+        0,
+        correlation_id=correlation_id,
+        response_stream_id=protocol.EGRESS_STREAM_ID,
+        version=protocol.PROTOCOL_SEMANTIC_VERSION,
+        response_channel=response_channel,
+        encoded_credentials=credentials,
+    )
     wait_for(lambda: publication.offer(bytes(message[:length])) > 0, 10, "the connect request to be offered")
 
 
@@ -85,8 +92,9 @@ def ingress_publication(aeron: Aeron, cluster: SingleNodeCluster, params: str = 
     return publication
 
 
-def connect_when_a_slot_frees(cluster: SingleNodeCluster, aeron: Aeron, timeout_s: float,
-                              **options: Any) -> ClusterClient:
+def connect_when_a_slot_frees(
+    cluster: SingleNodeCluster, aeron: Aeron, timeout_s: float, **options: Any
+) -> ClusterClient:
     """Connect, retrying while the cluster answers that its session limit is reached."""
     opened: list[ClusterClient] = []
 
@@ -113,7 +121,9 @@ def test_a_session_over_the_limit_is_rejected_until_one_closes(node_with: Any) -
     assert counter(aeron, protocol.CLUSTER_SESSIONS_TYPE_ID) == 2
     log_before = counter(aeron, protocol.COMMIT_POSITION_TYPE_ID)
 
-    with pytest.raises(ClusterConnectError, match="the cluster refused the session: concurrent session limit 2 reached"):
+    with pytest.raises(
+        ClusterConnectError, match="the cluster refused the session: concurrent session limit 2 reached"
+    ):
         connect(cluster, aeron)
 
     # The open sessions carry on, and the rejected one appended nothing: the
@@ -149,8 +159,11 @@ def test_connect_requests_that_never_connect_hold_a_slot_only_until_they_time_ou
     # The module reads each publication in order, but different ones in any
     # order: a junk message after the flood tells when the flood was read.
     wait_for(lambda: hostile.offer(b"not a request") > 0, 10, "the junk message to be offered")
-    wait_for(lambda: counter(aeron, protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID) > invalid_before, 10,
-             "the module to read the flood")
+    wait_for(
+        lambda: counter(aeron, protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID) > invalid_before,
+        10,
+        "the module to read the flood",
+    )
 
     with pytest.raises(ClusterConnectError, match="concurrent session limit 2 reached"):
         connect(cluster, aeron)
@@ -164,8 +177,9 @@ def test_connect_requests_that_never_connect_hold_a_slot_only_until_they_time_ou
 
 
 def test_a_challenge_never_answered_holds_its_slot_only_until_the_timeout(node_with: Any) -> None:
-    cluster = node_with("--max-concurrent-sessions", "1", "--session-timeout", "2s",
-                        "--authenticator-secret", SECRET.decode())
+    cluster = node_with(
+        "--max-concurrent-sessions", "1", "--session-timeout", "2s", "--authenticator-secret", SECRET.decode()
+    )
     aeron = cluster.connect()
     # The hostile client listens on its egress (so it is challenged) but never answers.
     egress = aeron.add_subscription("aeron:udp?endpoint=127.0.0.1:0", protocol.EGRESS_STREAM_ID)
@@ -241,6 +255,7 @@ class RssSampler:
 
 def offer_fragment(publication: Publication, claim: BufferClaim, payload: bytes, flags: int) -> None:
     """One frame with the given fragment flags, as a hostile publisher writes it."""
+
     def claimed() -> bool:
         return publication.try_claim(len(payload), claim) > 0
 
@@ -281,8 +296,11 @@ def test_a_message_without_end_is_dropped_at_the_max_length_and_memory_stays_bou
     offer_fragment(hostile, claim, fragment, END_FLAG)
     # An unfragmented message that is no request: once it is counted, all before it was read.
     offer_fragment(hostile, claim, b"not a request", BEGIN_FLAG | END_FLAG)
-    wait_for(lambda: counter(aeron, protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID) >= invalid_before + 2, 60,
-             "the module to read the hostile stream")
+    wait_for(
+        lambda: counter(aeron, protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID) >= invalid_before + 2,
+        60,
+        "the module to read the hostile stream",
+    )
     peak = sampler.stop()
 
     assert peak - baseline < 24 << 20, f"RSS grew by {(peak - baseline) >> 20} MiB while {total >> 20} MiB came in"
@@ -294,8 +312,11 @@ def test_a_message_without_end_is_dropped_at_the_max_length_and_memory_stays_bou
     # for the rest of the dropped one: it is read (and refused: no session).
     offer_fragment(hostile, claim, b"\x01" * 100, BEGIN_FLAG)
     offer_fragment(hostile, claim, b"\x02" * 100, END_FLAG)
-    wait_for(lambda: counter(aeron, protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID) >= invalid_before + 3, 10,
-             "the next message to be read")
+    wait_for(
+        lambda: counter(aeron, protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID) >= invalid_before + 3,
+        10,
+        "the next message to be read",
+    )
     assert counter(aeron, protocol.CLUSTER_ERROR_COUNT_TYPE_ID) == errors_before + 1  # not a drop
     honest.close()
 
@@ -312,9 +333,14 @@ def _greedy_session(driver_dir: str, ingress_channel: str, replies: Any, stop: A
         nonlocal count
         count += 1
 
-    client = ClusterClient.connect(aeron, ingress_channel, egress_channel="aeron:udp?endpoint=127.0.0.1:0",
-                                   message_timeout_ns=10_000_000_000, keepalive_interval_ns=KEEPALIVE_NS,
-                                   on_message=on_message)
+    client = ClusterClient.connect(
+        aeron,
+        ingress_channel,
+        egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+        message_timeout_ns=10_000_000_000,
+        keepalive_interval_ns=KEEPALIVE_NS,
+        on_message=on_message,
+    )
     ready.set()
     sent = 0
     payload = b"g" * 100
@@ -332,8 +358,9 @@ def test_a_polite_session_is_served_while_a_greedy_one_floods(node_with: Any, ch
     replies = FORK.Value("q", 0)
     stop, ready = FORK.Event(), FORK.Event()
     # Forked before this process opens any client of its own.
-    greedy = FORK.Process(target=_greedy_session,
-                          args=(str(cluster.driver_dir), cluster.ingress_channel, replies, stop, ready))
+    greedy = FORK.Process(
+        target=_greedy_session, args=(str(cluster.driver_dir), cluster.ingress_channel, replies, stop, ready)
+    )
     child_processes.append(greedy)
     greedy.start()
     wait_for(ready.is_set, 20, "the greedy session to connect")

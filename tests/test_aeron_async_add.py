@@ -42,8 +42,9 @@ def test_async_add_returns_at_once_and_the_publication_comes_later(start_driver:
         assert aeron.get_publication(registration_id) is publication  # asked again: the same one
         wait_for(lambda: publication.offer(b"hello") > 0, 10, "the offer")
         received: list[bytes] = []
-        assembler = FragmentAssembler(lambda buffer, offset, length, header: received.append(
-            bytes(buffer[offset:offset + length])))
+        assembler = FragmentAssembler(
+            lambda buffer, offset, length, header: received.append(bytes(buffer[offset : offset + length]))
+        )
         wait_for(lambda: subscription.poll(assembler.on_fragment, 10) or received, 10, "the message")
         assert received == [b"hello"]
 

@@ -125,7 +125,8 @@ def test_runner_reports_and_counts_errors_and_keeps_going(errors: Errors, runner
 
 
 def test_a_runner_backs_off_while_every_cycle_fails_and_resumes_at_once_after(
-        errors: Errors, runners: list[AgentRunner]) -> None:
+    errors: Errors, runners: list[AgentRunner]
+) -> None:
     """A duty cycle that raises on every call (on work that keeps waiting, so
     the idle strategy would return at once) must not spin: the runner waits
     1, 2, 4 ... up to 100 ms between failing cycles (issue 18)."""

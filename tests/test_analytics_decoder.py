@@ -28,9 +28,23 @@ from fulmar.analytics.log_decoder import (
 from fulmar.codecs.generated import cluster as codecs
 
 TERM = 64 * 1024
-COMPARED = ("log_position", "next_position", "message_type", "template_id", "leadership_term_id",
-            "cluster_session_id", "correlation_id", "timestamp", "leader_member_id", "time_unit", "cluster_action",
-            "close_reason", "payload", "payload_length", "fragments")
+COMPARED = (
+    "log_position",
+    "next_position",
+    "message_type",
+    "template_id",
+    "leadership_term_id",
+    "cluster_session_id",
+    "correlation_id",
+    "timestamp",
+    "leader_member_id",
+    "time_unit",
+    "cluster_action",
+    "close_reason",
+    "payload",
+    "payload_length",
+    "fragments",
+)
 
 
 def encode(encoder: Any, tail: bytes = b"", **fields: Any) -> bytes:
@@ -40,35 +54,92 @@ def encode(encoder: Any, tail: bytes = b"", **fields: Any) -> bytes:
 
 
 def session_message(session: int, payload: bytes, term: int = 3, timestamp: int = 1000) -> bytes:
-    return encode(codecs.SessionMessageHeaderEncoder, payload, leadership_term_id=term, cluster_session_id=session,
-                  timestamp=timestamp)
+    return encode(
+        codecs.SessionMessageHeaderEncoder,
+        payload,
+        leadership_term_id=term,
+        cluster_session_id=session,
+        timestamp=timestamp,
+    )
 
 
 i64 = st.integers(-(2**63), 2**63 - 1)
 messages = st.one_of(
     st.builds(session_message, st.integers(-(2**63), 2**63 - 1), st.binary(max_size=3000), i64, i64),
-    st.builds(lambda t, c, ts: encode(codecs.TimerEventEncoder, leadership_term_id=t, correlation_id=c, timestamp=ts),
-              i64, i64, i64),
-    st.builds(lambda t, s, ts, channel: encode(codecs.SessionOpenEventEncoder, leadership_term_id=t, correlation_id=9,
-                                                cluster_session_id=s, timestamp=ts, response_stream_id=102,
-                                                response_channel=channel),
-              i64, i64, i64, st.text(alphabet="aeron:udp?=.0123456789", max_size=60)),
-    st.builds(lambda s, r: encode(codecs.SessionCloseEventEncoder, leadership_term_id=1, cluster_session_id=s,
-                                  timestamp=5, close_reason=r), i64, st.integers(0, 3)),
-    st.builds(lambda a: encode(codecs.ClusterActionRequestEncoder, leadership_term_id=2, log_position=4096,
-                               timestamp=7, action=a, flags=0), st.integers(0, 4)),
-    st.builds(lambda t, m, u: encode(codecs.NewLeadershipTermEventEncoder, leadership_term_id=t, log_position=0,
-                                     timestamp=1, term_base_log_position=0, leader_member_id=m, log_session_id=5,
-                                     time_unit=u), i64, st.integers(0, 4), st.integers(0, 3)),
+    st.builds(
+        lambda t, c, ts: encode(codecs.TimerEventEncoder, leadership_term_id=t, correlation_id=c, timestamp=ts),
+        i64,
+        i64,
+        i64,
+    ),
+    st.builds(
+        lambda t, s, ts, channel: encode(
+            codecs.SessionOpenEventEncoder,
+            leadership_term_id=t,
+            correlation_id=9,
+            cluster_session_id=s,
+            timestamp=ts,
+            response_stream_id=102,
+            response_channel=channel,
+        ),
+        i64,
+        i64,
+        i64,
+        st.text(alphabet="aeron:udp?=.0123456789", max_size=60),
+    ),
+    st.builds(
+        lambda s, r: encode(
+            codecs.SessionCloseEventEncoder, leadership_term_id=1, cluster_session_id=s, timestamp=5, close_reason=r
+        ),
+        i64,
+        st.integers(0, 3),
+    ),
+    st.builds(
+        lambda a: encode(
+            codecs.ClusterActionRequestEncoder, leadership_term_id=2, log_position=4096, timestamp=7, action=a, flags=0
+        ),
+        st.integers(0, 4),
+    ),
+    st.builds(
+        lambda t, m, u: encode(
+            codecs.NewLeadershipTermEventEncoder,
+            leadership_term_id=t,
+            log_position=0,
+            timestamp=1,
+            term_base_log_position=0,
+            leader_member_id=m,
+            log_session_id=5,
+            time_unit=u,
+        ),
+        i64,
+        st.integers(0, 4),
+        st.integers(0, 3),
+    ),
     st.binary(max_size=40),  # anything: a service's snapshot record, another schema
 )
 
 
-def segment_file(tmp_path: Path, data: bytes, *, name: str = "0-0.rec", end: int | None = None,
-                 end_known: bool = True, last: bool = True) -> LogSegment:
+def segment_file(
+    tmp_path: Path,
+    data: bytes,
+    *,
+    name: str = "0-0.rec",
+    end: int | None = None,
+    end_known: bool = True,
+    last: bool = True,
+) -> LogSegment:
     (tmp_path / name).write_bytes(data)
-    return LogSegment(archive_dir=str(tmp_path), recording_id=0, file_name=name, segment_base=0, start_offset=0,
-                      end_offset=len(data) if end is None else end, term_length=TERM, end_known=end_known, last=last)
+    return LogSegment(
+        archive_dir=str(tmp_path),
+        recording_id=0,
+        file_name=name,
+        segment_base=0,
+        start_offset=0,
+        end_offset=len(data) if end is None else end,
+        term_length=TERM,
+        end_known=end_known,
+        last=last,
+    )
 
 
 def decoded_rows(segment: LogSegment, **kwargs: Any) -> list[dict[str, Any]]:
@@ -88,11 +159,19 @@ def used_length(data: bytes) -> int:
 
 
 @settings(max_examples=60, deadline=None)
-@given(batch=st.lists(messages, max_size=40), max_payload=st.sampled_from([32, 96, 1376]),
-       batch_rows=st.sampled_from([1, 3, 65536]), payload_capacity=st.sampled_from([64, 4096, 1 << 20]))
-def test_the_c_decoder_agrees_with_the_python_reference(tmp_path_factory: pytest.TempPathFactory, batch: list[bytes],
-                                                        max_payload: int, batch_rows: int,
-                                                        payload_capacity: int) -> None:
+@given(
+    batch=st.lists(messages, max_size=40),
+    max_payload=st.sampled_from([32, 96, 1376]),
+    batch_rows=st.sampled_from([1, 3, 65536]),
+    payload_capacity=st.sampled_from([64, 4096, 1 << 20]),
+)
+def test_the_c_decoder_agrees_with_the_python_reference(
+    tmp_path_factory: pytest.TempPathFactory,
+    batch: list[bytes],
+    max_payload: int,
+    batch_rows: int,
+    payload_capacity: int,
+) -> None:
     tmp_path = tmp_path_factory.mktemp("segment")
     data = write_messages(batch, TERM, max_payload, terms=2)
     end = used_length(data)
@@ -111,8 +190,9 @@ def test_garbage_never_crashes_the_decoder(tmp_path_factory: pytest.TempPathFact
     """Random bytes, real frames with random bytes flipped, cut at any length:
     FAILFAST raises LogCorruptError only, PERMISSIVE never raises."""
     tmp_path = tmp_path_factory.mktemp("garbage")
-    real = write_messages(data.draw(st.lists(messages, max_size=12)), TERM, data.draw(st.sampled_from([32, 1376])),
-                          terms=1)
+    real = write_messages(
+        data.draw(st.lists(messages, max_size=12)), TERM, data.draw(st.sampled_from([32, 1376])), terms=1
+    )
     raw = bytearray(real if data.draw(st.booleans()) else data.draw(st.binary(min_size=1, max_size=4096)))
     for _ in range(data.draw(st.integers(0, 8))):
         raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
@@ -136,7 +216,7 @@ def test_an_impossible_term_length_is_named(tmp_path: Path) -> None:
 
 
 def corrupt_at(data: bytes, offset: int, value: bytes) -> bytes:
-    return data[:offset] + value + data[offset + len(value):]
+    return data[:offset] + value + data[offset + len(value) :]
 
 
 def frame_offsets(data: bytes) -> list[int]:
@@ -252,7 +332,9 @@ def test_pad_frames_are_passed_over_and_a_message_needs_no_more_than_one_term(tm
 def test_the_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown option"):
         ReadOptions.parse({"messagetype": "TimerEvent"})
-    with pytest.raises(ValueError, match="unknown message type.s. TimerEvents; the log.s types are SessionMessageHeader"):
+    with pytest.raises(
+        ValueError, match="unknown message type.s. TimerEvents; the log.s types are SessionMessageHeader"
+    ):
         ReadOptions.parse({"messageTypes": "TimerEvents"})
     with pytest.raises(ValueError, match="mode must be FAILFAST"):
         ReadOptions.parse({"mode": "lenient"})
@@ -262,5 +344,6 @@ def test_the_options_are_checked(tmp_path: Path) -> None:
         ReadOptions.parse({"recordingIds": "1,x"})
     with pytest.raises(ValueError, match="is not a directory"):
         list(log_decoder.read_log(str(tmp_path / "nowhere")))
-    assert ReadOptions.parse({"MODE": "permissive", "messageTypes": "TimerEvent, Corrupt"}).message_types == \
-        frozenset({"TimerEvent", "Corrupt"})
+    assert ReadOptions.parse({"MODE": "permissive", "messageTypes": "TimerEvent, Corrupt"}).message_types == frozenset(
+        {"TimerEvent", "Corrupt"}
+    )

@@ -68,8 +68,11 @@ def test_the_source_decodes_what_the_cluster_was_sent(recorded: RecordedLog, spa
     big = [r for r in own if r.payload_length == FRAGMENTED_LENGTH]
     assert [bytes(r.payload) for r in big] == recorded.fragmented
     assert all(r.fragments > 1 for r in big) and all(r.fragments == 1 for r in own if r.payload_length < 100)
-    terms = [(r.leadership_term_id, r.leader_member_id, r.time_unit) for r in rows
-             if r.message_type == "NewLeadershipTermEvent"]
+    terms = [
+        (r.leadership_term_id, r.leader_member_id, r.time_unit)
+        for r in rows
+        if r.message_type == "NewLeadershipTermEvent"
+    ]
     assert terms == [(term, leader, "MILLIS") for term, leader in recorded.terms]
     assert len(terms) >= 2 and terms[0][0] == 0
     opens = [r for r in rows if r.message_type == "SessionOpenEvent"]
@@ -93,8 +96,9 @@ def test_every_member_holds_the_same_log_and_the_reference_decoder_agrees(record
     df = spark.read.format("fulmar-log").load(archives(recorded))
     # (A member's log recording id depends on what its archive recorded first.)
     columns = [c for c in df.columns if c not in ("archive_dir", "recording_id")]
-    per_member = [sorted(tuple(r) for r in df.filter(df.archive_dir == a).select(*columns).collect())
-                  for a in archives(recorded)]
+    per_member = [
+        sorted(tuple(r) for r in df.filter(df.archive_dir == a).select(*columns).collect()) for a in archives(recorded)
+    ]
     assert per_member[0] == per_member[1] == per_member[2] and len(per_member[0]) > 100
     # The same, read without Spark, and by the plain-Python reference.
     for archive in archives(recorded):
@@ -111,10 +115,15 @@ def test_the_options_and_several_directories(recorded: RecordedLog, spark: Any) 
     archive = str(recorded.archive_dir(1))
     everything = spark.read.format("fulmar-log").load(archive)
     snapshot = recorded.snapshot_positions(1)[0]
-    timers = (spark.read.format("fulmar-log").option("messageTypes", "TimerEvent,SessionCloseEvent")
-              .option("fromPosition", str(snapshot)).load(archive))
-    expected = everything.filter(everything.message_type.isin("TimerEvent", "SessionCloseEvent")
-                                 & (everything.log_position >= snapshot))
+    timers = (
+        spark.read.format("fulmar-log")
+        .option("messageTypes", "TimerEvent,SessionCloseEvent")
+        .option("fromPosition", str(snapshot))
+        .load(archive)
+    )
+    expected = everything.filter(
+        everything.message_type.isin("TimerEvent", "SessionCloseEvent") & (everything.log_position >= snapshot)
+    )
     assert sorted(timers.collect()) == sorted(expected.collect()) and timers.count() >= 3
     below = spark.read.format("fulmar-log").option("toPosition", str(snapshot)).load(archive)
     assert below.count() == everything.filter(everything.log_position < snapshot).count()
@@ -123,7 +132,9 @@ def test_the_options_and_several_directories(recorded: RecordedLog, spark: Any) 
     # recordingIds picks any recording: the service's snapshot, markers and all.
     snapshot_recording = [e for e in _snapshot_entries(recorded, 1) if e.service_id == 0][0].recording_id
     snap = spark.read.format("fulmar-log").option("recordingIds", str(snapshot_recording)).load(archive).collect()
-    assert [r.message_type for r in snap][0] == "SnapshotMarker" and [r.message_type for r in snap][-1] == "SnapshotMarker"
+    assert [r.message_type for r in snap][0] == "SnapshotMarker" and [r.message_type for r in snap][
+        -1
+    ] == "SnapshotMarker"
     assert sum(1 for r in snap if r.message_type == "Unknown") == 1  # CounterService's one record
     with pytest.raises(Exception, match="no valid recording with id 99"):
         spark.read.format("fulmar-log").option("recordingIds", "99").load(archive).collect()
@@ -153,8 +164,9 @@ def test_analyze_writes_parquet_a_report_and_a_plot(recorded: RecordedLog, spark
     assert client["messages"] == recorded.increments + recorded.offered_increments + len(recorded.fragmented) + 1
     assert 0 < client["lifetime_s"] < 120
     assert report.service_messages["messages"] == recorded.offered_increments
-    assert report.timers["total"] >= 2 and [s["next_position"] for s in report.snapshots] == \
-        recorded.snapshot_positions(0)
+    assert report.timers["total"] >= 2 and [
+        s["next_position"] for s in report.snapshots
+    ] == recorded.snapshot_positions(0)
     assert sum(s["messages"] for s in report.per_second) == total
     text = report.text()
     assert "leadership terms:" in text and "snapshot points: 1" in text and "throughput over cluster time" in text
@@ -175,18 +187,38 @@ def test_replay_reaches_the_final_state_and_every_snapshot_matches(recorded: Rec
     assert final.state["value"] == recorded.final_value and final.state["sessions"] == frozenset()
     assert final.position == recorded.commit_position
     for member in range(recorded.members):
-        audit = audit_snapshot(spark, recorded.archive_dir(member), recorded.cluster_dir(member),
-                               samples.counter_apply, samples.counter_initial(), samples.counter_snapshot_state,
-                               view=samples.counter_view)
+        audit = audit_snapshot(
+            spark,
+            recorded.archive_dir(member),
+            recorded.cluster_dir(member),
+            samples.counter_apply,
+            samples.counter_initial(),
+            samples.counter_snapshot_state,
+            view=samples.counter_view,
+        )
         assert audit.matches, audit.describe()
         assert audit.snapshot.log_position == recorded.snapshot_positions(member)[0]
     # The audit catches a replay that is wrong.
-    wrong = audit_snapshot(spark, recorded.archive_dir(0), recorded.cluster_dir(0), _a_worse_counter,
-                           samples.counter_initial(), samples.counter_snapshot_state, view=samples.counter_view)
+    wrong = audit_snapshot(
+        spark,
+        recorded.archive_dir(0),
+        recorded.cluster_dir(0),
+        _a_worse_counter,
+        samples.counter_initial(),
+        samples.counter_snapshot_state,
+        view=samples.counter_view,
+    )
     assert not wrong.matches and "DIFFER" in wrong.describe()
     with pytest.raises(ReplayError, match="no snapshot of service 0 at or below position 64"):
-        audit_snapshot(spark, recorded.archive_dir(0), recorded.cluster_dir(0), samples.counter_apply,
-                       samples.counter_initial(), samples.counter_snapshot_state, max_position=64)
+        audit_snapshot(
+            spark,
+            recorded.archive_dir(0),
+            recorded.cluster_dir(0),
+            samples.counter_apply,
+            samples.counter_initial(),
+            samples.counter_snapshot_state,
+            max_position=64,
+        )
 
 
 PLAIN_SESSION = """
@@ -214,17 +246,27 @@ def test_any_session_finds_the_source_once_fulmar_is_installed(recorded: Recorde
     (site / "pyspark_fulmar").symlink_to(Path(pyspark_fulmar.__file__).parent)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    done = subprocess.run([sys.executable, "-c", PLAIN_SESSION, str(recorded.archive_dir(0)), str(scratch)],
-                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(site), "SPARK_LOCAL_IP": "127.0.0.1"})
+    done = subprocess.run(
+        [sys.executable, "-c", PLAIN_SESSION, str(recorded.archive_dir(0)), str(scratch)],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site), "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     expected = pa.Table.from_batches(list(read_log(str(recorded.archive_dir(0))))).num_rows
     assert f"rows {expected}" in done.stdout
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLUSTER_TOOL, *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return subprocess.run(
+        [*CLUSTER_TOOL, *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
 
 
 def test_cluster_tool_analyze_and_replay(recorded: RecordedLog, tmp_path: Path) -> None:
@@ -232,18 +274,37 @@ def test_cluster_tool_analyze_and_replay(recorded: RecordedLog, tmp_path: Path) 
     done = _cli("analyze", "--archive-dir", str(recorded.archive_dir(0)), "--master", "local[2]", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "leadership terms:" in done.stdout and "written to" in done.stdout
-    assert {p.name for p in out.iterdir()} >= {"log.parquet", "throughput.parquet", "report.txt", "report.json",
-                                                 "throughput.png"}
-    audit = _cli("replay", "--archive-dir", str(recorded.archive_dir(1)), "--cluster-dir", str(recorded.cluster_dir(1)),
-                 "--apply", "fulmar.service.samples:counter_apply", "--initial", "fulmar.service.samples:counter_initial",
-                 "--load-snapshot", "fulmar.service.samples:counter_snapshot_state",
-                 "--view", "fulmar.service.samples:counter_view", "--master", "local[2]")
+    assert {p.name for p in out.iterdir()} >= {
+        "log.parquet",
+        "throughput.parquet",
+        "report.txt",
+        "report.json",
+        "throughput.png",
+    }
+    audit = _cli(
+        "replay",
+        "--archive-dir",
+        str(recorded.archive_dir(1)),
+        "--cluster-dir",
+        str(recorded.cluster_dir(1)),
+        "--apply",
+        "fulmar.service.samples:counter_apply",
+        "--initial",
+        "fulmar.service.samples:counter_initial",
+        "--load-snapshot",
+        "fulmar.service.samples:counter_snapshot_state",
+        "--view",
+        "fulmar.service.samples:counter_view",
+        "--master",
+        "local[2]",
+    )
     assert audit.returncode == 0, audit.stderr[-3000:]
     assert "the states match" in audit.stdout
 
 
-def test_a_corrupt_segment_is_named_by_cluster_tool_or_skipped_and_counted(recorded: RecordedLog, spark: Any,
-                                                                           tmp_path: Path) -> None:
+def test_a_corrupt_segment_is_named_by_cluster_tool_or_skipped_and_counted(
+    recorded: RecordedLog, spark: Any, tmp_path: Path
+) -> None:
     archive = tmp_path / "archive"
     shutil.copytree(recorded.archive_dir(0), archive)
     (segment,) = find_log_segments([archive])

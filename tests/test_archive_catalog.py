@@ -72,8 +72,10 @@ def test_new_catalog_has_aerons_layout(tmp_path: Path) -> None:
     entry = RecordingDescriptorHeaderDecoder().wrap_headerless(data, 32)
     assert entry.state == RecordingState.VALID
     assert entry.checksum == 0  # no checksum configured, as Aeron
-    strings = len("aeron:udp?endpoint=localhost:20000") + len("aeron:udp?endpoint=localhost:20000|tag=0") + len(
-        "127.0.0.1:30000"
+    strings = (
+        len("aeron:udp?endpoint=localhost:20000")
+        + len("aeron:udp?endpoint=localhost:20000|tag=0")
+        + len("127.0.0.1:30000")
     )
     frame_length = (32 + 80 + 12 + strings + 63) // 64 * 64
     assert entry.length == frame_length - 32  # padding included
@@ -271,7 +273,9 @@ def _patch(path: Path, offset: int, data: bytes) -> None:
 def test_bad_version(tmp_path: Path) -> None:
     _catalog_with_entries(tmp_path)
     _patch(tmp_path / CATALOG_FILE_NAME, 0, struct.pack("<i", 0x020500))
-    with pytest.raises(CatalogError, match=r"archive.catalog: corrupt catalog at offset 0: incompatible catalog version 2\.5\.0"):
+    with pytest.raises(
+        CatalogError, match=r"archive.catalog: corrupt catalog at offset 0: incompatible catalog version 2\.5\.0"
+    ):
         Catalog.open(tmp_path)
 
 
@@ -311,7 +315,9 @@ def test_garbage_entries(tmp_path: Path) -> None:
     first, second, third = _entry_offsets(data)
 
     _patch(path, second, struct.pack("<i", 100))
-    with pytest.raises(CatalogError, match=f"offset {second}: entry length 100 \\+ 32 is not a multiple of the alignment 64"):
+    with pytest.raises(
+        CatalogError, match=f"offset {second}: entry length 100 \\+ 32 is not a multiple of the alignment 64"
+    ):
         Catalog.open(tmp_path)
     path.write_bytes(data)
 
@@ -385,7 +391,9 @@ def test_random_updates_match_a_model_across_reopen(ops: list[tuple[str, int, ob
                     rid = catalog.add_recording(a, a + 1, 3, SEG, TERM, 1408, 6, 7, b, b + "|x", "s")
                     assert rid == next_id
                     next_id += 1
-                    model[rid] = dict(start_position=a, stop_position=NULL_POSITION, stop_timestamp=NULL_TIMESTAMP, stripped_channel=b)
+                    model[rid] = dict(
+                        start_position=a, stop_position=NULL_POSITION, stop_timestamp=NULL_TIMESTAMP, stripped_channel=b
+                    )
                 elif op == "reopen":
                     catalog.close()
                     catalog = Catalog.open(directory, capacity_bytes=512, checksum=crc)
@@ -440,7 +448,10 @@ def test_read_only_opening_lists_every_entry_and_writes_nothing(tmp_path: Path) 
         assert catalog.version == CATALOG_VERSION
         entries = catalog.entries()
         assert [(d.recording_id, d.state) for d, _ in entries] == [
-            (0, RecordingState.VALID), (1, RecordingState.VALID), (2, RecordingState.INVALID)]
+            (0, RecordingState.VALID),
+            (1, RecordingState.VALID),
+            (2, RecordingState.INVALID),
+        ]
         assert entries[1][1] == 4096
         assert catalog.descriptor(2) is None and catalog.descriptor(1) is not None
     assert (path.read_bytes(), path.stat().st_mtime_ns) == before

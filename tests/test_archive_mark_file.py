@@ -182,9 +182,16 @@ def test_a_garbage_pid_in_a_fresh_looking_file_is_nobody(tmp_path: Path) -> None
     from fulmar.archive.mark_file import ArchiveMarkFile
 
     now_ms = int(time.time() * 1000)
-    options: dict[str, Any] = dict(archive_id=1, control_channel="", control_stream_id=10,
-                                   local_control_channel="aeron:ipc", local_control_stream_id=10, events_channel="",
-                                   events_stream_id=30, aeron_directory="")
+    options: dict[str, Any] = dict(
+        archive_id=1,
+        control_channel="",
+        control_stream_id=10,
+        local_control_channel="aeron:ipc",
+        local_control_stream_id=10,
+        events_channel="",
+        events_stream_id=30,
+        aeron_directory="",
+    )
     first = ArchiveMarkFile.create(tmp_path, pid=os.getpid(), now_ms=now_ms, **options)
     try:
         first.update_activity_timestamp(now_ms)

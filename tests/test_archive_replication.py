@@ -35,10 +35,11 @@ class Node:
         self.aeron: Aeron | None = None
         self.client: AeronArchive | None = None
 
-    def start(self) -> "Node":
+    def start(self) -> Node:
         self.driver = DriverProcess(self.driver_dir)
-        self.archive = ArchiveProcess(self.archive_dir, self.driver_dir, "--segment-length", "1m",
-                                      control_port=free_udp_port())
+        self.archive = ArchiveProcess(
+            self.archive_dir, self.driver_dir, "--segment-length", "1m", control_port=free_udp_port()
+        )
         self.aeron = self.driver.connect()
         self.client = AeronArchive.connect(self.aeron)
         return self
@@ -94,14 +95,15 @@ def replayed_sequence(client: AeronArchive, recording_id: int, end: int, count: 
         seen.append(seq)
 
     try:
-        wait_for(lambda: (subscription.poll(on_fragment, 256), len(seen) >= count)[1], 20,
-                 f"{count} replayed messages")
+        wait_for(lambda: (subscription.poll(on_fragment, 256), len(seen) >= count)[1], 20, f"{count} replayed messages")
     finally:
         subscription.close()
     return seen
 
 
-def record(node: Node, channel: str, count: int, source: SourceLocation = SourceLocation.LOCAL) -> tuple[int, list[int], Any]:
+def record(
+    node: Node, channel: str, count: int, source: SourceLocation = SourceLocation.LOCAL
+) -> tuple[int, list[int], Any]:
     """Record ``count`` messages of a new publication on ``channel``: the
     recording id, the position after each message, and the publication."""
     client, aeron = node.client, node.aeron
@@ -152,8 +154,15 @@ def test_replicate_to_a_stop_position_then_extend_term_by_term(nodes: tuple[Node
     assert source is not None and copy is not None
     # (not the session id: as in Aeron, an extension records the session id of
     # the image that extended it, here the last replay's)
-    for field in ("start_position", "stop_position", "initial_term_id", "term_buffer_length", "mtu_length",
-                  "stream_id", "original_channel"):
+    for field in (
+        "start_position",
+        "stop_position",
+        "initial_term_id",
+        "term_buffer_length",
+        "mtu_length",
+        "stream_id",
+        "original_channel",
+    ):
         assert getattr(copy, field) == getattr(source, field), field
     assert replayed_sequence(b.client, dst_id, end, 3000, 7) == list(range(3000))
 

@@ -389,7 +389,9 @@ def test_truncate_and_delete_segments(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- recovery
 
 
-def _crash_with_tail(tmp_path: Path, tail: bytes | None, *, lag_blocks: int = 4, checksum: bool = True) -> tuple[int, int, list[tuple[int, bytes]]]:
+def _crash_with_tail(
+    tmp_path: Path, tail: bytes | None, *, lag_blocks: int = 4, checksum: bool = True
+) -> tuple[int, int, list[tuple[int, bytes]]]:
     """Write a recording, the last ``lag_blocks`` blocks without telling the catalog,
     then put ``tail`` right after the data (a torn write) and leave the catalog as a
     SIGKILL would: active, stop NULL. Returns (recording id, good end, blocks)."""
@@ -572,8 +574,9 @@ def test_module_exports() -> None:
     assert segment.SEGMENT_SUFFIX == ".rec"
 
 
-def test_a_segment_takes_the_disk_it_holds_allocated_a_chunk_ahead(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_segment_takes_the_disk_it_holds_allocated_a_chunk_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The file has the segment's whole length (readers map all of it), but
     only the chunks written (and the one ahead) have blocks: a snapshot of a
     few frames does not take a whole segment of disk; a full disk met when the
@@ -599,14 +602,18 @@ def test_a_segment_takes_the_disk_it_holds_allocated_a_chunk_ahead(tmp_path: Pat
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "posix_fallocate", full_disk)
-    with pytest.raises(SegmentError, match=f"no space left on device \\(ENOSPC\\) while allocating {path} to "
-                                           f"{2 * ALLOCATION_CHUNK} of {segment_length}"):
+    with pytest.raises(
+        SegmentError,
+        match=f"no space left on device \\(ENOSPC\\) while allocating {path} to "
+        f"{2 * ALLOCATION_CHUNK} of {segment_length}",
+    ):
         writer.write(memoryview(block), position)
     assert writer.position == position
     monkeypatch.undo()
     writer.write(memoryview(block), position)  # room again: the write goes on where it stopped
     written += block
     writer.close()
-    descriptor = SimpleNamespace(recording_id=5, start_position=0, term_buffer_length=TERM,
-                                 segment_file_length=segment_length)
+    descriptor = SimpleNamespace(
+        recording_id=5, start_position=0, term_buffer_length=TERM, segment_file_length=segment_length
+    )
     assert read_all(tmp_path, descriptor, 0, len(written)) == bytes(written)

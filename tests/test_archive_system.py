@@ -339,8 +339,11 @@ class System:
         remove_driver_dir(self.driver_dir)
         for directory in self.archive_dirs:
             shutil.rmtree(directory, ignore_errors=True)
-        problems += [f"pid {p.process.pid} was not reaped" for p in processes
-                     if hasattr(p, "process") and p.process.returncode is None]
+        problems += [
+            f"pid {p.process.pid} was not reaped"
+            for p in processes
+            if hasattr(p, "process") and p.process.returncode is None
+        ]
         assert not problems, problems
 
 
@@ -356,8 +359,9 @@ def system(tmp_path: Path) -> Iterator[System]:
 # --------------------------------------------------------------------------- archive steps
 
 
-def signal_of(client: AeronArchive, kind: RecordingSignal, recording_id: int | None = None,
-              timeout_s: float = 10) -> RecordingSignalEvent:
+def signal_of(
+    client: AeronArchive, kind: RecordingSignal, recording_id: int | None = None, timeout_s: float = 10
+) -> RecordingSignalEvent:
     return client.wait_for_signal(
         lambda event: event.signal == kind and (recording_id is None or event.recording_id == recording_id),
         int(timeout_s * 1e9),
@@ -382,7 +386,10 @@ def poll_value(query: Callable[[], int], accept: Callable[[int], bool], timeout_
 
 
 def start_recorded_publication(
-    system: System, aeron: Aeron, client: AeronArchive, channel: str,
+    system: System,
+    aeron: Aeron,
+    client: AeronArchive,
+    channel: str,
     source: SourceLocation = SourceLocation.LOCAL,
 ) -> tuple[ExclusivePublication, int]:
     """Start recording ``channel``, add its publication; returns it and the
@@ -392,21 +399,35 @@ def start_recorded_publication(
     wait_for(lambda: publication.is_connected, 10, "the recording to connect to the publication")
     recording_id = poll_value(
         lambda: client.find_last_matching_recording(0, "", STREAM_ID, publication.session_id),
-        lambda found: found != NULL_VALUE, 10, f"a recording of session {publication.session_id}",
+        lambda found: found != NULL_VALUE,
+        10,
+        f"a recording of session {publication.session_id}",
     )
-    poll_value(lambda: client.get_recording_position(recording_id), lambda position: position != NULL_POSITION,
-               10, f"recording {recording_id} to be active")
+    poll_value(
+        lambda: client.get_recording_position(recording_id),
+        lambda position: position != NULL_POSITION,
+        10,
+        f"recording {recording_id} to be active",
+    )
     return publication, recording_id
 
 
 def wait_recorded(client: AeronArchive, recording_id: int, position: int, timeout_s: float = 60) -> None:
-    poll_value(lambda: client.get_recording_position(recording_id), lambda recorded: recorded >= position,
-               timeout_s, f"recording {recording_id} to reach {position}")
+    poll_value(
+        lambda: client.get_recording_position(recording_id),
+        lambda recorded: recorded >= position,
+        timeout_s,
+        f"recording {recording_id} to reach {position}",
+    )
 
 
 def wait_stopped(client: AeronArchive, recording_id: int, timeout_s: float = 30) -> int:
-    return poll_value(lambda: client.get_stop_position(recording_id), lambda stop: stop != NULL_POSITION,
-                      timeout_s, f"recording {recording_id} to stop")
+    return poll_value(
+        lambda: client.get_stop_position(recording_id),
+        lambda stop: stop != NULL_POSITION,
+        timeout_s,
+        f"recording {recording_id} to stop",
+    )
 
 
 def stop_recording(client: AeronArchive, channel: str, recording_id: int, expected_stop: int) -> None:
@@ -415,9 +436,17 @@ def stop_recording(client: AeronArchive, channel: str, recording_id: int, expect
 
 
 def replay_and_check(
-    client: AeronArchive, recording_id: int, stream_id: int, first_seq: int, end_seq: int, end_position: int,
-    position: int = NULL_POSITION, length: int = NULL_LENGTH, starts: dict[int, int] | None = None,
-    channel: str = REPLAY_CHANNEL, timeout_s: float = 60,
+    client: AeronArchive,
+    recording_id: int,
+    stream_id: int,
+    first_seq: int,
+    end_seq: int,
+    end_position: int,
+    position: int = NULL_POSITION,
+    length: int = NULL_LENGTH,
+    starts: dict[int, int] | None = None,
+    channel: str = REPLAY_CHANNEL,
+    timeout_s: float = 60,
 ) -> Receiver:
     """Replay and check that exactly messages [first_seq, end_seq) come, ending at ``end_position``."""
     subscription = client.replay(recording_id, channel, stream_id, position, length)
@@ -445,7 +474,12 @@ def continuation_channel(descriptor: Any, base_channel: str) -> str:
 
 
 def extend_and_publish(
-    system: System, aeron: Aeron, client: AeronArchive, recording_id: int, first_seq: int, total_bytes: int,
+    system: System,
+    aeron: Aeron,
+    client: AeronArchive,
+    recording_id: int,
+    first_seq: int,
+    total_bytes: int,
 ) -> Publisher:
     """Extend a stopped recording with a new publication from its stop
     position, publish ``total_bytes`` of messages from ``first_seq``, close
@@ -456,8 +490,12 @@ def extend_and_publish(
     client.extend_recording(recording_id, channel, STREAM_ID)
     publication = system.publication(aeron, channel)
     assert publication.position == descriptor.stop_position
-    extended_at = poll_value(lambda: client.get_recording_position(recording_id),
-                             lambda position: position != NULL_POSITION, 10, f"recording {recording_id} to extend")
+    extended_at = poll_value(
+        lambda: client.get_recording_position(recording_id),
+        lambda position: position != NULL_POSITION,
+        10,
+        f"recording {recording_id} to extend",
+    )
     assert extended_at == descriptor.stop_position
     assert client.get_stop_position(recording_id) == NULL_POSITION
     publisher = Publisher(publication, first_seq)
@@ -506,8 +544,9 @@ def record_and_replay_100mb(system: System, channel: str, source: SourceLocation
 
     # Everything, from the start: byte for byte, and each message where the publisher put it.
     began = time.monotonic()
-    receiver = replay_and_check(client, recording_id, 2002, 0, publisher.next_seq, publisher.position,
-                                starts=publisher.starts, timeout_s=120)
+    receiver = replay_and_check(
+        client, recording_id, 2002, 0, publisher.next_seq, publisher.position, starts=publisher.starts, timeout_s=120
+    )
     replayed_s = time.monotonic() - began
     assert receiver.digest.hexdigest() == publisher.digest.hexdigest()
     assert receiver.checked_positions >= len(publisher.starts) - 2
@@ -518,8 +557,10 @@ def record_and_replay_100mb(system: System, channel: str, source: SourceLocation
     end_seq, end = first_start_after(publisher.starts, next_segment + MB)
     assert end < publisher.position
     replay_and_check(client, recording_id, 2003, first_seq, end_seq, end, position=start, length=end - start)
-    print(f"\n{channel}: {publisher.count} messages, {publisher.position / MB:.1f} MB recorded in {recorded_s:.1f} s, "
-          f"replayed in {replayed_s:.1f} s")
+    print(
+        f"\n{channel}: {publisher.count} messages, {publisher.position / MB:.1f} MB recorded in {recorded_s:.1f} s, "
+        f"replayed in {replayed_s:.1f} s"
+    )
 
 
 def test_100mb_ipc_recording_replays_identically_whole_and_from_mid_segment(system: System) -> None:
@@ -598,15 +639,21 @@ def test_a_bounded_replay_stops_at_its_limit_counter_and_ends_when_the_counter_i
     try:
         receiver = Receiver(0, publisher.starts)
         drain = ReplayDrain(subscription, receiver)
-        wait_for(lambda: drain.poll() >= 0 and receiver.last_position == middle, 30,
-                 f"the replay to reach the limit {middle}")
+        wait_for(
+            lambda: drain.poll() >= 0 and receiver.last_position == middle,
+            30,
+            f"the replay to reach the limit {middle}",
+        )
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
             drain.poll()
         assert receiver.last_position == middle and receiver.next_seq == middle_seq, "replayed past the limit"
         limit.set(publisher.position)
-        wait_for(lambda: drain.poll() >= 0 and receiver.last_position == publisher.position, 30,
-                 "the replay to follow the raised limit")
+        wait_for(
+            lambda: drain.poll() >= 0 and receiver.last_position == publisher.position,
+            30,
+            "the replay to follow the raised limit",
+        )
         assert not drain.done
         limit.close()
         drain.run(30, "the bounded replay to end once its limit counter is freed")
@@ -628,8 +675,12 @@ def test_sigkill_while_recording_then_recover_replay_and_extend(system: System) 
     offering = PublisherThread(publisher)
     offering.start()
     try:
-        recorded_at_kill = poll_value(lambda: client.get_recording_position(recording_id),
-                                      lambda recorded: recorded > 12 * MB, 60, "the recording to pass 12 MB")
+        recorded_at_kill = poll_value(
+            lambda: client.get_recording_position(recording_id),
+            lambda recorded: recorded > 12 * MB,
+            60,
+            "the recording to pass 12 MB",
+        )
         # The publisher can only be a term window (half a term) ahead of what
         # the archive consumed, i.e. wrote: once it is further, the archive has
         # written at least another 512 KB that this test did not ask about.
@@ -674,9 +725,11 @@ def test_sigkill_while_recording_then_recover_replay_and_extend(system: System) 
     # Nothing whole is missing: at most the message the stop cuts through is lost.
     assert stop - receiver.last_position < len(message(complete)) + 32 * (len(message(complete)) // MTU_PAYLOAD + 2)
     assert receiver.digest.hexdigest() == digest_of(0, complete)
-    print(f"\nkilled at publisher position {killed_at} (recorded {recorded_at_kill} just before), publisher "
-          f"stopped at {written}, recovered stop {stop}, "
-          f"last whole message (seq {complete - 1}) ends at {receiver.last_position}")
+    print(
+        f"\nkilled at publisher position {killed_at} (recorded {recorded_at_kill} just before), publisher "
+        f"stopped at {written}, recovered stop {stop}, "
+        f"last whole message (seq {complete - 1}) ends at {receiver.last_position}"
+    )
 
     # Extend from the stop position with the messages the archive lost, and more.
     extension = extend_and_publish(system, aeron, client, recording_id, complete, 6 * MB)
@@ -764,9 +817,13 @@ def test_purge_detach_delete_and_attach_segments_of_a_live_recording(system: Sys
 
     assert client.purge_segments(recording_id, 2 * SEGMENT_LENGTH) == 1
     assert [name for name in list_segment_files(archive_dir, recording_id)] == [
-        f"{recording_id}-{2 * SEGMENT_LENGTH}.rec", f"{recording_id}-{3 * SEGMENT_LENGTH}.rec"]
-    refused(lambda: client.start_replay(recording_id, REPLAY_CHANNEL, 2007, SEGMENT_LENGTH, NULL_LENGTH),
-            "less than recording start")
+        f"{recording_id}-{2 * SEGMENT_LENGTH}.rec",
+        f"{recording_id}-{3 * SEGMENT_LENGTH}.rec",
+    ]
+    refused(
+        lambda: client.start_replay(recording_id, REPLAY_CHANNEL, 2007, SEGMENT_LENGTH, NULL_LENGTH),
+        "less than recording start",
+    )
 
     # The recording goes on; a replay from a message in the new first segment gives the rest.
     publisher.publish(4 * MB, 30)
@@ -866,9 +923,11 @@ def test_errors_are_clear(system: System) -> None:
     publisher = Publisher(publication)
     publisher.publish(10 * MB, 30)
     wait_recorded(client, recording_id, publisher.position)
-    for action in (lambda: client.truncate_recording(recording_id, 0),
-                   lambda: client.purge_recording(recording_id),
-                   lambda: client.extend_recording(recording_id, IPC_CHANNEL, STREAM_ID)):
+    for action in (
+        lambda: client.truncate_recording(recording_id, 0),
+        lambda: client.purge_recording(recording_id),
+        lambda: client.extend_recording(recording_id, IPC_CHANNEL, STREAM_ID),
+    ):
         with pytest.raises(ArchiveResponseError) as raised:
             action()
         assert raised.value.error_code == ArchiveErrorCode.ACTIVE_RECORDING
@@ -890,10 +949,23 @@ def test_errors_are_clear(system: System) -> None:
 
     # A second archive on the same directory while the first is alive.
     second = subprocess.run(
-        [sys.executable, "-m", "fulmar.cli.cluster_node", "archive", "--dir", str(archive.archive_dir),
-         "--driver-dir", str(system.driver_dir), "--control-channel", "none",
-         "--replication-channel", "aeron:udp?endpoint=127.0.0.1:0"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "fulmar.cli.cluster_node",
+            "archive",
+            "--dir",
+            str(archive.archive_dir),
+            "--driver-dir",
+            str(system.driver_dir),
+            "--control-channel",
+            "none",
+            "--replication-channel",
+            "aeron:udp?endpoint=127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert second.returncode == 2, second
     assert f"pid {archive.process.pid}" in second.stderr
@@ -977,8 +1049,11 @@ def test_recording_events_reach_an_observer(system: System) -> None:
     def on_event(buffer: memoryview, offset: int, length: int, header: Any) -> None:
         events.append(codecs.decode(buffer, offset, length))
 
-    wait_for(lambda: (observer.poll(on_event, 100), any(isinstance(e, codecs.RecordingStoppedDecoder)
-                                                         for e in events))[1], 10, "RecordingStopped")
+    wait_for(
+        lambda: (observer.poll(on_event, 100), any(isinstance(e, codecs.RecordingStoppedDecoder) for e in events))[1],
+        10,
+        "RecordingStopped",
+    )
     started, *progress, stopped = events
     assert isinstance(started, codecs.RecordingStartedDecoder)
     assert (started.recording_id, started.start_position, started.stream_id) == (recording_id, 0, STREAM_ID)
@@ -988,7 +1063,10 @@ def test_recording_events_reach_an_observer(system: System) -> None:
     assert positions == sorted(positions) and positions[-1] == publisher.position
     assert isinstance(stopped, codecs.RecordingStoppedDecoder)
     assert (stopped.recording_id, stopped.start_position, stopped.stop_position) == (
-        recording_id, 0, publisher.position)
+        recording_id,
+        0,
+        publisher.position,
+    )
 
 
 def test_a_corrupt_segment_ends_a_replay_with_a_clear_error(system: System) -> None:

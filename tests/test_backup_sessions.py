@@ -44,8 +44,10 @@ def cluster() -> Iterator[LocalCluster]:
         wait_for_leader(local, 30)
         client = local.connect_client()
         for number in range(20):
-            assert client.request(f"before the snapshot {number}".encode(), timeout_s=10) == \
-                f"before the snapshot {number}".encode()
+            assert (
+                client.request(f"before the snapshot {number}".encode(), timeout_s=10)
+                == f"before the snapshot {number}".encode()
+            )
         yield local
 
 
@@ -61,7 +63,8 @@ class Tool:
         self.subscription: Subscription = self.aeron.add_subscription(self.response_channel, RESPONSE_STREAM_ID)
         self.publication = self.aeron.add_publication(
             f"aeron:udp?term-length=64k|endpoint={cluster.ports[member].endpoint('consensus')}",
-            protocol.CONSENSUS_STREAM_ID)
+            protocol.CONSENSUS_STREAM_ID,
+        )
         wait_for(lambda: self.publication.is_connected, 10, f"a publication to member {member}'s consensus endpoint")
         self._buffer = bytearray(4096)
 
@@ -75,10 +78,13 @@ class Tool:
         received: list[Any] = []
 
         def on_fragment(buffer: Any, offset: int, length: int, header: Any) -> None:
-            received.append(codecs.decode(bytes(buffer[offset:offset + length])))
+            received.append(codecs.decode(bytes(buffer[offset : offset + length])))
 
-        wait_for(lambda: self.subscription.poll(on_fragment, 1) > 0 or received, timeout_s,
-                 "an answer on the response channel")
+        wait_for(
+            lambda: self.subscription.poll(on_fragment, 1) > 0 or received,
+            timeout_s,
+            "an answer on the response channel",
+        )
         return received[0]
 
     def close(self) -> None:
@@ -121,16 +127,22 @@ def take_snapshot(cluster: LocalCluster) -> None:
 
 
 def test_each_member_answers_a_backup_query_with_its_log_snapshots_members_and_leader(
-        cluster: LocalCluster, tools: list[Tool]) -> None:
+    cluster: LocalCluster, tools: list[Tool]
+) -> None:
     take_snapshot(cluster)
     leader = wait_for_leader(cluster, 30).member
     for member in range(cluster.size):
         tool = Tool(cluster, member)
         tools.append(tool)
         correlation_id = 7000 + member
-        tool.send(codecs.BackupQueryEncoder, correlation_id=correlation_id, response_stream_id=RESPONSE_STREAM_ID,
-                  version=protocol.PROTOCOL_SEMANTIC_VERSION, response_channel=tool.response_channel,
-                  encoded_credentials=b"")
+        tool.send(
+            codecs.BackupQueryEncoder,
+            correlation_id=correlation_id,
+            response_stream_id=RESPONSE_STREAM_ID,
+            version=protocol.PROTOCOL_SEMANTIC_VERSION,
+            response_channel=tool.response_channel,
+            encoded_credentials=b"",
+        )
         response = tool.answer()
         assert isinstance(response, codecs.BackupResponseDecoder), response
         entries = recording_log_entries(cluster, member)
@@ -139,43 +151,60 @@ def test_each_member_answers_a_backup_query_with_its_log_snapshots_members_and_l
         assert response.member_id == member
         assert response.leader_member_id == leader
         assert response.log_recording_id == last_term.recording_id
-        assert (response.last_leadership_term_id, response.last_term_base_log_position) == \
-            (last_term.leadership_term_id, last_term.term_base_log_position)
-        assert (response.log_leadership_term_id, response.log_term_base_log_position) == \
-            (last_term.leadership_term_id, last_term.term_base_log_position)
+        assert (response.last_leadership_term_id, response.last_term_base_log_position) == (
+            last_term.leadership_term_id,
+            last_term.term_base_log_position,
+        )
+        assert (response.log_leadership_term_id, response.log_term_base_log_position) == (
+            last_term.leadership_term_id,
+            last_term.term_base_log_position,
+        )
         assert response.cluster_members == cluster.cluster_members
         assert response.commit_position_counter_id in commit_position_counter_ids(cluster, member)
         # The newest snapshot set: the consensus module's, then the service's, at one position.
         snapshots = [e for e in entries if e.entry_type == ENTRY_TYPE_SNAPSHOT and e.is_valid]
         newest = snapshots[-1].log_position
-        expected = sorted((e.recording_id, e.service_id, e.log_position) for e in snapshots
-                          if e.log_position == newest)
+        expected = sorted((e.recording_id, e.service_id, e.log_position) for e in snapshots if e.log_position == newest)
         assert sorted((s.recording_id, s.service_id, s.log_position) for s in response.snapshots) == expected
         assert [s.service_id for s in response.snapshots] == [-1, 0]
         # Answered once: the member lets the session's publication go.
-        wait_for(lambda: not tool.subscription.is_connected, 15,
-                 f"member {member} to close the backup session's response publication")
+        wait_for(
+            lambda: not tool.subscription.is_connected,
+            15,
+            f"member {member} to close the backup session's response publication",
+        )
 
 
 def test_each_member_answers_a_heartbeat_request(cluster: LocalCluster, tools: list[Tool]) -> None:
     for member in range(cluster.size):
         tool = Tool(cluster, member)
         tools.append(tool)
-        tool.send(codecs.HeartbeatRequestEncoder, correlation_id=42 + member, response_stream_id=RESPONSE_STREAM_ID,
-                  response_channel=tool.response_channel, encoded_credentials=b"")
+        tool.send(
+            codecs.HeartbeatRequestEncoder,
+            correlation_id=42 + member,
+            response_stream_id=RESPONSE_STREAM_ID,
+            response_channel=tool.response_channel,
+            encoded_credentials=b"",
+        )
         response = tool.answer()
         assert isinstance(response, codecs.HeartbeatResponseDecoder), response
         assert response.correlation_id == 42 + member
 
 
 def test_a_backup_query_of_another_major_version_is_refused_with_an_error_event(
-        cluster: LocalCluster, tools: list[Tool]) -> None:
+    cluster: LocalCluster, tools: list[Tool]
+) -> None:
     leader = wait_for_leader(cluster, 30).member
     tool = Tool(cluster, leader)
     tools.append(tool)
-    tool.send(codecs.BackupQueryEncoder, correlation_id=99, response_stream_id=RESPONSE_STREAM_ID,
-              version=compose_version(protocol.PROTOCOL_MAJOR_VERSION + 1, 0, 0),
-              response_channel=tool.response_channel, encoded_credentials=b"")
+    tool.send(
+        codecs.BackupQueryEncoder,
+        correlation_id=99,
+        response_stream_id=RESPONSE_STREAM_ID,
+        version=compose_version(protocol.PROTOCOL_MAJOR_VERSION + 1, 0, 0),
+        response_channel=tool.response_channel,
+        encoded_credentials=b"",
+    )
     event = tool.answer()
     assert isinstance(event, codecs.SessionEventDecoder), event
     assert event.correlation_id == 99
@@ -183,28 +212,47 @@ def test_a_backup_query_of_another_major_version_is_refused_with_an_error_event(
     assert "invalid client version" in event.detail, event.detail
 
 
-def test_a_standby_snapshot_is_refused_unless_the_member_accepts_them(cluster: LocalCluster,
-                                                                     tools: list[Tool]) -> None:
+def test_a_standby_snapshot_is_refused_unless_the_member_accepts_them(cluster: LocalCluster, tools: list[Tool]) -> None:
     member = 1
     tool = Tool(cluster, member)
     tools.append(tool)
     invalid_before = counter(cluster, member, protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID)
     entries_before = recording_log_entries(cluster, member)
-    tool.send(codecs.StandbySnapshotEncoder, correlation_id=5, version=protocol.PROTOCOL_SEMANTIC_VERSION,
-              response_stream_id=RESPONSE_STREAM_ID, response_channel=tool.response_channel,
-              snapshots=[dict(recording_id=77, leadership_term_id=0, term_base_log_position=0, log_position=1024,
-                              timestamp=1, service_id=0, archive_endpoint="127.0.0.1:9999")])
-    wait_for(lambda: counter(cluster, member, protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID) > invalid_before, 15,
-             "the refused StandbySnapshot to be counted as an invalid request")
+    tool.send(
+        codecs.StandbySnapshotEncoder,
+        correlation_id=5,
+        version=protocol.PROTOCOL_SEMANTIC_VERSION,
+        response_stream_id=RESPONSE_STREAM_ID,
+        response_channel=tool.response_channel,
+        snapshots=[
+            dict(
+                recording_id=77,
+                leadership_term_id=0,
+                term_base_log_position=0,
+                log_position=1024,
+                timestamp=1,
+                service_id=0,
+                archive_endpoint="127.0.0.1:9999",
+            )
+        ],
+    )
+    wait_for(
+        lambda: counter(cluster, member, protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID) > invalid_before,
+        15,
+        "the refused StandbySnapshot to be counted as an invalid request",
+    )
     assert counter(cluster, member, protocol.CLUSTER_STANDBY_SNAPSHOT_COUNTER_TYPE_ID) == 0
     assert recording_log_entries(cluster, member) == entries_before
 
 
 def test_the_standby_snapshot_action_is_in_every_log_with_its_flag_and_no_member_snapshots(
-        cluster: LocalCluster) -> None:
+    cluster: LocalCluster,
+) -> None:
     snapshot_counts = [counter(cluster, m, protocol.SNAPSHOT_COUNTER_TYPE_ID) for m in range(cluster.size)]
-    snapshot_entries = [sum(1 for e in recording_log_entries(cluster, m) if e.entry_type == ENTRY_TYPE_SNAPSHOT)
-                        for m in range(cluster.size)]
+    snapshot_entries = [
+        sum(1 for e in recording_log_entries(cluster, m) if e.entry_type == ENTRY_TYPE_SNAPSHOT)
+        for m in range(cluster.size)
+    ]
     print(cluster_commands.cluster_operate(cluster.base, "standby-snapshot", 30))
     client = cluster.connect_client()
     assert client.request(b"after the standby snapshot", timeout_s=10) == b"after the standby snapshot"
@@ -223,12 +271,15 @@ def test_the_standby_snapshot_action_is_in_every_log_with_its_flag_and_no_member
         assert all(a.flags == protocol.CLUSTER_ACTION_FLAGS_DEFAULT for a in actions if a is not standby[0])
         # No member (and no service) took a snapshot on it.
         assert counter(cluster, member, protocol.SNAPSHOT_COUNTER_TYPE_ID) == snapshot_counts[member]
-        assert sum(1 for e in recording_log_entries(cluster, member)
-                   if e.entry_type == ENTRY_TYPE_SNAPSHOT) == snapshot_entries[member]
+        assert (
+            sum(1 for e in recording_log_entries(cluster, member) if e.entry_type == ENTRY_TYPE_SNAPSHOT)
+            == snapshot_entries[member]
+        )
 
 
 def test_a_member_that_accepts_standby_snapshots_records_them_in_its_recording_log(
-        cluster: LocalCluster, tools: list[Tool]) -> None:
+    cluster: LocalCluster, tools: list[Tool]
+) -> None:
     """(Last in this module: it restarts member 2 with the setting on.)"""
     member = 2
     cluster.kill_member(member)
@@ -237,21 +288,45 @@ def test_a_member_that_accepts_standby_snapshots_records_them_in_its_recording_l
     wait_for_leader(cluster, 30)
     # A request is taken only outside an election, by a running module (a tool
     # that hears nothing asks again; this test asks once, when it will be taken).
-    wait_for(lambda: counter(cluster, member, protocol.ELECTION_STATE_TYPE_ID) == ElectionState.CLOSED
-             and counter(cluster, member, protocol.CONSENSUS_MODULE_STATE_TYPE_ID) == ConsensusModuleState.ACTIVE,
-             30, f"member {member} to be back in the cluster, its election closed")
+    wait_for(
+        lambda: (
+            counter(cluster, member, protocol.ELECTION_STATE_TYPE_ID) == ElectionState.CLOSED
+            and counter(cluster, member, protocol.CONSENSUS_MODULE_STATE_TYPE_ID) == ConsensusModuleState.ACTIVE
+        ),
+        30,
+        f"member {member} to be back in the cluster, its election closed",
+    )
     tool = Tool(cluster, member)
     tools.append(tool)
-    tool.send(codecs.StandbySnapshotEncoder, correlation_id=5, version=protocol.PROTOCOL_SEMANTIC_VERSION,
-              response_stream_id=RESPONSE_STREAM_ID, response_channel=tool.response_channel,
-              snapshots=[dict(recording_id=77, leadership_term_id=0, term_base_log_position=0, log_position=1024,
-                              timestamp=1, service_id=service_id, archive_endpoint="127.0.0.1:9999")
-                         for service_id in (-1, 0)])
-    wait_for(lambda: counter(cluster, member, protocol.CLUSTER_STANDBY_SNAPSHOT_COUNTER_TYPE_ID) == 1, 30,
-             "the standby snapshot counter to count the StandbySnapshot")
+    tool.send(
+        codecs.StandbySnapshotEncoder,
+        correlation_id=5,
+        version=protocol.PROTOCOL_SEMANTIC_VERSION,
+        response_stream_id=RESPONSE_STREAM_ID,
+        response_channel=tool.response_channel,
+        snapshots=[
+            dict(
+                recording_id=77,
+                leadership_term_id=0,
+                term_base_log_position=0,
+                log_position=1024,
+                timestamp=1,
+                service_id=service_id,
+                archive_endpoint="127.0.0.1:9999",
+            )
+            for service_id in (-1, 0)
+        ],
+    )
+    wait_for(
+        lambda: counter(cluster, member, protocol.CLUSTER_STANDBY_SNAPSHOT_COUNTER_TYPE_ID) == 1,
+        30,
+        "the standby snapshot counter to count the StandbySnapshot",
+    )
     standby = [e for e in recording_log_entries(cluster, member) if e.entry_type == ENTRY_TYPE_STANDBY_SNAPSHOT]
-    assert [(e.recording_id, e.service_id, e.log_position, e.archive_endpoint) for e in standby] == \
-        [(77, -1, 1024, "127.0.0.1:9999"), (77, 0, 1024, "127.0.0.1:9999")]
+    assert [(e.recording_id, e.service_id, e.log_position, e.archive_endpoint) for e in standby] == [
+        (77, -1, 1024, "127.0.0.1:9999"),
+        (77, 0, 1024, "127.0.0.1:9999"),
+    ]
 
 
 def test_a_challenged_backup_query_is_answered_once_its_tool_answers_the_challenge() -> None:
@@ -259,22 +334,32 @@ def test_a_challenged_backup_query_is_answered_once_its_tool_answers_the_challen
     response channel; the tool's ChallengeResponse goes on the consensus
     stream under the session id the challenge named.  The right secret gets
     the BackupResponse, a wrong one a SessionEvent AUTHENTICATION_REJECTED."""
-    with LocalCluster(3, ECHO_SERVICE,
-                      extra_consensus_args=[*FAST_ELECTION_ARGS, "--authenticator-secret", "s3cret"]) as secured:
+    with LocalCluster(
+        3, ECHO_SERVICE, extra_consensus_args=[*FAST_ELECTION_ARGS, "--authenticator-secret", "s3cret"]
+    ) as secured:
         secured.start()
         leader = wait_for_leader(secured, 30).member
         answers = {}
         for secret in (b"s3cret", b"wrong"):
             tool = Tool(secured, leader)
             try:
-                tool.send(codecs.BackupQueryEncoder, correlation_id=1, response_stream_id=RESPONSE_STREAM_ID,
-                          version=protocol.PROTOCOL_SEMANTIC_VERSION, response_channel=tool.response_channel,
-                          encoded_credentials=b"")
+                tool.send(
+                    codecs.BackupQueryEncoder,
+                    correlation_id=1,
+                    response_stream_id=RESPONSE_STREAM_ID,
+                    version=protocol.PROTOCOL_SEMANTIC_VERSION,
+                    response_channel=tool.response_channel,
+                    encoded_credentials=b"",
+                )
                 challenge = tool.answer()
                 assert isinstance(challenge, codecs.ChallengeDecoder), challenge
                 assert challenge.cluster_session_id < 0  # a tool's session, not a client's
-                tool.send(codecs.ChallengeResponseEncoder, correlation_id=2,
-                          cluster_session_id=challenge.cluster_session_id, encoded_credentials=secret)
+                tool.send(
+                    codecs.ChallengeResponseEncoder,
+                    correlation_id=2,
+                    cluster_session_id=challenge.cluster_session_id,
+                    encoded_credentials=secret,
+                )
                 answers[secret] = tool.answer()
             finally:
                 tool.close()

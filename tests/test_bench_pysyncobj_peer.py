@@ -21,38 +21,74 @@ def test_no_rows_without_pysyncobj(monkeypatch: pytest.MonkeyPatch, capsys: pyte
 
 def _aggregated(name: str, median: float | None, unit: str) -> dict[str, Any]:
     """A row as ``python -m bench`` hands it to ``derived_rows``: median and min-max over the repetitions."""
-    return {"module": "pysyncobj_peer", "name": name, "unit": unit, "median": median,
-            "min": None if median is None else median - 1, "max": None if median is None else median + 1,
-            "reference": None, "reference_kind": None, "ratio": None, "runs": 3}
+    return {
+        "module": "pysyncobj_peer",
+        "name": name,
+        "unit": unit,
+        "median": median,
+        "min": None if median is None else median - 1,
+        "max": None if median is None else median + 1,
+        "reference": None,
+        "reference_kind": None,
+        "ratio": None,
+        "runs": 3,
+    }
 
 
 def _per_setting(figures: dict[str, tuple[float | None, float | None]], unit: str) -> list[dict[str, Any]]:
     """Rows of both settings from {name after the prefix: (no batch's median, batch's)}."""
-    return [_aggregated(f"pysyncobj[{setting}] {rest}", medians[index], unit)
-            for index, setting in enumerate(("no batch", "batch")) for rest, medians in figures.items()]
+    return [
+        _aggregated(f"pysyncobj[{setting}] {rest}", medians[index], unit)
+        for index, setting in enumerate(("no batch", "batch"))
+        for rest, medians in figures.items()
+    ]
 
 
 def test_best_rows() -> None:
-    rows = (_per_setting({"echo 32 B, window 1000": (3500, 3900), "echo 32 B, window 10000": (3000, 12000),
-                          "echo 288 B, window 1000": (2000, 1900), "echo 288 B, window 10000": (1000, 1800),
-                          "echo RTT at 1,000/s, achieved": (1000, 990)}, "msgs/s")
-            + _per_setting({"echo 32 B, window 1000 MB/s": (0.11, 0.12), "echo 32 B, window 10000 MB/s": (0.1, 0.38),
-                            "echo 288 B, window 1000 MB/s": (0.58, 0.55)}, "MB/s")
-            + _per_setting({"echo ping 32 B p50": (700, 90_000), "echo RTT at 1,000/s p50": (1200, 60_000),
-                            "echo RTT at 50,000/s p50": (None, 400_000), "echo RTT at 50,000/s p99": (None, None)},
-                           "us")
-            + _per_setting({"echo ping 32 B, round trips": (2000, 100),
-                            "echo RTT at 1,000/s, unanswered": (0, 3)}, "msgs")
-            + _per_setting({"node CPU cores idle (median)": (0.02, 0.01)}, "cores")
-            + [_aggregated("pysyncobj[no batch] failover, kill to first answer", 2400, "ms"),
-               _aggregated("pysyncobj[batch] echo 32 B, window 10000, unanswered", 5, "msgs")])
+    rows = (
+        _per_setting(
+            {
+                "echo 32 B, window 1000": (3500, 3900),
+                "echo 32 B, window 10000": (3000, 12000),
+                "echo 288 B, window 1000": (2000, 1900),
+                "echo 288 B, window 10000": (1000, 1800),
+                "echo RTT at 1,000/s, achieved": (1000, 990),
+            },
+            "msgs/s",
+        )
+        + _per_setting(
+            {
+                "echo 32 B, window 1000 MB/s": (0.11, 0.12),
+                "echo 32 B, window 10000 MB/s": (0.1, 0.38),
+                "echo 288 B, window 1000 MB/s": (0.58, 0.55),
+            },
+            "MB/s",
+        )
+        + _per_setting(
+            {
+                "echo ping 32 B p50": (700, 90_000),
+                "echo RTT at 1,000/s p50": (1200, 60_000),
+                "echo RTT at 50,000/s p50": (None, 400_000),
+                "echo RTT at 50,000/s p99": (None, None),
+            },
+            "us",
+        )
+        + _per_setting({"echo ping 32 B, round trips": (2000, 100), "echo RTT at 1,000/s, unanswered": (0, 3)}, "msgs")
+        + _per_setting({"node CPU cores idle (median)": (0.02, 0.01)}, "cores")
+        + [
+            _aggregated("pysyncobj[no batch] failover, kill to first answer", 2400, "ms"),
+            _aggregated("pysyncobj[batch] echo 32 B, window 10000, unanswered", 5, "msgs"),
+        ]
+    )
     best = {row["name"]: row for row in pysyncobj_peer.derived_rows(rows)}
     # Throughput: the highest of both settings and both windows, MB/s from the same run; no plain window 10000.
     assert best["pysyncobj echo 32 B, window 1000"]["median"] == 12000
     assert best["pysyncobj echo 32 B, window 1000"]["note"] == "batch, window 10000"
     assert best["pysyncobj echo 32 B, window 1000"]["throughput_plot"] == {"size": 32}
-    assert (best["pysyncobj echo 32 B, window 1000"]["min"], best["pysyncobj echo 32 B, window 1000"]["max"]) \
-        == (11999, 12001)  # the setting's own min-max
+    assert (best["pysyncobj echo 32 B, window 1000"]["min"], best["pysyncobj echo 32 B, window 1000"]["max"]) == (
+        11999,
+        12001,
+    )  # the setting's own min-max
     assert best["pysyncobj echo 32 B, window 1000 MB/s"]["median"] == 0.38
     assert best["pysyncobj echo 32 B, window 1000, unanswered"]["median"] == 5
     assert best["pysyncobj echo 288 B, window 1000"]["note"] == "no batch, window 1000"
@@ -60,8 +96,10 @@ def test_best_rows() -> None:
     assert "pysyncobj echo 288 B, window 1000, unanswered" not in best  # none lost in that run
     assert not any("window 10000" in name for name in best)
     # Latency: the lowest; a setting without a figure passed over; none in either: no figure, said.
-    assert (best["pysyncobj echo ping 32 B p50"]["median"], best["pysyncobj echo ping 32 B p50"]["note"]) \
-        == (700, "no batch")
+    assert (best["pysyncobj echo ping 32 B p50"]["median"], best["pysyncobj echo ping 32 B p50"]["note"]) == (
+        700,
+        "no batch",
+    )
     assert best["pysyncobj echo ping 32 B, round trips"]["median"] == 2000
     assert best["pysyncobj echo RTT at 50,000/s p50"]["note"] == "batch"
     assert best["pysyncobj echo RTT at 50,000/s p99"]["median"] is None
@@ -73,15 +111,16 @@ def test_best_rows() -> None:
     assert best["pysyncobj node CPU cores idle (median)"]["note"] == "no batch"
     assert best["pysyncobj failover, kill to first answer"]["note"] == "no batch (the only setting measured)"
     # The throughput bars: the best msgs/s of each size, nothing else.
-    assert sorted(name for name, row in best.items() if row.get("throughput_plot")) \
-        == ["pysyncobj echo 288 B, window 1000", "pysyncobj echo 32 B, window 1000"]
+    assert sorted(name for name, row in best.items() if row.get("throughput_plot")) == [
+        "pysyncobj echo 288 B, window 1000",
+        "pysyncobj echo 32 B, window 1000",
+    ]
 
 
 def test_best_rows_are_what_cluster3_compares_with() -> None:
     from bench import cluster3
 
-    rows = _per_setting({"echo 1344 B, window 1000": (1500, 1400), "echo 1344 B, window 10000": (1000, 1600)},
-                        "msgs/s")
+    rows = _per_setting({"echo 1344 B, window 1000": (1500, 1400), "echo 1344 B, window 10000": (1000, 1600)}, "msgs/s")
     names = {row["name"] for row in pysyncobj_peer.derived_rows(rows)}
     assert cluster3.reference_name("cluster3 echo 1344 B, window 1000", "pysyncobj_peer") in names
 
@@ -96,7 +135,7 @@ def test_setting_on_the_command_line() -> None:
 class _FakeCluster:
     """A setting's cluster whose client fails the first 32 B run at 10,000 in flight (as PySyncObj's can)."""
 
-    started: list["_FakeCluster"] = []
+    started: list[_FakeCluster] = []
     failed = False
 
     def __init__(self, use_batch: bool) -> None:
@@ -129,8 +168,9 @@ class _FakeCluster:
         self.closed = True
 
 
-def test_a_failed_run_has_no_figure_and_the_next_runs_go_on(monkeypatch: pytest.MonkeyPatch,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_failed_run_has_no_figure_and_the_next_runs_go_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from bench.openloop import EchoSettings
 
     monkeypatch.setattr(pysyncobj_peer, "PeerCluster", _FakeCluster)

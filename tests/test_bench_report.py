@@ -13,12 +13,22 @@ from bench import report
 from bench.openloop import new_histogram
 
 
-def _row(module: str, name: str, median: float | None, unit: str = "us", reference: float | None = None,
-         **extra: Any) -> dict[str, Any]:
-    return {"module": module, "name": name, "unit": unit, "median": median,
-            "min": None if median is None else median * 0.9, "max": None if median is None else median * 1.2,
-            "reference": reference, "reference_kind": "pysyncobj_peer" if reference else None,
-            "ratio": median / reference if reference and median is not None else None, "runs": 3, **extra}
+def _row(
+    module: str, name: str, median: float | None, unit: str = "us", reference: float | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "module": module,
+        "name": name,
+        "unit": unit,
+        "median": median,
+        "min": None if median is None else median * 0.9,
+        "max": None if median is None else median * 1.2,
+        "reference": reference,
+        "reference_kind": "pysyncobj_peer" if reference else None,
+        "ratio": median / reference if reference and median is not None else None,
+        "runs": 3,
+        **extra,
+    }
 
 
 def _histogram(values_us: list[int]) -> HdrHistogram:
@@ -29,20 +39,23 @@ def _histogram(values_us: list[int]) -> HdrHistogram:
 
 
 def test_markdown_table() -> None:
-    rows = [_row("cluster3", "cluster3 echo RTT at 1,000/s p50", 1234.5, reference=617.25, reference_note="no batch"),
-            _row("cluster3", "cluster3 echo RTT at 50,000/s p50", None),
-            _row("cluster", "cluster a|b", 12.345, unit="msgs/s"),
-            _row("pysyncobj_peer", "pysyncobj echo 32 B, window 1000", 4000, unit="msgs/s",
-                 note="batch, window 10000")]
+    rows = [
+        _row("cluster3", "cluster3 echo RTT at 1,000/s p50", 1234.5, reference=617.25, reference_note="no batch"),
+        _row("cluster3", "cluster3 echo RTT at 50,000/s p50", None),
+        _row("cluster", "cluster a|b", 12.345, unit="msgs/s"),
+        _row("pysyncobj_peer", "pysyncobj echo 32 B, window 1000", 4000, unit="msgs/s", note="batch, window 10000"),
+    ]
     lines = report.markdown_table(rows).splitlines()
     assert lines[0] == "| benchmark | median | min-max | unit | reference | ratio | note |"
     assert lines[1].startswith("|---|")
-    assert lines[2] == ("| cluster3 echo RTT at 1,000/s p50 | 1,234 | 1,111-1,481 | us | 617 | 2.000 "
-                        "| reference: no batch |")
+    assert lines[2] == (
+        "| cluster3 echo RTT at 1,000/s p50 | 1,234 | 1,111-1,481 | us | 617 | 2.000 | reference: no batch |"
+    )
     assert lines[3] == "| cluster3 echo RTT at 50,000/s p50 | n/a | n/a | us | - | - |  |"
     assert lines[4] == "| cluster a\\|b | 12.35 | 11.11-14.81 | msgs/s | - | - |  |"
-    assert lines[5] == ("| pysyncobj echo 32 B, window 1000 | 4,000 | 3,600-4,800 | msgs/s | - | - "
-                        "| batch, window 10000 |")
+    assert lines[5] == (
+        "| pysyncobj echo 32 B, window 1000 | 4,000 | 3,600-4,800 | msgs/s | - | - | batch, window 10000 |"
+    )
     assert len(lines) == 6
 
 
@@ -59,7 +72,10 @@ def test_hgrm_files_in_microseconds(tmp_path: Path) -> None:
     values = list(range(100, 10_100, 100))  # 100 .. 10,000 us
     histograms = {("cluster3", "rtt-1000"): _histogram(values), ("pysyncobj_peer", "ping"): _histogram([50] * 10)}
     paths = report.write_hgrm(tmp_path, "STAMP", histograms)
-    assert sorted(p.name for p in paths) == ["bench-STAMP-cluster3-rtt-1000.hgrm", "bench-STAMP-pysyncobj_peer-ping.hgrm"]
+    assert sorted(p.name for p in paths) == [
+        "bench-STAMP-cluster3-rtt-1000.hgrm",
+        "bench-STAMP-pysyncobj_peer-ping.hgrm",
+    ]
     lines = (tmp_path / "bench-STAMP-cluster3-rtt-1000.hgrm").read_text().splitlines()
     assert lines[0].split() == ["Value", "Percentile", "TotalCount", "1/(1-Percentile)"]
     table = [line.split() for line in lines[2:] if line and not line.startswith("#")]
@@ -87,13 +103,23 @@ def test_percentile_curve() -> None:
 
 def test_plots_are_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    histograms = {(module, hid): _histogram([i * scale for i in range(1, 500)])
-                  for scale, module in ((1, "cluster"), (2, "cluster3"), (5, "pysyncobj_peer"))
-                  for hid in ("rtt-1000", "ping")}
+    histograms = {
+        (module, hid): _histogram([i * scale for i in range(1, 500)])
+        for scale, module in ((1, "cluster"), (2, "cluster3"), (5, "pysyncobj_peer"))
+        for hid in ("rtt-1000", "ping")
+    }
     histograms[("pysyncobj_peer", "rtt-50000")] = new_histogram()  # nothing answered: no curve, no file
-    rows = [_row(module, f"{module} echo {size} B, window 1000", 1000.0 * size / scale, unit="msgs/s",
-                 throughput_plot={"size": size})
-            for scale, module in ((1, "cluster"), (2, "cluster3"), (5, "pysyncobj_peer")) for size in (32, 288, 1344)]
+    rows = [
+        _row(
+            module,
+            f"{module} echo {size} B, window 1000",
+            1000.0 * size / scale,
+            unit="msgs/s",
+            throughput_plot={"size": size},
+        )
+        for scale, module in ((1, "cluster"), (2, "cluster3"), (5, "pysyncobj_peer"))
+        for size in (32, 288, 1344)
+    ]
     paths = report.write_plots(tmp_path, "S", rows, histograms)
     assert sorted(p.name for p in paths) == ["bench-S-ping.png", "bench-S-rtt-1000.png", "bench-S-throughput.png"]
     for path in paths:
@@ -101,8 +127,9 @@ def test_plots_are_png(tmp_path: Path) -> None:
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
 
 
-def test_no_plots_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_plots_without_matplotlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
@@ -114,8 +141,11 @@ def test_no_plots_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_merge_histograms_of_repeats() -> None:
     first, second = _histogram([100] * 3), _histogram([300] * 1)
-    runs = [{"name": "x p50", "value": 0.1, "histogram": first, "histogram_id": "ping"},
-            {"name": "x p50", "value": 0.3, "histogram": second, "histogram_id": "ping"}, {"name": "x p50", "value": 1}]
+    runs = [
+        {"name": "x p50", "value": 0.1, "histogram": first, "histogram_id": "ping"},
+        {"name": "x p50", "value": 0.3, "histogram": second, "histogram_id": "ping"},
+        {"name": "x p50", "value": 1},
+    ]
     merged: dict[tuple[str, str], HdrHistogram] = {}
     report.merge_histograms(merged, "cluster3", runs)
     assert list(merged) == [("cluster3", "ping")]
@@ -126,9 +156,16 @@ def test_merge_histograms_of_repeats() -> None:
 
 def test_histograms_of_each_system_apart() -> None:
     """The peer's two settings: one module, a histogram (a file, a curve) per setting."""
-    runs = [{"name": f"pysyncobj[{setting}] echo ping 32 B p50", "value": 1.0, "histogram": _histogram([value]),
-             "histogram_id": "ping", "histogram_system": f"pysyncobj_peer-{setting}"}
-            for setting, value in (("no-batch", 100), ("batch", 100_000))]
+    runs = [
+        {
+            "name": f"pysyncobj[{setting}] echo ping 32 B p50",
+            "value": 1.0,
+            "histogram": _histogram([value]),
+            "histogram_id": "ping",
+            "histogram_system": f"pysyncobj_peer-{setting}",
+        }
+        for setting, value in (("no-batch", 100), ("batch", 100_000))
+    ]
     merged: dict[tuple[str, str], HdrHistogram] = {}
     for run in runs:
         report.merge_histograms(merged, "pysyncobj_peer", [run])

@@ -337,7 +337,9 @@ def test_resolve_endpoint_and_control() -> None:
 
 
 def test_interface() -> None:
-    assert ChannelUri.parse("aeron:udp?interface=192.168.1.0/24").interface() == InterfaceAddress("192.168.1.0", None, 24)
+    assert ChannelUri.parse("aeron:udp?interface=192.168.1.0/24").interface() == InterfaceAddress(
+        "192.168.1.0", None, 24
+    )
     assert ChannelUri.parse("aeron:udp?interface=10.0.0.1:4000/8").interface() == InterfaceAddress("10.0.0.1", 4000, 8)
     assert ChannelUri.parse("aeron:udp?interface=localhost").interface() == InterfaceAddress("localhost")
     assert ChannelUri.parse("aeron:udp?interface=[::1]/64").interface() == InterfaceAddress("::1", None, 64)

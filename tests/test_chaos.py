@@ -64,21 +64,33 @@ def test_chaos_five_members() -> None:
 
 def _session_message(payload: bytes, session_id: int = 7) -> tuple[int, int, bytes]:
     message = bytearray(32)
-    codecs.SessionMessageHeaderEncoder.encode(message, 0, leadership_term_id=0, cluster_session_id=session_id,
-                                              timestamp=1)
+    codecs.SessionMessageHeaderEncoder.encode(
+        message, 0, leadership_term_id=0, cluster_session_id=session_id, timestamp=1
+    )
     return (int(FrameType.DATA), 0xC0, bytes(message) + payload)
 
 
 def _session_close() -> tuple[int, int, bytes]:
     message = bytearray(64)
-    length = codecs.SessionCloseEventEncoder.encode(message, 0, leadership_term_id=0, cluster_session_id=7,
-                                                    timestamp=1, close_reason=0)
+    length = codecs.SessionCloseEventEncoder.encode(
+        message, 0, leadership_term_id=0, cluster_session_id=7, timestamp=1, close_reason=0
+    )
     return (int(FrameType.DATA), 0xC0, bytes(message[:length]))
 
 
 def _ok(op_id: str, op: str, key: str, reply: dict, value: int | None = None, expected: int | None = None) -> Op:
-    return Op(op_id, 0, op, key, invoke=1, value=value, expected=expected, complete=2, outcome="ok",
-              reply={"id": op_id, **reply})
+    return Op(
+        op_id,
+        0,
+        op,
+        key,
+        invoke=1,
+        value=value,
+        expected=expected,
+        complete=2,
+        outcome="ok",
+        reply={"id": op_id, **reply},
+    )
 
 
 def test_log_requests_reads_session_messages_and_reassembles_fragments() -> None:
@@ -90,8 +102,11 @@ def test_log_requests_reads_session_messages_and_reassembles_fragments() -> None
     ]
     # The same kind of request split over three fragments (BEGIN, middle, END).
     whole = _session_message(b'{"op":"get","key":"a","id":"0-2"}')[2]
-    frames += [(int(FrameType.DATA), 0x80, whole[:20]), (int(FrameType.DATA), 0x00, whole[20:40]),
-               (int(FrameType.DATA), 0x40, whole[40:])]
+    frames += [
+        (int(FrameType.DATA), 0x80, whole[:20]),
+        (int(FrameType.DATA), 0x00, whole[20:40]),
+        (int(FrameType.DATA), 0x40, whole[40:]),
+    ]
     frames.append(_session_message(b"not json"))
     requests, problems = log_requests(frames)
     assert [r.request["id"] for r in requests] == ["0-1", "0-2"]
@@ -105,19 +120,32 @@ def _log(*requests: str) -> list:
 
 
 def test_a_clean_log_and_history_pass_and_give_the_state() -> None:
-    log = _log('{"op":"put","key":"a","value":1,"id":"0-1"}', '{"op":"cas","key":"a","expected":1,"value":2,"id":"1-1"}',
-               '{"op":"get","key":"a","id":"0-2"}')
-    ops = {o.id: o for o in [_ok("0-1", "put", "a", {"ok": True, "previous": None}, value=1),
-                             _ok("1-1", "cas", "a", {"ok": True, "value": 2}, value=2, expected=1),
-                             _ok("0-2", "get", "a", {"ok": True, "value": 2})]}
+    log = _log(
+        '{"op":"put","key":"a","value":1,"id":"0-1"}',
+        '{"op":"cas","key":"a","expected":1,"value":2,"id":"1-1"}',
+        '{"op":"get","key":"a","id":"0-2"}',
+    )
+    ops = {
+        o.id: o
+        for o in [
+            _ok("0-1", "put", "a", {"ok": True, "previous": None}, value=1),
+            _ok("1-1", "cas", "a", {"ok": True, "value": 2}, value=2, expected=1),
+            _ok("0-2", "get", "a", {"ok": True, "value": 2}),
+        ]
+    }
     anomalies, state = check_log_against_history(log, ops)
     assert anomalies == [] and state == {"a": 2}
 
 
 def test_a_lost_acknowledged_write_is_caught() -> None:
     log = _log('{"op":"put","key":"a","value":1,"id":"0-1"}')
-    ops = {o.id: o for o in [_ok("0-1", "put", "a", {"ok": True, "previous": None}, value=1),
-                             _ok("0-2", "put", "a", {"ok": True, "previous": 1}, value=2)]}
+    ops = {
+        o.id: o
+        for o in [
+            _ok("0-1", "put", "a", {"ok": True, "previous": None}, value=1),
+            _ok("0-2", "put", "a", {"ok": True, "previous": 1}, value=2),
+        ]
+    }
     anomalies, _ = check_log_against_history(log, ops)
     assert anomalies == ["acknowledged write 0-2 (put a=2) is not in the log: lost"]
 
@@ -132,16 +160,23 @@ def test_a_write_applied_twice_is_caught() -> None:
 def test_a_request_never_offered_or_never_sent_in_the_log_is_caught() -> None:
     never_offered = Op("0-1", 0, "put", "a", invoke=1, value=1, outcome="fail")
     anomalies, _ = check_log_against_history(
-        _log('{"op":"put","key":"a","value":1,"id":"0-1"}', '{"op":"get","key":"a","id":"9-9"}'),
-        {"0-1": never_offered})
-    assert anomalies == ["request 0-1 is in the log but was never offered",
-                         "request 9-9 is in the log but no client sent it"]
+        _log('{"op":"put","key":"a","value":1,"id":"0-1"}', '{"op":"get","key":"a","id":"9-9"}'), {"0-1": never_offered}
+    )
+    assert anomalies == [
+        "request 0-1 is in the log but was never offered",
+        "request 9-9 is in the log but no client sent it",
+    ]
 
 
 def test_an_answer_the_log_does_not_give_is_caught() -> None:
     log = _log('{"op":"put","key":"a","value":1,"id":"0-1"}', '{"op":"get","key":"a","id":"0-2"}')
-    ops = {o.id: o for o in [_ok("0-1", "put", "a", {"ok": True, "previous": None}, value=1),
-                             _ok("0-2", "get", "a", {"ok": True, "value": None})]}  # a stale read
+    ops = {
+        o.id: o
+        for o in [
+            _ok("0-1", "put", "a", {"ok": True, "previous": None}, value=1),
+            _ok("0-2", "get", "a", {"ok": True, "value": None}),
+        ]
+    }  # a stale read
     anomalies, _ = check_log_against_history(log, ops)
     assert len(anomalies) == 1 and anomalies[0].startswith("request 0-2 was answered")
 
@@ -149,8 +184,9 @@ def test_an_answer_the_log_does_not_give_is_caught() -> None:
 def test_unknown_operations_may_or_may_not_be_in_the_log() -> None:
     unknown_in = Op("0-1", 0, "put", "a", invoke=1, value=1, outcome="unknown")
     unknown_out = Op("0-2", 0, "put", "a", invoke=3, value=2, outcome="unknown")
-    anomalies, state = check_log_against_history(_log('{"op":"put","key":"a","value":1,"id":"0-1"}'),
-                                                 {"0-1": unknown_in, "0-2": unknown_out})
+    anomalies, state = check_log_against_history(
+        _log('{"op":"put","key":"a","value":1,"id":"0-1"}'), {"0-1": unknown_in, "0-2": unknown_out}
+    )
     assert anomalies == [] and state == {"a": 1}
 
 
@@ -170,8 +206,20 @@ def test_a_late_reply_completes_its_operation_and_a_stray_one_is_reported() -> N
 def test_availability_separates_faulted_from_healthy_seconds() -> None:
     started = 0
     # One answer every 100 ms for 10 s, except from 3 s to 6 s (a fault from 3 s, healed at 5 s, leader at 6 s).
-    ops = [Op(f"0-{i}", 0, "get", "a", invoke=i * 100_000_000, complete=i * 100_000_000 + 1, outcome="ok",
-              reply={"ok": True, "value": None}) for i in range(100) if not 30 <= i < 60]
+    ops = [
+        Op(
+            f"0-{i}",
+            0,
+            "get",
+            "a",
+            invoke=i * 100_000_000,
+            complete=i * 100_000_000 + 1,
+            outcome="ok",
+            reply={"ok": True, "value": None},
+        )
+        for i in range(100)
+        if not 30 <= i < 60
+    ]
     events = [FaultEvent("isolate", [0], "cut off", start_s=3.0, healed_s=5.0, recovered_s=6.0)]
     figures = _availability(ops, events, started, 10)
     assert figures["seconds_with_ok_healthy"] == 1.0

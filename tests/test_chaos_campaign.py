@@ -14,7 +14,7 @@ from chaos_campaign import SeedResult, run_seed, summarize
 
 # A stand-in for chaos.py: reads the arguments it is given and writes the
 # report chaos.py would write, its verdict chosen by the seed.
-_FAKE_CHAOS = '''
+_FAKE_CHAOS = """
 import json, sys, time
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 seed = int(args["--seed"])
@@ -34,7 +34,7 @@ if seed == 2:
     report["linearizable"] = None
 open(args["--report-json"], "w").write(json.dumps(report))
 sys.exit(1 if report["anomalies"] else 0)
-'''
+"""
 
 
 @pytest.fixture
@@ -58,8 +58,9 @@ def test_a_clean_run_and_each_kind_of_failure_are_told_apart(fake_chaos: Path) -
     assert "something broke" in crashed.anomalies[0]
 
 
-def test_a_run_that_overstays_is_killed_with_its_process_group(fake_chaos: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_that_overstays_is_killed_with_its_process_group(
+    fake_chaos: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(chaos_campaign, "_OVERHEAD_S", 2)
     result = run_seed(3, 3, 5, 4, fake_chaos)
     assert result.converged is False and "overstayed" in result.anomalies[0]
@@ -69,29 +70,49 @@ def test_a_run_that_overstays_is_killed_with_its_process_group(fake_chaos: Path,
 
 
 def test_the_totals_count_each_member_count_apart() -> None:
-    results = [SeedResult(3, 10, 60.0, [], True, True, {"ok": 50}, 7),
-               SeedResult(3, 11, 60.0, ["the history is not linearizable"], True, False, {"ok": 40}, 7),
-               SeedResult(5, 10, 60.0, ["the run failed: NotConvergedError"], False, None, {"ok": 30}, 9),
-               SeedResult(5, 11, 60.0, [], True, True, {"ok": 20}, 9)]
+    results = [
+        SeedResult(3, 10, 60.0, [], True, True, {"ok": 50}, 7),
+        SeedResult(3, 11, 60.0, ["the history is not linearizable"], True, False, {"ok": 40}, 7),
+        SeedResult(5, 10, 60.0, ["the run failed: NotConvergedError"], False, None, {"ok": 30}, 9),
+        SeedResult(5, 11, 60.0, [], True, True, {"ok": 20}, 9),
+    ]
     lines = summarize(results)
-    assert lines[0] == ("total 3 members: 2 runs, 1 clean, 1 with anomalies, 0 not converged; 14 faults, "
-                        "90 acknowledged operations")
+    assert lines[0] == (
+        "total 3 members: 2 runs, 1 clean, 1 with anomalies, 0 not converged; 14 faults, 90 acknowledged operations"
+    )
     assert lines[1] == "  failed seeds: 11"
-    assert lines[2] == ("total 5 members: 2 runs, 1 clean, 0 with anomalies, 1 not converged; 18 faults, "
-                        "50 acknowledged operations")
+    assert lines[2] == (
+        "total 5 members: 2 runs, 1 clean, 0 with anomalies, 1 not converged; 18 faults, 50 acknowledged operations"
+    )
     assert lines[3] == "  failed seeds: 10"
 
 
-def test_the_command_runs_every_seed_of_every_member_count_and_fails_on_any(fake_chaos: Path,
-                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_runs_every_seed_of_every_member_count_and_fails_on_any(
+    fake_chaos: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        chaos_campaign.main(["--seeds", "2", "--members", "3", "--members", "5", "--seed", "0", "--seconds", "5",
-                             "--artifacts", str(fake_chaos)])
+        chaos_campaign.main(
+            [
+                "--seeds",
+                "2",
+                "--members",
+                "3",
+                "--members",
+                "5",
+                "--seed",
+                "0",
+                "--seconds",
+                "5",
+                "--artifacts",
+                str(fake_chaos),
+            ]
+        )
     out = capsys.readouterr().out
     assert exit_info.value.code == 1  # seed 1 has an anomaly
     assert out.count("3 members  seed ") == 2 and out.count("5 members  seed ") == 2
     assert "total 3 members: 2 runs, 1 clean, 1 with anomalies" in out
     with pytest.raises(SystemExit) as exit_info:
-        chaos_campaign.main(["--seeds", "1", "--members", "3", "--seed", "0", "--seconds", "5",
-                             "--artifacts", str(fake_chaos)])
+        chaos_campaign.main(
+            ["--seeds", "1", "--members", "3", "--seed", "0", "--seconds", "5", "--artifacts", str(fake_chaos)]
+        )
     assert exit_info.value.code == 0

@@ -90,7 +90,9 @@ def start_driver(directory: Path, *options: str) -> subprocess.Popen[str]:
 def cnc_ready_for(directory: Path, process: subprocess.Popen[str]) -> bool:
     """True once ``process`` has published cnc.dat in ``directory``."""
     if process.poll() is not None:
-        raise AssertionError(f"driver exited with {process.returncode}: {process.stderr.read() if process.stderr else ''}")
+        raise AssertionError(
+            f"driver exited with {process.returncode}: {process.stderr.read() if process.stderr else ''}"
+        )
     try:
         cnc = CncFile.open(directory)
     except CncError:
@@ -210,7 +212,9 @@ def test_counters_errors_and_status_of_a_live_driver(workspace: Path) -> None:
         assert errors_counter["value"] == 1
         assert counters["Active clients"]["value"] == 1
         # (A fulmar client appends its process to the label: see fulmar.client_liveness.)
-        heartbeat = next(c for label, c in counters.items() if label.split(" pid=")[0] == f"client-heartbeat: {aeron.client_id}")
+        heartbeat = next(
+            c for label, c in counters.items() if label.split(" pid=")[0] == f"client-heartbeat: {aeron.client_id}"
+        )
         assert (heartbeat["type_id"], heartbeat["type"]) == (CLIENT_HEARTBEAT_TYPE_ID, "client-heartbeat")
         assert heartbeat["registration_id"] == aeron.client_id
         assert abs(heartbeat["value"] - time.time() * 1000) < 60_000  # a recent keepalive, epoch ms
@@ -396,7 +400,16 @@ def test_driver_refuses_a_directory_with_foreign_files(workspace: Path) -> None:
 def test_watch_refreshes_until_interrupted(workspace: Path, as_json: bool) -> None:
     directory = workspace / "node0"
     with running_driver(directory) as driver:
-        command = [sys.executable, "-m", "fulmar.cli.cluster_tool", "counters", "--dir", str(directory), "--watch", "0.1"]
+        command = [
+            sys.executable,
+            "-m",
+            "fulmar.cli.cluster_tool",
+            "counters",
+            "--dir",
+            str(directory),
+            "--watch",
+            "0.1",
+        ]
         with children_interruptible():
             watcher = subprocess.Popen(command + (["--json"] if as_json else []), stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -427,11 +440,21 @@ def test_watch_shows_each_counters_change_per_second_between_two_reads(workspace
     label = "test rate counter"
     with running_driver(directory), Aeron.connect(directory) as aeron:
         counter = aeron.add_counter(1001, label)
-        command = [sys.executable, "-m", "fulmar.cli.cluster_tool", "counters", "--dir", str(directory),
-                   "--watch", "0.1", "--json"]
+        command = [
+            sys.executable,
+            "-m",
+            "fulmar.cli.cluster_tool",
+            "counters",
+            "--dir",
+            str(directory),
+            "--watch",
+            "0.1",
+            "--json",
+        ]
         with children_interruptible():
             watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
+
             def ours(line: str) -> dict[str, Any]:
                 return by_label(json.loads(line))[label]
 
@@ -439,10 +462,14 @@ def test_watch_shows_each_counters_change_per_second_between_two_reads(workspace
             assert first["interval_s"] is None
             assert all(c["rate_per_s"] is None for c in first["counters"])
             # Two refreshes see the same value: its rate is 0 and interval_s is the time between the reads.
-            still = json.loads(read_lines(watcher, 1, lambda line: line.startswith("{") and ours(line)["value"] == 0)[0])
+            still = json.loads(
+                read_lines(watcher, 1, lambda line: line.startswith("{") and ours(line)["value"] == 0)[0]
+            )
             assert still["interval_s"] >= 0.1 and ours(json.dumps(still))["rate_per_s"] == 0
             counter.set(1000)
-            moved = json.loads(read_lines(watcher, 1, lambda line: line.startswith("{") and ours(line)["value"] == 1000)[0])
+            moved = json.loads(
+                read_lines(watcher, 1, lambda line: line.startswith("{") and ours(line)["value"] == 1000)[0]
+            )
             assert by_label(moved)[label]["rate_per_s"] == pytest.approx(1000 / moved["interval_s"])
             assert moved["interval_s"] >= 0.1
             watcher.send_signal(signal.SIGINT)
@@ -455,10 +482,16 @@ def test_watch_shows_each_counters_change_per_second_between_two_reads(workspace
 def test_rates_keep_to_the_same_counter_and_show_in_a_column() -> None:
     """A freed counter id taken by a new counter (another registration id), or
     another driver, gives no rate; the text has a rate/s column only when watching."""
+
     def read(pid: int, *counters: tuple[int, int, int]) -> dict[str, Any]:
-        return {"dir": "/d", "driver_pid": pid, "counters": [
-            {"id": cid, "type_id": 0, "type": "system", "label": f"c{cid}", "value": value, "registration_id": reg}
-            for cid, reg, value in counters]}
+        return {
+            "dir": "/d",
+            "driver_pid": pid,
+            "counters": [
+                {"id": cid, "type_id": 0, "type": "system", "label": f"c{cid}", "value": value, "registration_id": reg}
+                for cid, reg, value in counters
+            ],
+        }
 
     first = aeron_stat.add_rates(read(7, (0, 10, 100), (1, 11, 5)), None, None)
     assert first["interval_s"] is None and [c["rate_per_s"] for c in first["counters"]] == [None, None]
@@ -499,16 +532,19 @@ def test_iso_utc() -> None:
     assert "invalid" in iso_utc(2**62)
 
 
-
 def test_loss_sets_shows_and_heals_a_running_drivers_loss_injection(workspace: Path) -> None:
     """cluster-tool loss writes the driver's loss-injection counters (rates in
     % or ppm, a frame-type filter), shows them back, and --heal clears them."""
     directory = workspace / "node0"
     with running_driver(directory):
-        document = tool_json("loss", "--dir", str(directory), "--receive", "100%", "--send", "2500",
-                             "--frame-types", "data,sm")
-        assert (document["receive_ppm"], document["send_ppm"], document["frame_types"]) == (1_000_000, 2500,
-                                                                                            ["data", "sm"])
+        document = tool_json(
+            "loss", "--dir", str(directory), "--receive", "100%", "--send", "2500", "--frame-types", "data,sm"
+        )
+        assert (document["receive_ppm"], document["send_ppm"], document["frame_types"]) == (
+            1_000_000,
+            2500,
+            ["data", "sm"],
+        )
         counters = by_label(tool_json("counters", "--dir", str(directory)))
         assert counters["Loss injection: incoming datagrams dropped per million"]["value"] == 1_000_000
         shown = tool("loss", "--dir", str(directory))

@@ -82,11 +82,13 @@ def build_archive(directory: Path, *, segments_of_stopped: int = 3) -> tuple[int
     directory.mkdir(parents=True, exist_ok=True)
     started = now_ms() - 60_000
     with Catalog.open(directory) as catalog:
-        stopped = catalog.add_recording(0, started, 7, SEGMENT_LENGTH, TERM_LENGTH, 1408, 11, 1001,
-                                        "aeron:ipc", CHANNEL, "aeron:ipc")
+        stopped = catalog.add_recording(
+            0, started, 7, SEGMENT_LENGTH, TERM_LENGTH, 1408, 11, 1001, "aeron:ipc", CHANNEL, "aeron:ipc"
+        )
         catalog.update_stop(stopped, (segments_of_stopped - 1) * SEGMENT_LENGTH + 4 * KB, started + 5_000)
-        unstopped = catalog.add_recording(0, started + 10_000, 9, SEGMENT_LENGTH, TERM_LENGTH, 1408, 12, 1002,
-                                          "aeron:ipc", CHANNEL, "aeron:ipc")
+        unstopped = catalog.add_recording(
+            0, started + 10_000, 9, SEGMENT_LENGTH, TERM_LENGTH, 1408, 12, 1002, "aeron:ipc", CHANNEL, "aeron:ipc"
+        )
     for segment in range(segments_of_stopped):
         with open(directory / segment_file_name(stopped, segment * SEGMENT_LENGTH), "wb") as file:
             file.truncate(SEGMENT_LENGTH)
@@ -97,9 +99,17 @@ def build_archive(directory: Path, *, segments_of_stopped: int = 3) -> tuple[int
 
 def create_mark_file(directory: Path, pid: int, errors: tuple[str, ...] = ()) -> ArchiveMarkFile:
     mark = ArchiveMarkFile.create(
-        directory, pid=pid, archive_id=42, control_channel="aeron:udp?endpoint=127.0.0.1:8010",
-        control_stream_id=10, local_control_channel="aeron:ipc", local_control_stream_id=10,
-        events_channel="", events_stream_id=30, aeron_directory="/dev/shm/fulmar-test", now_ms=now_ms(),
+        directory,
+        pid=pid,
+        archive_id=42,
+        control_channel="aeron:udp?endpoint=127.0.0.1:8010",
+        control_stream_id=10,
+        local_control_channel="aeron:ipc",
+        local_control_stream_id=10,
+        events_channel="",
+        events_stream_id=30,
+        aeron_directory="/dev/shm/fulmar-test",
+        now_ms=now_ms(),
         error_buffer_length=64 * KB,
     )
     mark.signal_ready()
@@ -159,8 +169,19 @@ def test_recordings_of_a_stopped_archive(stopped_archive: tuple[Path, int, int])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == f"2 recordings in {directory} (archive not running)"
-    assert lines[1].split() == ["id", "state", "start", "stop", "started", "stopped", "stream", "session",
-                                "segments", "bytes", "channel"]
+    assert lines[1].split() == [
+        "id",
+        "state",
+        "start",
+        "stop",
+        "started",
+        "stopped",
+        "stream",
+        "session",
+        "segments",
+        "bytes",
+        "channel",
+    ]
     first, second = lines[2].split(), lines[3].split()
     assert first[:4] == [str(stopped), "valid", "0", str(2 * SEGMENT_LENGTH + 4 * KB)]
     assert first[-5:] == ["1001", "11", "3", str(3 * SEGMENT_LENGTH), CHANNEL]
@@ -191,7 +212,9 @@ def test_purged_recordings_show_with_all(tmp_path: Path) -> None:
     assert [r["recording_id"] for r in document["recordings"]] == [unstopped]
     code, document = tool_json("recordings", "--archive-dir", str(directory), "--all")
     assert [(r["recording_id"], r["state"], r["stop"]) for r in document["recordings"]] == [
-        (stopped, "invalid", "-"), (unstopped, "valid", "open (archive not running)")]
+        (stopped, "invalid", "-"),
+        (unstopped, "valid", "open (archive not running)"),
+    ]
     code, document = tool_json("recordings", "--archive-dir", str(directory), "--id", str(stopped))
     assert code == 0 and document["recordings"][0]["state"] == "invalid"
     # No mark file at all: nothing can be running there.
@@ -236,7 +259,9 @@ def test_errors_of_a_stopped_archive(stopped_archive: tuple[Path, int, int]) -> 
     code, document = tool_json("errors", "--archive-dir", str(directory))
     assert code == 0
     assert [(e["observation_count"], e["text"]) for e in document["errors"]] == [
-        (2, "disk full\n  at segment 3"), (1, "other")]
+        (2, "disk full\n  at segment 3"),
+        (1, "other"),
+    ]
 
 
 def test_a_live_owner_in_the_mark_file(tmp_path: Path) -> None:
@@ -286,8 +311,12 @@ def test_corrupt_catalog_is_one_line_and_exit_1(stopped_archive: tuple[Path, int
     before = snapshot(directory)
     for command in ("describe", "recordings", "verify"):
         for extra in ((), ("--json",)):
-            one_line_error(tool(command, "--archive-dir", str(directory), *extra),
-                           str(catalog), "corrupt catalog at offset 0", "incompatible catalog version 99.0.0")
+            one_line_error(
+                tool(command, "--archive-dir", str(directory), *extra),
+                str(catalog),
+                "corrupt catalog at offset 0",
+                "incompatible catalog version 99.0.0",
+            )
     assert snapshot(directory) == before
 
     # An entry whose length runs past the end of the file.
@@ -455,8 +484,16 @@ def test_live_archive_then_killed_then_restarted(live: Live) -> None:
     assert document["mark_file"]["state"] == "running"
     assert document["mark_file"]["aeron_directory"] == str(live.driver_dir)
     assert document["counts"] | {"segment_bytes": 0} == {
-        "valid": 2, "invalid": 0, "deleted": 0, "stopped": 1, "active": 1, "open": 0,
-        "segment_files": 4, "segment_bytes": 0, "orphan_segment_files": 0}
+        "valid": 2,
+        "invalid": 0,
+        "deleted": 0,
+        "stopped": 1,
+        "active": 1,
+        "open": 0,
+        "segment_files": 4,
+        "segment_bytes": 0,
+        "orphan_segment_files": 0,
+    }
     result = tool("describe", "--archive-dir", directory)
     assert result.stdout.splitlines()[0] == f"archive in {directory}: running"
     assert f"pid            {archive.process.pid} (running)" in result.stdout
@@ -513,5 +550,6 @@ def test_live_archive_then_killed_then_restarted(live: Live) -> None:
     (live.archive_dir / segments[1]).unlink()
     code, document = tool_json("verify", "--archive-dir", directory)
     assert code == 1
-    assert document["problems"] == [{"recording_id": stopped, "problem": "missing segment file",
-                                     "path": str(live.archive_dir / segments[1])}]
+    assert document["problems"] == [
+        {"recording_id": stopped, "problem": "missing segment file", "path": str(live.archive_dir / segments[1])}
+    ]

@@ -106,10 +106,11 @@ class Replies:
     def __init__(self, cluster: SingleNodeCluster) -> None:
         self.values: list[int] = []
         self.client = ClusterClient.connect(
-            cluster.connect(), cluster.ingress_channel, egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+            cluster.connect(),
+            cluster.ingress_channel,
+            egress_channel="aeron:udp?endpoint=127.0.0.1:0",
             message_timeout_ns=20_000_000_000,
-            on_message=lambda session_id, timestamp, payload: self.values.append(
-                struct.unpack_from("<q", payload)[0]),
+            on_message=lambda session_id, timestamp, payload: self.values.append(struct.unpack_from("<q", payload)[0]),
         )
 
     def send(self, payload: bytes) -> None:
@@ -153,7 +154,11 @@ def test_read_commands_on_a_running_node(cluster_of: Any, tmp_path: Path) -> Non
     assert node["running"] is True
     mark = node["mark_file"]
     assert (mark["pid"], mark["member_id"], mark["cluster_id"], mark["component_type"]) == (
-        pid, 0, 0, "CONSENSUS_MODULE")
+        pid,
+        0,
+        0,
+        "CONSENSUS_MODULE",
+    )
     assert mark["activity_age_ms"] < 10_000 and mark["ingress_channel"] == cluster.ingress_channel
     counters = node["counters"]
     assert counters["module_state_name"] == "ACTIVE"
@@ -380,15 +385,30 @@ def test_abort_stops_without_a_snapshot(cluster_of: Any) -> None:
 def write_node(cluster_dir: Path, *, errors: tuple[str, ...] = (), service_errors: tuple[str, ...] = ()) -> None:
     """A stopped node's cluster directory: mark files (closed cleanly) and a recording log."""
     cluster_dir.mkdir(parents=True)
-    with ClusterMarkFile.create(cluster_dir, ClusterComponentType.CONSENSUS_MODULE, pid=os.getpid(), member_id=0,
-                                cluster_id=7, now_ms=now_ms(), aeron_directory="/nonexistent/driver",
-                                ingress_channel="aeron:udp?endpoint=127.0.0.1:9010") as mark_file:
+    with ClusterMarkFile.create(
+        cluster_dir,
+        ClusterComponentType.CONSENSUS_MODULE,
+        pid=os.getpid(),
+        member_id=0,
+        cluster_id=7,
+        now_ms=now_ms(),
+        aeron_directory="/nonexistent/driver",
+        ingress_channel="aeron:udp?endpoint=127.0.0.1:9010",
+    ) as mark_file:
         log = mark_file.error_log(now_ms)
         for text in errors:
             log.record(text)
         mark_file.signal_ready()
-    with ClusterMarkFile.create(cluster_dir, ClusterComponentType.CONTAINER, service_id=0, pid=os.getpid(),
-                                member_id=0, cluster_id=7, now_ms=now_ms(), service_name="Svc") as mark_file:
+    with ClusterMarkFile.create(
+        cluster_dir,
+        ClusterComponentType.CONTAINER,
+        service_id=0,
+        pid=os.getpid(),
+        member_id=0,
+        cluster_id=7,
+        now_ms=now_ms(),
+        service_name="Svc",
+    ) as mark_file:
         log = mark_file.error_log(now_ms)
         for text in service_errors:
             log.record(text)
@@ -402,15 +422,30 @@ def write_node(cluster_dir: Path, *, errors: tuple[str, ...] = (), service_error
 
 def test_offline_node_files(tmp_path: Path) -> None:
     cluster_dir = tmp_path / "node" / "cluster"
-    write_node(cluster_dir, errors=("consensus module: boom", "consensus module: boom", "consensus module: bang"),
-               service_errors=("service: oops",))
+    write_node(
+        cluster_dir,
+        errors=("consensus module: boom", "consensus module: boom", "consensus module: bang"),
+        service_errors=("service: oops",),
+    )
     before = digest(cluster_dir)
 
     code, document = tool_json("recording-log", "--dir", str(tmp_path / "node"))
     assert code == 0
     entries = document["nodes"][0]["entries"]
-    assert [(e["index"], e["type"], e["recording_id"], e["leadership_term_id"], e["term_base_log_position"],
-             e["log_position"], e["timestamp"], e["service_id"], e["valid"]) for e in entries] == [
+    assert [
+        (
+            e["index"],
+            e["type"],
+            e["recording_id"],
+            e["leadership_term_id"],
+            e["term_base_log_position"],
+            e["log_position"],
+            e["timestamp"],
+            e["service_id"],
+            e["valid"],
+        )
+        for e in entries
+    ] == [
         (0, "TERM", 0, 0, 0, 8192, 1000, -1, True),
         (1, "SNAPSHOT", 5, 0, 0, 4096, 2000, 0, True),
         (2, "SNAPSHOT", 6, 0, 0, 4096, 2000, -1, True),
@@ -432,7 +467,9 @@ def test_offline_node_files(tmp_path: Path) -> None:
     assert code == 0
     module, service = document["nodes"][0]["files"]
     assert [(e["observation_count"], e["text"]) for e in module["errors"]] == [
-        (2, "consensus module: boom"), (1, "consensus module: bang")]
+        (2, "consensus module: boom"),
+        (1, "consensus module: bang"),
+    ]
     assert [e["text"] for e in service["errors"]] == ["service: oops"]
     result = tool("errors", "--dir", str(cluster_dir))
     assert "consensus module: 2 distinct errors" in result.stdout and "service 0: 1 distinct error " in result.stdout
@@ -467,8 +504,21 @@ def test_base_of_a_local_cluster_lists_every_node(tmp_path: Path) -> None:
 
 
 def test_bad_dir_exits_1(tmp_path: Path) -> None:
-    for command in ("describe", "pid", "list-members", "is-leader", "recording-log", "errors", "mark-file",
-                    "counters", "snapshot", "suspend", "resume", "shutdown", "abort"):
+    for command in (
+        "describe",
+        "pid",
+        "list-members",
+        "is-leader",
+        "recording-log",
+        "errors",
+        "mark-file",
+        "counters",
+        "snapshot",
+        "suspend",
+        "resume",
+        "shutdown",
+        "abort",
+    ):
         one_line_error(tool(command, "--dir", str(tmp_path / "missing")), "no such directory")
         one_line_error(tool(command, "--dir", str(tmp_path)), "no cluster files")
     a_file = tmp_path / "file"

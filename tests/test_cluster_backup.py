@@ -32,8 +32,7 @@ from fulmar.consensus.backup import (
 )
 from fulmar.consensus import protocol
 from fulmar.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
-from multi_node_support import CounterWorkload, log_frames, member_view, read_counter, wait_for_commit, \
-    wait_for_leader
+from multi_node_support import CounterWorkload, log_frames, member_view, read_counter, wait_for_commit, wait_for_leader
 
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 
@@ -54,8 +53,11 @@ def test_the_backup_follows_the_log_through_a_failover_and_holds_the_members_log
         print(cluster_commands.cluster_operate(cluster.base, "snapshot", 30))
         workload.wait_for_acks(100, 30)
         backup = Backup(cluster)
-        wait_for(lambda: backup.counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID) == ClusterBackupState.BACKING_UP,
-                 30, f"the backup to be BACKING_UP: {backup.output()[-2000:]}")
+        wait_for(
+            lambda: backup.counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID) == ClusterBackupState.BACKING_UP,
+            30,
+            f"the backup to be BACKING_UP: {backup.output()[-2000:]}",
+        )
         assert backup.counter(CLUSTER_BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID) == 1
         # A failover under load: the backup finds the new leader and goes on.
         leader = wait_for_leader(cluster, 30).member
@@ -75,8 +77,11 @@ def test_the_backup_follows_the_log_through_a_failover_and_holds_the_members_log
         position = member_view(cluster, new_leader).commit_position
         assert position is not None
         wait_for_commit(cluster, list(range(cluster.size)), position, 30)
-        wait_for(lambda: backup.counter(CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID) >= position, 30,
-                 f"the backup's live log to reach {position}: {backup.output()[-3000:]}")
+        wait_for(
+            lambda: backup.counter(CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID) >= position,
+            30,
+            f"the backup's live log to reach {position}: {backup.output()[-3000:]}",
+        )
         assert backup_log(backup, position) == log_frames(cluster, new_leader, position)
         # Its recording log: the snapshots it retrieved and the terms a member recovers from.
         log = RecordingLog.open(backup.cluster_dir, create=False)
@@ -107,8 +112,11 @@ def test_a_cluster_restored_from_the_backup_holds_every_acknowledged_write(clust
         print(cluster_commands.cluster_operate(cluster.base, "snapshot", 30))
         backup = Backup(cluster)
         workload.wait_for_acks(150, 30)
-        wait_for(lambda: backup.counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID) == ClusterBackupState.BACKING_UP,
-                 30, f"the backup to be BACKING_UP: {backup.output()[-2000:]}")
+        wait_for(
+            lambda: backup.counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID) == ClusterBackupState.BACKING_UP,
+            30,
+            f"the backup to be BACKING_UP: {backup.output()[-2000:]}",
+        )
     finally:
         workload.stop()
     try:
@@ -118,8 +126,11 @@ def test_a_cluster_restored_from_the_backup_holds_every_acknowledged_write(clust
         leader = wait_for_leader(cluster, 30).member
         position = member_view(cluster, leader).commit_position
         assert position is not None
-        wait_for(lambda: backup.counter(CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID) >= position, 30,
-                 f"the backup's live log to reach {position}: {backup.output()[-3000:]}")
+        wait_for(
+            lambda: backup.counter(CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID) >= position,
+            30,
+            f"the backup's live log to reach {position}: {backup.output()[-3000:]}",
+        )
         for process in reversed(backup.processes):
             assert process.stop(15) == 0, process.output()[-2000:]
         backup.processes.clear()
@@ -140,7 +151,7 @@ def test_a_cluster_restored_from_the_backup_holds_every_acknowledged_write(clust
             backup.close()
 
 
-def _wait_line(path: Path, text: str, process: "subprocess.Popen[bytes]", timeout_s: float) -> str:
+def _wait_line(path: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float) -> str:
     def seen() -> bool:
         if process.poll() is not None:
             raise AssertionError(f"exited with {process.returncode}: {path.read_text()[-3000:]}")
@@ -161,28 +172,53 @@ def test_cluster_node_backup_local_runs_beside_a_local_cluster_and_cluster_tool_
     try:
         cluster_out = base / "cluster.out"
         with open(cluster_out, "wb") as out:
-            processes.append(subprocess.Popen([*command, "start", "--local", "3", "--dir", str(base),
-                                               "--consensus-startup-canvass-timeout", "2s"],
-                                              stdout=out, stderr=subprocess.STDOUT, process_group=0))
+            processes.append(
+                subprocess.Popen(
+                    [
+                        *command,
+                        "start",
+                        "--local",
+                        "3",
+                        "--dir",
+                        str(base),
+                        "--consensus-startup-canvass-timeout",
+                        "2s",
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    process_group=0,
+                )
+            )
         _wait_line(cluster_out, "local cluster ready", processes[0], 60)
         backup_out = base / "backup.out"
         with open(backup_out, "wb") as out:
-            processes.append(subprocess.Popen([*command, "backup", "--local", str(base)],
-                                              stdout=out, stderr=subprocess.STDOUT, process_group=0))
+            processes.append(
+                subprocess.Popen(
+                    [*command, "backup", "--local", str(base)], stdout=out, stderr=subprocess.STDOUT, process_group=0
+                )
+            )
         _wait_line(backup_out, "cluster backup ready", processes[1], 60)
         assert (base / "backup" / "backup.toml").exists()
 
         def listed() -> str:
-            result = subprocess.run([sys.executable, "-m", "fulmar.cli.cluster_tool", "list-members", "--dir",
-                                     str(base)], capture_output=True, text=True, timeout=30)
+            result = subprocess.run(
+                [sys.executable, "-m", "fulmar.cli.cluster_tool", "list-members", "--dir", str(base)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             assert result.returncode == 0, result.stdout + result.stderr
             return result.stdout
 
         wait_for(lambda: "BACKUP BACKING_UP" in listed(), 30, "list-members to show the backup BACKING_UP")
         row = next(line for line in listed().splitlines() if line.startswith("backup"))
         assert "(a backup: live log position)" in row
-        described = subprocess.run([sys.executable, "-m", "fulmar.cli.cluster_tool", "describe", "--dir",
-                                    str(base / "backup")], capture_output=True, text=True, timeout=30)
+        described = subprocess.run(
+            [sys.executable, "-m", "fulmar.cli.cluster_tool", "describe", "--dir", str(base / "backup")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert described.returncode == 0, described.stdout + described.stderr
         assert "cluster backup in" in described.stdout and "state BACKING_UP" in described.stdout
         processes[1].send_signal(signal.SIGTERM)

@@ -72,7 +72,7 @@ class FakeCluster:
             self.sessions[session_id] = (channel, stream_id)
             return session_id
 
-    def member(self, member_id: int, ingress_channel: str, mode: str = "leader", **options: Any) -> "FakeMember":
+    def member(self, member_id: int, ingress_channel: str, mode: str = "leader", **options: Any) -> FakeMember:
         member = FakeMember(self, member_id, ingress_channel, mode, **options)
         self.members.append(member)
         member.start()
@@ -190,14 +190,28 @@ class FakeMember:
             assert time.monotonic() < deadline, "the fake member could not send"
             time.sleep(0.0002)
 
-    def _event(self, publication: Publication, session_id: int, correlation_id: int, code: int,
-               detail: str = "", leader: int | None = None) -> None:
-        self._send(publication, encode(
-            codecs.SessionEventEncoder, cluster_session_id=session_id, correlation_id=correlation_id,
-            leadership_term_id=self.cluster.leadership_term_id,
-            leader_member_id=self.member_id if leader is None else leader, code=code,
-            version=protocol.PROTOCOL_SEMANTIC_VERSION, detail=detail,
-        ))
+    def _event(
+        self,
+        publication: Publication,
+        session_id: int,
+        correlation_id: int,
+        code: int,
+        detail: str = "",
+        leader: int | None = None,
+    ) -> None:
+        self._send(
+            publication,
+            encode(
+                codecs.SessionEventEncoder,
+                cluster_session_id=session_id,
+                correlation_id=correlation_id,
+                leadership_term_id=self.cluster.leadership_term_id,
+                leader_member_id=self.member_id if leader is None else leader,
+                code=code,
+                version=protocol.PROTOCOL_SEMANTIC_VERSION,
+                detail=detail,
+            ),
+        )
 
     def _on_ingress(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         message = codecs.decode(buffer, offset, length)
@@ -212,8 +226,10 @@ class FakeMember:
             if publication is not None and self.mode == "leader":
                 self._timestamp += 1
                 reply = encode(
-                    codecs.SessionMessageHeaderEncoder, leadership_term_id=self.cluster.leadership_term_id,
-                    cluster_session_id=message.cluster_session_id, timestamp=self._timestamp,
+                    codecs.SessionMessageHeaderEncoder,
+                    leadership_term_id=self.cluster.leadership_term_id,
+                    cluster_session_id=message.cluster_session_id,
+                    timestamp=self._timestamp,
                 )
                 self._send(publication, reply + payload)
         elif isinstance(message, codecs.SessionKeepAliveDecoder):
@@ -224,11 +240,18 @@ class FakeMember:
             self.admin_requests.append(message)
             publication = self.egress.get(message.cluster_session_id)
             if publication is not None:
-                self._send(publication, encode(
-                    codecs.AdminResponseEncoder, cluster_session_id=message.cluster_session_id,
-                    correlation_id=message.correlation_id, request_type=message.request_type_raw,
-                    response_code=codecs.AdminResponseCode.OK, message="snapshot taken", payload=b"",
-                ))
+                self._send(
+                    publication,
+                    encode(
+                        codecs.AdminResponseEncoder,
+                        cluster_session_id=message.cluster_session_id,
+                        correlation_id=message.correlation_id,
+                        request_type=message.request_type_raw,
+                        response_code=codecs.AdminResponseCode.OK,
+                        message="snapshot taken",
+                        payload=b"",
+                    ),
+                )
 
     def _on_connect(self, request: Any) -> None:
         self.connect_requests.append(request)
@@ -254,22 +277,43 @@ class FakeMember:
         elif self.mode == "challenge":
             session_id = self.cluster.open_session(channel, stream_id)
             self.egress[session_id] = publication
-            self._send(publication, encode(
-                codecs.ChallengeEncoder, correlation_id=correlation_id, cluster_session_id=session_id,
-                encoded_challenge=CHALLENGE,
-            ))
+            self._send(
+                publication,
+                encode(
+                    codecs.ChallengeEncoder,
+                    correlation_id=correlation_id,
+                    cluster_session_id=session_id,
+                    encoded_challenge=CHALLENGE,
+                ),
+            )
         elif self.mode == "redirect":
-            self._event(publication, protocol.NULL_SESSION_ID, correlation_id, codecs.EventCode.REDIRECT,
-                        detail=self.cluster.endpoints, leader=self.redirect_to)
+            self._event(
+                publication,
+                protocol.NULL_SESSION_ID,
+                correlation_id,
+                codecs.EventCode.REDIRECT,
+                detail=self.cluster.endpoints,
+                leader=self.redirect_to,
+            )
             self.redirected.set()
             publication.close()
         elif self.mode == "reject":
-            self._event(publication, protocol.NULL_SESSION_ID, correlation_id,
-                        codecs.EventCode.AUTHENTICATION_REJECTED, detail="credentials not accepted")
+            self._event(
+                publication,
+                protocol.NULL_SESSION_ID,
+                correlation_id,
+                codecs.EventCode.AUTHENTICATION_REJECTED,
+                detail="credentials not accepted",
+            )
             publication.close()
         elif self.mode == "error":
-            self._event(publication, protocol.NULL_SESSION_ID, correlation_id, codecs.EventCode.ERROR,
-                        detail="too many sessions")
+            self._event(
+                publication,
+                protocol.NULL_SESSION_ID,
+                correlation_id,
+                codecs.EventCode.ERROR,
+                detail="too many sessions",
+            )
             publication.close()
 
     def _on_challenge_response(self, response: Any) -> None:
@@ -280,35 +324,51 @@ class FakeMember:
             self.mode = "leader"
             self._event(publication, response.cluster_session_id, response.correlation_id, codecs.EventCode.OK)
         else:
-            self._event(publication, response.cluster_session_id, response.correlation_id,
-                        codecs.EventCode.AUTHENTICATION_REJECTED, detail="wrong answer to the challenge")
+            self._event(
+                publication,
+                response.cluster_session_id,
+                response.correlation_id,
+                codecs.EventCode.AUTHENTICATION_REJECTED,
+                detail="wrong answer to the challenge",
+            )
             del self.egress[response.cluster_session_id]
 
     # ------------------------------------------------------------ commands (run on the thread)
 
     def become_leader(self, session_id: int) -> None:
         """Take over a session after an 'election': connect its egress, send NewLeaderEvent."""
+
         def command() -> None:
             self.cluster.leadership_term_id += 1
             channel, stream_id = self.cluster.sessions[session_id]
             publication = self.egress.get(session_id) or self._publication_to(channel, stream_id)
             self.egress[session_id] = publication
             self.mode = "leader"
-            self._send(publication, encode(
-                codecs.NewLeaderEventEncoder, leadership_term_id=self.cluster.leadership_term_id,
-                cluster_session_id=session_id, leader_member_id=self.member_id,
-                ingress_endpoints=self.cluster.endpoints,
-            ))
+            self._send(
+                publication,
+                encode(
+                    codecs.NewLeaderEventEncoder,
+                    leadership_term_id=self.cluster.leadership_term_id,
+                    cluster_session_id=session_id,
+                    leader_member_id=self.member_id,
+                    ingress_endpoints=self.cluster.endpoints,
+                ),
+            )
+
         self.call(command)
 
     def send_closed(self, session_id: int) -> None:
-        self.call(lambda: self._event(self.egress[session_id], session_id, 0, codecs.EventCode.CLOSED,
-                                      detail="session timed out"))
+        self.call(
+            lambda: self._event(
+                self.egress[session_id], session_id, 0, codecs.EventCode.CLOSED, detail="session timed out"
+            )
+        )
 
     def send_raw(self, session_id: int, *messages: bytes) -> None:
         def command() -> None:
             for message in messages:
                 self._send(self.egress[session_id], message)
+
         self.call(command)
 
 
@@ -369,8 +429,9 @@ def test_connect_and_1000_echoed_requests_in_order(aeron: Aeron, cluster: FakeCl
     port = free_udp_port()
     leader = cluster.member(0, udp(port))
     leader.listening.wait(10)
-    client = ClusterClient.connect(aeron, ingress_channel=udp(port), egress_channel=EGRESS_UDP,
-                                   message_timeout_ns=10_000_000_000)
+    client = ClusterClient.connect(
+        aeron, ingress_channel=udp(port), egress_channel=EGRESS_UDP, message_timeout_ns=10_000_000_000
+    )
     try:
         assert client.cluster_session_id == 100
         assert client.leadership_term_id == cluster.leadership_term_id
@@ -407,6 +468,7 @@ def test_offer_variants_callbacks_keepalive_and_admin(aeron: Aeron, cluster: Fak
         on_admin_response=lambda *args: admin.append(args),
     )
     try:
+
         def send(action: Callable[[], int]) -> None:
             wait_for(lambda: action() > 0, 5, "the ingress to take the message")
 
@@ -460,8 +522,13 @@ def test_redirect_from_a_follower_to_the_leader(aeron: Aeron, cluster: FakeClust
     follower = cluster.member(0, udp(ports[0]), "redirect", redirect_to=1)
     # The leader only listens once the follower has redirected: the client must follow it.
     leader = cluster.member(1, udp(ports[1]), listen_after=follower.redirected)
-    client = ClusterClient.connect(aeron, ingress_channel="aeron:udp", ingress_endpoints=cluster.endpoints,
-                                   egress_channel=EGRESS_UDP, message_timeout_ns=10_000_000_000)
+    client = ClusterClient.connect(
+        aeron,
+        ingress_channel="aeron:udp",
+        ingress_endpoints=cluster.endpoints,
+        egress_channel=EGRESS_UDP,
+        message_timeout_ns=10_000_000_000,
+    )
     try:
         assert len(follower.connect_requests) == 1
         assert len(leader.connect_requests) == 1
@@ -524,8 +591,12 @@ def test_new_leader_event_switches_ingress(aeron: Aeron, cluster: FakeCluster) -
     new_leader.listening.wait(10)
     events: list[tuple[int, int, int, str]] = []
     client = ClusterClient.connect(
-        aeron, ingress_channel="aeron:udp", ingress_endpoints=cluster.endpoints, egress_channel=EGRESS_UDP,
-        message_timeout_ns=10_000_000_000, on_new_leader=lambda *args: events.append(args),
+        aeron,
+        ingress_channel="aeron:udp",
+        ingress_endpoints=cluster.endpoints,
+        egress_channel=EGRESS_UDP,
+        message_timeout_ns=10_000_000_000,
+        on_new_leader=lambda *args: events.append(args),
     )
     try:
         assert client.leader_member_id == 0
@@ -553,8 +624,9 @@ def test_new_leader_event_without_endpoints_readds_the_ingress(aeron: Aeron, clu
     try:
         old_publication = client.publication
         leader.become_leader(client.cluster_session_id)
-        wait_for(lambda: client.poll_egress() >= 0 and client.publication is not old_publication, 10,
-                 "the NewLeaderEvent")
+        wait_for(
+            lambda: client.poll_egress() >= 0 and client.publication is not old_publication, 10, "the NewLeaderEvent"
+        )
         assert old_publication.is_closed
         assert client.request(b"same channel, new term", timeout_s=10) == b"same channel, new term"
         assert leader.messages[-1][0] == client.leadership_term_id == 8
@@ -585,8 +657,9 @@ def test_connect_times_out_when_nobody_listens(aeron: Aeron) -> None:
     port = free_udp_port()
     started = time.monotonic()
     with pytest.raises(ClusterTimeoutError) as raised:
-        ClusterClient.connect(aeron, ingress_channel=udp(port), egress_channel=EGRESS_UDP,
-                              message_timeout_ns=500_000_000)
+        ClusterClient.connect(
+            aeron, ingress_channel=udp(port), egress_channel=EGRESS_UDP, message_timeout_ns=500_000_000
+        )
     elapsed = time.monotonic() - started
     assert 0.45 < elapsed < 3, elapsed
     text = str(raised.value)
@@ -609,21 +682,39 @@ def test_malformed_and_foreign_egress_messages_are_ignored(aeron: Aeron, cluster
     client = ipc_connect(aeron)
     try:
         session_id = client.cluster_session_id
-        good_event = encode(codecs.SessionEventEncoder, cluster_session_id=session_id, correlation_id=1,
-                            leadership_term_id=7, leader_member_id=0, code=codecs.EventCode.OK, detail="x" * 20)
+        good_event = encode(
+            codecs.SessionEventEncoder,
+            cluster_session_id=session_id,
+            correlation_id=1,
+            leadership_term_id=7,
+            leader_member_id=0,
+            code=codecs.EventCode.OK,
+            detail="x" * 20,
+        )
         wrong_schema = bytearray(good_event)
         wrong_schema[4:6] = (999).to_bytes(2, "little")
         unknown_template = bytearray(good_event)
         unknown_template[2:4] = (250).to_bytes(2, "little")
-        foreign = encode(codecs.SessionMessageHeaderEncoder, leadership_term_id=7,
-                         cluster_session_id=session_id + 1000, timestamp=0) + b"not yours"
+        foreign = (
+            encode(
+                codecs.SessionMessageHeaderEncoder,
+                leadership_term_id=7,
+                cluster_session_id=session_id + 1000,
+                timestamp=0,
+            )
+            + b"not yours"
+        )
         for garbage in (b"\x01\x02\x03", bytes(wrong_schema), bytes(unknown_template), good_event[:20]):
             with pytest.raises(CodecError):
                 codecs.decode(garbage, 0, len(garbage))
-        leader.send_raw(session_id, b"\x01\x02\x03", bytes(wrong_schema), bytes(unknown_template),
-                        good_event[:20], foreign)
-        wait_for(lambda: client.poll_egress() >= 0 and client.malformed_count == 4 and client.foreign_count == 1,
-                 10, "the bad messages to be counted")
+        leader.send_raw(
+            session_id, b"\x01\x02\x03", bytes(wrong_schema), bytes(unknown_template), good_event[:20], foreign
+        )
+        wait_for(
+            lambda: client.poll_egress() >= 0 and client.malformed_count == 4 and client.foreign_count == 1,
+            10,
+            "the bad messages to be counted",
+        )
         assert not client.is_closed
         assert client.request(b"still fine", timeout_s=10) == b"still fine"
     finally:
@@ -635,8 +726,9 @@ def test_async_client(aeron: Aeron, cluster: FakeCluster) -> None:
     leader.listening.wait(10)
 
     async def main() -> None:
-        client = await AsyncClusterClient.connect(aeron, ingress_channel=IPC, egress_channel=IPC,
-                                                  message_timeout_ns=10_000_000_000)
+        client = await AsyncClusterClient.connect(
+            aeron, ingress_channel=IPC, egress_channel=IPC, message_timeout_ns=10_000_000_000
+        )
         try:
             assert client.cluster_session_id >= 100
             for i in range(50):
@@ -664,8 +756,9 @@ def test_async_client_sees_cluster_close(aeron: Aeron, cluster: FakeCluster) -> 
     leader.listening.wait(10)
 
     async def main() -> None:
-        client = await AsyncClusterClient.connect(aeron, ingress_channel=IPC, egress_channel=IPC,
-                                                  message_timeout_ns=10_000_000_000)
+        client = await AsyncClusterClient.connect(
+            aeron, ingress_channel=IPC, egress_channel=IPC, message_timeout_ns=10_000_000_000
+        )
         try:
             leader.send_closed(client.cluster_session_id)
             got = [message async for message in client.messages()]  # ends when the session closes
@@ -683,8 +776,9 @@ def test_async_connect_failure_is_raised(aeron: Aeron, cluster: FakeCluster) -> 
 
     async def main() -> None:
         with pytest.raises(AuthenticationRejectedError):
-            await AsyncClusterClient.connect(aeron, ingress_channel=IPC, egress_channel=IPC,
-                                             message_timeout_ns=10_000_000_000)
+            await AsyncClusterClient.connect(
+                aeron, ingress_channel=IPC, egress_channel=IPC, message_timeout_ns=10_000_000_000
+            )
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -693,8 +787,13 @@ def test_connect_with_endpoints_times_out_naming_every_member(aeron: Aeron) -> N
     ports = free_udp_port(), free_udp_port()
     endpoints = f"0=127.0.0.1:{ports[0]},1=127.0.0.1:{ports[1]}"
     with pytest.raises(ClusterTimeoutError) as raised:
-        ClusterClient.connect(aeron, ingress_channel="aeron:udp", ingress_endpoints=endpoints,
-                              egress_channel=EGRESS_UDP, message_timeout_ns=300_000_000)
+        ClusterClient.connect(
+            aeron,
+            ingress_channel="aeron:udp",
+            ingress_endpoints=endpoints,
+            egress_channel=EGRESS_UDP,
+            message_timeout_ns=300_000_000,
+        )
     text = str(raised.value)
     for member, port in enumerate(ports):
         assert f"{member}=127.0.0.1:{port} connected=False" in text
@@ -716,11 +815,17 @@ def test_a_connect_nobody_answers_is_asked_again_of_the_next_member(aeron: Aeron
     stopped.listening.wait(10)
     watcher = threading.Thread(
         target=lambda: (wait_for(lambda: stopped.connect_requests, 10, "the request to member 0"), asked.set()),
-        daemon=True)
+        daemon=True,
+    )
     watcher.start()
     started = time.monotonic()
-    client = ClusterClient.connect(aeron, ingress_channel="aeron:udp", ingress_endpoints=cluster.endpoints,
-                                   egress_channel=EGRESS_UDP, message_timeout_ns=10_000_000_000)
+    client = ClusterClient.connect(
+        aeron,
+        ingress_channel="aeron:udp",
+        ingress_endpoints=cluster.endpoints,
+        egress_channel=EGRESS_UDP,
+        message_timeout_ns=10_000_000_000,
+    )
     try:
         elapsed = time.monotonic() - started
         assert CONNECT_ATTEMPT_TIMEOUT_NS / 1e9 <= elapsed < 5, elapsed
@@ -735,7 +840,8 @@ def test_a_connect_nobody_answers_is_asked_again_of_the_next_member(aeron: Aeron
 
 
 def test_a_redirect_to_a_leader_that_never_answers_is_left_for_another_member(
-        aeron: Aeron, cluster: FakeCluster) -> None:
+    aeron: Aeron, cluster: FakeCluster
+) -> None:
     """A follower names a leader that has died (its driver still takes the
     request): the client does not wait out its whole timeout on it but asks
     the other members again, and the live leader answers."""
@@ -746,8 +852,13 @@ def test_a_redirect_to_a_leader_that_never_answers_is_left_for_another_member(
     leader = cluster.member(2, udp(ports[2]), listen_after=follower.redirected)
     dead.listening.wait(10)
     follower.listening.wait(10)
-    client = ClusterClient.connect(aeron, ingress_channel="aeron:udp", ingress_endpoints=cluster.endpoints,
-                                   egress_channel=EGRESS_UDP, message_timeout_ns=10_000_000_000)
+    client = ClusterClient.connect(
+        aeron,
+        ingress_channel="aeron:udp",
+        ingress_endpoints=cluster.endpoints,
+        egress_channel=EGRESS_UDP,
+        message_timeout_ns=10_000_000_000,
+    )
     try:
         assert len(follower.connect_requests) == 1
         assert len(dead.connect_requests) == 1

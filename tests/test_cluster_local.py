@@ -34,14 +34,18 @@ from fulmar.cli import cluster_node, supervisor
 from fulmar.consensus.cluster_member import parse_cluster_members
 
 READY = re.compile(r"node (\d+) ready: ingress (\S+); driver directory (\S+); pids (.*?);")
-MEMBERS = "0,127.0.0.1:20110,127.0.0.1:20220,127.0.0.1:20330,127.0.0.1:20440,127.0.0.1:8010|" \
-          "1,127.0.0.1:21110,127.0.0.1:21220,127.0.0.1:21330,127.0.0.1:21440,127.0.0.1:8011|" \
-          "2,127.0.0.1:22110,127.0.0.1:22220,127.0.0.1:22330,127.0.0.1:22440,127.0.0.1:8012"
+MEMBERS = (
+    "0,127.0.0.1:20110,127.0.0.1:20220,127.0.0.1:20330,127.0.0.1:20440,127.0.0.1:8010|"
+    "1,127.0.0.1:21110,127.0.0.1:21220,127.0.0.1:21330,127.0.0.1:21440,127.0.0.1:8011|"
+    "2,127.0.0.1:22110,127.0.0.1:22220,127.0.0.1:22330,127.0.0.1:22440,127.0.0.1:8012"
+)
 
 
 @pytest.fixture
 def driver_dir() -> Iterator[Path]:
-    path = (Path("/dev/shm") if os.path.isdir("/dev/shm") else Path("/tmp")) / f"fulmar-test-local-{uuid.uuid4().hex[:8]}"
+    path = (
+        Path("/dev/shm") if os.path.isdir("/dev/shm") else Path("/tmp")
+    ) / f"fulmar-test-local-{uuid.uuid4().hex[:8]}"
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -49,25 +53,39 @@ def driver_dir() -> Iterator[Path]:
 # ---------------------------------------------------------------------- cluster-node consensus
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--cluster-members", "0,a"], "Invalid value for '--cluster-members': cluster member entry 0 ('0,a') has 2 "
-                                   "fields"),
-    (["--cluster-members", MEMBERS.replace(":20220", ":0")], "consensus endpoint '127.0.0.1:0' needs a port"),
-    (["--cluster-members", MEMBERS, "--member-id", "3"],
-     "Invalid value for '--member-id': 3 is not among the cluster members (ids 0, 1, 2)"),
-    (["--cluster-members", MEMBERS, "--appointed-leader-id", "5"],
-     "Invalid value for '--appointed-leader-id': 5 is not among the cluster members (ids 0, 1, 2)"),
-    (["--appointed-leader-id", "2"], "2 is not a member: without cluster members"),
-    (["--appointed-leader-id", "-2"], "-2 is not in the range x>=-1"),
-    (["--leader-heartbeat-interval", "10s"],
-     "Invalid value for '--leader-heartbeat-interval': 10s is not below the leader heartbeat timeout (10s)"),
-    (["--election-status-interval", "1s"],
-     "Invalid value for '--election-status-interval': 1s is not below the election timeout (1s)"),
-    (["--election-timeout", "10"], "a unit is required"),
-    (["--startup-canvass-timeout", "0s"], "below the minimum of 1ms"),
-])
-def test_consensus_refuses_membership_and_timing_that_cannot_work(tmp_path: Path, args: list[str],
-                                                                  message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--cluster-members", "0,a"],
+            "Invalid value for '--cluster-members': cluster member entry 0 ('0,a') has 2 fields",
+        ),
+        (["--cluster-members", MEMBERS.replace(":20220", ":0")], "consensus endpoint '127.0.0.1:0' needs a port"),
+        (
+            ["--cluster-members", MEMBERS, "--member-id", "3"],
+            "Invalid value for '--member-id': 3 is not among the cluster members (ids 0, 1, 2)",
+        ),
+        (
+            ["--cluster-members", MEMBERS, "--appointed-leader-id", "5"],
+            "Invalid value for '--appointed-leader-id': 5 is not among the cluster members (ids 0, 1, 2)",
+        ),
+        (["--appointed-leader-id", "2"], "2 is not a member: without cluster members"),
+        (["--appointed-leader-id", "-2"], "-2 is not in the range x>=-1"),
+        (
+            ["--leader-heartbeat-interval", "10s"],
+            "Invalid value for '--leader-heartbeat-interval': 10s is not below the leader heartbeat timeout (10s)",
+        ),
+        (
+            ["--election-status-interval", "1s"],
+            "Invalid value for '--election-status-interval': 1s is not below the election timeout (1s)",
+        ),
+        (["--election-timeout", "10"], "a unit is required"),
+        (["--startup-canvass-timeout", "0s"], "below the minimum of 1ms"),
+    ],
+)
+def test_consensus_refuses_membership_and_timing_that_cannot_work(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     # Refused before the module touches the cluster directory or the driver.
     result = CliRunner().invoke(cluster_node.consensus, ["--cluster-dir", str(tmp_path / "cluster"), *args])
     assert result.exit_code == 2, result.output
@@ -76,17 +94,33 @@ def test_consensus_refuses_membership_and_timing_that_cannot_work(tmp_path: Path
 
 
 def test_the_new_consensus_options_are_mirrored_by_start(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "node.toml", tmp_path / "driver", free_port(), consensus={
-        "cluster_members": MEMBERS, "election_timeout": "2s", "leader_heartbeat_timeout": "5s",
-        "consensus_channel": "aeron:udp?term-length=128k"})
-    flags = {"consensus_appointed_leader_id": 1, "consensus_leader_heartbeat_interval": 250_000_000,
-             "consensus_replication_channel": "aeron:udp?endpoint=127.0.0.1:0|mtu=8k"}
+    config = write_config(
+        tmp_path / "node.toml",
+        tmp_path / "driver",
+        free_port(),
+        consensus={
+            "cluster_members": MEMBERS,
+            "election_timeout": "2s",
+            "leader_heartbeat_timeout": "5s",
+            "consensus_channel": "aeron:udp?term-length=128k",
+        },
+    )
+    flags = {
+        "consensus_appointed_leader_id": 1,
+        "consensus_leader_heartbeat_interval": 250_000_000,
+        "consensus_replication_channel": "aeron:udp?endpoint=127.0.0.1:0|mtu=8k",
+    }
     resolved = supervisor.resolve_config(cluster_node._START_OPTIONS, flags, config)
     args = next(spec.args for spec in resolved.child_specs() if spec.log_name == "consensus")
-    expected = {"--cluster-members": MEMBERS, "--election-timeout": "2s", "--leader-heartbeat-timeout": "5s",
-                "--consensus-channel": "aeron:udp?term-length=128k", "--appointed-leader-id": "1",
-                "--leader-heartbeat-interval": "250ms",
-                "--replication-channel": "aeron:udp?endpoint=127.0.0.1:0|mtu=8k"}
+    expected = {
+        "--cluster-members": MEMBERS,
+        "--election-timeout": "2s",
+        "--leader-heartbeat-timeout": "5s",
+        "--consensus-channel": "aeron:udp?term-length=128k",
+        "--appointed-leader-id": "1",
+        "--leader-heartbeat-interval": "250ms",
+        "--replication-channel": "aeron:udp?endpoint=127.0.0.1:0|mtu=8k",
+    }
     for flag, value in expected.items():
         assert args[args.index(flag) + 1] == value, flag
     # What the process gets, it accepts (its own parser, no module started).
@@ -95,15 +129,22 @@ def test_the_new_consensus_options_are_mirrored_by_start(tmp_path: Path) -> None
     assert context.params["cluster_members"] == MEMBERS and context.params["leader_heartbeat_interval"] == 250_000_000
 
 
-@pytest.mark.parametrize("consensus, node, message", [
-    ({"cluster_members": "0,x"}, {}, "[consensus] cluster_members: cluster member entry 0 ('0,x') has 2 fields"),
-    ({"cluster_members": MEMBERS}, {"member_id": 4}, "[node] member_id: 4 is not among the cluster members"),
-    ({"cluster_members": MEMBERS, "appointed_leader_id": 9}, {},
-     "[consensus] appointed_leader_id: 9 is not among the cluster members"),
-    ({"leader_heartbeat_interval": "11s"}, {}, "[consensus] leader_heartbeat_interval: 11s is not below"),
-])
-def test_start_refuses_a_membership_that_cannot_work(tmp_path: Path, driver_dir: Path, consensus: dict[str, Any],
-                                                     node: dict[str, Any], message: str) -> None:
+@pytest.mark.parametrize(
+    "consensus, node, message",
+    [
+        ({"cluster_members": "0,x"}, {}, "[consensus] cluster_members: cluster member entry 0 ('0,x') has 2 fields"),
+        ({"cluster_members": MEMBERS}, {"member_id": 4}, "[node] member_id: 4 is not among the cluster members"),
+        (
+            {"cluster_members": MEMBERS, "appointed_leader_id": 9},
+            {},
+            "[consensus] appointed_leader_id: 9 is not among the cluster members",
+        ),
+        ({"leader_heartbeat_interval": "11s"}, {}, "[consensus] leader_heartbeat_interval: 11s is not below"),
+    ],
+)
+def test_start_refuses_a_membership_that_cannot_work(
+    tmp_path: Path, driver_dir: Path, consensus: dict[str, Any], node: dict[str, Any], message: str
+) -> None:
     config = write_config(tmp_path / "node.toml", driver_dir, free_port(), consensus=consensus, node=node)
     result = run_start("--config", str(config))
     assert result.exit_code == supervisor.EXIT_CONFIG, result.output
@@ -115,12 +156,19 @@ def test_start_refuses_a_member_whose_own_port_is_taken(tmp_path: Path, driver_d
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
         members = MEMBERS.replace("127.0.0.1:21220", f"127.0.0.1:{port}")  # member 1's consensus endpoint
-        config = write_config(tmp_path / "node.toml", driver_dir, free_port(), consensus={"cluster_members": members},
-                              node={"member_id": 1})
+        config = write_config(
+            tmp_path / "node.toml",
+            driver_dir,
+            free_port(),
+            consensus={"cluster_members": members},
+            node={"member_id": 1},
+        )
         result = run_start("--config", str(config))
     assert result.exit_code == supervisor.EXIT_CONFIG, result.output
-    assert (f"[consensus] cluster_members (member 1's consensus endpoint): UDP port {port} on 127.0.0.1 is in use"
-            in result.output), result.output
+    assert (
+        f"[consensus] cluster_members (member 1's consensus endpoint): UDP port {port} on 127.0.0.1 is in use"
+        in result.output
+    ), result.output
 
 
 # ---------------------------------------------------------------------- --local 3: the generated configuration
@@ -184,8 +232,9 @@ def test_local_three_generates_each_members_configuration(tmp_path: Path, captur
         i = member.id
         values = config.values
         assert config.node_dir == base / f"node{i}" and config.cluster_dir == base / f"node{i}" / "cluster"
-        assert config.driver_dir == (shm / f"fulmar-{supervisor.user_name()}-three-node{i}" if shm
-                                     else base / f"node{i}" / "driver")
+        assert config.driver_dir == (
+            shm / f"fulmar-{supervisor.user_name()}-three-node{i}" if shm else base / f"node{i}" / "driver"
+        )
         assert values[("consensus", "cluster_members")] == members_text
         assert config.ingress_channel == f"aeron:udp?endpoint={member.ingress_endpoint}"
         assert values[("consensus", "log_channel")] == "aeron:udp?term-length=4m"
@@ -202,8 +251,10 @@ def test_local_three_generates_each_members_configuration(tmp_path: Path, captur
         args = {spec.log_name: spec.args for spec in again.child_specs()}
         assert args["consensus"][args["consensus"].index("--cluster-members") + 1] == members_text
         assert args["consensus"][args["consensus"].index("--member-id") + 1] == str(i)
-        assert args["archive"][args["archive"].index("--control-channel") + 1] == \
-            f"aeron:udp?endpoint={member.archive_endpoint}"
+        assert (
+            args["archive"][args["archive"].index("--control-channel") + 1]
+            == f"aeron:udp?endpoint={member.archive_endpoint}"
+        )
     assert f"ingress endpoints: {endpoints}" in result.output
 
 
@@ -213,8 +264,9 @@ def test_local_ingress_port_is_member_zeros_and_counts_up(tmp_path: Path, captur
     assert result.exit_code == 0, result.output
     [(configs, endpoints)] = captured
     assert endpoints == ",".join(f"{i}=127.0.0.1:{first + i}" for i in range(5))
-    assert [config.ingress_channel for config in configs] == \
-        [f"aeron:udp?endpoint=127.0.0.1:{first + i}" for i in range(5)]
+    assert [config.ingress_channel for config in configs] == [
+        f"aeron:udp?endpoint=127.0.0.1:{first + i}" for i in range(5)
+    ]
 
 
 def test_local_one_stays_a_single_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,21 +279,30 @@ def test_local_one_stays_a_single_member(tmp_path: Path, monkeypatch: pytest.Mon
     assert config.values[("archive", "control_channel")] == "none"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--local", "4"], "--local 4: a local cluster has 1, 3 or 5 members"),
-    (["--local", "0"], "--local 0: a local cluster has 1, 3 or 5 members"),
-    (["--local", "3", "--member-id", "1"], "--member-id cannot be used with --local 3"),
-    (["--local", "3", "--driver-dir", "/dev/shm/x"], "--driver-dir cannot be used with --local 3"),
-    (["--local", "5", "--consensus-ingress-channel", "aeron:udp?endpoint=127.0.0.1:9"],
-     "--consensus-ingress-channel cannot be used with --local 5"),
-    (["--local", "3", "--consensus-cluster-members", MEMBERS], "--consensus-cluster-members cannot be used"),
-    (["--local", "3", "--archive-control-channel", "none"], "--archive-control-channel cannot be used"),
-    (["--local", "3", "--ingress-port", "65534"], "members 0..2 take ports 65534..65536, beyond 65535"),
-    (["--local", "3", "--consensus-appointed-leader-id", "3"],
-     "member 0: [consensus] appointed_leader_id: 3 is not among the cluster members (ids 0, 1, 2)"),
-    (["--local", "3", "--consensus-election-status-interval", "5s"],
-     "member 0: [consensus] election_status_interval: 5s is not below the election timeout (1s)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--local", "4"], "--local 4: a local cluster has 1, 3 or 5 members"),
+        (["--local", "0"], "--local 0: a local cluster has 1, 3 or 5 members"),
+        (["--local", "3", "--member-id", "1"], "--member-id cannot be used with --local 3"),
+        (["--local", "3", "--driver-dir", "/dev/shm/x"], "--driver-dir cannot be used with --local 3"),
+        (
+            ["--local", "5", "--consensus-ingress-channel", "aeron:udp?endpoint=127.0.0.1:9"],
+            "--consensus-ingress-channel cannot be used with --local 5",
+        ),
+        (["--local", "3", "--consensus-cluster-members", MEMBERS], "--consensus-cluster-members cannot be used"),
+        (["--local", "3", "--archive-control-channel", "none"], "--archive-control-channel cannot be used"),
+        (["--local", "3", "--ingress-port", "65534"], "members 0..2 take ports 65534..65536, beyond 65535"),
+        (
+            ["--local", "3", "--consensus-appointed-leader-id", "3"],
+            "member 0: [consensus] appointed_leader_id: 3 is not among the cluster members (ids 0, 1, 2)",
+        ),
+        (
+            ["--local", "3", "--consensus-election-status-interval", "5s"],
+            "member 0: [consensus] election_status_interval: 5s is not below the election timeout (1s)",
+        ),
+    ],
+)
 def test_local_cluster_configuration_errors(tmp_path: Path, captured: Any, args: list[str], message: str) -> None:
     result = run_start(*args, "--dir", str(tmp_path / "base"))
     assert result.exit_code == supervisor.EXIT_CONFIG, result.output
@@ -264,10 +325,17 @@ def test_help_documents_local_clusters() -> None:
     assert result.exit_code == 0
     text = " ".join(result.output.split())
     assert "--local 3 [--dir BASE] [--ingress-port P]" in text and "1, 3 or 5 members" in text
-    for flag in ("--consensus-cluster-members", "--consensus-appointed-leader-id", "--consensus-election-timeout",
-                 "--consensus-election-status-interval", "--consensus-startup-canvass-timeout",
-                 "--consensus-leader-heartbeat-timeout", "--consensus-leader-heartbeat-interval",
-                 "--consensus-consensus-channel", "--consensus-replication-channel"):
+    for flag in (
+        "--consensus-cluster-members",
+        "--consensus-appointed-leader-id",
+        "--consensus-election-timeout",
+        "--consensus-election-status-interval",
+        "--consensus-startup-canvass-timeout",
+        "--consensus-leader-heartbeat-timeout",
+        "--consensus-leader-heartbeat-interval",
+        "--consensus-consensus-channel",
+        "--consensus-replication-channel",
+    ):
         assert flag in text, flag
 
 
@@ -276,8 +344,11 @@ def test_free_udp_ports_are_distinct_and_skip_the_excluded() -> None:
     ports = supervisor.free_udp_ports(25, exclude=excluded)
     assert len(set(ports)) == 25 and excluded[0] not in ports
     local = supervisor.allocate_local_ports(5)
-    every = [port for member in local for port in (member.ingress, member.consensus, member.log, member.catchup,
-                                                   member.archive)]
+    every = [
+        port
+        for member in local
+        for port in (member.ingress, member.consensus, member.log, member.catchup, member.archive)
+    ]
     assert len(set(every)) == 25
 
 
@@ -320,8 +391,12 @@ class Nodes:
         self.out_path, self.err_path = base / "run.out", base / "run.err"
         self.ports = supervisor.free_udp_ports(count)
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.process = subprocess.Popen([sys.executable, "-c", _RUN_NODES, str(base), *map(str, self.ports)],
-                                            stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _RUN_NODES, str(base), *map(str, self.ports)],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+            )
         self.pids: dict[int, dict[str, psutil.Process]] = {}
         self.driver_dirs: list[Path] = []
 
@@ -342,8 +417,9 @@ class Nodes:
         wait_for(ready, 120, "every node to be ready")
         for match in READY.finditer(self.out):
             self.driver_dirs.append(Path(match.group(3)))
-            self.pids[int(match.group(1))] = {name: psutil.Process(int(pid)) for name, pid in
-                                              (entry.split() for entry in match.group(4).split(", "))}
+            self.pids[int(match.group(1))] = {
+                name: psutil.Process(int(pid)) for name, pid in (entry.split() for entry in match.group(4).split(", "))
+            }
 
     def wait_text(self, text: str, stream: str = "err") -> None:
         wait_for(lambda: text in getattr(self, stream), 60, f"{text!r} in {stream}:\n{self.out}\n{self.err}", 0.05)
@@ -410,9 +486,10 @@ def test_a_signal_stops_every_node_in_order(run_nodes: Any) -> None:
     for i in (0, 1):
         assert f"[node {i}] node {i} stopped cleanly" in out, out
         pids = nodes.pids[i]
-        order = [out.index(f"[node {i}] {name} (pid {pids[key].pid}) exited with code 0")
-                 for name, key in (("consensus module", "consensus"), ("archive", "archive"),
-                                   ("media driver", "driver"))]
+        order = [
+            out.index(f"[node {i}] {name} (pid {pids[key].pid}) exited with code 0")
+            for name, key in (("consensus module", "consensus"), ("archive", "archive"), ("media driver", "driver"))
+        ]
         assert order == sorted(order), out
     assert "local cluster stopped cleanly" in out
     assert all_gone([process for node in nodes.pids.values() for process in node.values()])

@@ -40,7 +40,10 @@ def test_members_round_trip_and_endpoints() -> None:
         ("x,localhost:1,localhost:2,localhost:3,localhost:4,localhost:5", "id 'x' is not an integer"),
         ("-1,localhost:1,localhost:2,localhost:3,localhost:4,localhost:5", "negative"),
         ("0,localhost,localhost:2,localhost:3,localhost:4,localhost:5", "ingress endpoint 'localhost'"),
-        ("0,localhost:1,localhost:0,localhost:3,localhost:4,localhost:5", "consensus endpoint 'localhost:0' needs a port"),
+        (
+            "0,localhost:1,localhost:0,localhost:3,localhost:4,localhost:5",
+            "consensus endpoint 'localhost:0' needs a port",
+        ),
         ("0,a:1,a:2,a:3,a:4,a:5|0,b:1,b:2,b:3,b:4,b:5", r"ids \[0\] appear more than once"),
     ],
 )

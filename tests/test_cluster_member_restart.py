@@ -62,10 +62,12 @@ def test_a_follower_restarted_after_its_archive_died_commits_again_within_a_boun
             deadline = restarted_at + COMMITTING_AGAIN_BOUND_S
             for _ in range(2):
                 target = member_view(cluster, leader.member).commit_position or 0
-                wait_for(lambda: (member_view(cluster, follower).commit_position or -1) >= target,
-                         max(0.0, deadline - time.monotonic()),
-                         f"member {follower} to commit {target} (leader {leader.member}): "
-                         f"{member_view(cluster, follower)}; log: {log.read_text()[restart_offset:][-3000:]}")
+                wait_for(
+                    lambda: (member_view(cluster, follower).commit_position or -1) >= target,
+                    max(0.0, deadline - time.monotonic()),
+                    f"member {follower} to commit {target} (leader {leader.member}): "
+                    f"{member_view(cluster, follower)}; log: {log.read_text()[restart_offset:][-3000:]}",
+                )
                 workload.wait_for_acks(10, max(1.0, deadline - time.monotonic()))
             took_s = time.monotonic() - restarted_at
             print(f"member {follower} committing again {took_s:.1f} s after its restart")

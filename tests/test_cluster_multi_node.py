@@ -78,12 +78,13 @@ def test_three_members_elect_one_leader_and_hold_the_same_log(cluster: LocalClus
     assert document["leader"] == f"node{leader.member}"
     assert sorted(node["role_name"] for node in document["nodes"]) == ["FOLLOWER", "FOLLOWER", "LEADER"]
     assert all(node["commit_position"] >= position for node in document["nodes"])
-    is_leader = CliRunner().invoke(cluster_tool.main, ["is-leader", "--dir", str(cluster.base / f"node{leader.member}")])
+    is_leader = CliRunner().invoke(
+        cluster_tool.main, ["is-leader", "--dir", str(cluster.base / f"node{leader.member}")]
+    )
     assert is_leader.exit_code == 0, is_leader.output
     described = CliRunner().invoke(cluster_tool.main, ["describe", "--dir", str(cluster.base)])
     assert described.exit_code == 0, described.output
-    assert described.output.count("role LEADER") == 1 and described.output.count("role FOLLOWER") == 2, \
-        described.output
+    assert described.output.count("role LEADER") == 1 and described.output.count("role FOLLOWER") == 2, described.output
 
 
 def test_a_client_that_knows_only_a_follower_is_redirected_to_the_leader(cluster: LocalCluster) -> None:
@@ -91,9 +92,13 @@ def test_a_client_that_knows_only_a_follower_is_redirected_to_the_leader(cluster
     leader = wait_for_leader(cluster, 30)
     follower = next(m for m in range(3) if m != leader.member)
     endpoint = cluster.ingress_endpoints.split(",")[follower]
-    client = ClusterClient.connect(cluster.connect(), "aeron:udp", endpoint,
-                                   egress_channel="aeron:udp?endpoint=127.0.0.1:0",
-                                   message_timeout_ns=20_000_000_000)
+    client = ClusterClient.connect(
+        cluster.connect(),
+        "aeron:udp",
+        endpoint,
+        egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+        message_timeout_ns=20_000_000_000,
+    )
     try:
         assert client.leader_member_id == leader.member
         assert read_counter(client) == 0
@@ -113,8 +118,12 @@ def test_leader_killed_during_writes_fails_over_and_rejoins(cluster: LocalCluste
             cluster.kill_member(old.member)
         else:
             cluster.kill_process(old.member, victim)
-        new = wait_for_leader(cluster, FAILOVER_BOUND_S + (5 if victim == "archive" else 0),
-                              not_member=old.member, min_term=old.leadership_term_id + 1)
+        new = wait_for_leader(
+            cluster,
+            FAILOVER_BOUND_S + (5 if victim == "archive" else 0),
+            not_member=old.member,
+            min_term=old.leadership_term_id + 1,
+        )
         elected_at = time.monotonic()
         assert elected_at - killed_at < FAILOVER_BOUND_S + (5 if victim == "archive" else 0)
         # The client follows the new leader (NewLeaderEvent) and goes on.
@@ -268,8 +277,11 @@ def test_shutdown_through_the_leader_snapshots_and_stops_every_member(cluster: L
     client.close()
     result = CliRunner().invoke(cluster_tool.main, ["shutdown", "--dir", str(cluster.base / f"node{leader.member}")])
     assert result.exit_code == 0, result.output
-    wait_for(lambda: not any(cluster.is_running(m, kind) for m in range(3) for kind in ("consensus", "service")),
-             30, "every member's consensus module and service to stop")
+    wait_for(
+        lambda: not any(cluster.is_running(m, kind) for m in range(3) for kind in ("consensus", "service")),
+        30,
+        "every member's consensus module and service to stop",
+    )
     for member in range(3):
         log = RecordingLog.open(cluster.cluster_dir(member), create=False)
         try:
@@ -314,22 +326,35 @@ def _clients_across_an_election(cluster: LocalCluster) -> None:
     survivors = [m for m in range(3) if m != old.member]
     existing = cluster.connect_client()
     first = struct.unpack_from("<q", existing.request(b"+", timeout_s=10), 0)[0]
-    old_egress = wait_for(lambda: len(_live_egress_images(existing)) == 1 and _live_egress_images(existing), 10,
-                          "one egress image: the leader's")
+    old_egress = wait_for(
+        lambda: len(_live_egress_images(existing)) == 1 and _live_egress_images(existing),
+        10,
+        "one egress image: the leader's",
+    )
     stopped = cluster.process(old.member, "consensus")
     assert stopped is not None
-    elections_before = [member_log_path(cluster, m).read_text().count("election: leader heartbeat timeout")
-                        for m in survivors]
+    elections_before = [
+        member_log_path(cluster, m).read_text().count("election: leader heartbeat timeout") for m in survivors
+    ]
     stopped.process.send_signal(signal.SIGSTOP)
     try:
-        wait_for(lambda: any(member_log_path(cluster, m).read_text().count("election: leader heartbeat timeout")
-                             > before for m, before in zip(survivors, elections_before)),
-                 HEARTBEAT_TIMEOUT_S + 10, "a survivor to start an election")
+        wait_for(
+            lambda: any(
+                member_log_path(cluster, m).read_text().count("election: leader heartbeat timeout") > before
+                for m, before in zip(survivors, elections_before)
+            ),
+            HEARTBEAT_TIMEOUT_S + 10,
+            "a survivor to start an election",
+        )
         endpoints = cluster.ingress_endpoints.split(",")
         endpoints.sort(key=lambda endpoint: not endpoint.startswith(f"{old.member}="))
-        client = ClusterClient.connect(cluster.connect(), "aeron:udp", ",".join(endpoints),
-                                       egress_channel="aeron:udp?endpoint=127.0.0.1:0",
-                                       message_timeout_ns=15_000_000_000)
+        client = ClusterClient.connect(
+            cluster.connect(),
+            "aeron:udp",
+            ",".join(endpoints),
+            egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+            message_timeout_ns=15_000_000_000,
+        )
         cluster.clients.append(client)
         new = wait_for_leader(cluster, 10, not_member=old.member, min_term=(old.leadership_term_id or 0) + 1)
         assert client.leader_member_id == new.member
@@ -338,11 +363,17 @@ def _clients_across_an_election(cluster: LocalCluster) -> None:
     finally:
         stopped.process.send_signal(signal.SIGCONT)
     # The deposed leader's module runs again: it lets go of the session's egress.
-    wait_for(lambda: not set(old_egress) & set(_live_egress_images(existing)), 10,
-             "the deposed leader to close the session's egress")
+    wait_for(
+        lambda: not set(old_egress) & set(_live_egress_images(existing)),
+        10,
+        "the deposed leader to close the session's egress",
+    )
     # The old leader's session: NewLeaderEvent from the new leader, then on as before.
-    wait_for(lambda: existing.poll_egress() >= 0 and existing.leader_member_id == new.member, 10,
-             "the old leader's session to hear of the new leader")
+    wait_for(
+        lambda: existing.poll_egress() >= 0 and existing.leader_member_id == new.member,
+        10,
+        "the old leader's session to hear of the new leader",
+    )
     assert existing.leadership_term_id == new.leadership_term_id
     assert struct.unpack_from("<q", existing.request(b"+", timeout_s=10), 0)[0] == first + 2
     leader = wait_for_leader(cluster, 10)

@@ -50,9 +50,13 @@ class Node:
         # new_session: as a terminal's foreground job, a process group of its
         # own (a Ctrl-C signals the whole group).
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
-            self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_node", "start", *args],
-                                            stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                            start_new_session=new_session)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "fulmar.cli.cluster_node", "start", *args],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                start_new_session=new_session,
+            )
         self.children: dict[str, psutil.Process] = {}
         self.ingress = ""
         self.driver_dir = Path()
@@ -65,11 +69,12 @@ class Node:
     def stderr(self) -> str:
         return self.stderr_path.read_text()
 
-    def wait_ready(self) -> "Node":
+    def wait_ready(self) -> Node:
         def ready() -> Any:
             if self.process.poll() is not None:
-                raise AssertionError(f"cluster-node start exited with {self.process.returncode}:\n"
-                                     f"{self.stdout}\n{self.stderr}")
+                raise AssertionError(
+                    f"cluster-node start exited with {self.process.returncode}:\n{self.stdout}\n{self.stderr}"
+                )
             return READY.search(self.stdout)
 
         match = wait_for(ready, START_S, "the node to be ready")
@@ -126,10 +131,19 @@ def driver_dir() -> Iterator[Path]:
 def write_config(path: Path, driver_dir: Path, port: int, **sections: dict[str, Any]) -> Path:
     tables: dict[str, dict[str, Any]] = {
         "node": {"member_id": 0, "cluster_id": 0, "dir": "node0", "driver_dir": str(driver_dir)},
-        "driver": {"to_driver_buffer": "64k", "to_clients_buffer": "64k", "counters_buffer": "64k",
-                   "error_buffer": "64k", "ipc_term_length": "1m"},
-        "archive": {"control_channel": "none", "replication_channel": "aeron:udp?endpoint=127.0.0.1:0",
-                    "file_sync_level": 0, "record_checksum": True},
+        "driver": {
+            "to_driver_buffer": "64k",
+            "to_clients_buffer": "64k",
+            "counters_buffer": "64k",
+            "error_buffer": "64k",
+            "ipc_term_length": "1m",
+        },
+        "archive": {
+            "control_channel": "none",
+            "replication_channel": "aeron:udp?endpoint=127.0.0.1:0",
+            "file_sync_level": 0,
+            "record_checksum": True,
+        },
         "consensus": {"ingress_channel": f"aeron:udp?endpoint=127.0.0.1:{port}", "session_timeout": "10s"},
         "service": {"service": KV, "count": 1},
     }
@@ -148,8 +162,9 @@ def write_config(path: Path, driver_dir: Path, port: int, **sections: dict[str, 
 def talk(node: Node) -> None:
     """A put and a get through a real client session."""
     with Aeron.connect(node.driver_dir) as aeron:
-        client = ClusterClient.connect(aeron, node.ingress, egress_channel="aeron:udp?endpoint=127.0.0.1:0",
-                                       message_timeout_ns=20_000_000_000)
+        client = ClusterClient.connect(
+            aeron, node.ingress, egress_channel="aeron:udp?endpoint=127.0.0.1:0", message_timeout_ns=20_000_000_000
+        )
         try:
             reply = json.loads(client.request(b'{"op":"put","key":"a","value":41,"id":1}', 20))
             assert reply == {"id": 1, "ok": True, "previous": None}
@@ -173,7 +188,8 @@ def all_gone(processes: list[psutil.Process]) -> bool:
 
 
 def test_config_file_starts_four_processes_serves_clients_and_stops_in_order(
-        start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path) -> None:
+    start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path
+) -> None:
     config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port())
     node = start_node("--config", str(config)).wait_ready()
     children = psutil.Process(node.process.pid).children()
@@ -190,8 +206,10 @@ def test_config_file_starts_four_processes_serves_clients_and_stops_in_order(
     node.process.send_signal(signal.SIGTERM)
     assert node.wait() == 0, node.stderr
     out = node.stdout
-    order = [out.index(f"{name} (pid {node.children[key].pid}) exited with code 0")
-             for name, key in (("consensus module", "consensus"), ("archive", "archive"), ("media driver", "driver"))]
+    order = [
+        out.index(f"{name} (pid {node.children[key].pid}) exited with code 0")
+        for name, key in (("consensus module", "consensus"), ("archive", "archive"), ("media driver", "driver"))
+    ]
     assert order == sorted(order), out
     assert "service 0 (pid" in out and "node 0 stopped cleanly" in out
     consensus_log = (tmp_path / "node0" / "logs" / "consensus.log").read_text()
@@ -202,7 +220,8 @@ def test_config_file_starts_four_processes_serves_clients_and_stops_in_order(
 
 @pytest.mark.parametrize("victim, name", [("service0", "service 0"), ("consensus", "consensus module")])
 def test_a_process_that_dies_is_named_and_the_rest_is_stopped(
-        start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, victim: str, name: str) -> None:
+    start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, victim: str, name: str
+) -> None:
     config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port())
     node = start_node("--config", str(config)).wait_ready()
     target = node.children[victim]
@@ -247,8 +266,9 @@ def test_local_one_runs_a_cluster_under_the_given_dir(start_node: Callable[..., 
 
 def read_value(node: Node, key: str) -> Any:
     with Aeron.connect(node.driver_dir) as aeron:
-        client = ClusterClient.connect(aeron, node.ingress, egress_channel="aeron:udp?endpoint=127.0.0.1:0",
-                                       message_timeout_ns=20_000_000_000)
+        client = ClusterClient.connect(
+            aeron, node.ingress, egress_channel="aeron:udp?endpoint=127.0.0.1:0", message_timeout_ns=20_000_000_000
+        )
         try:
             reply = json.loads(client.request(json.dumps({"op": "get", "key": key, "id": 7}).encode(), 20))
         finally:
@@ -276,7 +296,8 @@ def signal_whole_node(node: Node, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["ctrl-c", "service manager", "ctrl-c and sigterm"])
 def test_a_signal_to_the_whole_node_still_takes_the_snapshot_and_stops_in_order(
-        start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, how: str) -> None:
+    start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, how: str
+) -> None:
     config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port())
     node = start_node("--config", str(config), new_session=True).wait_ready()
     talk(node)  # a = 41
@@ -285,8 +306,9 @@ def test_a_signal_to_the_whole_node_still_takes_the_snapshot_and_stops_in_order(
     assert node.wait() == 0, node.stdout + node.stderr
     logs = tmp_path / "node0" / "logs"
     consensus_log = (logs / "consensus.log").read_text()
-    assert "consensus module stopped: SHUTDOWN at log position" in consensus_log, \
+    assert "consensus module stopped: SHUTDOWN at log position" in consensus_log, (
         f"{consensus_log[-2000:]}\nsupervisor: {node.stdout}{node.stderr}"
+    )
     with RecordingLog.open(tmp_path / "node0" / "cluster", create=False) as recording_log:
         assert recording_log.get_latest_snapshot(-1) is not None  # the module's
         assert recording_log.get_latest_snapshot(0) is not None  # the service's
@@ -307,17 +329,33 @@ def test_a_signal_to_the_whole_node_still_takes_the_snapshot_and_stops_in_order(
 
 
 def test_a_signal_to_every_process_of_a_three_member_cluster_stops_each_member_in_order(
-        start_node: Callable[..., Node], tmp_path: Path) -> None:
+    start_node: Callable[..., Node], tmp_path: Path
+) -> None:
     """A member of several stops at once on a stop signal (no cluster-wide
     snapshot), but still before its archive and its driver: with every
     process signalled together, no process sees its driver or archive go
     away under it, and every one stops by itself with code 0."""
     base = tmp_path / f"local-{uuid.uuid4().hex[:6]}"
-    node = start_node("--local", "3", "--dir", str(base), "--service", KV, "--stop-timeout", "20s",
-                      "--consensus-startup-canvass-timeout", "2s", "--consensus-election-timeout", "500ms",
-                      "--consensus-election-status-interval", "50ms", new_session=True)
+    node = start_node(
+        "--local",
+        "3",
+        "--dir",
+        str(base),
+        "--service",
+        KV,
+        "--stop-timeout",
+        "20s",
+        "--consensus-startup-canvass-timeout",
+        "2s",
+        "--consensus-election-timeout",
+        "500ms",
+        "--consensus-election-status-interval",
+        "50ms",
+        new_session=True,
+    )
     driver_dirs: list[Path] = []
     try:
+
         def ready() -> bool:
             if node.process.poll() is not None:
                 raise AssertionError(f"exited with {node.process.returncode}:\n{node.stdout}\n{node.stderr}")
@@ -359,23 +397,30 @@ def test_local_sizes_other_than_one_three_five_are_refused() -> None:
 # ---------------------------------------------------------------------- configuration errors
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"driver": {"ipc_term_lenght": "1m"}}, "unknown key 'ipc_term_lenght' in [driver]"),
-    ({"consensus": {"ingress": "x"}}, "unknown key 'ingress' in [consensus]"),
-    ({"extra": {"a": 1}}, "unknown table [extra]"),
-    ({"driver": {"ipc_term_length": "3k"}}, "[driver] ipc_term_length = '3k': '3k' must be a power of two"),
-    ({"consensus": {"session_timeout": "10"}}, "[consensus] session_timeout = '10'"),
-    ({"archive": {"record_checksum": "yes"}}, "[archive] record_checksum must be true or false"),
-    ({"archive": {"file_sync_level": 5}}, "[archive] file_sync_level = 5"),
-    ({"service": {"service": "no_colon"}}, "service 'no_colon': expected module:Class"),
-    ({"service": {"service": "fulmar.service.samples:Nope"}}, "module fulmar.service.samples has no Nope"),
-    ({"service": {"service": "fulmar.nowhere:X"}}, "cannot import fulmar.nowhere"),
-    ({"service": {"service": "fulmar.aeron:Aeron"}}, "Aeron is not a ClusteredService subclass"),
-    ({"consensus": {"ingress_channel": "aeron:udp?endpoint=127.0.0.1:0"}}, "clients need a fixed one"),
-    ({"consensus": {"ingress_channel": "aeron:bogus"}}, "[consensus] ingress_channel: 'aeron:bogus' is not a valid channel"),
-])
-def test_config_errors_name_the_file_and_key(tmp_path: Path, driver_dir: Path, change: dict[str, Any],
-                                             message: str) -> None:
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"driver": {"ipc_term_lenght": "1m"}}, "unknown key 'ipc_term_lenght' in [driver]"),
+        ({"consensus": {"ingress": "x"}}, "unknown key 'ingress' in [consensus]"),
+        ({"extra": {"a": 1}}, "unknown table [extra]"),
+        ({"driver": {"ipc_term_length": "3k"}}, "[driver] ipc_term_length = '3k': '3k' must be a power of two"),
+        ({"consensus": {"session_timeout": "10"}}, "[consensus] session_timeout = '10'"),
+        ({"archive": {"record_checksum": "yes"}}, "[archive] record_checksum must be true or false"),
+        ({"archive": {"file_sync_level": 5}}, "[archive] file_sync_level = 5"),
+        ({"service": {"service": "no_colon"}}, "service 'no_colon': expected module:Class"),
+        ({"service": {"service": "fulmar.service.samples:Nope"}}, "module fulmar.service.samples has no Nope"),
+        ({"service": {"service": "fulmar.nowhere:X"}}, "cannot import fulmar.nowhere"),
+        ({"service": {"service": "fulmar.aeron:Aeron"}}, "Aeron is not a ClusteredService subclass"),
+        ({"consensus": {"ingress_channel": "aeron:udp?endpoint=127.0.0.1:0"}}, "clients need a fixed one"),
+        (
+            {"consensus": {"ingress_channel": "aeron:bogus"}},
+            "[consensus] ingress_channel: 'aeron:bogus' is not a valid channel",
+        ),
+    ],
+)
+def test_config_errors_name_the_file_and_key(
+    tmp_path: Path, driver_dir: Path, change: dict[str, Any], message: str
+) -> None:
     config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port(), **change)
     result = run_start("--config", str(config))
     assert result.exit_code == supervisor.EXIT_CONFIG, result.output
@@ -429,8 +474,9 @@ def test_port_in_use_and_unusable_directories(tmp_path: Path, driver_dir: Path) 
 
 
 def test_flags_override_the_file_and_the_environment_overrides_defaults(tmp_path: Path, driver_dir: Path) -> None:
-    options = supervisor.build_options({name: getattr(cluster_node, name)
-                                        for name in ("driver", "archive", "consensus", "service")})
+    options = supervisor.build_options(
+        {name: getattr(cluster_node, name) for name in ("driver", "archive", "consensus", "service")}
+    )
     config = write_config(tmp_path / "node.toml", driver_dir, 9999, driver={"ipc_term_length": "2m"})
     env = {"FULMAR_DRIVER_DIR": "/dev/shm/from-env", "FULMAR_CLUSTER_SECRET": "s3cret"}
     resolved = supervisor.resolve_config(options, {"driver_ipc_term_length": 4 << 20}, config, env=env)
@@ -452,8 +498,9 @@ def test_help_documents_every_option() -> None:
     result = CliRunner().invoke(cluster_node.start, ["--help"], terminal_width=200)
     assert result.exit_code == 0
     text = " ".join(result.output.split())  # help lines wrap
-    options = supervisor.build_options({name: getattr(cluster_node, name)
-                                        for name in ("driver", "archive", "consensus", "service")})
+    options = supervisor.build_options(
+        {name: getattr(cluster_node, name) for name in ("driver", "archive", "consensus", "service")}
+    )
     for option in options:
         assert option.flag in text, option.flag
         assert f"[config: [{option.section}] {option.key}]" in text, option.key

@@ -45,8 +45,12 @@ CYCLE_ARGS = ("--leader-heartbeat-interval", "200ms", "--cycle-threshold", CYCLE
 # its linger time) while the new module adds a thousand new ones, each with its
 # position counters and a subscriber position per response subscription: more
 # than the 8,192 counters of 1 MiB.
-BIG_CNC = {"to_driver_capacity": 1 << 20, "to_clients_capacity": 1 << 20, "counters_values_length": 4 << 20,
-           "error_log_length": 256 * 1024}
+BIG_CNC = {
+    "to_driver_capacity": 1 << 20,
+    "to_clients_capacity": 1 << 20,
+    "counters_values_length": 4 << 20,
+    "error_log_length": 256 * 1024,
+}
 BIG_CNC_ARGS = ("--to-driver-buffer", "1m", "--to-clients-buffer", "1m", "--counters-buffer", "1m")
 
 
@@ -56,8 +60,7 @@ class RawClients:
 
     def __init__(self, aeron: Aeron, ingress_channel: str, count: int) -> None:
         self.count = count
-        self.subscriptions = [aeron.add_subscription(RESPONSE_CHANNEL, FIRST_RESPONSE_STREAM + i)
-                              for i in range(count)]
+        self.subscriptions = [aeron.add_subscription(RESPONSE_CHANNEL, FIRST_RESPONSE_STREAM + i) for i in range(count)]
         self.ingress = aeron.add_publication(ingress_channel, protocol.INGRESS_STREAM_ID)
         self.events: list[list[Any]] = [[] for _ in range(count)]
         self._handlers = [self._handler(i) for i in range(count)]
@@ -68,6 +71,7 @@ class RawClients:
                 self.events[index].append(codecs.decode(buffer, offset, length))
             except CodecError as error:
                 self.events[index].append(error)
+
         return on_fragment
 
     def send_connect_requests(self, timeout_s: float) -> None:
@@ -76,8 +80,13 @@ class RawClients:
         deadline = time.monotonic() + timeout_s
         for index in range(self.count):
             length = codecs.SessionConnectRequestEncoder.encode(
-                buffer, 0, correlation_id=index + 1, response_stream_id=FIRST_RESPONSE_STREAM + index,
-                version=protocol.PROTOCOL_SEMANTIC_VERSION, response_channel=RESPONSE_CHANNEL)
+                buffer,
+                0,
+                correlation_id=index + 1,
+                response_stream_id=FIRST_RESPONSE_STREAM + index,
+                version=protocol.PROTOCOL_SEMANTIC_VERSION,
+                response_channel=RESPONSE_CHANNEL,
+            )
             while self.ingress.offer(bytes(buffer[:length])) <= 0:
                 assert time.monotonic() < deadline, f"ingress back pressured: {index} of {self.count} sent"
                 time.sleep(0.0005)
@@ -88,6 +97,7 @@ class RawClients:
 
     def wait_for_all(self, what: type, timeout_s: float) -> list[Any]:
         """Each client's first message of type ``what``, once every client has one."""
+
         def found() -> list[Any] | None:
             self.poll()
             firsts = [next((m for m in events if isinstance(m, what)), None) for events in self.events]
@@ -98,8 +108,10 @@ class RawClients:
             result: list[Any] = wait_for(found, timeout_s, f"{what.__name__} to every client", poll_s=0.05)
         except AssertionError:
             missing = sum(1 for events in self.events if not any(isinstance(m, what) for m in events))
-            raise AssertionError(f"{missing} of {self.count} clients got no {what.__name__} in {timeout_s} s; "
-                                 f"e.g. {[e for e in self.events if not any(isinstance(m, what) for m in e)][:3]}")
+            raise AssertionError(
+                f"{missing} of {self.count} clients got no {what.__name__} in {timeout_s} s; "
+                f"e.g. {[e for e in self.events if not any(isinstance(m, what) for m in e)][:3]}"
+            ) from None
         return result
 
 
@@ -114,8 +126,10 @@ def module_counter(aeron: Aeron, type_id: int) -> int:
 def cycle_counters(aeron: Aeron) -> tuple[int, int]:
     """(max cycle time ns, cycles over the threshold) of the module on ``aeron``'s driver."""
     reader = aeron.counters_reader
-    return (reader.counter_value(module_counter(aeron, protocol.CLUSTER_MAX_CYCLE_TIME_TYPE_ID)),
-            reader.counter_value(module_counter(aeron, protocol.CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID)))
+    return (
+        reader.counter_value(module_counter(aeron, protocol.CLUSTER_MAX_CYCLE_TIME_TYPE_ID)),
+        reader.counter_value(module_counter(aeron, protocol.CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID)),
+    )
 
 
 def wait_for_active(aeron: Aeron) -> None:
@@ -133,9 +147,11 @@ def assert_all_opened(events: list[Any]) -> None:
 @pytest.fixture
 def single_node() -> Iterator[SingleNodeCluster]:
     # Sessions outlive the test's restart (its clients send no keepalives).
-    cluster = SingleNodeCluster("fulmar.service.samples:EchoService",
-                                extra_consensus_args=(*CYCLE_ARGS, "--session-timeout", "60s"),
-                                driver_options={"layout": BIG_CNC})
+    cluster = SingleNodeCluster(
+        "fulmar.service.samples:EchoService",
+        extra_consensus_args=(*CYCLE_ARGS, "--session-timeout", "60s"),
+        driver_options={"layout": BIG_CNC},
+    )
     try:
         yield cluster.start()
     finally:
@@ -151,8 +167,9 @@ def test_a_thousand_clients_connect_at_once_to_one_node(single_node: SingleNodeC
     assert_all_opened(clients.wait_for_all(codecs.SessionEventDecoder, 30))
     max_cycle_ns, exceeded = cycle_counters(aeron)
     print(f"connect: max cycle {max_cycle_ns / 1e6:.1f} ms, exceeded {exceeded - exceeded_before}")
-    assert exceeded == exceeded_before, \
+    assert exceeded == exceeded_before, (
         f"{exceeded - exceeded_before} duty cycles over {CYCLE_THRESHOLD} (max {max_cycle_ns / 1e6:.0f} ms)"
+    )
 
     # A restart reconnects every session (known from the log) in one go: its
     # election's last cycle must not stall either.
@@ -166,17 +183,20 @@ def test_a_thousand_clients_connect_at_once_to_one_node(single_node: SingleNodeC
     wait_for_active(aeron)
     _, exceeded_before = cycle_counters(aeron)
     new_leader_events = clients.wait_for_all(codecs.NewLeaderEventDecoder, 30)
-    assert {event.cluster_session_id for event in new_leader_events} == \
-        {event.cluster_session_id for event in clients.wait_for_all(codecs.SessionEventDecoder, 1)}
+    assert {event.cluster_session_id for event in new_leader_events} == {
+        event.cluster_session_id for event in clients.wait_for_all(codecs.SessionEventDecoder, 1)
+    }
     max_cycle_ns, exceeded = cycle_counters(aeron)
     print(f"restart: max cycle {max_cycle_ns / 1e6:.1f} ms, exceeded {exceeded - exceeded_before}")
-    assert exceeded == exceeded_before, \
+    assert exceeded == exceeded_before, (
         f"{exceeded - exceeded_before} duty cycles over {CYCLE_THRESHOLD} (max {max_cycle_ns / 1e6:.0f} ms)"
+    )
 
 
 def test_a_thousand_clients_connect_at_once_to_a_three_member_leader() -> None:
-    with LocalCluster(3, extra_consensus_args=[*FAST_ELECTION_ARGS, *CYCLE_ARGS],
-                      extra_driver_args=BIG_CNC_ARGS) as cluster:
+    with LocalCluster(
+        3, extra_consensus_args=[*FAST_ELECTION_ARGS, *CYCLE_ARGS], extra_driver_args=BIG_CNC_ARGS
+    ) as cluster:
         cluster.start()
         leader = wait_for_leader(cluster, 30)
         aeron = cluster.connect(leader.member)
@@ -186,12 +206,14 @@ def test_a_thousand_clients_connect_at_once_to_a_three_member_leader() -> None:
         assert_all_opened(clients.wait_for_all(codecs.SessionEventDecoder, 30))
         max_cycle_ns, exceeded = cycle_counters(aeron)
         print(f"leader: max cycle {max_cycle_ns / 1e6:.1f} ms, exceeded {exceeded - exceeded_before}")
-        assert exceeded == exceeded_before, \
+        assert exceeded == exceeded_before, (
             f"{exceeded - exceeded_before} duty cycles over {CYCLE_THRESHOLD} (max {max_cycle_ns / 1e6:.0f} ms)"
+        )
         # No follower timed out: the same leader in the same term on every member.
         views = [member_view(cluster, member) for member in range(cluster.size)]
-        assert [(v.role == 2, v.leadership_term_id) for v in views] == \
-            [(v.member == leader.member, leader.leadership_term_id) for v in views], views
+        assert [(v.role == 2, v.leadership_term_id) for v in views] == [
+            (v.member == leader.member, leader.leadership_term_id) for v in views
+        ], views
         consensus_log = cluster.log_path(leader.member, "consensus").read_text()
         assert consensus_log.count("election:") == 0, consensus_log[-2000:]
 
@@ -207,8 +229,13 @@ def test_a_response_channel_the_driver_refuses_drops_that_session_alone(single_n
     wait_for(lambda: ingress.is_connected, 10, "the ingress to connect")
     buffer = bytearray(512)
     length = codecs.SessionConnectRequestEncoder.encode(
-        buffer, 0, correlation_id=1, response_stream_id=FIRST_RESPONSE_STREAM,
-        version=protocol.PROTOCOL_SEMANTIC_VERSION, response_channel="aeron:ipc?term-length=3000")
+        buffer,
+        0,
+        correlation_id=1,
+        response_stream_id=FIRST_RESPONSE_STREAM,
+        version=protocol.PROTOCOL_SEMANTIC_VERSION,
+        response_channel="aeron:ipc?term-length=3000",
+    )
     wait_for(lambda: ingress.offer(bytes(buffer[:length])) > 0, 10, "the connect request to be sent")
     wait_for(lambda: reader.counter_value(invalid) == invalid_before + 1, 10, "the request to be dropped")
     assert reader.counter_value(errors) == errors_before + 1  # the driver's refusal, recorded once

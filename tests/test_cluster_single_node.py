@@ -37,9 +37,13 @@ def cluster_of() -> Iterator[Any]:
 
 
 def connect(cluster: SingleNodeCluster, **options: Any) -> ClusterClient:
-    return ClusterClient.connect(cluster.connect(), cluster.ingress_channel,
-                                 egress_channel="aeron:udp?endpoint=127.0.0.1:0",
-                                 message_timeout_ns=20_000_000_000, **options)
+    return ClusterClient.connect(
+        cluster.connect(),
+        cluster.ingress_channel,
+        egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+        message_timeout_ns=20_000_000_000,
+        **options,
+    )
 
 
 def test_echo_every_message_in_order(cluster_of: Any) -> None:
@@ -69,8 +73,9 @@ def test_snapshot_stop_and_restart_keeps_the_state(cluster_of: Any) -> None:
         assert value == expected
     client.close()
     cluster.stop_node()  # SIGTERM: a snapshot, then an orderly stop at one log position
-    assert "consensus module stopped: SHUTDOWN at log position" in cluster.consensus.output(), \
+    assert "consensus module stopped: SHUTDOWN at log position" in cluster.consensus.output(), (
         f"consensus: {cluster.consensus.output()[-1500:]}\nservice: {cluster.service.output()[-1500:]}"
+    )
     with RecordingLog.open(cluster.cluster_dir, create=False) as recording_log:
         assert recording_log.get_latest_snapshot(-1) is not None  # the module's
         assert recording_log.get_latest_snapshot(0) is not None  # the service's
@@ -85,8 +90,9 @@ def test_snapshot_stop_and_restart_keeps_the_state(cluster_of: Any) -> None:
 
 
 def assert_shutdown_with_snapshots(cluster: SingleNodeCluster) -> None:
-    assert "consensus module stopped: SHUTDOWN at log position" in cluster.consensus.output(), \
+    assert "consensus module stopped: SHUTDOWN at log position" in cluster.consensus.output(), (
         f"consensus: {cluster.consensus.output()[-1500:]}\nservice: {cluster.service.output()[-1500:]}"
+    )
     with RecordingLog.open(cluster.cluster_dir, create=False) as recording_log:
         assert recording_log.get_latest_snapshot(-1) is not None  # the module's
         assert recording_log.get_latest_snapshot(0) is not None  # the service's
@@ -132,11 +138,15 @@ def test_sigterm_again_while_the_snapshot_is_under_way_changes_nothing(cluster_o
         service.send_signal(signal.SIGTERM)
         wait_for(lambda: "SIGTERM: stopping in order" in module.output(), 10, "the module to take the SIGTERM")
         module.process.send_signal(signal.SIGTERM)
-        wait_for(lambda: "SIGTERM: the stop already under way goes on" in module.output(), 10,
-                 "the module to take the second SIGTERM")
+        wait_for(
+            lambda: "SIGTERM: the stop already under way goes on" in module.output(),
+            10,
+            "the module to take the second SIGTERM",
+        )
         module.process.send_signal(signal.SIGINT)
-        wait_for(lambda: "SIGINT: the stop already under way goes on" in module.output(), 10,
-                 "the module to take the SIGINT")
+        wait_for(
+            lambda: "SIGINT: the stop already under way goes on" in module.output(), 10, "the module to take the SIGINT"
+        )
         assert module.alive  # the stop waits for the service's snapshot
     finally:
         os.kill(service.pid, signal.SIGCONT)
@@ -259,11 +269,17 @@ def test_bad_ingress_is_ignored_and_counted(cluster_of: Any) -> None:
         struct.pack("<HHHH", 24, 1, 999, 1) + bytes(24),  # another schema
         struct.pack("<HHHH", 0, 4242, 111, 12),  # an unknown template
     ]
-    codecs.SessionMessageHeaderEncoder.encode(header, 0, leadership_term_id=client.leadership_term_id,
-                                              cluster_session_id=987654, timestamp=0)
+    codecs.SessionMessageHeaderEncoder.encode(
+        header, 0, leadership_term_id=client.leadership_term_id, cluster_session_id=987654, timestamp=0
+    )
     bad.append(bytes(header) + b"unknown session")
-    codecs.SessionMessageHeaderEncoder.encode(header, 0, leadership_term_id=client.leadership_term_id + 7,
-                                              cluster_session_id=client.cluster_session_id, timestamp=0)
+    codecs.SessionMessageHeaderEncoder.encode(
+        header,
+        0,
+        leadership_term_id=client.leadership_term_id + 7,
+        cluster_session_id=client.cluster_session_id,
+        timestamp=0,
+    )
     bad.append(bytes(header) + b"wrong term")
     for message in bad:
         while raw.offer(message) < 0:
@@ -303,8 +319,12 @@ def test_a_client_can_ask_for_a_snapshot(cluster_of: Any) -> None:
     snapshot lands in the recording log at one log position for all."""
     cluster = cluster_of("fulmar.service.samples:CounterService")
     responses: list[tuple[int, Any]] = []
-    client = connect(cluster, on_admin_response=lambda correlation_id, session_id, request_type, code, message,
-                     payload: responses.append((correlation_id, code)))
+    client = connect(
+        cluster,
+        on_admin_response=lambda correlation_id, session_id, request_type, code, message, payload: responses.append(
+            (correlation_id, code)
+        ),
+    )
     client.request(b"+", 10)
     correlation_id = client.send_admin_request_to_take_snapshot()
     assert correlation_id is not None
@@ -435,8 +455,12 @@ def test_a_node_paused_longer_than_the_service_heartbeat_timeout_goes_on(cluster
         resumed_ms = epoch_ms()
         consensus.send_signal(signal.SIGCONT)
         try:
-            wait_for(lambda: (read_activity_timestamp(cluster.cluster_dir / "cluster-mark.dat") or 0) >= resumed_ms,
-                     10, "the consensus module to run after SIGCONT", poll_s=0.01)
+            wait_for(
+                lambda: (read_activity_timestamp(cluster.cluster_dir / "cluster-mark.dat") or 0) >= resumed_ms,
+                10,
+                "the consensus module to run after SIGCONT",
+                poll_s=0.01,
+            )
         finally:
             service.send_signal(signal.SIGCONT)
     assert client.request(b"after", timeout_s=10) == b"after"

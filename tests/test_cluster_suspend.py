@@ -116,14 +116,21 @@ class FakeAeron:
         return 0
 
 
-MEMBERS = "|".join(f"{m},127.0.0.1:{20110 + m},127.0.0.1:{20220 + m},127.0.0.1:{20330 + m},"
-                   f"127.0.0.1:{20440 + m},127.0.0.1:{8010 + m}" for m in range(3))
+MEMBERS = "|".join(
+    f"{m},127.0.0.1:{20110 + m},127.0.0.1:{20220 + m},127.0.0.1:{20330 + m},127.0.0.1:{20440 + m},127.0.0.1:{8010 + m}"
+    for m in range(3)
+)
 
 
 def new_agent(cluster_members: str = "", member_id: int = 0) -> ConsensusModuleAgent:
     context = ConsensusModuleContext(cluster_members=cluster_members, member_id=member_id)
-    agent = ConsensusModuleAgent(context, FakeAeron(), None, None,  # type: ignore[arg-type]
-                                 epoch_ms=lambda: 1_000_000)
+    agent = ConsensusModuleAgent(
+        context,
+        FakeAeron(),
+        None,
+        None,  # type: ignore[arg-type]
+        epoch_ms=lambda: 1_000_000,
+    )
     agent.log_event = lambda text: None  # type: ignore[method-assign]
     return agent
 
@@ -137,8 +144,14 @@ def apply_log(agent: ConsensusModuleAgent, *actions: codecs.ClusterAction, posit
     buffer = bytearray(256)
     for action in actions:
         length = codecs.ClusterActionRequestEncoder.encode(
-            buffer, 0, leadership_term_id=agent.leadership_term_id, log_position=position, timestamp=1,
-            action=int(action), flags=0)
+            buffer,
+            0,
+            leadership_term_id=agent.leadership_term_id,
+            log_position=position,
+            timestamp=1,
+            action=int(action),
+            flags=0,
+        )
         agent._on_log_message(memoryview(buffer), 0, length, SimpleNamespace(position=position))  # type: ignore[arg-type]
 
 
@@ -308,8 +321,12 @@ def test_the_module_snapshot_keeps_a_suspension(monkeypatch: pytest.MonkeyPatch)
     # Aeron's layout: BEGIN, ConsensusModule, sessions, timers, END; a suspension
     # adds one ClusterActionRequest SUSPEND, a message Aeron's snapshot loader skips.
     records, state = snapshot_and_reload(monkeypatch, suspended=True)
-    assert records == ["SnapshotMarkerDecoder", "ConsensusModuleDecoder", "ClusterActionRequestDecoder",
-                       "SnapshotMarkerDecoder"]
+    assert records == [
+        "SnapshotMarkerDecoder",
+        "ConsensusModuleDecoder",
+        "ClusterActionRequestDecoder",
+        "SnapshotMarkerDecoder",
+    ]
     assert state is ConsensusModuleState.SUSPENDED
     # An active module's snapshot is Aeron's layout unchanged, and loads ACTIVE.
     records, state = snapshot_and_reload(monkeypatch, suspended=False)
@@ -426,8 +443,12 @@ def test_a_suspended_cluster_stays_suspended_after_its_leader_dies(three: LocalC
     assert result.exit_code == 0, result.output
     # Every member's module says SUSPENDED once it has applied the SUSPEND
     # (a follower when it is committed).
-    wait_for(lambda: all(module_state(cluster.cluster_dir(m)) == "SUSPENDED" for m in range(3)), 10,
-             "every member SUSPENDED", poll_s=0.05)
+    wait_for(
+        lambda: all(module_state(cluster.cluster_dir(m)) == "SUSPENDED" for m in range(3)),
+        10,
+        "every member SUSPENDED",
+        poll_s=0.05,
+    )
     replies.send(b"+")  # held by this leader, and lost with it
     replies.assert_held()
 
@@ -435,20 +456,27 @@ def test_a_suspended_cluster_stays_suspended_after_its_leader_dies(three: LocalC
     new = wait_for_leader(cluster, FAILOVER_BOUND_S, not_member=old.member, min_term=old.leadership_term_id + 1)
     new_dir = cluster.cluster_dir(new.member)
     survivors = [m for m in range(3) if m != old.member]
-    wait_for(lambda: counters_of(new_dir).get("election_state_name") == "CLOSED", 10, "the election's end",
-             poll_s=0.05)
+    wait_for(lambda: counters_of(new_dir).get("election_state_name") == "CLOSED", 10, "the election's end", poll_s=0.05)
     assert [module_state(cluster.cluster_dir(m)) for m in survivors] == ["SUSPENDED", "SUSPENDED"]
     # The client follows the new leader (NewLeaderEvent); its increment waits there.
-    wait_for(lambda: replies.client.poll_egress() >= 0 and replies.client.leader_member_id == new.member, 10,
-             "the client to follow the new leader", poll_s=0.01)
+    wait_for(
+        lambda: replies.client.poll_egress() >= 0 and replies.client.leader_member_id == new.member,
+        10,
+        "the client to follow the new leader",
+        poll_s=0.01,
+    )
     replies.send(b"+")
     replies.assert_held()
 
     result = tool("resume", "--dir", str(cluster.base))
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("resumed "), result.stdout
-    wait_for(lambda: all(module_state(cluster.cluster_dir(m)) == "ACTIVE" for m in survivors), 10,
-             "the survivors ACTIVE", poll_s=0.05)
+    wait_for(
+        lambda: all(module_state(cluster.cluster_dir(m)) == "ACTIVE" for m in survivors),
+        10,
+        "the survivors ACTIVE",
+        poll_s=0.05,
+    )
     count = len(replies.values)
     replies.poll_for(10, until=count + 1)
     assert [value for value, _ in replies.values[count:]] == [2], "the held increment, applied after the resume"
@@ -499,9 +527,15 @@ def wait_for_election(cluster: SingleNodeCluster) -> dict[str, Any]:
 
 def connect_single(cluster: SingleNodeCluster, **defaults: Any) -> Any:
     def connect(**options: Any) -> ClusterClient:
-        return ClusterClient.connect(cluster.connect(), cluster.ingress_channel,
-                                     egress_channel="aeron:udp?endpoint=127.0.0.1:0",
-                                     message_timeout_ns=20_000_000_000, **defaults, **options)
+        return ClusterClient.connect(
+            cluster.connect(),
+            cluster.ingress_channel,
+            egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+            message_timeout_ns=20_000_000_000,
+            **defaults,
+            **options,
+        )
+
     return connect
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 import struct
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings

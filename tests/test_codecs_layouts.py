@@ -37,7 +37,9 @@ def test_session_message_header_is_32_bytes_on_the_wire() -> None:
 
 def test_append_position_block_is_21_bytes() -> None:
     buf = bytearray(64)
-    n = cluster.AppendPositionEncoder.encode(buf, 0, leadership_term_id=5, log_position=0x1000, follower_member_id=2, flags=1)
+    n = cluster.AppendPositionEncoder.encode(
+        buf, 0, leadership_term_id=5, log_position=0x1000, follower_member_id=2, flags=1
+    )
     assert n == 29
     assert bytes(buf[:n]) == h(
         "1500 3600 6f00 0c00",  # blockLength 21, templateId 54
@@ -76,8 +78,15 @@ def test_commit_position_and_new_leadership_term() -> None:
 def test_snapshot_marker_block_is_40_bytes() -> None:
     buf = bytearray(64)
     n = cluster.SnapshotMarkerEncoder.encode_headerless(
-        buf, 0, type_id=2, log_position=3, leadership_term_id=4, index=0,
-        mark=cluster.SnapshotMark.END, time_unit=cluster.ClusterTimeUnit.NANOS, app_version=0x010203,
+        buf,
+        0,
+        type_id=2,
+        log_position=3,
+        leadership_term_id=4,
+        index=0,
+        mark=cluster.SnapshotMark.END,
+        time_unit=cluster.ClusterTimeUnit.NANOS,
+        app_version=0x010203,
     )
     assert n == 40
     assert bytes(buf[:n]) == h(
@@ -192,7 +201,11 @@ def test_var_data_since_version_is_absent_in_older_messages() -> None:
     d = archive.decode(msg)
     assert isinstance(d, archive.ReplicateRequest2Decoder)
     assert d.file_io_max_length == 4096 and d.replication_session_id == -(2**31)
-    assert (d.src_control_channel, d.live_destination, d.replication_channel) == ("aeron:udp?endpoint=a:1", "", "aeron:udp")
+    assert (d.src_control_channel, d.live_destination, d.replication_channel) == (
+        "aeron:udp?endpoint=a:1",
+        "",
+        "aeron:udp",
+    )
     assert (d.encoded_credentials, d.src_response_channel) == (b"", "")
     assert d.sbe_encoded_length == 64 + len(var)
 
@@ -243,13 +256,19 @@ def test_recording_descriptor_layout() -> None:
 
 def test_add_publication_matches_publication_message_flyweight() -> None:
     buf = bytearray(64)
-    n = driver.AddPublicationEncoder.encode(buf, 0, client_id=0x11, correlation_id=0x22, stream_id=1001, channel="aeron:ipc")
-    assert bytes(buf[:n]) == h(
-        "1100000000000000",  # clientId @0
-        "2200000000000000",  # correlationId @8
-        "e9030000",  # streamId @16
-        "09000000",  # channel length @20
-    ) + b"aeron:ipc"  # channel @24
+    n = driver.AddPublicationEncoder.encode(
+        buf, 0, client_id=0x11, correlation_id=0x22, stream_id=1001, channel="aeron:ipc"
+    )
+    assert (
+        bytes(buf[:n])
+        == h(
+            "1100000000000000",  # clientId @0
+            "2200000000000000",  # correlationId @8
+            "e9030000",  # streamId @16
+            "09000000",  # channel length @20
+        )
+        + b"aeron:ipc"
+    )  # channel @24
     assert driver.TemplateId.ADD_PUBLICATION == 0x01 and driver.TemplateId.ADD_EXCLUSIVE_PUBLICATION == 0x03
     d = driver.decode(driver.TemplateId.ADD_PUBLICATION, buf, 0, n)
     assert isinstance(d, driver.AddPublicationDecoder) and d.channel == "aeron:ipc"
@@ -269,16 +288,20 @@ def test_image_buffers_ready_aligns_source_identity() -> None:
         buf, 0, correlation_id=1, session_id=-5, stream_id=10, subscription_registration_id=3,
         subscriber_position_id=7, log_file_name="a.log", source_identity="127.0.0.1:40123",
     )  # fmt: skip
-    assert bytes(buf[:n]) == h(
-        "0100000000000000",  # correlationId @0
-        "fbffffff",  # sessionId @8
-        "0a000000",  # streamId @12
-        "0300000000000000",  # subscriptionRegistrationId @16
-        "07000000",  # subscriberPositionId @24
-        "05000000",  # logFileName length @28
-        "612e6c6f67 000000",  # "a.log" @32, padded to 4
-        "0f000000",  # sourceIdentity length @40 = 32 + align(5, 4)
-    ) + b"127.0.0.1:40123"
+    assert (
+        bytes(buf[:n])
+        == h(
+            "0100000000000000",  # correlationId @0
+            "fbffffff",  # sessionId @8
+            "0a000000",  # streamId @12
+            "0300000000000000",  # subscriptionRegistrationId @16
+            "07000000",  # subscriberPositionId @24
+            "05000000",  # logFileName length @28
+            "612e6c6f67 000000",  # "a.log" @32, padded to 4
+            "0f000000",  # sourceIdentity length @40 = 32 + align(5, 4)
+        )
+        + b"127.0.0.1:40123"
+    )
     assert n == 59
     assert driver.TemplateId.ON_AVAILABLE_IMAGE == 0x0F02
     d = driver.decode(0x0F02, buf, 0, n)
@@ -294,13 +317,19 @@ def test_image_buffers_ready_aligns_source_identity() -> None:
 
 def test_counter_message_aligns_the_label() -> None:
     buf = bytearray(64)
-    n = driver.AddCounterEncoder.encode(buf, 0, client_id=1, correlation_id=2, type_id=1001, key=b"\x01\x02\x03", label="lbl")
-    assert bytes(buf[:n]) == h(
-        "0100000000000000 0200000000000000",
-        "e9030000",  # typeId @16
-        "03000000 010203 00",  # key length @20, key @24, padded to 4
-        "03000000",  # label length @28 = 24 + align(3, 4)
-    ) + b"lbl"
+    n = driver.AddCounterEncoder.encode(
+        buf, 0, client_id=1, correlation_id=2, type_id=1001, key=b"\x01\x02\x03", label="lbl"
+    )
+    assert (
+        bytes(buf[:n])
+        == h(
+            "0100000000000000 0200000000000000",
+            "e9030000",  # typeId @16
+            "03000000 010203 00",  # key length @20, key @24, padded to 4
+            "03000000",  # label length @28 = 24 + align(3, 4)
+        )
+        + b"lbl"
+    )
     # The Java client claims computeLength() = 4 bytes more than this; trailing bytes are ignored.
     d = driver.decode(driver.TemplateId.ADD_COUNTER, bytes(buf[:n]) + bytes(4), 0, n + 4)
     assert isinstance(d, driver.AddCounterDecoder)

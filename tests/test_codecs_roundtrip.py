@@ -93,9 +93,7 @@ def _sbe_can_encode(message: MessageDef) -> bool:
 ORACLE_CASES = [(schema, message) for schema, message in CASES if _sbe_can_encode(message)]
 
 
-@pytest.mark.parametrize(
-    ("schema", "message"), ORACLE_CASES, ids=[f"{s.module}.{m.name}" for s, m in ORACLE_CASES]
-)
+@pytest.mark.parametrize(("schema", "message"), ORACLE_CASES, ids=[f"{s.module}.{m.name}" for s, m in ORACLE_CASES])
 def test_block_layout_matches_the_sbe_package(schema: SchemaDef, message: MessageDef) -> None:
     """sbe 0.4.3 encodes fixed-size messages by itself: an independent check of offsets and types."""
     parsed, _ = generate.parse_with_sbe((generate.SCHEMA_DIR / schema.filename).read_bytes())
@@ -122,13 +120,17 @@ def test_encode_rejects_bad_values_naming_the_field() -> None:
 
     buf = bytearray(64)
     with pytest.raises(CodecError, match=r"cluster\.AppendPosition\(54\)\.flags"):
-        cluster.AppendPositionEncoder.encode(buf, 0, leadership_term_id=1, log_position=2, follower_member_id=3, flags=256)
+        cluster.AppendPositionEncoder.encode(
+            buf, 0, leadership_term_id=1, log_position=2, follower_member_id=3, flags=256
+        )
     with pytest.raises(CodecError, match=r"AppendPosition\(54\): buffer of 20 bytes too small"):
         cluster.AppendPositionEncoder.encode(
             bytearray(20), 0, leadership_term_id=1, log_position=2, follower_member_id=3, flags=1
         )
     with pytest.raises(CodecError, match=r"negative offset"):
-        cluster.AppendPositionEncoder.encode(buf, -1, leadership_term_id=1, log_position=2, follower_member_id=3, flags=1)
+        cluster.AppendPositionEncoder.encode(
+            buf, -1, leadership_term_id=1, log_position=2, follower_member_id=3, flags=1
+        )
     with pytest.raises(CodecError, match=r"SessionEvent\(2\)\.detail: text is not US-ASCII"):
         cluster.SessionEventEncoder.encode(
             buf, 0, cluster_session_id=1, correlation_id=2, leadership_term_id=3, leader_member_id=0, code=0, detail="é"
@@ -158,13 +160,29 @@ def test_encode_rejects_bad_values_naming_the_field() -> None:
             commit_position_counter_id=7,
             leader_member_id=8,
             member_id=9,
-            snapshots=[dict(recording_id=1, leadership_term_id=2, term_base_log_position=3, log_position=4,
-                            timestamp=5, service_id=6, typo=7)],
+            snapshots=[
+                dict(
+                    recording_id=1,
+                    leadership_term_id=2,
+                    term_base_log_position=3,
+                    log_position=4,
+                    timestamp=5,
+                    service_id=6,
+                    typo=7,
+                )
+            ],
         )
     # nothing may grow a bytearray past its size
     small = bytearray(30)
     with pytest.raises(CodecError):
         cluster.SessionEventEncoder.encode(
-            small, 0, cluster_session_id=1, correlation_id=2, leadership_term_id=3, leader_member_id=0, code=0, detail="abc"
+            small,
+            0,
+            cluster_session_id=1,
+            correlation_id=2,
+            leadership_term_id=3,
+            leader_member_id=0,
+            code=0,
+            detail="abc",
         )
     assert len(small) == 30

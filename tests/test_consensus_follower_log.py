@@ -47,8 +47,9 @@ def test_the_follower_module_reads_the_log_before_commit_pos_moves(follower: Any
     image = wait_for(lambda: subscription.image_by_session_id(publication.session_id), 10, "the log image")
     buffer = bytearray(256)
     for correlation_id in range(MESSAGES):
-        length = codecs.TimerEventEncoder.encode(buffer, 0, leadership_term_id=0, correlation_id=correlation_id,
-                                                 timestamp=correlation_id)
+        length = codecs.TimerEventEncoder.encode(
+            buffer, 0, leadership_term_id=0, correlation_id=correlation_id, timestamp=correlation_id
+        )
         assert publication.offer(bytes(buffer[:length])) > 0
     end = publication.position
 
@@ -89,8 +90,9 @@ def test_the_follower_module_reads_no_further_than_its_archive_recorded(follower
     buffer = bytearray(256)
     positions = []
     for correlation_id in range(4):
-        length = codecs.TimerEventEncoder.encode(buffer, 0, leadership_term_id=0, correlation_id=correlation_id,
-                                                 timestamp=correlation_id)
+        length = codecs.TimerEventEncoder.encode(
+            buffer, 0, leadership_term_id=0, correlation_id=correlation_id, timestamp=correlation_id
+        )
         assert publication.offer(bytes(buffer[:length])) > 0
         positions.append(publication.position)
     agent.host.is_log_joined = True

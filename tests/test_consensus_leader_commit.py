@@ -29,8 +29,9 @@ class RecordingPublisher:
     def __init__(self) -> None:
         self.commit_positions: list[tuple[int, int]] = []  # (to member, log position)
 
-    def commit_position(self, to_member_id: int, *, leadership_term_id: int, log_position: int,
-                        leader_member_id: int) -> bool:
+    def commit_position(
+        self, to_member_id: int, *, leadership_term_id: int, log_position: int, leader_member_id: int
+    ) -> bool:
         self.commit_positions.append((to_member_id, log_position))
         return True
 

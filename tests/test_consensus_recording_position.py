@@ -33,11 +33,15 @@ def counters() -> tuple[CountersManager, Clock]:
     return CountersManager(AtomicBuffer(bytearray(64 * 512)), AtomicBuffer(bytearray(64 * 128)), 1_000, clock), clock
 
 
-def rec_pos(manager: CountersManager, archive_id: int, value: int, registration_id: int,
-            recording_id: int = RECORDING_ID) -> int:
+def rec_pos(
+    manager: CountersManager, archive_id: int, value: int, registration_id: int, recording_id: int = RECORDING_ID
+) -> int:
     counter_id = manager.allocate(
-        f"rec-pos: {recording_id} {SESSION_ID} 100 aeron:udp - archiveId={archive_id}", RECORDING_POSITION_TYPE_ID,
-        recording_position_key(recording_id, SESSION_ID, "127.0.0.1:40000", archive_id), registration_id)
+        f"rec-pos: {recording_id} {SESSION_ID} 100 aeron:udp - archiveId={archive_id}",
+        RECORDING_POSITION_TYPE_ID,
+        recording_position_key(recording_id, SESSION_ID, "127.0.0.1:40000", archive_id),
+        registration_id,
+    )
     manager.set_counter_value(counter_id, value)
     return counter_id
 
@@ -61,7 +65,8 @@ def follower(manager: CountersManager, archive_id: int = LIVE_ARCHIVE_ID) -> Con
     agent = ConsensusModuleAgent.__new__(ConsensusModuleAgent)
     watch = Watch()
     agent.aeron = SimpleNamespace(  # type: ignore[assignment]
-        counters_reader=manager, conductor=SimpleNamespace(counter_watch=lambda: watch), watch=watch)
+        counters_reader=manager, conductor=SimpleNamespace(counter_watch=lambda: watch), watch=watch
+    )
     agent._watched_recording_counter_id = NULL_VALUE
     agent.log_recording_id = RECORDING_ID
     agent.log_session_id = SESSION_ID

@@ -64,9 +64,12 @@ def start_node(cluster: SingleNodeCluster, *archive_args: str) -> None:
 
 
 def connect(cluster: SingleNodeCluster) -> ClusterClient:
-    return ClusterClient.connect(cluster.connect(), cluster.ingress_channel,
-                                 egress_channel="aeron:udp?endpoint=127.0.0.1:0",
-                                 message_timeout_ns=20_000_000_000)
+    return ClusterClient.connect(
+        cluster.connect(),
+        cluster.ingress_channel,
+        egress_channel="aeron:udp?endpoint=127.0.0.1:0",
+        message_timeout_ns=20_000_000_000,
+    )
 
 
 def call(client: ClusterClient, **request: Any) -> dict[str, Any]:
@@ -108,14 +111,35 @@ def start_consensus_expecting_exit(cluster: SingleNodeCluster, timeout_s: float 
     far as the failure) and wait for the module to exit on its own: its exit
     code and everything it printed."""
     cluster.consensus = NodeProcess(
-        ["consensus", "--cluster-dir", str(cluster.cluster_dir), "--driver-dir", str(cluster.driver_dir),
-         "--ingress-channel", cluster.ingress_channel],
-        "consensus module pid", cluster.base / "consensus.log", wait=False)
+        [
+            "consensus",
+            "--cluster-dir",
+            str(cluster.cluster_dir),
+            "--driver-dir",
+            str(cluster.driver_dir),
+            "--ingress-channel",
+            cluster.ingress_channel,
+        ],
+        "consensus module pid",
+        cluster.base / "consensus.log",
+        wait=False,
+    )
     process = cluster.consensus.process
     if cluster.service is None or not cluster.service.alive:
         cluster.service = NodeProcess(
-            ["service", "--cluster-dir", str(cluster.cluster_dir), "--driver-dir", str(cluster.driver_dir),
-             "--service", KEY_VALUE], "service 0 (", cluster.base / "service.log", wait=False)
+            [
+                "service",
+                "--cluster-dir",
+                str(cluster.cluster_dir),
+                "--driver-dir",
+                str(cluster.driver_dir),
+                "--service",
+                KEY_VALUE,
+            ],
+            "service 0 (",
+            cluster.base / "service.log",
+            wait=False,
+        )
     wait_for(lambda: process.poll() is not None, timeout_s, "the consensus module to refuse to start")
     return process.returncode, cluster.consensus.output()
 
@@ -128,13 +152,20 @@ def stop_cluster_processes(cluster: SingleNodeCluster) -> None:
 
 
 def cluster_tool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fulmar.cli.cluster_tool", *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "fulmar.cli.cluster_tool", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def rebuild_recording_log(cluster: SingleNodeCluster) -> str:
-    result = cluster_tool("cluster", "rebuild-recording-log", "--dir", str(cluster.cluster_dir),
-                          "--archive-dir", str(archive_dir(cluster)))
+    result = cluster_tool(
+        "cluster",
+        "rebuild-recording-log",
+        "--dir",
+        str(cluster.cluster_dir),
+        "--archive-dir",
+        str(archive_dir(cluster)),
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -162,8 +193,11 @@ def _garbage_in_last_entry(data: bytes) -> bytes:
     return bytes(damaged)
 
 
-@pytest.mark.parametrize("damage", [_cut_torn_tail, _drop_last_entry, _garbage_in_last_entry],
-                         ids=["torn_tail", "last_entry_lost", "garbage_in_last_entry"])
+@pytest.mark.parametrize(
+    "damage",
+    [_cut_torn_tail, _drop_last_entry, _garbage_in_last_entry],
+    ids=["torn_tail", "last_entry_lost", "garbage_in_last_entry"],
+)
 def test_a_recording_log_that_lost_its_only_term_is_refused_then_rebuilt(single_node: Any, damage: Any) -> None:
     """One TERM entry: whatever takes it away (a torn tail cut at open, a lost
     entry, garbage read as a torn tail) leaves a log that names no recording,
@@ -224,8 +258,10 @@ def test_losing_the_last_term_entry_of_several_is_repaired_by_the_replay(single_
     start_node(cluster)
     assert cluster.consensus is not None
     if damage is _cut_torn_tail:  # the repair is reported
-        assert (f"recording log repaired: {path}: dropped 44 trailing bytes at file offset 64 (entry index 1)"
-                in cluster.consensus.output())
+        assert (
+            f"recording log repaired: {path}: dropped 44 trailing bytes at file offset 64 (entry index 1)"
+            in cluster.consensus.output()
+        )
     read_back(cluster, written)
     written.update(put_keys(cluster, range(30, 35)))
     read_back(cluster, written)
@@ -242,8 +278,10 @@ def test_garbage_in_an_entry_before_the_last_is_refused_then_rebuilt(single_node
     start_node_without_cluster(cluster)
     code, output = start_consensus_expecting_exit(cluster)
     assert code == 1, output
-    assert (f"CorruptRecordingLogError: {path}: corrupt entry at index 0 (file offset 0): "
-            f"termBaseLogPosition=-5 is negative") in output
+    assert (
+        f"CorruptRecordingLogError: {path}: corrupt entry at index 0 (file offset 0): "
+        f"termBaseLogPosition=-5 is negative"
+    ) in output
 
     stop_cluster_processes(cluster)
     report = rebuild_recording_log(cluster)
@@ -292,7 +330,7 @@ def damage_frame(segment: Path, part: str) -> int:
 
 _SEGMENT_DAMAGE = {
     "payload": "CRC checksum mismatch in the frame at position {position} ({segment} offset {position}): "
-               "recorded checksum=",
+    "recorded checksum=",
     "length": "frame at position {position} ends at",
     "type": "the frame at position {position} ({segment} offset {position}) has type 85, neither DATA nor PAD",
 }
@@ -378,8 +416,11 @@ def _garbage_in_the_header(catalog: bytearray, offset: int, length: int) -> tupl
     return offset, "entry length 1000 + 32 is not a multiple of the alignment"
 
 
-@pytest.mark.parametrize("damage", [_torn_last_descriptor, _garbage_in_a_field, _garbage_in_the_header],
-                         ids=["torn_last_descriptor", "garbage_in_a_field", "garbage_in_the_header"])
+@pytest.mark.parametrize(
+    "damage",
+    [_torn_last_descriptor, _garbage_in_a_field, _garbage_in_the_header],
+    ids=["torn_last_descriptor", "garbage_in_a_field", "garbage_in_the_header"],
+)
 def test_a_damaged_catalog_entry_stops_the_archive_with_the_offset(single_node: Any, damage: Any) -> None:
     """The archive refuses a catalog whose last entry is torn or holds garbage,
     naming the file and the offset (and, for a checksum, the recording); the
@@ -396,9 +437,22 @@ def test_a_damaged_catalog_entry_stops_the_archive_with_the_offset(single_node: 
     path.write_bytes(bytes(catalog))
 
     archive = subprocess.run(
-        [sys.executable, "-m", "fulmar.cli.cluster_node", "archive", "--dir", str(archive_dir(cluster)),
-         "--driver-dir", str(cluster.driver_dir), "--control-channel", "none"],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "fulmar.cli.cluster_node",
+            "archive",
+            "--dir",
+            str(archive_dir(cluster)),
+            "--driver-dir",
+            str(cluster.driver_dir),
+            "--control-channel",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert archive.returncode == 1, archive.stdout
     assert f"cannot start an archive in {archive_dir(cluster)}: {path}" in archive.stderr
     assert f"offset {where}" in archive.stderr and reason in archive.stderr
@@ -435,8 +489,9 @@ def test_a_member_with_a_damaged_log_refuses_then_is_wiped_and_catches_up() -> N
         cluster.launch(member, "service")
         wait_for(lambda: consensus.process.poll() is not None, 60, f"member {member}'s consensus module to refuse")
         assert consensus.process.returncode == 1, consensus.output()
-        assert (f"CRC checksum mismatch in the frame at position {frame_position} ({segment} offset "
-                f"{frame_position})") in consensus.output()
+        assert (
+            f"CRC checksum mismatch in the frame at position {frame_position} ({segment} offset {frame_position})"
+        ) in consensus.output()
 
         # The repair: wipe the member, start it, let it catch up from the leader.
         cluster.kill_member(member)

@@ -49,8 +49,15 @@ class Harness:
         self.fifo_read = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
         self.fifo_write = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         self.data_doorbell = Doorbell(self.bells, DATA_DOORBELL, self.fifo_write)
-        self.plane = DataPlane(self.values, self.conductor_doorbell, Doorbell(self.bells, DATA_DOORBELL),
-                               self.fifo_read, 20_000_000, 1_000_000, 7)
+        self.plane = DataPlane(
+            self.values,
+            self.conductor_doorbell,
+            Doorbell(self.bells, DATA_DOORBELL),
+            self.fifo_read,
+            20_000_000,
+            1_000_000,
+            7,
+        )
 
     def counter(self, counter_id: int) -> int:
         return self.values.get_int64_volatile(counter_id * COUNTER_LENGTH)
@@ -97,8 +104,14 @@ def test_calls_refuse_unknown_ids_taken_ids_and_bad_arguments(harness: Harness, 
         plane.add_send_endpoint(1, transport.fileno(), CONTROL_UNICAST, here, "again")
     with pytest.raises(DataPlaneError, match="invalid argument"):
         plane.add_destination(1, here)  # not a manual endpoint
-    for unknown in (plane.remove, plane.close_publication, plane.trigger_setup, plane.publication_status,
-                    plane.image_status, plane.remove_endpoint):
+    for unknown in (
+        plane.remove,
+        plane.close_publication,
+        plane.trigger_setup,
+        plane.publication_status,
+        plane.image_status,
+        plane.remove_endpoint,
+    ):
         with pytest.raises(DataPlaneError, match="unknown id"):
             unknown(99)
     with pytest.raises(DataPlaneError, match="unknown id"):

@@ -12,7 +12,7 @@ import signal
 import time
 from multiprocessing.connection import Connection
 
-from driver_support import DriverProcess, wait_for
+from driver_support import wait_for
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.cli.supervisor import free_udp_port
@@ -56,8 +56,11 @@ def try_bind(subscription, port: int) -> bool:
 def heartbeat_labels(directory) -> dict[int, str]:
     with CncFile.open(directory) as cnc:
         counters = CountersReader(cnc.counters_metadata, cnc.counters_values)
-        return {int.from_bytes(c.key[:8], "little", signed=True): c.label
-                for c in counters if c.type_id == CLIENT_HEARTBEAT_TYPE_ID}
+        return {
+            int.from_bytes(c.key[:8], "little", signed=True): c.label
+            for c in counters
+            if c.type_id == CLIENT_HEARTBEAT_TYPE_ID
+        }
 
 
 def test_a_client_declares_its_process_in_its_heartbeat_label(start_driver, monkeypatch) -> None:
@@ -91,14 +94,18 @@ def test_a_sigkilled_clients_endpoint_is_free_long_before_the_liveness_timeout(s
         holder.kill()
         holder.join(10)  # reaped: a zombie would count as gone too, but this is the usual case
         killed_at = time.monotonic()
-        wait_for(lambda: try_bind(subscription, port), LIVENESS_TIMEOUT_NS / 1e9 - 5,
-                 f"port {port} to be free again after its client's process died")
+        wait_for(
+            lambda: try_bind(subscription, port),
+            LIVENESS_TIMEOUT_NS / 1e9 - 5,
+            f"port {port} to be free again after its client's process died",
+        )
         took_s = time.monotonic() - killed_at
         assert took_s < 3.0, f"the dead client's endpoint was freed only after {took_s:.1f} s"
         with CncFile.open(driver.directory) as cnc:
             texts = [e.text for e in read_error_log(cnc.error_log)]
             timeouts = CountersReader(cnc.counters_metadata, cnc.counters_values).counter_value(
-                SystemCounter.CLIENT_TIMEOUTS)
+                SystemCounter.CLIENT_TIMEOUTS
+            )
         assert any(f"client {holder_client_id} timed out: its process {holder.pid} is gone" in t for t in texts), texts
         assert timeouts == 1
         assert holder_client_id not in heartbeat_labels(driver.directory)
@@ -200,11 +207,18 @@ def test_only_a_quiet_client_whose_declared_process_is_gone_is_closed_early() ->
     child.kill()
     child.join(10)
     dead_pid = child.pid
-    for client_id, suffix in [(1, ""), (2, f" pid={dead_pid} pidns={(pid_namespace() or 0) + 1}"),
-                              (3, f" pid={dead_pid} pidns={pid_namespace()}"),
-                              (4, f" pid={os.getpid()} pidns={pid_namespace()}")]:
-        heartbeat = counters.new_counter(f"client-heartbeat: {client_id}{suffix}", CLIENT_HEARTBEAT_TYPE_ID,
-                                         client_id.to_bytes(8, "little"), registration_id=client_id)
+    for client_id, suffix in [
+        (1, ""),
+        (2, f" pid={dead_pid} pidns={(pid_namespace() or 0) + 1}"),
+        (3, f" pid={dead_pid} pidns={pid_namespace()}"),
+        (4, f" pid={os.getpid()} pidns={pid_namespace()}"),
+    ]:
+        heartbeat = counters.new_counter(
+            f"client-heartbeat: {client_id}{suffix}",
+            CLIENT_HEARTBEAT_TYPE_ID,
+            client_id.to_bytes(8, "little"),
+            registration_id=client_id,
+        )
         heartbeat.set(clock[0])
         conductor.clients[client_id] = AeronClient(client_id, heartbeat, clock[0])
     assert conductor._check_client_processes(clock[0] + 500) == 0  # nobody is quiet yet

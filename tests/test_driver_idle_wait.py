@@ -35,9 +35,12 @@ class DrivenDriver:
     """A MediaDriver whose duty cycle a thread runs, pausable to look inside."""
 
     def __init__(self, directory: Path) -> None:
-        context = DriverContext(directory=directory, timer_interval_ns=TIMER_INTERVAL_NS,
-                                idle_max_wait_ns=IDLE_MAX_WAIT_NS,
-                                cnc_layout=CncLayout.sized(256 * 1024, 256 * 1024, 256 * 1024, 64 * 1024))
+        context = DriverContext(
+            directory=directory,
+            timer_interval_ns=TIMER_INTERVAL_NS,
+            idle_max_wait_ns=IDLE_MAX_WAIT_NS,
+            cnc_layout=CncLayout.sized(256 * 1024, 256 * 1024, 256 * 1024, 64 * 1024),
+        )
         self.driver = MediaDriver.launch(context)
         self.lock = threading.Lock()
         self._stop = threading.Event()
@@ -91,8 +94,7 @@ def _drain(subscription, expected: int) -> None:
     def on_fragment(buffer, offset, length, header) -> None:
         got[0] += 1
 
-    wait_for(lambda: subscription.poll(on_fragment, 100) >= 0 and got[0] >= expected, 10,
-             f"{expected} messages read")
+    wait_for(lambda: subscription.poll(on_fragment, 100) >= 0 and got[0] >= expected, 10, f"{expected} messages read")
 
 
 def test_the_data_plane_keeps_its_timer_pace_while_an_ipc_reader_is_behind(driven: DrivenDriver) -> None:
@@ -125,8 +127,11 @@ def test_an_unread_network_image_keeps_the_data_plane_on_its_timer_interval(driv
 
         wait_for(lambda: publication.offer(b"y" * 200) > 0, 10, "an offer accepted")
         # Sent and received, but the image's subscriber has not read it.
-        wait_for(lambda: 0 < driven.data_plane_wait_ns() <= TIMER_INTERVAL_NS, 10,
-                 "the timer interval while the image is unread")
+        wait_for(
+            lambda: 0 < driven.data_plane_wait_ns() <= TIMER_INTERVAL_NS,
+            10,
+            "the timer interval while the image is unread",
+        )
 
         _drain(subscription, 1)
         wait_for(lambda: driven.data_plane_wait_ns() > TIMER_INTERVAL_NS, 10, "a long sleep once read")
@@ -149,8 +154,12 @@ def test_a_draining_publication_keeps_the_conductor_on_its_timer_interval(driven
 
 def test_the_idle_wait_is_never_shorter_than_the_timer_interval() -> None:
     directory = new_driver_dir()
-    context = DriverContext(directory=directory, timer_interval_ns=5_000_000, idle_max_wait_ns=1_000_000,
-                            cnc_layout=CncLayout.sized(64 * 1024, 64 * 1024, 64 * 1024, 64 * 1024))
+    context = DriverContext(
+        directory=directory,
+        timer_interval_ns=5_000_000,
+        idle_max_wait_ns=1_000_000,
+        cnc_layout=CncLayout.sized(64 * 1024, 64 * 1024, 64 * 1024, 64 * 1024),
+    )
     driver = MediaDriver.launch(context)
     try:
         driver.conductor.do_work(time.monotonic_ns())

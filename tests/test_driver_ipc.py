@@ -203,7 +203,8 @@ def endless_publisher_main(directory: str, ready: Connection) -> None:
 
 def test_sigkilled_publisher_is_timed_out_and_its_resources_freed(start_driver) -> None:
     driver = start_driver(
-        client_liveness_timeout_ns=1_000_000_000, publication_linger_timeout_ns=100_000_000,
+        client_liveness_timeout_ns=1_000_000_000,
+        publication_linger_timeout_ns=100_000_000,
         publication_unblock_timeout_ns=2_000_000_000,
     )
     unavailable: list[int] = []
@@ -211,7 +212,9 @@ def test_sigkilled_publisher_is_timed_out_and_its_resources_freed(start_driver) 
     end, ready = SPAWN.Pipe()
     publisher = SPAWN.Process(target=endless_publisher_main, args=(str(driver.directory), ready))
     try:
-        subscription = aeron.add_subscription(CHANNEL, STREAM, on_unavailable_image=lambda i: unavailable.append(i.session_id))
+        subscription = aeron.add_subscription(
+            CHANNEL, STREAM, on_unavailable_image=lambda i: unavailable.append(i.session_id)
+        )
         publisher.start()
         assert end.poll(30)
         registration_id = end.recv()
@@ -327,14 +330,18 @@ def test_terminate_driver_needs_the_right_token(start_driver) -> None:
     with driver.connect() as aeron:
         conductor = aeron.conductor
         with conductor.lock:
-            conductor._send(protocol.TerminateDriverEncoder, client_id=aeron.client_id, correlation_id=1, token=b"wrong")
+            conductor._send(
+                protocol.TerminateDriverEncoder, client_id=aeron.client_id, correlation_id=1, token=b"wrong"
+            )
         # Commands are handled in order: once this answers, the refusal is done.
         assert aeron.add_publication(CHANNEL, STREAM).session_id is not None
         with CncFile.open(driver.directory) as cnc:
             assert any("refused: invalid token" in e.text for e in read_error_log(cnc.error_log))
         assert driver.process.poll() is None
         with conductor.lock:
-            conductor._send(protocol.TerminateDriverEncoder, client_id=aeron.client_id, correlation_id=2, token=b"let-me-stop")
+            conductor._send(
+                protocol.TerminateDriverEncoder, client_id=aeron.client_id, correlation_id=2, token=b"let-me-stop"
+            )
     wait_for(lambda: driver.process.poll() is not None, 10, "the driver to terminate")
     assert driver.process.returncode == 0
     assert not driver.directory.exists()
@@ -356,7 +363,8 @@ def dies_mid_append_main(directory: str, ready: Connection) -> None:
 
 def test_publisher_dying_between_claim_and_commit_is_unblocked(start_driver) -> None:
     driver = start_driver(
-        client_liveness_timeout_ns=500_000_000, publication_linger_timeout_ns=100_000_000,
+        client_liveness_timeout_ns=500_000_000,
+        publication_linger_timeout_ns=100_000_000,
         publication_unblock_timeout_ns=1_000_000_000,
     )
     aeron = driver.connect()
@@ -394,7 +402,9 @@ def test_launch_refuses_a_directory_with_foreign_files_and_stop_after_close_is_s
     driver_dir.mkdir(parents=True)
     precious = driver_dir / "precious.txt"
     precious.write_text("not the driver's")
-    context = DriverContext(directory=driver_dir, cnc_layout=CncLayout.sized(64 * 1024, 64 * 1024, 64 * 1024, 64 * 1024))
+    context = DriverContext(
+        directory=driver_dir, cnc_layout=CncLayout.sized(64 * 1024, 64 * 1024, 64 * 1024, 64 * 1024)
+    )
     with pytest.raises(DriverDirectoryError, match="precious.txt"):
         MediaDriver.launch(context)
     assert precious.read_text() == "not the driver's"
@@ -435,8 +445,11 @@ def test_an_ipc_publication_reaches_ipc_subscriptions_only(start_driver) -> None
         def collect(buffer: memoryview, offset: int, length: int, header: Header) -> None:
             received.append(bytes(buffer[offset : offset + length]))
 
-        wait_for(lambda: (ipc_before.poll(collect, 10), ipc_after.poll(collect, 10), len(received) == 2)[2], 10,
-                 "both IPC subscriptions to receive")
+        wait_for(
+            lambda: (ipc_before.poll(collect, 10), ipc_after.poll(collect, 10), len(received) == 2)[2],
+            10,
+            "both IPC subscriptions to receive",
+        )
         assert udp.image_count == 0 and spy.image_count == 0
         assert udp.poll(collect, 10) == 0 and spy.poll(collect, 10) == 0
         assert received == [b"once", b"once"]

@@ -146,7 +146,9 @@ def test_flow_control_follows_the_slowest_or_the_fastest_receiver(start_driver, 
     try:
         fc = {"min": "min,t:10s", "max": "max"}.get(strategy, "tagged,g:7,t:10s")
         pub_channel = f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic|term-length=64k|fc={fc}"
-        tags = {"tagged-member-paused": ["", "|gtag=7"], "tagged-outsider-paused": ["|gtag=7", ""]}.get(strategy, ["", ""])
+        tags = {"tagged-member-paused": ["", "|gtag=7"], "tagged-outsider-paused": ["|gtag=7", ""]}.get(
+            strategy, ["", ""]
+        )
         ports = iter(range(2))
         receivers.start(
             lambda port: f"aeron:udp?endpoint=127.0.0.1:{port}|control=127.0.0.1:{control}{tags[next(ports)]}"

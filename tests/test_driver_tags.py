@@ -202,9 +202,11 @@ def test_a_tagged_endpoint_channel_is_shared_by_its_tag(two_drivers) -> None:
         for seq in range(200):  # 200 small messages fit in the window: no need to read meanwhile
             offer(publication, seq)
         wait_for(
-            lambda: first.poll(lambda b, o, n, h: firsts.append(struct.unpack_from("<q", b, o)[0]), 256) >= 0
-            and second.poll(lambda b, o, n, h: seconds.append(struct.unpack_from("<q", b, o)[0]), 256) >= 0
-            and len(firsts) == len(seconds) == 200,
+            lambda: (
+                first.poll(lambda b, o, n, h: firsts.append(struct.unpack_from("<q", b, o)[0]), 256) >= 0
+                and second.poll(lambda b, o, n, h: seconds.append(struct.unpack_from("<q", b, o)[0]), 256) >= 0
+                and len(firsts) == len(seconds) == 200
+            ),
             20,
             "both to get 200",
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
-import signal
 import socket
 import struct
 import time
@@ -156,7 +155,9 @@ def test_garbage_datagrams_are_counted_and_dropped(two_drivers) -> None:
             for datagram in hostile * 20:
                 attacker.sendto(datagram, ("127.0.0.1", port))
         wait_for(
-            lambda: system_counter(receiver.directory, SystemCounter.INVALID_PACKETS) > before, 10, "invalid packets counted"
+            lambda: system_counter(receiver.directory, SystemCounter.INVALID_PACKETS) > before,
+            10,
+            "invalid packets counted",
         )
         # The driver still serves the stream.
         publication = pub_client.add_publication(channel, STREAM)
@@ -239,7 +240,9 @@ def test_spies_simulate_connection(start_driver) -> None:
         wait_for(lambda: publication.is_connected and spy.image_count, 10, "a connection made by the spy alone")
         wait_for(lambda: publication.offer(b"spied") > 0, 10, "an offer")
         got: list[bytes] = []
-        wait_for(lambda: spy.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 10) >= 0 and got, 10, "the message")
+        wait_for(
+            lambda: spy.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 10) >= 0 and got, 10, "the message"
+        )
         assert got == [b"spied"]
 
 
@@ -286,8 +289,9 @@ def test_the_end_of_one_merged_source_does_not_end_the_image(two_drivers) -> Non
     start = "|session-id=778|init-term-id=5|term-id=5|term-offset=0|term-length=64k"
     unavailable: list[object] = []
     with receiving_driver.connect() as local, live_driver.connect() as remote:
-        subscription = local.add_subscription("aeron:udp?control-mode=manual", STREAM,
-                                              on_unavailable_image=unavailable.append)
+        subscription = local.add_subscription(
+            "aeron:udp?control-mode=manual", STREAM, on_unavailable_image=unavailable.append
+        )
         subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{copy_port}")
         subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{live_port}")
         copy = local.add_exclusive_publication(f"aeron:udp?endpoint=127.0.0.1:{copy_port}{start}", STREAM)
@@ -315,7 +319,8 @@ def test_the_end_of_one_merged_source_does_not_end_the_image(two_drivers) -> Non
             seq += 1
             time.sleep(0.01)
             assert not image.is_end_of_stream, f"the image ended with the copy, at {image.position}"
-        for seq in range(seq, 200 + seq):
+        first = seq
+        for seq in range(first, first + 200):
             wait_for(lambda: read() and live.offer(struct.pack("<q", seq) * 4) > 0, 10, "a live offer")
         wait_for(lambda: read() and len(received) >= seq + 1, 10, "the live stream after the copy ended")
         assert received == list(range(seq + 1))
@@ -367,8 +372,10 @@ def test_closing_a_udp_publication_ends_the_stream_at_the_receiver(two_drivers) 
         image = subscription.images[0]
         publication.close()
         wait_for(
-            lambda: subscription.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 100) >= 0
-            and image.is_end_of_stream,
+            lambda: (
+                subscription.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 100) >= 0
+                and image.is_end_of_stream
+            ),
             10,
             "the end of the stream",
         )

@@ -35,8 +35,9 @@ class FakeClock:
         return self.now_ns
 
 
-def tracker_with(clock: FakeClock, threshold_ns: int = 100 * MS) -> tuple[DutyCycleStallTracker, AtomicCounter,
-                                                                          AtomicCounter]:
+def tracker_with(
+    clock: FakeClock, threshold_ns: int = 100 * MS
+) -> tuple[DutyCycleStallTracker, AtomicCounter, AtomicCounter]:
     values = AtomicBuffer(bytearray(256))
     max_cycle, exceeded = AtomicCounter(values, 0), AtomicCounter(values, 1)
     return DutyCycleStallTracker(max_cycle, exceeded, threshold_ns, clock), max_cycle, exceeded
@@ -112,8 +113,15 @@ def test_idle_strategies_report_only_the_sleeps_they_take() -> None:
     assert waits[-1:] == [2 * MS] and slept == [2 * MS]
 
     waits.clear()
-    backoff = BackoffIdleStrategy(max_spins=0, max_yields=0, min_park_ns=1_000, max_park_ns=4_000,
-                                  sleep_ns=lambda ns: None, yield_=lambda: None, on_wait=waits.append)
+    backoff = BackoffIdleStrategy(
+        max_spins=0,
+        max_yields=0,
+        min_park_ns=1_000,
+        max_park_ns=4_000,
+        sleep_ns=lambda ns: None,
+        yield_=lambda: None,
+        on_wait=waits.append,
+    )
     for _ in range(6):
         backoff.idle(0)
     assert waits == [1_000, 2_000, 4_000]  # the three parks, not the spin and yield states before them

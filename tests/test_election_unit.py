@@ -122,13 +122,15 @@ class FakeHost:
         self.calls.append(("append_new_leadership_term_event", leadership_term_id, log_position))
         return True
 
-    def join_log_as_follower(self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int,
-                             log_session_id: int) -> bool:
+    def join_log_as_follower(
+        self, leader_member_id: int, leadership_term_id: int, term_base_log_position: int, log_session_id: int
+    ) -> bool:
         if not self.subscription_ok:
             self.calls.append(("join_log_as_follower refused",))
             return False
-        self.calls.append(("join_log_as_follower", leader_member_id, leadership_term_id, term_base_log_position,
-                           log_session_id))
+        self.calls.append(
+            ("join_log_as_follower", leader_member_id, leadership_term_id, term_base_log_position, log_session_id)
+        )
         self.append_term(leadership_term_id, term_base_log_position)
         return True
 
@@ -186,6 +188,7 @@ class RecordingPublisher:
         def send(to_member_id: int, **fields: Any) -> bool:
             self.sent.append((name, to_member_id, fields))
             return True
+
         return send
 
     def named(self, name: str) -> list[tuple[int, dict[str, Any]]]:
@@ -195,14 +198,24 @@ class RecordingPublisher:
         self.sent.clear()
 
 
-def make(member_id: int = 0, members: tuple[int, ...] = (0, 1, 2), host: FakeHost | None = None, **kw: Any
-         ) -> tuple[Election, FakeHost, RecordingPublisher]:
+def make(
+    member_id: int = 0, members: tuple[int, ...] = (0, 1, 2), host: FakeHost | None = None, **kw: Any
+) -> tuple[Election, FakeHost, RecordingPublisher]:
     host = host or FakeHost()
     publisher = RecordingPublisher()
     terms = host.term_entries()
-    election = Election(member_id, list(members), host, publisher, random.Random(7), TIMEOUTS,
-                        kw.pop("is_startup", False), terms[-1].leadership_term_id if terms else NULL_VALUE,
-                        host.append, **kw)
+    election = Election(
+        member_id,
+        list(members),
+        host,
+        publisher,
+        random.Random(7),
+        TIMEOUTS,
+        kw.pop("is_startup", False),
+        terms[-1].leadership_term_id if terms else NULL_VALUE,
+        host.append,
+        **kw,
+    )
     return election, host, publisher
 
 
@@ -243,8 +256,9 @@ def test_canvass_nominate_candidate_ballot_leader() -> None:
     election.do_work(1)
     canvass = publisher.named("canvass_position")
     assert {to for to, _ in canvass} == {1, 2}
-    assert canvass[0][1] == dict(log_leadership_term_id=0, log_position=1024, leadership_term_id=0,
-                                 follower_member_id=0)
+    assert canvass[0][1] == dict(
+        log_leadership_term_id=0, log_position=1024, leadership_term_id=0, follower_member_id=0
+    )
     # Both others report logs no better than ours: unanimous candidate.
     election.on_canvass_position(0, 1024, 0, 1, 0)
     election.on_canvass_position(0, 512, 0, 2, 0)
@@ -259,8 +273,9 @@ def test_canvass_nominate_candidate_ballot_leader() -> None:
     election.do_work(now)
     requests = publisher.named("request_vote")
     assert {to for to, _ in requests} == {1, 2}
-    assert requests[0][1] == dict(log_leadership_term_id=0, log_position=1024, candidate_term_id=1,
-                                  candidate_member_id=0)
+    assert requests[0][1] == dict(
+        log_leadership_term_id=0, log_position=1024, candidate_term_id=1, candidate_member_id=0
+    )
     election.do_work(now + 1)
     assert election.state_value == ElectionState.CANDIDATE_BALLOT  # its own vote alone is no majority
     election.on_vote(1, 0, 1024, 0, 1, True)
@@ -451,18 +466,30 @@ def test_vote_against_a_term_not_newer_than_ours() -> None:
 # --------------------------------------------------------------------------- follower on NewLeadershipTerm
 
 
-def new_leadership_term(election: Election, *, log_term: int, next_term: int, next_base: int, next_pos: int,
-                        term: int, base: int, pos: int, leader: int = 1) -> None:
-    election.on_new_leadership_term(log_term, next_term, next_base, next_pos, term, base, pos, 0, 0, leader,
-                                    1115055142, 1, False)
+def new_leadership_term(
+    election: Election,
+    *,
+    log_term: int,
+    next_term: int,
+    next_base: int,
+    next_pos: int,
+    term: int,
+    base: int,
+    pos: int,
+    leader: int = 1,
+) -> None:
+    election.on_new_leadership_term(
+        log_term, next_term, next_base, next_pos, term, base, pos, 0, 0, leader, 1115055142, 1, False
+    )
 
 
 def test_follower_joins_directly_when_logs_match() -> None:
     election, host, publisher = make(host=FakeHost([(0, 0)], append=1024))
     to_canvass(election)
     election.on_request_vote(0, 1024, 1, 1, 0)
-    new_leadership_term(election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1,
-                        base=1024, pos=1024)
+    new_leadership_term(
+        election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1, base=1024, pos=1024
+    )
     assert election.state_value == ElectionState.FOLLOWER_REPLAY
     assert host.named("start_replay") == [("start_replay", 0, 1024)]
     election.do_work(1)
@@ -478,16 +505,18 @@ def test_follower_joins_directly_when_logs_match() -> None:
     publisher.clear()
     election.do_work(5)
     assert election.state_value == ElectionState.CLOSED
-    assert publisher.named("append_position") == [(1, dict(leadership_term_id=1, log_position=1024,
-                                                           follower_member_id=0, flags=0))]
+    assert publisher.named("append_position") == [
+        (1, dict(leadership_term_id=1, log_position=1024, follower_member_id=0, flags=0))
+    ]
     assert host.completed == (ClusterRole.FOLLOWER, 1, 1)
 
 
 def test_follower_truncates_entries_the_leader_does_not_have() -> None:
     election, host, publisher = make(host=FakeHost([(0, 0)], append=2048))
     to_canvass(election)
-    new_leadership_term(election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1,
-                        base=1024, pos=1024)
+    new_leadership_term(
+        election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1, base=1024, pos=1024
+    )
     assert host.named("truncate_log_to") == [("truncate_log_to", 1024)]
     assert election.state_value == ElectionState.FOLLOWER_REPLAY
 
@@ -495,8 +524,16 @@ def test_follower_truncates_entries_the_leader_does_not_have() -> None:
 def test_follower_drops_a_term_the_leader_never_had() -> None:
     election, host, publisher = make(host=FakeHost([(0, 0), (2, 512)], append=640))
     to_canvass(election)
-    new_leadership_term(election, log_term=2, next_term=NULL_VALUE, next_base=NULL_POSITION,
-                        next_pos=NULL_POSITION, term=3, base=800, pos=800)
+    new_leadership_term(
+        election,
+        log_term=2,
+        next_term=NULL_VALUE,
+        next_base=NULL_POSITION,
+        next_pos=NULL_POSITION,
+        term=3,
+        base=800,
+        pos=800,
+    )
     assert host.named("truncate_log_to") == [("truncate_log_to", 512)]
     assert host.named("drop_term") == [("drop_term", 2)]
     assert election.state_value == ElectionState.CANVASS
@@ -507,8 +544,7 @@ def test_follower_canvasses_on_a_new_leadership_term_for_another_log_term() -> N
     election, host, publisher = make(host=FakeHost([(0, 0), (1, 100)], append=200))
     to_canvass(election)
     election.on_request_vote(1, 200, 2, 1, 0)
-    new_leadership_term(election, log_term=0, next_term=1, next_base=100, next_pos=300, term=2, base=300,
-                        pos=300)
+    new_leadership_term(election, log_term=0, next_term=1, next_base=100, next_pos=300, term=2, base=300, pos=300)
     assert election.state_value == ElectionState.CANVASS
 
 
@@ -516,16 +552,16 @@ def test_follower_ignores_a_leader_of_a_term_older_than_its_vote() -> None:
     election, host, publisher = make(host=FakeHost([(0, 0)], append=0))
     to_canvass(election)
     election.on_request_vote(0, 0, 5, 2, 0)
-    new_leadership_term(election, log_term=0, next_term=4, next_base=0, next_pos=NULL_POSITION, term=4, base=0,
-                        pos=0)
+    new_leadership_term(election, log_term=0, next_term=4, next_base=0, next_pos=NULL_POSITION, term=4, base=0, pos=0)
     assert election.state_value == ElectionState.FOLLOWER_BALLOT
 
 
 def test_follower_catches_up_within_the_current_term() -> None:
     election, host, publisher = make(host=FakeHost([(0, 0), (2, C)], append=C + 320))
     to_canvass(election)
-    new_leadership_term(election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION,
-                        term=2, base=C, pos=D)
+    new_leadership_term(
+        election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION, term=2, base=C, pos=D
+    )
     assert election.state_value == ElectionState.FOLLOWER_REPLAY
     election.do_work(1)
     assert election.state_value == ElectionState.FOLLOWER_CATCHUP_INIT
@@ -533,18 +569,18 @@ def test_follower_catches_up_within_the_current_term() -> None:
     election.do_work(2)
     assert election.state_value == ElectionState.FOLLOWER_CATCHUP_AWAIT
     assert host.named("catchup") == [("catchup", 1, C + 320)]
-    assert publisher.named("catchup_position") == [(1, dict(leadership_term_id=2, log_position=C + 320,
-                                                            follower_member_id=0,
-                                                            catchup_endpoint="localhost:9005"))]
+    assert publisher.named("catchup_position") == [
+        (1, dict(leadership_term_id=2, log_position=C + 320, follower_member_id=0, catchup_endpoint="localhost:9005"))
+    ]
     host.connected = True
     election.do_work(3)
     assert election.state_value == ElectionState.FOLLOWER_CATCHUP
     host.append = 5280
     publisher.clear()
     election.do_work(4)
-    assert publisher.named("append_position") == [(1, dict(leadership_term_id=2, log_position=5280,
-                                                           follower_member_id=0,
-                                                           flags=APPEND_POSITION_FLAG_CATCHUP))]
+    assert publisher.named("append_position") == [
+        (1, dict(leadership_term_id=2, log_position=5280, follower_member_id=0, flags=APPEND_POSITION_FLAG_CATCHUP))
+    ]
     election.on_commit_position(2, 6880, 1)
     election.do_work(5)
     assert host.named("notify_commit_position")[-1] == ("notify_commit_position", 5280)
@@ -564,8 +600,9 @@ def test_follower_catches_up_within_the_current_term() -> None:
 def _to_catchup_await(election: Election, publisher: RecordingPublisher) -> int:
     """From CANVASS to FOLLOWER_CATCHUP_AWAIT (behind the leader in its term); the time reached."""
     to_canvass(election)
-    new_leadership_term(election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION,
-                        term=2, base=C, pos=D)
+    new_leadership_term(
+        election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION, term=2, base=C, pos=D
+    )
     election.do_work(1)
     publisher.clear()
     election.do_work(2)
@@ -581,8 +618,10 @@ def test_catchup_position_is_asked_again_until_the_catchup_connects() -> None:
     election, host, publisher = make(host=FakeHost([(0, 0), (2, C)], append=C + 320))
     start = _to_catchup_await(election, publisher)
     interval = TIMEOUTS.leader_heartbeat_interval_ns
-    request = (1, dict(leadership_term_id=2, log_position=C + 320, follower_member_id=0,
-                       catchup_endpoint="localhost:9005"))
+    request = (
+        1,
+        dict(leadership_term_id=2, log_position=C + 320, follower_member_id=0, catchup_endpoint="localhost:9005"),
+    )
     assert publisher.named("catchup_position") == [request]
     sent_at = []
     for now in range(start, start + TIMEOUTS.leader_heartbeat_timeout_ns - MS, MS):
@@ -638,8 +677,9 @@ def test_catchup_requests_start_over_after_a_new_canvass() -> None:
     assert election.state_value == ElectionState.CANVASS
     again = start + TIMEOUTS.leader_heartbeat_timeout_ns + 1
     election.do_work(again)
-    new_leadership_term(election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION,
-                        term=2, base=C, pos=D)
+    new_leadership_term(
+        election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION, term=2, base=C, pos=D
+    )
     election.do_work(again + 1)
     election.do_work(again + 2)
     assert election.state_value == ElectionState.FOLLOWER_CATCHUP_AWAIT
@@ -720,7 +760,8 @@ def test_seed_001_member_0_replicates_two_terms_then_catches_up() -> None:
     to_canvass(election)
     election.do_work(1)
     assert publisher.named("canvass_position")[0][1] == dict(
-        log_leadership_term_id=0, log_position=A, leadership_term_id=0, follower_member_id=0)
+        log_leadership_term_id=0, log_position=A, leadership_term_id=0, follower_member_id=0
+    )
 
     new_leadership_term(election, log_term=0, next_term=1, next_base=B, next_pos=C, term=2, base=C, pos=D)
     assert election.state_value == ElectionState.FOLLOWER_LOG_REPLICATION
@@ -732,7 +773,8 @@ def test_seed_001_member_0_replicates_two_terms_then_catches_up() -> None:
     assert election.state_value == ElectionState.CANVASS
     election.do_work(3)
     assert publisher.named("canvass_position")[0][1] == dict(
-        log_leadership_term_id=0, log_position=B, leadership_term_id=2, follower_member_id=0)
+        log_leadership_term_id=0, log_position=B, leadership_term_id=2, follower_member_id=0
+    )
 
     new_leadership_term(election, log_term=0, next_term=1, next_base=B, next_pos=C, term=2, base=C, pos=6592)
     assert election.state_value == ElectionState.FOLLOWER_LOG_REPLICATION
@@ -745,10 +787,12 @@ def test_seed_001_member_0_replicates_two_terms_then_catches_up() -> None:
     assert election.state_value == ElectionState.CANVASS
     election.do_work(5)
     assert publisher.named("canvass_position")[0][1] == dict(
-        log_leadership_term_id=1, log_position=C, leadership_term_id=2, follower_member_id=0)
+        log_leadership_term_id=1, log_position=C, leadership_term_id=2, follower_member_id=0
+    )
 
-    new_leadership_term(election, log_term=1, next_term=2, next_base=C, next_pos=NULL_POSITION, term=2, base=C,
-                        pos=6656)
+    new_leadership_term(
+        election, log_term=1, next_term=2, next_base=C, next_pos=NULL_POSITION, term=2, base=C, pos=6656
+    )
     assert election.state_value == ElectionState.FOLLOWER_REPLAY
     assert host.named("start_replay") == [("start_replay", 0, C)]
     election.do_work(6)
@@ -778,8 +822,9 @@ def to_follower_log_init(host: FakeHost) -> tuple[Election, FakeHost, RecordingP
     """A follower whose log matches the leader's: FOLLOWER_LOG_INIT at time 1."""
     election, host, publisher = make(host=host)
     to_canvass(election)
-    new_leadership_term(election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1,
-                        base=1024, pos=1024)
+    new_leadership_term(
+        election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1, base=1024, pos=1024
+    )
     election.do_work(1)
     assert election.state_value == ElectionState.FOLLOWER_LOG_INIT
     return election, host, publisher
@@ -789,8 +834,9 @@ def to_follower_catchup_init(host: FakeHost) -> tuple[Election, FakeHost, Record
     """A follower behind in the leader's current term: FOLLOWER_CATCHUP_INIT at time 1."""
     election, host, publisher = make(host=host)
     to_canvass(election)
-    new_leadership_term(election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION,
-                        term=2, base=C, pos=D)
+    new_leadership_term(
+        election, log_term=2, next_term=2, next_base=NULL_POSITION, next_pos=NULL_POSITION, term=2, base=C, pos=D
+    )
     election.do_work(1)
     assert election.state_value == ElectionState.FOLLOWER_CATCHUP_INIT
     return election, host, publisher
@@ -910,7 +956,6 @@ def test_stop_catchup_without_the_live_log_waits_for_it_and_never_completes_with
     election.do_work(52 * MS)
     assert host.completed == (ClusterRole.FOLLOWER, 1, 2)
 
-
     # Refused for the whole heartbeat timeout after the last progress: CANVASS, not ready.
     election, host, publisher = to_follower_catchup(FakeHost([(0, 0), (2, C)], append=C + 320))
     host.live_destination_ok = False
@@ -957,8 +1002,9 @@ def test_leader_answers_a_canvass_about_an_old_term_as_in_seed_001() -> None:
 
 def test_leader_in_election_answers_canvass_with_a_tailored_new_leadership_term() -> None:
     host = FakeHost([(0, 0), (1, B)], append=C)
-    election, host, publisher = make(member_id=1, members=(0, 1, 2), host=host, leadership_term_id=1,
-                                     candidate_term_id=1)
+    election, host, publisher = make(
+        member_id=1, members=(0, 1, 2), host=host, leadership_term_id=1, candidate_term_id=1
+    )
     to_canvass(election)
     election.on_canvass_position(1, C, 1, 0, 0)
     election.on_canvass_position(1, C, 1, 2, 0)
@@ -976,10 +1022,18 @@ def test_leader_in_election_answers_canvass_with_a_tailored_new_leadership_term(
     nlt = publisher.named("new_leadership_term")
     assert len(nlt) == 1 and nlt[0][0] == 0
     fields = nlt[0][1]
-    assert (fields["log_leadership_term_id"], fields["next_leadership_term_id"],
-            fields["next_term_base_log_position"], fields["next_log_position"]) == (0, 1, B, C)
-    assert (fields["leadership_term_id"], fields["term_base_log_position"], fields["log_position"],
-            fields["leader_member_id"]) == (2, C, C, 1)
+    assert (
+        fields["log_leadership_term_id"],
+        fields["next_leadership_term_id"],
+        fields["next_term_base_log_position"],
+        fields["next_log_position"],
+    ) == (0, 1, B, C)
+    assert (
+        fields["leadership_term_id"],
+        fields["term_base_log_position"],
+        fields["log_position"],
+        fields["leader_member_id"],
+    ) == (2, C, C, 1)
 
 
 def test_leader_in_election_steps_down_for_a_newer_leader() -> None:
@@ -1044,25 +1098,46 @@ class Listener:
 def test_publisher_and_adapter_round_trip_every_consensus_message() -> None:
     link = Link()
     publisher = ConsensusPublisher({1: link})
-    assert publisher.canvass_position(1, log_leadership_term_id=0, log_position=A, leadership_term_id=0,
-                                      follower_member_id=0)
+    assert publisher.canvass_position(
+        1, log_leadership_term_id=0, log_position=A, leadership_term_id=0, follower_member_id=0
+    )
     publisher.request_vote(1, log_leadership_term_id=0, log_position=A, candidate_term_id=1, candidate_member_id=0)
-    publisher.place_vote(1, candidate_term_id=1, log_leadership_term_id=0, log_position=A, candidate_member_id=1,
-                         follower_member_id=0, vote=True)
-    publisher.new_leadership_term(1, log_leadership_term_id=0, next_leadership_term_id=1,
-                                  next_term_base_log_position=B, next_log_position=C, leadership_term_id=2,
-                                  term_base_log_position=C, log_position=D, leader_recording_id=0,
-                                  timestamp=1737306989652, leader_member_id=1, log_session_id=1115055142,
-                                  app_version=1, is_startup=False)
+    publisher.place_vote(
+        1,
+        candidate_term_id=1,
+        log_leadership_term_id=0,
+        log_position=A,
+        candidate_member_id=1,
+        follower_member_id=0,
+        vote=True,
+    )
+    publisher.new_leadership_term(
+        1,
+        log_leadership_term_id=0,
+        next_leadership_term_id=1,
+        next_term_base_log_position=B,
+        next_log_position=C,
+        leadership_term_id=2,
+        term_base_log_position=C,
+        log_position=D,
+        leader_recording_id=0,
+        timestamp=1737306989652,
+        leader_member_id=1,
+        log_session_id=1115055142,
+        app_version=1,
+        is_startup=False,
+    )
     publisher.append_position(1, leadership_term_id=2, log_position=5280, follower_member_id=0, flags=1)
     publisher.commit_position(1, leadership_term_id=2, log_position=6880, leader_member_id=1)
-    publisher.catchup_position(1, leadership_term_id=2, log_position=C, follower_member_id=0,
-                               catchup_endpoint="localhost:9005")
+    publisher.catchup_position(
+        1, leadership_term_id=2, log_position=C, follower_member_id=0, catchup_endpoint="localhost:9005"
+    )
     publisher.stop_catchup(1, leadership_term_id=3, follower_member_id=0)
     publisher.termination_position(1, leadership_term_id=2, log_position=D)
     publisher.termination_ack(1, leadership_term_id=2, log_position=D, member_id=0)
-    assert not publisher.canvass_position(5, log_leadership_term_id=0, log_position=0, leadership_term_id=0,
-                                          follower_member_id=0)  # no publication to member 5
+    assert not publisher.canvass_position(
+        5, log_leadership_term_id=0, log_position=0, leadership_term_id=0, follower_member_id=0
+    )  # no publication to member 5
     listener = Listener()
     adapter = ConsensusAdapter(listener)
     for message in link.messages:
@@ -1087,19 +1162,45 @@ def test_adapter_passes_on_the_requests_of_tools_that_are_not_members() -> None:
     other tools' requests on the consensus stream) reach the listener decoded."""
     buffer = bytearray(1024)
     messages = []
-    length = codecs.BackupQueryEncoder.encode(buffer, 0, correlation_id=11, response_stream_id=108, version=65536,
-                                              response_channel="aeron:udp?endpoint=127.0.0.1:9100",
-                                              encoded_credentials=b"user:pw")
+    length = codecs.BackupQueryEncoder.encode(
+        buffer,
+        0,
+        correlation_id=11,
+        response_stream_id=108,
+        version=65536,
+        response_channel="aeron:udp?endpoint=127.0.0.1:9100",
+        encoded_credentials=b"user:pw",
+    )
     messages.append(bytes(buffer[:length]))
-    length = codecs.HeartbeatRequestEncoder.encode(buffer, 0, correlation_id=12, response_stream_id=109,
-                                                   response_channel="aeron:udp?endpoint=127.0.0.1:9101",
-                                                   encoded_credentials=b"")
+    length = codecs.HeartbeatRequestEncoder.encode(
+        buffer,
+        0,
+        correlation_id=12,
+        response_stream_id=109,
+        response_channel="aeron:udp?endpoint=127.0.0.1:9101",
+        encoded_credentials=b"",
+    )
     messages.append(bytes(buffer[:length]))
     length = codecs.StandbySnapshotEncoder.encode(
-        buffer, 0, correlation_id=13, version=65536, response_stream_id=110,
-        snapshots=[dict(recording_id=5, leadership_term_id=2, term_base_log_position=0, log_position=4096,
-                        timestamp=99, service_id=0, archive_endpoint="127.0.0.1:8010")],
-        response_channel="aeron:udp?endpoint=127.0.0.1:9102", encoded_credentials=b"x")
+        buffer,
+        0,
+        correlation_id=13,
+        version=65536,
+        response_stream_id=110,
+        snapshots=[
+            dict(
+                recording_id=5,
+                leadership_term_id=2,
+                term_base_log_position=0,
+                log_position=4096,
+                timestamp=99,
+                service_id=0,
+                archive_endpoint="127.0.0.1:8010",
+            )
+        ],
+        response_channel="aeron:udp?endpoint=127.0.0.1:9102",
+        encoded_credentials=b"x",
+    )
     messages.append(bytes(buffer[:length]))
     listener = Listener()
     adapter = ConsensusAdapter(listener)
@@ -1111,10 +1212,17 @@ def test_adapter_passes_on_the_requests_of_tools_that_are_not_members() -> None:
         ("on_heartbeat_request", (12, 109, "aeron:udp?endpoint=127.0.0.1:9101", b"")),
     ]
     name, (correlation_id, version, stream_id, snapshots, channel, credentials) = listener.calls[2]
-    assert (name, correlation_id, version, stream_id, channel, credentials) == \
-        ("on_standby_snapshot", 13, 65536, 110, "aeron:udp?endpoint=127.0.0.1:9102", b"x")
-    assert [(s.recording_id, s.leadership_term_id, s.log_position, s.service_id, s.archive_endpoint)
-            for s in snapshots] == [(5, 2, 4096, 0, "127.0.0.1:8010")]
+    assert (name, correlation_id, version, stream_id, channel, credentials) == (
+        "on_standby_snapshot",
+        13,
+        65536,
+        110,
+        "aeron:udp?endpoint=127.0.0.1:9102",
+        b"x",
+    )
+    assert [
+        (s.recording_id, s.leadership_term_id, s.log_position, s.service_id, s.archive_endpoint) for s in snapshots
+    ] == [(5, 2, 4096, 0, "127.0.0.1:8010")]
     # A truncated one is an error the adapter counts, not an exception.
     adapter.on_fragment(messages[0][:20], 0, 20)
     assert adapter.errors == 1

@@ -132,8 +132,6 @@ def test_readable_through_another_mapping(tmp_path: Path) -> None:
         with MappedFile.create(path, 4096) as writer_file:
             DistinctErrorLog(writer_file.buffer(), FakeClock(42)).record("written elsewhere")
             with MappedFile.open(path) as reader_file:
-                assert list(read_error_log(reader_file.buffer())) == [
-                    ErrorObservation(1, 42, 42, "written elsewhere")
-                ]
+                assert list(read_error_log(reader_file.buffer())) == [ErrorObservation(1, 42, 42, "written elsewhere")]
     finally:
         path.unlink(missing_ok=True)

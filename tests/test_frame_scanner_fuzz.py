@@ -4,7 +4,6 @@ CodecError), never reads out of bounds, never loops forever."""
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

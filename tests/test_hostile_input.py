@@ -64,7 +64,9 @@ ARCHIVE_CONTROL_STREAM_ID = 10
 # UDP frame layouts (PROTOCOL.md section 2).
 _HEADER = struct.Struct("<iBBh")  # frame length, version, flags, type
 _DATA = struct.Struct("<iBBhiiiiq")  # + term offset, session id, stream id, term id, reserved value
-_SETUP = struct.Struct("<iBBhiiiiiiii")  # + term offset, session, stream, initial term, active term, term length, mtu, ttl
+_SETUP = struct.Struct(
+    "<iBBhiiiiiiii"
+)  # + term offset, session, stream, initial term, active term, term length, mtu, ttl
 _SM = struct.Struct("<iBBhiiiiiq")  # + session, stream, consumption term id, term offset, receiver window, receiver id
 _NAK = struct.Struct("<iBBhiiiii")  # + session, stream, term id, term offset, length
 _RTTM = struct.Struct("<iBBhiiqqq")  # + session, stream, echo timestamp, reception delta, receiver id
@@ -85,8 +87,11 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 def process_ids(cluster: LocalCluster) -> dict[tuple[int, str], int]:
-    return {(member, kind): process.process.pid
-            for member in range(cluster.size) for kind, process in cluster.processes[member].items()}
+    return {
+        (member, kind): process.process.pid
+        for member in range(cluster.size)
+        for kind, process in cluster.processes[member].items()
+    }
 
 
 @dataclass
@@ -122,11 +127,10 @@ class EchoWorkload:
         return sum(1 for t in self.answer_times if t >= moment)
 
     def wait_for_answers(self, count: int, since: float, timeout_s: float) -> None:
-        wait_for(lambda: self.failures or self.answers_since(since) >= count, timeout_s,
-                 f"{count} echo answers")
+        wait_for(lambda: self.failures or self.answers_since(since) >= count, timeout_s, f"{count} echo answers")
         assert not self.failures, self.failures
 
-    def start(self) -> "EchoWorkload":
+    def start(self) -> EchoWorkload:
         self._thread.start()
         return self
 
@@ -243,6 +247,7 @@ def always_bound_ports(cluster: LocalCluster, member: int) -> set[int]:
 def invalid_datagrams(rnd: random.Random) -> list[tuple[str, bytes]]:
     """Datagrams no endpoint of a driver may accept, whatever it receives on:
     each must be counted as an invalid packet."""
+
     def header(frame_length: int, frame_type: int, flags: int = 0, version: int = 0) -> bytes:
         return _HEADER.pack(frame_length, version, flags, frame_type)
 
@@ -259,27 +264,32 @@ def invalid_datagrams(rnd: random.Random) -> list[tuple[str, bytes]]:
         ("truncated SM", header(36, SM) + rnd.randbytes(12)),
         ("truncated NAK", header(28, NAK) + rnd.randbytes(12)),
         ("truncated RTTM", header(40, RTTM) + rnd.randbytes(20)),
-        ("SETUP whose length lies (past the end)",
-         _SETUP.pack(4096, 0, 0, SETUP, 0, 77, LOG_STREAM_ID, 0, 0, 65536, 1408, 0)),
-        ("SETUP whose length lies (short)",
-         _SETUP.pack(12, 0, 0, SETUP, 0, 77, LOG_STREAM_ID, 0, 0, 65536, 1408, 0)),
-        ("SETUP with a negative term length",
-         _SETUP.pack(40, 0, 0, SETUP, 0, 78, LOG_STREAM_ID, 0, 0, -65536, 1408, 0)),
+        (
+            "SETUP whose length lies (past the end)",
+            _SETUP.pack(4096, 0, 0, SETUP, 0, 77, LOG_STREAM_ID, 0, 0, 65536, 1408, 0),
+        ),
+        ("SETUP whose length lies (short)", _SETUP.pack(12, 0, 0, SETUP, 0, 77, LOG_STREAM_ID, 0, 0, 65536, 1408, 0)),
+        (
+            "SETUP with a negative term length",
+            _SETUP.pack(40, 0, 0, SETUP, 0, 78, LOG_STREAM_ID, 0, 0, -65536, 1408, 0),
+        ),
         ("SM whose length lies", _SM.pack(1 << 20, 0, 0, SM, 5, LOG_STREAM_ID, 0, 0, 1 << 20, 9)),
         ("NAK with a negative length", _NAK.pack(28, 0, 0, NAK, 5, LOG_STREAM_ID, 0, 0, -1)),
         ("NAK whose length lies", _NAK.pack(2**31 - 1, 0, 0, NAK, 5, LOG_STREAM_ID, 0, 0, 1408)),
         ("RTTM whose length lies", _RTTM.pack(-40, 0, 0, RTTM, 5, LOG_STREAM_ID, 1, 2, 3)),
         ("DATA of a stream nobody subscribes", _DATA.pack(64, 0, UNFRAGMENTED, DATA, 0, 5, 4242, 0, 0) + bytes(32)),
-        ("SETUP of a stream nobody subscribes",
-         _SETUP.pack(40, 0, 0, SETUP, 0, 5, 4242, 0, 0, 65536, 1408, 0)),
-        ("SM of a publication that does not exist",
-         _SM.pack(36, 0, 0, SM, 0x5EED, 4242, 0, 0, 1 << 16, 9)),
+        ("SETUP of a stream nobody subscribes", _SETUP.pack(40, 0, 0, SETUP, 0, 5, 4242, 0, 0, 65536, 1408, 0)),
+        ("SM of a publication that does not exist", _SM.pack(36, 0, 0, SM, 0x5EED, 4242, 0, 0, 1 << 16, 9)),
         ("NAK of a publication that does not exist", _NAK.pack(28, 0, 0, NAK, 0x5EED, 4242, 0, 0, 1408)),
     ]
 
 
-def send_each_counted(directory: Path, port: int, datagrams: list[tuple[str, bytes]],
-                      counter: SystemCounter = SystemCounter.INVALID_PACKETS) -> None:
+def send_each_counted(
+    directory: Path,
+    port: int,
+    datagrams: list[tuple[str, bytes]],
+    counter: SystemCounter = SystemCounter.INVALID_PACKETS,
+) -> None:
     """Send the datagrams one at a time to ``port`` and wait for the driver to
     count each (one at a time: none is lost to a full socket buffer, and the
     one that was not counted is named)."""
@@ -287,8 +297,11 @@ def send_each_counted(directory: Path, port: int, datagrams: list[tuple[str, byt
         for name, datagram in datagrams:
             before = system_counter(directory, counter)
             attacker.sendto(datagram, ("127.0.0.1", port))
-            wait_for(lambda: system_counter(directory, counter) > before, 10,
-                     f"'{name}' sent to port {port} to be counted in {counter.name}")
+            wait_for(
+                lambda: system_counter(directory, counter) > before,
+                10,
+                f"'{name}' sent to port {port} to be counted in {counter.name}",
+            )
 
 
 def test_garbage_datagrams_on_every_bound_port_are_counted(cluster: LocalCluster) -> None:
@@ -352,9 +365,11 @@ def test_forged_frames_for_the_real_sessions_are_dropped_and_counted(cluster: Lo
         for member in range(cluster.size):
             directory = cluster.driver_dir(member)
             if member != leader:
-                wait_for(lambda: any(i.stream_id == LOG_STREAM_ID
-                                     for i in driver_streams(directory, RECEIVER_HWM_TYPE_ID)),
-                         10, f"follower {member}'s log image")
+                wait_for(
+                    lambda: any(i.stream_id == LOG_STREAM_ID for i in driver_streams(directory, RECEIVER_HWM_TYPE_ID)),
+                    10,
+                    f"follower {member}'s log image",
+                )
             images = driver_streams(directory, RECEIVER_HWM_TYPE_ID)
             publications = driver_streams(directory, SENDER_POSITION_TYPE_ID)
             assert images and publications, (member, images, publications)
@@ -366,8 +381,12 @@ def test_forged_frames_for_the_real_sessions_are_dropped_and_counted(cluster: Lo
                 payload = bytes(range(32))
 
                 def data(term_offset: int, term_id: int) -> bytes:
-                    return _DATA.pack(64, 0, UNFRAGMENTED, DATA, term_offset, image.session_id, image.stream_id,
-                                      int32(term_id), 0) + payload
+                    return (
+                        _DATA.pack(
+                            64, 0, UNFRAGMENTED, DATA, term_offset, image.session_id, image.stream_id, int32(term_id), 0
+                        )
+                        + payload
+                    )
 
                 # A follower's log image is on a multi-destination
                 # subscription (no endpoint in its channel): its destination
@@ -377,35 +396,90 @@ def test_forged_frames_for_the_real_sessions_are_dropped_and_counted(cluster: Lo
                 # frames whose length lies must be refused there, or the
                 # member's log would take garbage.
                 term_id, term_offset = unfilled_position(directory, image, initial_term_id, term_length)
-                send_each_counted(directory, target, [
-                    ("DATA whose length runs past the datagram",
-                     _DATA.pack(1 << 20, 0, UNFRAGMENTED, DATA, term_offset, image.session_id, image.stream_id,
-                                int32(term_id), 0) + payload),
-                    ("DATA with a negative length",
-                     _DATA.pack(-64, 0, UNFRAGMENTED, DATA, term_offset, image.session_id, image.stream_id,
-                                int32(term_id), 0) + payload),
-                    ("DATA shorter than its header",
-                     _DATA.pack(16, 0, UNFRAGMENTED, DATA, term_offset, image.session_id, image.stream_id,
-                                int32(term_id), 0) + payload),
-                ])
-                send_each_counted(directory, target, [
-                    (f"DATA at a negative term offset for {image}", data(-64, initial_term_id)),
-                    ("DATA past the end of the term", data(term_length, initial_term_id)),
-                    ("DATA at a huge term offset", data(2**31 - 64, initial_term_id)),
-                ])
-                send_each_counted(directory, target, [
-                    ("DATA a million terms ahead", data(0, initial_term_id + 1_000_000)),
-                    ("DATA at the last term id", data(0, initial_term_id + 2**31 - 1)),
-                ], SystemCounter.FLOW_CONTROL_OVER_RUNS)
-                send_each_counted(directory, target, [
-                    ("DATA before the initial term", data(0, initial_term_id - 5)),
-                ], SystemCounter.FLOW_CONTROL_UNDER_RUNS)
+                send_each_counted(
+                    directory,
+                    target,
+                    [
+                        (
+                            "DATA whose length runs past the datagram",
+                            _DATA.pack(
+                                1 << 20,
+                                0,
+                                UNFRAGMENTED,
+                                DATA,
+                                term_offset,
+                                image.session_id,
+                                image.stream_id,
+                                int32(term_id),
+                                0,
+                            )
+                            + payload,
+                        ),
+                        (
+                            "DATA with a negative length",
+                            _DATA.pack(
+                                -64,
+                                0,
+                                UNFRAGMENTED,
+                                DATA,
+                                term_offset,
+                                image.session_id,
+                                image.stream_id,
+                                int32(term_id),
+                                0,
+                            )
+                            + payload,
+                        ),
+                        (
+                            "DATA shorter than its header",
+                            _DATA.pack(
+                                16,
+                                0,
+                                UNFRAGMENTED,
+                                DATA,
+                                term_offset,
+                                image.session_id,
+                                image.stream_id,
+                                int32(term_id),
+                                0,
+                            )
+                            + payload,
+                        ),
+                    ],
+                )
+                send_each_counted(
+                    directory,
+                    target,
+                    [
+                        (f"DATA at a negative term offset for {image}", data(-64, initial_term_id)),
+                        ("DATA past the end of the term", data(term_length, initial_term_id)),
+                        ("DATA at a huge term offset", data(2**31 - 64, initial_term_id)),
+                    ],
+                )
+                send_each_counted(
+                    directory,
+                    target,
+                    [
+                        ("DATA a million terms ahead", data(0, initial_term_id + 1_000_000)),
+                        ("DATA at the last term id", data(0, initial_term_id + 2**31 - 1)),
+                    ],
+                    SystemCounter.FLOW_CONTROL_OVER_RUNS,
+                )
+                send_each_counted(
+                    directory,
+                    target,
+                    [
+                        ("DATA before the initial term", data(0, initial_term_id - 5)),
+                    ],
+                    SystemCounter.FLOW_CONTROL_UNDER_RUNS,
+                )
             send_ports = send_control_ports(cluster, member)
             # The consensus publications and the leader's log publication
             # live as long as the term (a catchup publication lingers after
             # its follower caught up, and may have no socket left).
-            for publication in [p for p in publications if p.stream_id == CONSENSUS_STREAM_ID
-                                or "control-mode=manual" in p.channel]:
+            for publication in [
+                p for p in publications if p.stream_id == CONSENSUS_STREAM_ID or "control-mode=manual" in p.channel
+            ]:
                 hit_own_socket = False
                 for port in send_ports:
                     if probe_publication_socket(directory, port, publication):
@@ -419,15 +493,17 @@ def send_control_ports(cluster: LocalCluster, member: int) -> list[int]:
     messages and RTTMs for its publications arrive): every bound UDP port
     that is not a receive endpoint's (those have rcv-local-sockaddr counters)."""
     with CncFile.open(cluster.driver_dir(member)) as cnc:
-        receive_ports = {int(c.label.rpartition(":")[2]) for c in counters_reader(cnc)
-                         if c.type_id == LOCAL_SOCKADDR_TYPE_ID}
+        receive_ports = {
+            int(c.label.rpartition(":")[2]) for c in counters_reader(cnc) if c.type_id == LOCAL_SOCKADDR_TYPE_ID
+        }
     ports = [port for port in driver_udp_ports(cluster, member) if port not in receive_ports]
     assert ports, f"member {member}'s driver has no send socket"
     return ports
 
 
-def send_all_counted(directory: Path, port: int, what: str, datagrams: list[bytes],
-                     expected: dict[SystemCounter, int]) -> None:
+def send_all_counted(
+    directory: Path, port: int, what: str, datagrams: list[bytes], expected: dict[SystemCounter, int]
+) -> None:
     """Send the datagrams to ``port`` and wait until each counter went up by at least its expected amount."""
     before = {counter: system_counter(directory, counter) for counter in expected}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as attacker:
@@ -448,10 +524,20 @@ def probe_publication_socket(directory: Path, port: int, publication: Stream) ->
     invalid = system_counter(directory, SystemCounter.INVALID_PACKETS)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as attacker:
         attacker.sendto(nak, ("127.0.0.1", port))
-    return bool(wait_for(
-        lambda: ("own" if system_counter(directory, SystemCounter.NAK_MESSAGES_RECEIVED) > naks else
-                 "other" if system_counter(directory, SystemCounter.INVALID_PACKETS) > invalid else None),
-        10, f"the probe NAK for {publication} on port {port} to be counted") == "own")
+    return bool(
+        wait_for(
+            lambda: (
+                "own"
+                if system_counter(directory, SystemCounter.NAK_MESSAGES_RECEIVED) > naks
+                else "other"
+                if system_counter(directory, SystemCounter.INVALID_PACKETS) > invalid
+                else None
+            ),
+            10,
+            f"the probe NAK for {publication} on port {port} to be counted",
+        )
+        == "own"
+    )
 
 
 def storm_publication_socket(directory: Path, port: int, publication: Stream) -> None:
@@ -459,35 +545,62 @@ def storm_publication_socket(directory: Path, port: int, publication: Stream) ->
     on its own send socket: each is counted where Aeron counts it, and what
     the sender cannot act on is counted as invalid."""
     session_id, stream_id = publication.session_id, publication.stream_id
-    valid_naks = [_NAK.pack(28, 0, 0, NAK, session_id, stream_id, term_id, offset, length)
-                  for term_id in (0, 1, -1, 2**31 - 1, -(2**31))
-                  for offset, length in ((0, 1408), (4096, 1 << 20), (32, 2**31 - 1))]
-    send_all_counted(directory, port, "a storm of NAKs", valid_naks * 10,
-                     {SystemCounter.NAK_MESSAGES_RECEIVED: len(valid_naks) * 10})
-    naks_outside_the_term = [_NAK.pack(28, 0, 0, NAK, session_id, stream_id, term_id, offset, 64)
-                             for term_id in (0, 2**31 - 1) for offset in (1 << 30, 2**31 - 32)]
-    send_all_counted(directory, port, "NAKs outside the term", naks_outside_the_term * 5,
-                     {SystemCounter.NAK_MESSAGES_RECEIVED: len(naks_outside_the_term) * 5,
-                      SystemCounter.INVALID_PACKETS: len(naks_outside_the_term) * 5})
-    bogus_sms = [_SM.pack(36, 0, flags, SM, session_id, stream_id, term_id, offset, window, receiver_id)
-                 for flags, term_id, offset, window, receiver_id in (
-                     (0, 2**31 - 1, 1 << 30, 2**31 - 1, 0x5EED),
-                     (0, -(2**31), 0, 1 << 16, 0x5EEE),
-                     (0x80, 0, 4096, 0, 0x5EEF))]  # SEND_SETUP
-    send_all_counted(directory, port, "bogus status messages", bogus_sms,
-                     {SystemCounter.STATUS_MESSAGES_RECEIVED: len(bogus_sms)})
+    valid_naks = [
+        _NAK.pack(28, 0, 0, NAK, session_id, stream_id, term_id, offset, length)
+        for term_id in (0, 1, -1, 2**31 - 1, -(2**31))
+        for offset, length in ((0, 1408), (4096, 1 << 20), (32, 2**31 - 1))
+    ]
+    send_all_counted(
+        directory, port, "a storm of NAKs", valid_naks * 10, {SystemCounter.NAK_MESSAGES_RECEIVED: len(valid_naks) * 10}
+    )
+    naks_outside_the_term = [
+        _NAK.pack(28, 0, 0, NAK, session_id, stream_id, term_id, offset, 64)
+        for term_id in (0, 2**31 - 1)
+        for offset in (1 << 30, 2**31 - 32)
+    ]
+    send_all_counted(
+        directory,
+        port,
+        "NAKs outside the term",
+        naks_outside_the_term * 5,
+        {
+            SystemCounter.NAK_MESSAGES_RECEIVED: len(naks_outside_the_term) * 5,
+            SystemCounter.INVALID_PACKETS: len(naks_outside_the_term) * 5,
+        },
+    )
+    bogus_sms = [
+        _SM.pack(36, 0, flags, SM, session_id, stream_id, term_id, offset, window, receiver_id)
+        for flags, term_id, offset, window, receiver_id in (
+            (0, 2**31 - 1, 1 << 30, 2**31 - 1, 0x5EED),
+            (0, -(2**31), 0, 1 << 16, 0x5EEE),
+            (0x80, 0, 4096, 0, 0x5EEF),
+        )
+    ]  # SEND_SETUP
+    send_all_counted(
+        directory, port, "bogus status messages", bogus_sms, {SystemCounter.STATUS_MESSAGES_RECEIVED: len(bogus_sms)}
+    )
     unsolicited_rttm_reply = _RTTM.pack(40, 0, 0x80, RTTM, session_id, stream_id, 2**63 - 1, -1, 7)
-    send_all_counted(directory, port, "an unsolicited RTTM reply", [unsolicited_rttm_reply],
-                     {SystemCounter.INVALID_PACKETS: 1})
+    send_all_counted(
+        directory, port, "an unsolicited RTTM reply", [unsolicited_rttm_reply], {SystemCounter.INVALID_PACKETS: 1}
+    )
 
 
 # ----------------------------------------------------------------------------- forged SETUPs
 
 
-def setup_frame(session_id: int, stream_id: int, *, initial_term_id: int = 1000, active_term_id: int = 1000,
-                term_offset: int = 0, term_length: int = 65536, mtu: int = 1408) -> bytes:
-    return _SETUP.pack(40, 0, 0, SETUP, term_offset, session_id, stream_id, initial_term_id, active_term_id,
-                       term_length, mtu, 0)
+def setup_frame(
+    session_id: int,
+    stream_id: int,
+    *,
+    initial_term_id: int = 1000,
+    active_term_id: int = 1000,
+    term_offset: int = 0,
+    term_length: int = 65536,
+    mtu: int = 1408,
+) -> bytes:
+    return _SETUP.pack(
+        40, 0, 0, SETUP, term_offset, session_id, stream_id, initial_term_id, active_term_id, term_length, mtu, 0
+    )
 
 
 def data_frames(session_id: int, stream_id: int, term_id: int, messages: list[bytes]) -> list[bytes]:
@@ -501,8 +614,9 @@ def data_frames(session_id: int, stream_id: int, term_id: int, messages: list[by
     return frames
 
 
-def connect_as_sender(attacker: socket.socket, port: int, session_id: int, stream_id: int, what: str,
-                      timeout_s: float = 10) -> None:
+def connect_as_sender(
+    attacker: socket.socket, port: int, session_id: int, stream_id: int, what: str, timeout_s: float = 10
+) -> None:
     """Open an image as an Aeron sender does: SETUP, again every 100 ms,
     until the receiver's first status message for the session answers.  The
     driver's image counters appear before its receiver takes data for the
@@ -548,8 +662,12 @@ def module_errors(cluster: LocalCluster, member: int) -> list[str]:
     """The consensus module's distinct errors, as ``cluster-tool errors --dir <node dir>`` reads them."""
     node = cluster_commands.ClusterNode(f"node{member}", cluster.cluster_dir(member))
     document = cluster_commands.cluster_errors_node(node)
-    return [error["text"] for file in document["files"] if file["component"] == "consensus module"
-            for error in file["errors"]]
+    return [
+        error["text"]
+        for file in document["files"]
+        if file["component"] == "consensus module"
+        for error in file["errors"]
+    ]
 
 
 def sbe(block_length: int, template_id: int, schema_id: int = cluster_codecs.SCHEMA_ID, version: int = 1) -> bytes:
@@ -568,10 +686,17 @@ def hostile_cluster_messages(rnd: random.Random) -> list[tuple[str, bytes]]:
         ("truncated CommitPosition", sbe(20, cluster_codecs.CommitPositionDecoder.TEMPLATE_ID) + bytes(6)),
         ("truncated NewLeadershipTerm", sbe(88, cluster_codecs.NewLeadershipTermDecoder.TEMPLATE_ID) + bytes(30)),
         ("block length past the end", sbe(60_000, cluster_codecs.AppendPositionDecoder.TEMPLATE_ID) + bytes(21)),
-        ("truncated SessionConnectRequest", sbe(16, cluster_codecs.SessionConnectRequestEncoder.TEMPLATE_ID) + bytes(9)),
-        ("SessionConnectRequest whose channel length lies",
-         sbe(16, cluster_codecs.SessionConnectRequestEncoder.TEMPLATE_ID) + struct.pack("<qii", 1, 102, 1)
-         + struct.pack("<I", 100_000) + b"aeron:udp"),
+        (
+            "truncated SessionConnectRequest",
+            sbe(16, cluster_codecs.SessionConnectRequestEncoder.TEMPLATE_ID) + bytes(9),
+        ),
+        (
+            "SessionConnectRequest whose channel length lies",
+            sbe(16, cluster_codecs.SessionConnectRequestEncoder.TEMPLATE_ID)
+            + struct.pack("<qii", 1, 102, 1)
+            + struct.pack("<I", 100_000)
+            + b"aeron:udp",
+        ),
     ]
 
 
@@ -596,14 +721,20 @@ def test_forged_setups_get_no_image_where_no_subscription_takes_them(cluster: Lo
                 ("MTU above the term length", setup_frame(0xBAD4, CONSENSUS_STREAM_ID, mtu=1 << 20)),
                 ("unaligned term offset", setup_frame(0xBAD5, CONSENSUS_STREAM_ID, term_offset=33)),
                 ("term offset past the term", setup_frame(0xBAD6, CONSENSUS_STREAM_ID, term_offset=1 << 20)),
-                ("active term before the initial term",
-                 setup_frame(0xBAD7, CONSENSUS_STREAM_ID, initial_term_id=5, active_term_id=4)),
+                (
+                    "active term before the initial term",
+                    setup_frame(0xBAD7, CONSENSUS_STREAM_ID, initial_term_id=5, active_term_id=4),
+                ),
             ]
             send_each_counted(directory, ports.consensus, hostile_setups)
             if member != leader:
-                send_each_counted(directory, ports.log, [
-                    ("a stranger's SETUP on the follower's log", setup_frame(0x5EED, LOG_STREAM_ID)),
-                ])
+                send_each_counted(
+                    directory,
+                    ports.log,
+                    [
+                        ("a stranger's SETUP on the follower's log", setup_frame(0x5EED, LOG_STREAM_ID)),
+                    ],
+                )
             assert image_files(directory) == files_before, "a rejected SETUP left a log buffer behind"
 
             # A stranger's image on the consensus stream: its garbage is
@@ -611,14 +742,24 @@ def test_forged_setups_get_no_image_where_no_subscription_takes_them(cluster: Lo
             stranger = 0x5EED00 + member
             errors_before = cluster_counter(cluster, member, cluster_protocol.CLUSTER_ERROR_COUNT_TYPE_ID)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as attacker:
-                connect_as_sender(attacker, ports.consensus, stranger, CONSENSUS_STREAM_ID,
-                                  f"member {member}'s driver to take the stranger's consensus image")
+                connect_as_sender(
+                    attacker,
+                    ports.consensus,
+                    stranger,
+                    CONSENSUS_STREAM_ID,
+                    f"member {member}'s driver to take the stranger's consensus image",
+                )
                 messages = hostile_cluster_messages(rnd)
                 for frame in data_frames(stranger, CONSENSUS_STREAM_ID, 1000, [m for _, m in messages]):
                     attacker.sendto(frame, ("127.0.0.1", ports.consensus))
-            wait_for(lambda: cluster_counter(cluster, member, cluster_protocol.CLUSTER_ERROR_COUNT_TYPE_ID)
-                     >= errors_before + len(messages), 10,
-                     f"member {member}'s consensus module to count {len(messages)} garbage consensus messages")
+            wait_for(
+                lambda: (
+                    cluster_counter(cluster, member, cluster_protocol.CLUSTER_ERROR_COUNT_TYPE_ID)
+                    >= errors_before + len(messages)
+                ),
+                10,
+                f"member {member}'s consensus module to count {len(messages)} garbage consensus messages",
+            )
             texts = module_errors(cluster, member)
             assert any("consensus stream: unknown consensus template id 999" in t for t in texts), texts
             assert any("consensus stream: consensus fragment of schema 101" in t for t in texts), texts
@@ -628,15 +769,30 @@ def test_forged_setups_get_no_image_where_no_subscription_takes_them(cluster: Lo
             invalid_before = cluster_counter(cluster, member, cluster_protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as attacker:
                 for port, stream_id in ((ports.ingress, INGRESS_STREAM_ID), (ports.archive, ARCHIVE_CONTROL_STREAM_ID)):
-                    connect_as_sender(attacker, port, stranger, stream_id,
-                                      f"member {member}'s driver to take the stranger's image of stream {stream_id}")
+                    connect_as_sender(
+                        attacker,
+                        port,
+                        stranger,
+                        stream_id,
+                        f"member {member}'s driver to take the stranger's image of stream {stream_id}",
+                    )
                     for frame in data_frames(stranger, stream_id, 1000, [sbe(16, 999) + bytes(16)]):
                         attacker.sendto(frame, ("127.0.0.1", port))
-            wait_for(lambda: cluster_counter(cluster, member, cluster_protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID)
-                     > invalid_before, 10, f"member {member}'s consensus module to count the stranger's ingress garbage")
-            wait_for(lambda: any(e["text"].startswith("archive: malformed control request ignored")
-                                 for e in archive_tool.archive_errors_document(cluster.archive_dir(member))["errors"]),
-                     10, f"member {member}'s archive to log the stranger's garbage")
+            wait_for(
+                lambda: (
+                    cluster_counter(cluster, member, cluster_protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID) > invalid_before
+                ),
+                10,
+                f"member {member}'s consensus module to count the stranger's ingress garbage",
+            )
+            wait_for(
+                lambda: any(
+                    e["text"].startswith("archive: malformed control request ignored")
+                    for e in archive_tool.archive_errors_document(cluster.archive_dir(member))["errors"]
+                ),
+                10,
+                f"member {member}'s archive to log the stranger's garbage",
+            )
 
 
 # ----------------------------------------------------------------------------- the to-driver ring buffer
@@ -656,6 +812,7 @@ def test_garbage_commands_on_every_drivers_ring_are_answered_and_logged(cluster:
     (impossible lengths) makes the ring unreadable for everyone.  Lying
     lengths are therefore tested inside the bodies, where the codecs must
     catch them."""
+
     def channel(text: str) -> bytes:
         encoded = text.encode()
         return struct.pack("<i", len(encoded)) + encoded
@@ -669,41 +826,73 @@ def test_garbage_commands_on_every_drivers_ring_are_answered_and_logged(cluster:
             commands: list[tuple[int, bytes, str]] = [
                 (0x77, struct.pack("<qq", client_id, correlation + 1), "unknown command type id 0x77"),
                 (0x7FFFFFFF, b"", "unknown command type id 0x7fffffff"),
-                (driver_codecs.TemplateId.ADD_PUBLICATION, struct.pack("<qh", client_id, 1),
-                 "malformed command 0x1: driver.AddPublication(1).correlationId: truncated root block"),
-                (driver_codecs.TemplateId.ADD_PUBLICATION,
-                 struct.pack("<qqii", client_id, correlation + 2, 10, 10_000) + b"aeron:udp",
-                 "malformed command 0x1: driver.AddPublication(1).channel: length 10000 exceeds the 9 bytes left"),
-                (driver_codecs.TemplateId.ADD_SUBSCRIPTION,
-                 struct.pack("<qqqii", client_id, correlation + 3, -1, 10, -5) + b"aeron:ipc",
-                 "malformed command 0x4: driver.AddSubscription(4).channel: negative length -5"),
-                (driver_codecs.TemplateId.ADD_PUBLICATION,
-                 struct.pack("<qqi", client_id, correlation + 4, 10) + channel("not-a-uri"),
-                 "invalid channel 'not-a-uri'"),
-                (driver_codecs.TemplateId.ADD_PUBLICATION,
-                 struct.pack("<qqi", client_id, correlation + 5, 10) + channel("aeron:udp?endpoint=300.1.1.1:9"),
-                 "invalid channel 'aeron:udp?endpoint=300.1.1.1:9'"),
-                (driver_codecs.TemplateId.ADD_SUBSCRIPTION,
-                 struct.pack("<qqqi", client_id, correlation + 6, -1, 10)
-                 + channel("aeron:udp?endpoint=127.0.0.1:0|control-mode=bogus"),
-                 "invalid channel 'aeron:udp?endpoint=127.0.0.1:0|control-mode=bogus': bad value for 'control-mode'"),
-                (driver_codecs.TemplateId.REMOVE_PUBLICATION, struct.pack("<qqq", client_id, correlation + 7, unknown_id),
-                 f"unknown publication registration id {unknown_id}"),
-                (driver_codecs.TemplateId.REMOVE_SUBSCRIPTION, struct.pack("<qqq", client_id, correlation + 8, unknown_id),
-                 f"unknown subscription registration id {unknown_id}"),
-                (driver_codecs.TemplateId.REMOVE_COUNTER, struct.pack("<qqq", client_id, correlation + 9, unknown_id),
-                 f"unknown counter registration id {unknown_id}"),
-                (driver_codecs.TemplateId.ADD_DESTINATION,
-                 struct.pack("<qqq", client_id, correlation + 10, unknown_id + 1) + channel("aeron:udp?endpoint=127.0.0.1:9"),
-                 f"unknown publication registration id {unknown_id + 1}"),
-                (driver_codecs.TemplateId.CLIENT_CLOSE, struct.pack("<qq", unknown_id, correlation + 11),
-                 f"client close from unknown client {unknown_id}"),
-                (driver_codecs.TemplateId.TERMINATE_DRIVER,
-                 struct.pack("<qqi", client_id, correlation + 12, 4) + b"nope",
-                 f"terminate driver request from client {client_id} refused"),
-                (driver_codecs.TemplateId.ADD_COUNTER,
-                 struct.pack("<qqii", client_id, correlation + 13, 1000, 100_000) + b"k",
-                 "malformed command 0x9: driver.AddCounter(9).key: length 100000 exceeds the 1 bytes left"),
+                (
+                    driver_codecs.TemplateId.ADD_PUBLICATION,
+                    struct.pack("<qh", client_id, 1),
+                    "malformed command 0x1: driver.AddPublication(1).correlationId: truncated root block",
+                ),
+                (
+                    driver_codecs.TemplateId.ADD_PUBLICATION,
+                    struct.pack("<qqii", client_id, correlation + 2, 10, 10_000) + b"aeron:udp",
+                    "malformed command 0x1: driver.AddPublication(1).channel: length 10000 exceeds the 9 bytes left",
+                ),
+                (
+                    driver_codecs.TemplateId.ADD_SUBSCRIPTION,
+                    struct.pack("<qqqii", client_id, correlation + 3, -1, 10, -5) + b"aeron:ipc",
+                    "malformed command 0x4: driver.AddSubscription(4).channel: negative length -5",
+                ),
+                (
+                    driver_codecs.TemplateId.ADD_PUBLICATION,
+                    struct.pack("<qqi", client_id, correlation + 4, 10) + channel("not-a-uri"),
+                    "invalid channel 'not-a-uri'",
+                ),
+                (
+                    driver_codecs.TemplateId.ADD_PUBLICATION,
+                    struct.pack("<qqi", client_id, correlation + 5, 10) + channel("aeron:udp?endpoint=300.1.1.1:9"),
+                    "invalid channel 'aeron:udp?endpoint=300.1.1.1:9'",
+                ),
+                (
+                    driver_codecs.TemplateId.ADD_SUBSCRIPTION,
+                    struct.pack("<qqqi", client_id, correlation + 6, -1, 10)
+                    + channel("aeron:udp?endpoint=127.0.0.1:0|control-mode=bogus"),
+                    "invalid channel 'aeron:udp?endpoint=127.0.0.1:0|control-mode=bogus': bad value for 'control-mode'",
+                ),
+                (
+                    driver_codecs.TemplateId.REMOVE_PUBLICATION,
+                    struct.pack("<qqq", client_id, correlation + 7, unknown_id),
+                    f"unknown publication registration id {unknown_id}",
+                ),
+                (
+                    driver_codecs.TemplateId.REMOVE_SUBSCRIPTION,
+                    struct.pack("<qqq", client_id, correlation + 8, unknown_id),
+                    f"unknown subscription registration id {unknown_id}",
+                ),
+                (
+                    driver_codecs.TemplateId.REMOVE_COUNTER,
+                    struct.pack("<qqq", client_id, correlation + 9, unknown_id),
+                    f"unknown counter registration id {unknown_id}",
+                ),
+                (
+                    driver_codecs.TemplateId.ADD_DESTINATION,
+                    struct.pack("<qqq", client_id, correlation + 10, unknown_id + 1)
+                    + channel("aeron:udp?endpoint=127.0.0.1:9"),
+                    f"unknown publication registration id {unknown_id + 1}",
+                ),
+                (
+                    driver_codecs.TemplateId.CLIENT_CLOSE,
+                    struct.pack("<qq", unknown_id, correlation + 11),
+                    f"client close from unknown client {unknown_id}",
+                ),
+                (
+                    driver_codecs.TemplateId.TERMINATE_DRIVER,
+                    struct.pack("<qqi", client_id, correlation + 12, 4) + b"nope",
+                    f"terminate driver request from client {client_id} refused",
+                ),
+                (
+                    driver_codecs.TemplateId.ADD_COUNTER,
+                    struct.pack("<qqii", client_id, correlation + 13, 1000, 100_000) + b"k",
+                    "malformed command 0x9: driver.AddCounter(9).key: length 100000 exceeds the 1 bytes left",
+                ),
             ]
             with CncFile.open(directory) as cnc:
                 ring = ManyToOneRingBuffer(cnc.to_driver)
@@ -712,8 +901,11 @@ def test_garbage_commands_on_every_drivers_ring_are_answered_and_logged(cluster:
                     before = system_counter(directory, SystemCounter.ERRORS)
                     assert ring.write(type_id, body), "the to-driver ring is full"
                     doorbell.ring()
-                    wait_for(lambda: system_counter(directory, SystemCounter.ERRORS) > before, 10,
-                             f"member {member}'s driver to count the command {type_id:#x} as an error")
+                    wait_for(
+                        lambda: system_counter(directory, SystemCounter.ERRORS) > before,
+                        10,
+                        f"member {member}'s driver to count the command {type_id:#x} as an error",
+                    )
                     texts = driver_errors(directory)
                     assert any(text.startswith(expected_error) for text in texts), (expected_error, texts)
             # The driver still serves its own node's clients: a new one gets a publication.
@@ -741,26 +933,41 @@ def test_garbage_offered_on_ingress_and_consensus_streams_is_rejected(cluster: L
         for member in range(cluster.size):
             ports = cluster.ports[member]
             ingress = aeron.add_publication(f"aeron:udp?endpoint={ports.endpoint('ingress')}", INGRESS_STREAM_ID)
-            consensus = aeron.add_publication(f"aeron:udp?term-length=64k|endpoint={ports.endpoint('consensus')}",
-                                              CONSENSUS_STREAM_ID)
-            wait_for(lambda: ingress.is_connected and consensus.is_connected, 10,
-                     f"publications to member {member}'s ingress and consensus endpoints")
+            consensus = aeron.add_publication(
+                f"aeron:udp?term-length=64k|endpoint={ports.endpoint('consensus')}", CONSENSUS_STREAM_ID
+            )
+            wait_for(
+                lambda: ingress.is_connected and consensus.is_connected,
+                10,
+                f"publications to member {member}'s ingress and consensus endpoints",
+            )
             messages = hostile_cluster_messages(rnd)
             invalid_before = cluster_counter(cluster, member, cluster_protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID)
             errors_before = cluster_counter(cluster, member, cluster_protocol.CLUSTER_ERROR_COUNT_TYPE_ID)
             for publication in (ingress, consensus):
                 for _, message in messages:
                     wait_for(lambda: publication.offer(message) > 0, 10, f"an offer to member {member}")
-            wait_for(lambda: cluster_counter(cluster, member, cluster_protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID)
-                     >= invalid_before + len(messages), 10,
-                     f"member {member}'s consensus module to count {len(messages)} invalid ingress requests")
-            wait_for(lambda: cluster_counter(cluster, member, cluster_protocol.CLUSTER_ERROR_COUNT_TYPE_ID)
-                     >= errors_before + len(messages), 10,
-                     f"member {member}'s consensus module to count {len(messages)} garbage consensus messages")
+            wait_for(
+                lambda: (
+                    cluster_counter(cluster, member, cluster_protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID)
+                    >= invalid_before + len(messages)
+                ),
+                10,
+                f"member {member}'s consensus module to count {len(messages)} invalid ingress requests",
+            )
+            wait_for(
+                lambda: (
+                    cluster_counter(cluster, member, cluster_protocol.CLUSTER_ERROR_COUNT_TYPE_ID)
+                    >= errors_before + len(messages)
+                ),
+                10,
+                f"member {member}'s consensus module to count {len(messages)} garbage consensus messages",
+            )
             texts = module_errors(cluster, member)
             assert any("consensus stream: corrupt consensus message (template 55)" in t for t in texts), texts
-            assert any("consensus stream: consensus fragment of 4 bytes is shorter than a message header" in t
-                       for t in texts), texts
+            assert any(
+                "consensus stream: consensus fragment of 4 bytes is shorter than a message header" in t for t in texts
+            ), texts
             ingress.close()
             consensus.close()
             archive_control_garbage(cluster, aeron, member, rnd)
@@ -775,18 +982,32 @@ def archive_control_garbage(cluster: LocalCluster, aeron: Aeron, member: int, rn
         unknown_session = 0x5EED_0000 + member
         list_recordings = bytearray(64)  # a well-formed request, for a control session that does not exist
         length = archive_codecs.ListRecordingsRequestEncoder.encode(
-            list_recordings, 0, control_session_id=unknown_session, correlation_id=1, from_recording_id=0,
-            record_count=10)
+            list_recordings,
+            0,
+            control_session_id=unknown_session,
+            correlation_id=1,
+            from_recording_id=0,
+            record_count=10,
+        )
         connect = archive_codecs.ConnectRequestEncoder
         messages = [
             (rnd.randbytes(40), "archive: malformed control request ignored"),
-            (sbe(16, cluster_codecs.SessionConnectRequestEncoder.TEMPLATE_ID) + bytes(24),
-             "archive: malformed control request ignored"),
+            (
+                sbe(16, cluster_codecs.SessionConnectRequestEncoder.TEMPLATE_ID) + bytes(24),
+                "archive: malformed control request ignored",
+            ),
             (sbe(8, 999, schema_id=archive_codecs.SCHEMA_ID) + bytes(8), "archive: malformed control request ignored"),
-            (sbe(connect.BLOCK_LENGTH, connect.TEMPLATE_ID, schema_id=archive_codecs.SCHEMA_ID)
-             + struct.pack("<qii", 1, 20, 0) + struct.pack("<I", 1 << 20) + b"aeron:udp",
-             "archive: malformed control request ignored"),
-            (bytes(list_recordings[:length]), f"archive: ListRecordingsRequest for unknown control session {unknown_session}"),
+            (
+                sbe(connect.BLOCK_LENGTH, connect.TEMPLATE_ID, schema_id=archive_codecs.SCHEMA_ID)
+                + struct.pack("<qii", 1, 20, 0)
+                + struct.pack("<I", 1 << 20)
+                + b"aeron:udp",
+                "archive: malformed control request ignored",
+            ),
+            (
+                bytes(list_recordings[:length]),
+                f"archive: ListRecordingsRequest for unknown control session {unknown_session}",
+            ),
         ]
         archive_dir = cluster.archive_dir(member)
 
@@ -797,7 +1018,10 @@ def archive_control_garbage(cluster: LocalCluster, aeron: Aeron, member: int, rn
         for message, expected in messages:
             before = observations(expected)
             wait_for(lambda: control.offer(message) > 0, 10, f"an offer to member {member}'s archive")
-            wait_for(lambda: observations(expected) > before, 10,
-                     f"member {member}'s archive to log '{expected}' for {message[:16]!r}")
+            wait_for(
+                lambda: observations(expected) > before,
+                10,
+                f"member {member}'s archive to log '{expected}' for {message[:16]!r}",
+            )
     finally:
         control.close()

@@ -20,15 +20,32 @@ def get(client: int, key: str, invoke: float, complete: float | None, value: Val
     return Operation(client, "get", key, invoke, complete, outcome, output=value)
 
 
-def put(client: int, key: str, value: Value, invoke: float, complete: float | None, outcome: str = "ok",
-        previous: Value | object = UNRECORDED) -> Operation:
+def put(
+    client: int,
+    key: str,
+    value: Value,
+    invoke: float,
+    complete: float | None,
+    outcome: str = "ok",
+    previous: Value | object = UNRECORDED,
+) -> Operation:
     return Operation(client, "put", key, invoke, complete, outcome, value=value, output=previous)  # type: ignore[arg-type]
 
 
-def cas(client: int, key: str, expected: Value, value: Value, invoke: float, complete: float | None,
-        swapped: bool | None, current: Value | object = UNRECORDED, outcome: str = "ok") -> Operation:
-    return Operation(client, "cas", key, invoke, complete, outcome, value=value, expected=expected,
-                     output=current, swapped=swapped)  # type: ignore[arg-type]
+def cas(
+    client: int,
+    key: str,
+    expected: Value,
+    value: Value,
+    invoke: float,
+    complete: float | None,
+    swapped: bool | None,
+    current: Value | object = UNRECORDED,
+    outcome: str = "ok",
+) -> Operation:
+    return Operation(
+        client, "cas", key, invoke, complete, outcome, value=value, expected=expected, output=current, swapped=swapped
+    )  # type: ignore[arg-type]
 
 
 def assert_witness(result: CheckResult, history: list[Operation]) -> None:
@@ -396,8 +413,20 @@ def simulate(
                 point = invoke + rnd.uniform(0, 80)
             value: Value = next(counter) if unique_values else rnd.randint(1, 3)
             expected: Value = rnd.choice([None, 1, 2, 3]) if not unique_values else None
-            plans.append(Plan(client, rnd.choice(["get", "put", "put", "cas"]), f"k{rnd.randrange(keys)}",
-                              invoke, complete, outcome, point, value, expected, rnd.random()))
+            plans.append(
+                Plan(
+                    client,
+                    rnd.choice(["get", "put", "put", "cas"]),
+                    f"k{rnd.randrange(keys)}",
+                    invoke,
+                    complete,
+                    outcome,
+                    point,
+                    value,
+                    expected,
+                    rnd.random(),
+                )
+            )
     written: dict[str, list[Value]] = {}
     for plan in plans:
         written.setdefault(plan.key, []).append(plan.value)
@@ -424,7 +453,12 @@ def simulate(
                 output = state.get(plan.key)
         ok = plan.outcome == "ok"
         done[id(plan)] = Operation(
-            plan.client, plan.op, plan.key, plan.invoke, plan.complete if ok else None, plan.outcome,
+            plan.client,
+            plan.op,
+            plan.key,
+            plan.invoke,
+            plan.complete if ok else None,
+            plan.outcome,
             value=plan.value if plan.op != "get" else None,
             expected=plan.expected if plan.op == "cas" else None,
             output=output if ok else UNRECORDED,  # type: ignore[arg-type]
@@ -435,12 +469,33 @@ def simulate(
         if id(plan) in done:
             history.append(done[id(plan)])
         elif plan.outcome == "fail":  # never applied; its output is junk, since it is ignored
-            history.append(Operation(plan.client, plan.op, plan.key, plan.invoke, plan.complete, "fail",
-                                     value=plan.value, expected=plan.expected, output="junk",
-                                     swapped=True if plan.op == "cas" else None))
+            history.append(
+                Operation(
+                    plan.client,
+                    plan.op,
+                    plan.key,
+                    plan.invoke,
+                    plan.complete,
+                    "fail",
+                    value=plan.value,
+                    expected=plan.expected,
+                    output="junk",
+                    swapped=True if plan.op == "cas" else None,
+                )
+            )
         else:  # unknown, and lost
-            history.append(Operation(plan.client, plan.op, plan.key, plan.invoke, None, "unknown",
-                                     value=plan.value, expected=plan.expected))
+            history.append(
+                Operation(
+                    plan.client,
+                    plan.op,
+                    plan.key,
+                    plan.invoke,
+                    None,
+                    "unknown",
+                    value=plan.value,
+                    expected=plan.expected,
+                )
+            )
     rnd.shuffle(history)
     return history
 
@@ -503,17 +558,29 @@ def test_mutated_histories_are_not_linearizable(history: list[Operation], rnd: r
         mutated = replace(victim, output="ghost")
     elif how == "none":  # absent, after an effective write completed (no write writes None)
         victims = [
-            op for op in reads
-            if op.op == "get" and any(w.outcome == "ok" and w.key == op.key and (w.op == "put" or w.swapped)
-                                      and w.complete is not None and w.complete < op.invoke for w in history)
+            op
+            for op in reads
+            if op.op == "get"
+            and any(
+                w.outcome == "ok"
+                and w.key == op.key
+                and (w.op == "put" or w.swapped)
+                and w.complete is not None
+                and w.complete < op.invoke
+                for w in history
+            )
         ]
         assume(victims)
         victim = rnd.choice(victims)
         mutated = replace(victim, output=None)
     elif how == "future":  # a value only written by operations invoked after the read completed
         pairs = [
-            (op, w.value) for op in reads for w in history
-            if w.key == op.key and w.op != "get" and w.value is not None
+            (op, w.value)
+            for op in reads
+            for w in history
+            if w.key == op.key
+            and w.op != "get"
+            and w.value is not None
             and all(other.invoke > op.complete for other in writers_of(history, op.key, w.value))  # type: ignore
             and not (op.op == "cas" and w.value == op.expected)
         ]
@@ -552,7 +619,7 @@ def brute_force(history: list[Operation]) -> bool:
 
 def legal(order: tuple[Operation, ...]) -> bool:
     for i, earlier in enumerate(order):
-        for later in order[i + 1:]:
+        for later in order[i + 1 :]:
             if later.outcome == "ok" and later.complete is not None and later.complete < earlier.invoke:
                 return False
     state: Value = None
@@ -586,9 +653,15 @@ def random_operations(draw: st.DrawFn) -> Operation:
     op = draw(st.sampled_from(["get", "put", "cas"]))
     output = draw(small_values) if op == "get" or draw(st.booleans()) else UNRECORDED
     return Operation(
-        client=0, op=op, key=draw(st.sampled_from(["a", "b"])), invoke=invoke,
-        complete=complete if outcome != "unknown" else None, outcome=outcome,
-        value=draw(small_values), expected=draw(small_values), output=output,
+        client=0,
+        op=op,
+        key=draw(st.sampled_from(["a", "b"])),
+        invoke=invoke,
+        complete=complete if outcome != "unknown" else None,
+        outcome=outcome,
+        value=draw(small_values),
+        expected=draw(small_values),
+        output=output,
         swapped=draw(st.booleans()) if op == "cas" else None,
     )
 
@@ -608,8 +681,9 @@ def test_agrees_with_brute_force(history: list[Operation]) -> None:
 @pytest.mark.parametrize("unique_values", [True, False])
 def test_large_single_key_history_is_fast(unique_values: bool) -> None:
     rnd = random.Random(9)
-    history = simulate(rnd, clients=8, per_client=60, keys=1, unique_values=unique_values,
-                       unknown_rate=0.05, fail_rate=0.02)
+    history = simulate(
+        rnd, clients=8, per_client=60, keys=1, unique_values=unique_values, unknown_rate=0.05, fail_rate=0.02
+    )
     started = time.monotonic()
     result = check(history)
     elapsed = time.monotonic() - started
@@ -622,8 +696,18 @@ def test_large_anomalous_history_with_unique_values_fails_fast() -> None:
     """With unique written values and every output recorded (as the service's replies allow),
     unobserved unknown writes are dropped and an anomaly is found quickly."""
     rnd = random.Random(5)
-    history = simulate(rnd, clients=10, per_client=50, keys=1, unique_values=True,
-                       unknown_rate=0.2, fail_rate=0.02, max_gap=5, max_duration=100, always_record=True)
+    history = simulate(
+        rnd,
+        clients=10,
+        per_client=50,
+        keys=1,
+        unique_values=True,
+        unknown_rate=0.2,
+        fail_rate=0.02,
+        max_gap=5,
+        max_duration=100,
+        always_record=True,
+    )
     reads = sorted((op for op in history if op.op == "get" and op.outcome == "ok"), key=lambda op: op.invoke)
     victim = reads[len(reads) // 2]
     ghost = replace(victim, output="ghost")

@@ -22,7 +22,7 @@ def drain(reader: LogReader) -> list[tuple[bytes, int, int]]:
     out: list[tuple[bytes, int, int]] = []
 
     def handler(view: memoryview, offset: int, length: int, header: object) -> None:
-        out.append((bytes(view[offset:offset + length]), header.session_id, header.stream_id))  # type: ignore[attr-defined]
+        out.append((bytes(view[offset : offset + length]), header.session_id, header.stream_id))  # type: ignore[attr-defined]
 
     while reader.poll(handler, 100):
         pass
@@ -40,7 +40,7 @@ def blocks_of(log: LogBuffers, start: int, end: int, block_limit: int) -> list[t
         limit = min(TERM, term_offset + block_limit, term_offset + end - position)
         stop = lib.fulmar_term_block_scan(log.address + partition, term_offset, limit)
         assert stop > term_offset, f"no progress at {position}"
-        blocks.append((position, bytes(log.view[partition + term_offset:partition + stop])))
+        blocks.append((position, bytes(log.view[partition + term_offset : partition + stop])))
         position += stop - term_offset
     return blocks
 
@@ -78,7 +78,7 @@ def test_offer_frames_refuses_blocks_that_do_not_fit(tmp_path):
     writer = ExclusiveLogWriter(source)
     writer.offer(b"x" * 100)
     writer.offer(b"y" * 10)
-    block = bytes(source.view[0:writer.position])
+    block = bytes(source.view[0 : writer.position])
 
     target = LogBuffers.create(tmp_path / "dst", TERM, initial_term_id=3)
     copier = ExclusiveLogWriter(target)

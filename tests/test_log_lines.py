@@ -25,7 +25,8 @@ KV = "fulmar.service.samples:KeyValueService"
 
 
 def test_every_line_of_every_log_is_a_json_object_with_its_process_and_member(
-        start_node: Callable[..., Node], tmp_path: Path) -> None:
+    start_node: Callable[..., Node], tmp_path: Path
+) -> None:
     base = tmp_path / f"json-{uuid.uuid4().hex[:6]}"
     node = start_node("--local", "1", "--dir", str(base), "--service", KV, "--log-format", "json")
     try:
@@ -35,8 +36,12 @@ def test_every_line_of_every_log_is_a_json_object_with_its_process_and_member(
         assert f"consensus module pid {node.children['consensus'].pid} member 0 serving" in node.stdout, node.stdout
         node.process.send_signal(signal.SIGTERM)
         assert node.wait(STOP_S) == 0, node.stdout + node.stderr
-        expected = {"driver.log": "media driver", "archive.log": "archive", "consensus.log": "consensus module",
-                    "service0.log": "service 0"}
+        expected = {
+            "driver.log": "media driver",
+            "archive.log": "archive",
+            "consensus.log": "consensus module",
+            "service0.log": "service 0",
+        }
         assert sorted(path.name for path in logs.glob("*.log")) == sorted(expected)
         for name, process in expected.items():
             lines = (logs / name).read_text().splitlines()
@@ -48,8 +53,9 @@ def test_every_line_of_every_log_is_a_json_object_with_its_process_and_member(
                 assert record["process"] == process and record["level"] in ("info", "error"), record
                 assert isinstance(record["event"], str) and isinstance(record["fields"], dict), record
             header, ready = records[0], records[1]
-            assert header["event"].startswith("started by cluster-node start (pid ") and \
-                header["fields"]["args"][:2] == ["--log-format", "json"], header
+            assert header["event"].startswith("started by cluster-node start (pid ") and header["fields"]["args"][
+                :2
+            ] == ["--log-format", "json"], header
             assert ready["fields"]["pid"] == node.children[name.removesuffix(".log")].pid, ready
         consensus = [json.loads(line)["event"] for line in (logs / "consensus.log").read_text().splitlines()]
         assert any(event.startswith("consensus module stopped: ") for event in consensus), consensus
@@ -69,8 +75,9 @@ def test_the_plain_form_is_unchanged(start_node: Callable[..., Node], tmp_path: 
         node.process.send_signal(signal.SIGTERM)
         assert node.wait(STOP_S) == 0, node.stdout + node.stderr
         lines = (base / "node0" / "logs" / "consensus.log").read_text().splitlines()
-        assert re.match(r"^--- \d{4}-\d\d-\d\d \d\d:\d\d:\d\d cluster-node start \(pid \d+\): consensus --cluster-dir ",
-                        lines[0]), lines[0]
+        assert re.match(
+            r"^--- \d{4}-\d\d-\d\d \d\d:\d\d:\d\d cluster-node start \(pid \d+\): consensus --cluster-dir ", lines[0]
+        ), lines[0]
         assert lines[1].startswith(f"consensus module pid {node.children['consensus'].pid} member 0 serving ")
         stamped = [line for line in lines if re.match(r"^\d\d:\d\d:\d\d\.\d{3} member 0: ", line)]
         assert any(": SIGTERM: stopping in order" in line for line in stamped), lines
@@ -92,7 +99,10 @@ def test_the_writer_makes_one_object_per_line_whatever_the_writes(monkeypatch: p
     writer.finish()
     records = [json.loads(line) for line in target.getvalue().splitlines()]
     assert [(r["event"], r["level"], r["process"], r["member"]) for r in records] == [
-        ("half a line", "info", "archive", 2), ("a failure", "error", "archive", 2), ("the last", "info", "archive", 2)]
+        ("half a line", "info", "archive", 2),
+        ("a failure", "error", "archive", 2),
+        ("the last", "info", "archive", 2),
+    ]
     errors = io.StringIO()
     log_lines.JsonLineWriter(errors, "error", "stderr").write("Traceback (most recent call last):\n")
     record = json.loads(errors.getvalue())

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -43,16 +42,27 @@ COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 SEGMENT = 64 * 1024
 SMALL_LOG_ARGS = ("--log-channel", f"aeron:udp?term-length={SEGMENT // 1024}k")
 CLUSTER_TOOL = [sys.executable, "-m", "fulmar.cli.cluster_tool"]
-COUNTER_REPLAY_ARGS = ("--apply", "fulmar.service.samples:counter_apply", "--initial",
-                       "fulmar.service.samples:counter_initial", "--load-snapshot",
-                       "fulmar.service.samples:counter_snapshot_state", "--resume",
-                       "fulmar.service.samples:counter_resume", "--view", "fulmar.service.samples:counter_view")
+COUNTER_REPLAY_ARGS = (
+    "--apply",
+    "fulmar.service.samples:counter_apply",
+    "--initial",
+    "fulmar.service.samples:counter_initial",
+    "--load-snapshot",
+    "fulmar.service.samples:counter_snapshot_state",
+    "--resume",
+    "fulmar.service.samples:counter_resume",
+    "--view",
+    "fulmar.service.samples:counter_view",
+)
 
 
 def small_log_cluster(*extra_consensus_args: str) -> LocalCluster:
-    return LocalCluster(3, COUNTER_SERVICE, extra_consensus_args=(*FAST_ELECTION_ARGS, *SMALL_LOG_ARGS,
-                                                                   *extra_consensus_args),
-                        extra_archive_args=("--segment-length", f"{SEGMENT // 1024}k"))
+    return LocalCluster(
+        3,
+        COUNTER_SERVICE,
+        extra_consensus_args=(*FAST_ELECTION_ARGS, *SMALL_LOG_ARGS, *extra_consensus_args),
+        extra_archive_args=("--segment-length", f"{SEGMENT // 1024}k"),
+    )
 
 
 def entries(cluster: LocalCluster, member: int) -> list[Entry]:
@@ -90,9 +100,11 @@ def take_snapshot(cluster: LocalCluster) -> int:
     position = max(s.log_position for s in snapshot_sets(entries(cluster, leader), 1))
 
     def everywhere() -> bool:
-        return all(cluster.is_running(m, "consensus") is False or
-                   any(s.log_position == position for s in snapshot_sets(entries(cluster, m), 1))
-                   for m in range(cluster.size))
+        return all(
+            cluster.is_running(m, "consensus") is False
+            or any(s.log_position == position for s in snapshot_sets(entries(cluster, m), 1))
+            for m in range(cluster.size)
+        )
 
     wait_for(everywhere, 30, f"every member to record the snapshot at {position}")
     return position
@@ -108,8 +120,9 @@ def grow(workload: CounterWorkload, cluster: LocalCluster, snapshots: int, acks:
 
 
 def purge(cluster: LocalCluster, keep: int) -> str:
-    result = CliRunner().invoke(cluster_tool.main, ["purge-log", "--dir", str(cluster.base),
-                                                    "--keep-snapshots", str(keep)])
+    result = CliRunner().invoke(
+        cluster_tool.main, ["purge-log", "--dir", str(cluster.base), "--keep-snapshots", str(keep)]
+    )
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -136,19 +149,24 @@ def test_purge_keeps_the_newest_snapshots_and_every_member_recovers_from_them(cl
         first, second, third = grow(workload, cluster, 3, 700)
         assert second >= 2 * SEGMENT, "the log must span the segments the test purges"
         kept_base = second - second % SEGMENT
-        dry = CliRunner().invoke(cluster_tool.main, ["purge-log", "--dir", str(cluster.base), "--keep-snapshots",
-                                                     "2", "--dry-run"])
+        dry = CliRunner().invoke(
+            cluster_tool.main, ["purge-log", "--dir", str(cluster.base), "--keep-snapshots", "2", "--dry-run"]
+        )
         assert dry.exit_code == 0 and "would keep" in dry.output, dry.output
         assert all(log_recording(cluster, m)[1] == 0 for m in range(cluster.size)), "a dry run purged"
-        before = {m: [e for e in entries(cluster, m) if e.is_valid_snapshot and e.log_position == first]
-                  for m in range(cluster.size)}
+        before = {
+            m: [e for e in entries(cluster, m) if e.is_valid_snapshot and e.log_position == first]
+            for m in range(cluster.size)
+        }
         output = purge(cluster, 2)  # under load: the members go on writing
         for member in range(cluster.size):
             assert f"node{member}: kept 2 snapshot set(s)" in output, output
             recording_id, start = log_recording(cluster, member)
             assert start == kept_base, f"member {member}'s log starts at {start}, not {kept_base}: {output}"
-            assert all(segment_base_of_file(name) >= kept_base
-                       for name in list_segment_files(cluster.archive_dir(member), recording_id))
+            assert all(
+                segment_base_of_file(name) >= kept_base
+                for name in list_segment_files(cluster.archive_dir(member), recording_id)
+            )
             old = {e.entry_index for e in before[member]}
             assert len(old) == 2, before[member]
             assert all(not e.is_valid for e in entries(cluster, member) if e.entry_index in old)
@@ -181,16 +199,38 @@ def test_purge_keeps_the_newest_snapshots_and_every_member_recovers_from_them(cl
     # Spark over a purged log: the replay starts from the member's snapshot; the
     # newest snapshot is audited from the one before it; from 0 it is refused.
     archive_dir, cluster_dir = cluster.archive_dir(0), cluster.cluster_dir(0)
-    done = subprocess.run([*CLUSTER_TOOL, "replay", "--archive-dir", str(archive_dir), "--cluster-dir",
-                           str(cluster_dir), "--from-snapshot", *COUNTER_REPLAY_ARGS, "--master", "local[1]", "--json"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            *CLUSTER_TOOL,
+            "replay",
+            "--archive-dir",
+            str(archive_dir),
+            "--cluster-dir",
+            str(cluster_dir),
+            "--from-snapshot",
+            *COUNTER_REPLAY_ARGS,
+            "--master",
+            "local[1]",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout)["state"]["value"] == final, done.stdout
     spark = spark_session("local[1]", "fulmar retention test")
     try:
-        audit = audit_snapshot(spark, archive_dir, cluster_dir, samples.counter_apply, samples.counter_initial(),
-                               samples.counter_snapshot_state, view=samples.counter_view,
-                               resume=samples.counter_resume)
+        audit = audit_snapshot(
+            spark,
+            archive_dir,
+            cluster_dir,
+            samples.counter_apply,
+            samples.counter_initial(),
+            samples.counter_snapshot_state,
+            view=samples.counter_view,
+            resume=samples.counter_resume,
+        )
         assert audit.matches and audit.snapshot.log_position == third and audit.messages > 0, audit.describe()
         with pytest.raises(ReplayError, match=f"starts at position {kept_base}"):
             replay_state(spark, archive_dir, samples.counter_apply, samples.counter_initial())

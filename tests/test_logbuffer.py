@@ -293,10 +293,14 @@ def test_handler_exception_consumes_the_failing_fragment_only(log: LogBuffers) -
     assert [m[0] for m in drain(reader)] == [b"\x02"]
 
 
-@given(term_count=st.integers(0, 2**31 - 1), tail_offset=st.integers(0, TERM + 4096),
-       initial_term_id=st.integers(-(2**31), 2**31 - 1))
-def test_producer_position_is_aeron_formula_from_the_active_tail(tmp_path_factory, term_count: int, tail_offset: int,
-                                                                 initial_term_id: int) -> None:
+@given(
+    term_count=st.integers(0, 2**31 - 1),
+    tail_offset=st.integers(0, TERM + 4096),
+    initial_term_id=st.integers(-(2**31), 2**31 - 1),
+)
+def test_producer_position_is_aeron_formula_from_the_active_tail(
+    tmp_path_factory, term_count: int, tail_offset: int, initial_term_id: int
+) -> None:
     """The native producer position (read by the driver every duty cycle) is the
     active partition's tail: its term's begin position plus its offset, capped
     at the term length (a tail that overshot the end means a full term)."""
@@ -307,8 +311,9 @@ def test_producer_position_is_aeron_formula_from_the_active_tail(tmp_path_factor
     try:
         term_id = to_int32(initial_term_id + term_count)
         buffers.metadata.put_int32_ordered(ACTIVE_TERM_COUNT_OFFSET, term_count)
-        buffers.metadata.put_int64_ordered(TERM_TAIL_COUNTERS_OFFSET + 8 * (term_count % 3),
-                                           pack_tail(term_id, tail_offset))
+        buffers.metadata.put_int64_ordered(
+            TERM_TAIL_COUNTERS_OFFSET + 8 * (term_count % 3), pack_tail(term_id, tail_offset)
+        )
         expected = compute_position(term_id, min(tail_offset, TERM), position_bits_to_shift(TERM), initial_term_id)
         assert buffers.producer_position() == expected
     finally:

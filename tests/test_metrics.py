@@ -65,8 +65,11 @@ def scrape(url: str) -> dict[str, list[Sample]]:
 
 def sample_value(families: dict[str, list[Sample]], name: str, **labels: str) -> float | None:
     """The value of the one sample of ``name`` whose labels include ``labels`` (None if none)."""
-    found = [sample.value for sample in families.get(name, [])
-             if all(sample.labels.get(key) == value for key, value in labels.items())]
+    found = [
+        sample.value
+        for sample in families.get(name, [])
+        if all(sample.labels.get(key) == value for key, value in labels.items())
+    ]
     assert len(found) <= 1, f"{len(found)} samples of {name} with {labels}"
     return found[0] if found else None
 
@@ -77,8 +80,12 @@ class MetricsServe:
     LINE = "/metrics (and /health, /leader) from "
 
     def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "fulmar.cli.cluster_tool", "metrics", "serve", *args],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fulmar.cli.cluster_tool", "metrics", "serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.urls: dict[str, str] = {}
 
     def wait_ready(self, count: int) -> dict[str, str]:
@@ -148,8 +155,12 @@ def test_a_three_member_cluster_scraped_over_http_through_a_leader_failover() ->
             assert json.loads(client.request(json.dumps(request).encode(), timeout_s=10))["ok"]
 
         member_urls = [urls[f"node{member}"] for member in range(3)]
-        wait_for(lambda: all(status == 200 for status, _ in answers(member_urls, "/health")), DEADLINE_S,
-                 f"/health 200 on every member: {answers(member_urls, '/health')}", 0.1)
+        wait_for(
+            lambda: all(status == 200 for status, _ in answers(member_urls, "/health")),
+            DEADLINE_S,
+            f"/health 200 on every member: {answers(member_urls, '/health')}",
+            0.1,
+        )
         leading = [member for member, (status, _) in enumerate(answers(member_urls, "/leader")) if status == 200]
         assert leading == [leader.member], answers(member_urls, "/leader")
         for member, (status, text) in enumerate(answers(member_urls, "/leader")):
@@ -158,8 +169,12 @@ def test_a_three_member_cluster_scraped_over_http_through_a_leader_failover() ->
 
         def commit_positions_agree() -> bool:
             listed = {node["member_id"]: node["commit_position"] for node in list_members(cluster.base)["nodes"]}
-            scraped = {member: sample_value(scrape(member_urls[member]), "fulmar_cluster_commit_position_bytes",
-                                            member_id=str(member)) for member in range(3)}
+            scraped = {
+                member: sample_value(
+                    scrape(member_urls[member]), "fulmar_cluster_commit_position_bytes", member_id=str(member)
+                )
+                for member in range(3)
+            }
             return listed == scraped and all(position is not None and position > 0 for position in scraped.values())
 
         wait_for(commit_positions_agree, DEADLINE_S, "the scraped commit positions to be list-members' ones", 0.1)
@@ -173,16 +188,25 @@ def test_a_three_member_cluster_scraped_over_http_through_a_leader_failover() ->
         recorded = sample_value(families, "fulmar_cluster_log_recorded_position_bytes")
         assert commit is not None and recorded is not None and recorded >= commit > 0
         followers = sorted({member for member in range(3) if member != leader.member})
-        appended = [sample_value(families, "fulmar_cluster_member_append_position_bytes",
-                                 follower_member_id=str(member)) for member in followers]
-        lags = [sample_value(families, "fulmar_cluster_member_lag_bytes", follower_member_id=str(member))
-                for member in followers]
+        appended = [
+            sample_value(families, "fulmar_cluster_member_append_position_bytes", follower_member_id=str(member))
+            for member in followers
+        ]
+        lags = [
+            sample_value(families, "fulmar_cluster_member_lag_bytes", follower_member_id=str(member))
+            for member in followers
+        ]
         assert all(position is not None and position > 0 for position in appended), appended
         assert all(lag is not None and 0 <= lag <= recorded for lag in lags), lags
         # Counters are families without their _total, as the parser names them.
         assert (sample_value(families, "fulmar_cluster_elections", member_id=str(leader.member)) or 0) >= 1
-        assert all(value == 0 for value in (sample_value(families, "fulmar_distinct_errors", process="archive"),
-                                            sample_value(families, "fulmar_cluster_errors", member_id=str(leader.member))))
+        assert all(
+            value == 0
+            for value in (
+                sample_value(families, "fulmar_distinct_errors", process="archive"),
+                sample_value(families, "fulmar_cluster_errors", member_id=str(leader.member)),
+            )
+        )
         # A follower has no append positions of others.
         assert "fulmar_cluster_member_lag_bytes" not in scrape(member_urls[followers[0]])
 
@@ -191,16 +215,24 @@ def test_a_three_member_cluster_scraped_over_http_through_a_leader_failover() ->
         pid = module.process.pid
         cluster.kill_process(leader.member, "consensus")
         old_leader_url = member_urls[leader.member]
-        wait_for(lambda: http_get(old_leader_url + "/health")[0] == 503, DEADLINE_S,
-                 "the killed leader's node to answer /health 503", 0.05)
+        wait_for(
+            lambda: http_get(old_leader_url + "/health")[0] == 503,
+            DEADLINE_S,
+            "the killed leader's node to answer /health 503",
+            0.05,
+        )
         status, text = http_get(old_leader_url + "/health")
         assert status == 503 and f"consensus module: not running (pid {pid} is gone)" in text, text
         assert sample_value(scrape(old_leader_url), "fulmar_process_up", process="consensus module") == 0
         assert http_get(old_leader_url + "/leader")[0] == 503
 
         others = [member_urls[member] for member in followers]
-        wait_for(lambda: sum(status == 200 for status, _ in answers(others, "/leader")) == 1, DEADLINE_S,
-                 f"one of members {followers} to answer /leader 200", 0.1)
+        wait_for(
+            lambda: sum(status == 200 for status, _ in answers(others, "/leader")) == 1,
+            DEADLINE_S,
+            f"one of members {followers} to answer /leader 200",
+            0.1,
+        )
         new_leader = wait_for_leader(cluster, DEADLINE_S, not_member=leader.member)
         status, text = http_get(member_urls[new_leader.member] + "/leader")
         assert status == 200 and text.startswith(f"leader: member {new_leader.member} LEADER"), text
@@ -235,14 +267,29 @@ def consecutive_free_tcp_ports(count: int) -> int:
 
 
 def test_cluster_node_start_serves_each_members_metrics_on_port_plus_member_id(
-        start_node: Callable[..., Node], tmp_path: Path) -> None:
+    start_node: Callable[..., Node], tmp_path: Path
+) -> None:
     base = tmp_path / f"local-{uuid.uuid4().hex[:6]}"
     first = consecutive_free_tcp_ports(3)
-    node = start_node("--local", "3", "--dir", str(base), "--metrics-port", str(first), "--stop-timeout", "20s",
-                      "--consensus-startup-canvass-timeout", "2s", "--consensus-election-timeout", "500ms",
-                      "--consensus-election-status-interval", "50ms")
+    node = start_node(
+        "--local",
+        "3",
+        "--dir",
+        str(base),
+        "--metrics-port",
+        str(first),
+        "--stop-timeout",
+        "20s",
+        "--consensus-startup-canvass-timeout",
+        "2s",
+        "--consensus-election-timeout",
+        "500ms",
+        "--consensus-election-status-interval",
+        "50ms",
+    )
     driver_dirs: list[Path] = []
     try:
+
         def ready() -> bool:
             if node.process.poll() is not None:
                 raise AssertionError(f"exited with {node.process.returncode}:\n{node.stdout}\n{node.stderr}")
@@ -253,8 +300,9 @@ def test_cluster_node_start_serves_each_members_metrics_on_port_plus_member_id(
         node.children.update({f"child {child.pid}": child for child in psutil.Process(node.process.pid).children()})
         urls = [_URL.format(port=first + member) for member in range(3)]
         for member, url in enumerate(urls):
-            assert f"[node {member}] metrics of node {member}: {url}/metrics, {url}/health, {url}/leader" \
-                in node.stdout, node.stdout
+            assert (
+                f"[node {member}] metrics of node {member}: {url}/metrics, {url}/health, {url}/leader" in node.stdout
+            ), node.stdout
             assert f"metrics_port = {first + member}" in (base / f"node{member}" / "node.toml").read_text()
 
         def settled() -> bool:
@@ -265,8 +313,10 @@ def test_cluster_node_start_serves_each_members_metrics_on_port_plus_member_id(
         leader = next(member for member, (status, _) in enumerate(answers(urls, "/leader")) if status == 200)
         families = scrape(urls[leader])
         assert sample_value(families, "fulmar_cluster_role", member_id=str(leader)) == ClusterRole.LEADER
-        assert all(sample_value(families, "fulmar_process_up", process=name) == 1
-                   for name in ("media driver", "archive", "consensus module", "service 0"))
+        assert all(
+            sample_value(families, "fulmar_process_up", process=name) == 1
+            for name in ("media driver", "archive", "consensus module", "service 0")
+        )
         assert (sample_value(families, "fulmar_driver_active_clients") or 0) >= 3
 
         # A member whose process dies is stopped with its metrics: their port is free for its restart.
@@ -315,8 +365,10 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[list[supervisor.NodeConfig
 
 def test_metrics_port_is_a_node_key_and_counts_up_with_local(tmp_path: Path, captured: Any) -> None:
     first = consecutive_free_tcp_ports(3)
-    result = CliRunner().invoke(cluster_node.start, ["--local", "3", "--dir", str(tmp_path / "c"), "--metrics-port",
-                                                     str(first), "--metrics-host", "127.0.0.1"])
+    result = CliRunner().invoke(
+        cluster_node.start,
+        ["--local", "3", "--dir", str(tmp_path / "c"), "--metrics-port", str(first), "--metrics-host", "127.0.0.1"],
+    )
     assert result.exit_code == 0, result.output
     assert [config.metrics_port for config in captured[0]] == [first, first + 1, first + 2]
     toml = (tmp_path / "c" / "node2" / "node.toml").read_text()
@@ -325,23 +377,26 @@ def test_metrics_port_is_a_node_key_and_counts_up_with_local(tmp_path: Path, cap
     config = supervisor.resolve_config(cluster_node._START_OPTIONS, {}, tmp_path / "c" / "node2" / "node.toml")
     assert (config.metrics_port, config.metrics_host) == (first + 2, "127.0.0.1")
 
-    any_port = CliRunner().invoke(cluster_node.start, ["--local", "3", "--dir", str(tmp_path / "d"),
-                                                       "--metrics-port", "0"])
+    any_port = CliRunner().invoke(
+        cluster_node.start, ["--local", "3", "--dir", str(tmp_path / "d"), "--metrics-port", "0"]
+    )
     assert any_port.exit_code == 0, any_port.output
     assert [config.metrics_port for config in captured[1]] == [0, 0, 0]
     none = CliRunner().invoke(cluster_node.start, ["--local", "3", "--dir", str(tmp_path / "e")])
     assert none.exit_code == 0 and [config.metrics_port for config in captured[2]] == [None, None, None]
     assert "metrics_port =" not in (tmp_path / "e" / "node0" / "node.toml").read_text()
 
-    high = CliRunner().invoke(cluster_node.start, ["--local", "3", "--dir", str(tmp_path / "f"), "--metrics-port",
-                                                   "65534"])
+    high = CliRunner().invoke(
+        cluster_node.start, ["--local", "3", "--dir", str(tmp_path / "f"), "--metrics-port", "65534"]
+    )
     assert high.exit_code == supervisor.EXIT_CONFIG and "beyond 65535" in high.output, high.output
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        busy = CliRunner().invoke(cluster_node.start, ["--local", "1", "--dir", str(tmp_path / "g"), "--metrics-port",
-                                                       str(port)])
+        busy = CliRunner().invoke(
+            cluster_node.start, ["--local", "1", "--dir", str(tmp_path / "g"), "--metrics-port", str(port)]
+        )
     assert busy.exit_code == supervisor.EXIT_CONFIG, busy.output
     assert f"[node] metrics_port: TCP port {port} on 127.0.0.1 is in use" in busy.output, busy.output
 
@@ -361,7 +416,8 @@ def driver() -> Iterator[DriverProcess]:
 
 
 def test_every_counter_appears_newest_registration_wins_and_health_names_what_is_missing(
-        driver: DriverProcess, tmp_path: Path) -> None:
+    driver: DriverProcess, tmp_path: Path
+) -> None:
     """A node of which only the driver runs: its counters are served (an
     unknown type as fulmar_counter with its type id and label, a cluster
     counter by its name with the cluster id of its key), two counters of one
@@ -386,11 +442,19 @@ def test_every_counter_appears_newest_registration_wins_and_health_names_what_is
         assert sample_value(families, "fulmar_process_up", process="media driver") == 1
         assert sample_value(families, "fulmar_process_up", process="consensus module") == 0
         assert sample_value(families, "fulmar_driver_active_clients") == 1
-        assert sample_value(families, "fulmar_client_heartbeat_age_seconds", client_id=str(aeron.client_id),
-                            pid=str(os.getpid())) is not None
+        assert (
+            sample_value(
+                families, "fulmar_client_heartbeat_age_seconds", client_id=str(aeron.client_id), pid=str(os.getpid())
+            )
+            is not None
+        )
         newer.close()  # the older one is the series' value again once the newer is freed
-        wait_for(lambda: sample_value(scrape(server.url), "fulmar_cluster_sessions", cluster_id="7") == 1, 10,
-                 "the older counter's value", 0.05)
+        wait_for(
+            lambda: sample_value(scrape(server.url), "fulmar_cluster_sessions", cluster_id="7") == 1,
+            10,
+            "the older counter's value",
+            0.05,
+        )
 
         status, text = http_get(server.url + "/health")
         assert status == 503, text
@@ -403,19 +467,25 @@ def test_every_counter_appears_newest_registration_wins_and_health_names_what_is
         server.close()
 
 
-def test_the_commit_position_unchanged_time_counts_from_the_last_change_seen(driver: DriverProcess,
-                                                                             tmp_path: Path) -> None:
+def test_the_commit_position_unchanged_time_counts_from_the_last_change_seen(
+    driver: DriverProcess, tmp_path: Path
+) -> None:
     now = [100.0]
     node = MetricsNode("node0", tmp_path, None, driver.directory)
     collector = NodeCollector(node, monotonic_s=lambda: now[0])
     aeron = driver.connect()
     try:
-        commit = aeron.add_counter(protocol.COMMIT_POSITION_TYPE_ID, "Cluster commit-pos: - clusterId=0",
-                                   struct.pack("<i", 0))
+        commit = aeron.add_counter(
+            protocol.COMMIT_POSITION_TYPE_ID, "Cluster commit-pos: - clusterId=0", struct.pack("<i", 0)
+        )
 
         def unchanged() -> float:
-            found = [sample.value for family in collector.collect() for sample in family.samples
-                     if sample.name == "fulmar_cluster_commit_position_unchanged_seconds"]
+            found = [
+                sample.value
+                for family in collector.collect()
+                for sample in family.samples
+                if sample.name == "fulmar_cluster_commit_position_unchanged_seconds"
+            ]
             assert len(found) == 1
             return found[0]
 
@@ -435,15 +505,28 @@ def test_the_commit_position_unchanged_time_counts_from_the_last_change_seen(dri
 def test_labels_come_from_each_counters_key_and_label() -> None:
     key = struct.pack("<qii", 46, 971673697, 100)
     assert _stream_labels(key, "sub-pos: 46 971673697 100 aeron-spy:aeron:udp?control-mode=manual @4096") == {
-        "registration_id": "46", "session_id": "971673697", "stream_id": "100",
-        "channel": "aeron-spy:aeron:udp?control-mode=manual"}
-    assert _stream_labels(key, "pub-pos: 46 971673697 100 aeron:ipc?term-length=64k")["channel"] == \
-        "aeron:ipc?term-length=64k"
+        "registration_id": "46",
+        "session_id": "971673697",
+        "stream_id": "100",
+        "channel": "aeron-spy:aeron:udp?control-mode=manual",
+    }
+    assert (
+        _stream_labels(key, "pub-pos: 46 971673697 100 aeron:ipc?term-length=64k")["channel"]
+        == "aeron:ipc?term-length=64k"
+    )
     from fulmar.archive.protocol import recording_position_key, recording_position_label
-    labels = _recording_labels(recording_position_key(3, 55, "127.0.0.1:4000", 9),
-                               recording_position_label(3, 55, 100, "aeron:udp?endpoint=x:1", 9))
-    assert labels == {"recording_id": "3", "session_id": "55", "stream_id": "100", "channel": "aeron:udp?endpoint=x:1",
-                      "archive_id": "9"}
+
+    labels = _recording_labels(
+        recording_position_key(3, 55, "127.0.0.1:4000", 9),
+        recording_position_label(3, 55, 100, "aeron:udp?endpoint=x:1", 9),
+    )
+    assert labels == {
+        "recording_id": "3",
+        "session_id": "55",
+        "stream_id": "100",
+        "channel": "aeron:udp?endpoint=x:1",
+        "archive_id": "9",
+    }
     families = _Families("fulmar_")
     families.add("g", "gauge", "help", {"a": "1"}, 5.0, registration_id=2)
     families.add("g", "gauge", "help", {"a": "1"}, 7.0, registration_id=1)  # older: hidden

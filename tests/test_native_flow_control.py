@@ -533,9 +533,18 @@ def test_retransmission_length_matches_the_model(
 
 @pytest.mark.parametrize(
     ("term_offset", "resend_length", "term_length"),
-    [(-1, 1024, TERM_LENGTH), (TERM_LENGTH + 1, 1024, TERM_LENGTH), (0, -5, TERM_LENGTH), (0, 0, TERM_LENGTH), (0, 64, 0), (0, 64, -TERM_LENGTH)],
+    [
+        (-1, 1024, TERM_LENGTH),
+        (TERM_LENGTH + 1, 1024, TERM_LENGTH),
+        (0, -5, TERM_LENGTH),
+        (0, 0, TERM_LENGTH),
+        (0, 64, 0),
+        (0, 64, -TERM_LENGTH),
+    ],
 )
-def test_retransmission_length_of_nothing_is_zero(native: Any, term_offset: int, resend_length: int, term_length: int) -> None:
+def test_retransmission_length_of_nothing_is_zero(
+    native: Any, term_offset: int, resend_length: int, term_length: int
+) -> None:
     """Where a plain min() of the three bounds would give a negative length, the C says 0: nothing to resend."""
     assert native(MAX).max_retransmission_length(term_offset, resend_length, term_length) == 0
     assert lib.fulmar_fc_calculate_retransmission_length(resend_length, term_length, term_offset, 16) == 0
@@ -553,14 +562,20 @@ def test_retransmission_length_of_nothing_is_zero(native: Any, term_offset: int,
         ("aeron:udp?endpoint=10.0.0.1:40456", UNICAST, lib.FULMAR_FC_UNICAST_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE),
         ("aeron:udp?endpoint=224.0.1.1:40456", MAX, lib.FULMAR_FC_MAX_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE),
         ("aeron:udp?endpoint=[ff02::1]:40456", MAX, lib.FULMAR_FC_MAX_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE),
-        ("aeron:udp?control=10.0.0.1:40457|control-mode=dynamic", MAX, lib.FULMAR_FC_MAX_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE),
+        (
+            "aeron:udp?control=10.0.0.1:40457|control-mode=dynamic",
+            MAX,
+            lib.FULMAR_FC_MAX_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE,
+        ),
         ("aeron:udp?control-mode=manual", MAX, lib.FULMAR_FC_MAX_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE),
         ("aeron:udp?endpoint=224.0.1.1:40456|fc=max", MAX, lib.FULMAR_FC_MAX_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE),
         ("aeron:udp?control-mode=manual|fc=min", MIN, lib.FULMAR_FC_MIN_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE),
         ("aeron:udp?endpoint=224.0.1.1:40456|fc=tagged", TAGGED, lib.FULMAR_FC_MIN_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE),
     ],
 )
-def test_strategy_chosen_for_a_channel_has_aeron_defaults(native: Any, channel: str, expected: int, multiple: int) -> None:
+def test_strategy_chosen_for_a_channel_has_aeron_defaults(
+    native: Any, channel: str, expected: int, multiple: int
+) -> None:
     """The channel is parsed in Python (flow_control_settings); the C strategy built from its choice has Aeron's defaults."""
     fc = native.of(channel)
     assert fc.ptr.strategy == expected
@@ -571,7 +586,9 @@ def test_strategy_chosen_for_a_channel_has_aeron_defaults(native: Any, channel: 
 def test_driver_defaults_and_uri_overrides_carry_over(native: Any) -> None:
     # Aeron's defaults, and the data plane's Python defaults agree with the C's.
     assert (GROUP_TAG_DEFAULT, GROUP_MIN_SIZE_DEFAULT) == (-1, 0)
-    assert FlowControlSettings(TAGGED) == FlowControlSettings(TAGGED, TIMEOUT, GROUP_TAG_DEFAULT, GROUP_MIN_SIZE_DEFAULT)
+    assert FlowControlSettings(TAGGED) == FlowControlSettings(
+        TAGGED, TIMEOUT, GROUP_TAG_DEFAULT, GROUP_MIN_SIZE_DEFAULT
+    )
     mdc = "aeron:udp?control=10.0.0.1:40457|control-mode=dynamic"
     fc = native.of(mdc + "|fc=tagged")
     assert fc.ptr.group_tag == GROUP_TAG_DEFAULT
@@ -721,7 +738,9 @@ def test_min_and_tagged_match_a_model(
 
 @settings(max_examples=150, deadline=None)
 @given(
-    reports=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10 * TERM_LENGTH), st.integers(0, WINDOW)), max_size=40),
+    reports=st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 10 * TERM_LENGTH), st.integers(0, WINDOW)), max_size=40
+    ),
     unicast=st.booleans(),
 )
 def test_max_limit_is_the_furthest_right_edge_reported(reports: list[tuple[int, int, int]], unicast: bool) -> None:

@@ -100,8 +100,17 @@ class NativeImage:
         self.log = log  # the mapping must outlive the state, which points into it
         self.s = ffi.new("fulmar_image_state_t *")
         result = lib.fulmar_image_state_init(
-            self.s, log.address, log.term_length, log.initial_term_id, log.session_id, log.stream_id,
-            active_term_id, term_offset, now_ns, initial_window_length, status_message_timeout_ns,
+            self.s,
+            log.address,
+            log.term_length,
+            log.initial_term_id,
+            log.session_id,
+            log.stream_id,
+            active_term_id,
+            term_offset,
+            now_ns,
+            initial_window_length,
+            status_message_timeout_ns,
             image_liveness_timeout_ns,
         )
         if result != 0:
@@ -111,7 +120,7 @@ class NativeImage:
         self._sm = ffi.new("fulmar_sm_t *")
         self._nak = ffi.new("fulmar_nak_t *")
 
-    def clone(self) -> "NativeImage":
+    def clone(self) -> NativeImage:
         """A copy of the state (over the same log), to try a call on."""
         other = object.__new__(NativeImage)
         other.log = self.log
@@ -124,15 +133,24 @@ class NativeImage:
     def insert_packet(
         self, term_id: int, term_offset: int, datagram: bytes, now_ns: int, record_eos: bool = True
     ) -> PacketVerdict:
-        return VERDICTS[lib.fulmar_image_state_insert_packet(
-            self.s, term_id, term_offset, datagram, len(datagram), now_ns, int(record_eos))]
+        return VERDICTS[
+            lib.fulmar_image_state_insert_packet(
+                self.s, term_id, term_offset, datagram, len(datagram), now_ns, int(record_eos)
+            )
+        ]
 
     def on_data(
-        self, term_id: int, term_offset: int, length: int, now_ns: int, is_heartbeat: bool = False,
+        self,
+        term_id: int,
+        term_offset: int,
+        length: int,
+        now_ns: int,
+        is_heartbeat: bool = False,
         is_eos: bool = False,
     ) -> PacketVerdict:
-        return VERDICTS[lib.fulmar_image_state_on_data(
-            self.s, term_id, term_offset, length, now_ns, int(is_heartbeat), int(is_eos))]
+        return VERDICTS[
+            lib.fulmar_image_state_on_data(self.s, term_id, term_offset, length, now_ns, int(is_heartbeat), int(is_eos))
+        ]
 
     def request_status_message(self) -> None:
         lib.fulmar_image_state_request_status_message(self.s)
@@ -149,7 +167,11 @@ class NativeImage:
             return None
         sm = self._sm
         return StatusMessageToSend(
-            sm.session_id, sm.stream_id, sm.consumption_term_id, sm.consumption_term_offset, sm.receiver_window,
+            sm.session_id,
+            sm.stream_id,
+            sm.consumption_term_id,
+            sm.consumption_term_offset,
+            sm.receiver_window,
             sm.flags,
         )
 
@@ -201,7 +223,11 @@ def heartbeat(position: int, eos: bool = False) -> tuple[int, int, bytes]:
     term_count, term_offset = divmod(position, TERM)
     term_id = to_int32(INITIAL_TERM_ID + term_count)
     flags = 0xC0 | (EOS_FLAG if eos else 0)
-    return term_id, term_offset, DATA_HEADER.pack(0, 0, flags, FrameType.DATA, term_offset, SESSION_ID, STREAM_ID, term_id, 0)
+    return (
+        term_id,
+        term_offset,
+        DATA_HEADER.pack(0, 0, flags, FrameType.DATA, term_offset, SESSION_ID, STREAM_ID, term_id, 0),
+    )
 
 
 def create_log(path: Path, term_length: int = TERM) -> LogBuffers:
@@ -229,8 +255,13 @@ def image(log: LogBuffers) -> NativeImage:
 
 
 def test_constants_are_aerons() -> None:
-    assert {lib.FULMAR_VERDICT_DATA, lib.FULMAR_VERDICT_HEARTBEAT, lib.FULMAR_VERDICT_OVER_RUN,
-            lib.FULMAR_VERDICT_UNDER_RUN, lib.FULMAR_VERDICT_INVALID} == {0, 1, 2, 3, 4}
+    assert {
+        lib.FULMAR_VERDICT_DATA,
+        lib.FULMAR_VERDICT_HEARTBEAT,
+        lib.FULMAR_VERDICT_OVER_RUN,
+        lib.FULMAR_VERDICT_UNDER_RUN,
+        lib.FULMAR_VERDICT_INVALID,
+    } == {0, 1, 2, 3, 4}
     assert INITIAL_WINDOW_LENGTH_DEFAULT == 128 * 1024
     assert STATUS_MESSAGE_TIMEOUT_DEFAULT_NS == 200_000_000
     assert IMAGE_LIVENESS_TIMEOUT_DEFAULT_NS == 10_000_000_000
@@ -252,7 +283,9 @@ def test_the_first_status_message_is_due_at_once_then_every_timeout(image: Nativ
 def test_joining_mid_stream(log: LogBuffers) -> None:
     image = NativeImage(log, INITIAL_TERM_ID + 2, 4096, 50)
     assert image.hwm_position == image.rebuild_position == 2 * TERM + 4096
-    assert image.poll_status_message(50) == StatusMessageToSend(SESSION_ID, STREAM_ID, INITIAL_TERM_ID + 2, 4096, WINDOW, 0)
+    assert image.poll_status_message(50) == StatusMessageToSend(
+        SESSION_ID, STREAM_ID, INITIAL_TERM_ID + 2, 4096, WINDOW, 0
+    )
     state = ffi.new("fulmar_image_state_t *")
     for term_id, offset, code in [
         (INITIAL_TERM_ID, 16, lib.FULMAR_IMAGE_BAD_TERM_OFFSET),
@@ -260,15 +293,41 @@ def test_joining_mid_stream(log: LogBuffers) -> None:
         (INITIAL_TERM_ID, -32, lib.FULMAR_IMAGE_BAD_TERM_OFFSET),
         (INITIAL_TERM_ID - 1, 0, lib.FULMAR_IMAGE_BAD_TERM_ID),
     ]:
-        assert lib.fulmar_image_state_init(
-            state, log.address, TERM, INITIAL_TERM_ID, SESSION_ID, STREAM_ID, term_id, offset, 0,
-            INITIAL_WINDOW_LENGTH_DEFAULT, SM_TIMEOUT_NS, LIVENESS_NS,
-        ) == code
+        assert (
+            lib.fulmar_image_state_init(
+                state,
+                log.address,
+                TERM,
+                INITIAL_TERM_ID,
+                SESSION_ID,
+                STREAM_ID,
+                term_id,
+                offset,
+                0,
+                INITIAL_WINDOW_LENGTH_DEFAULT,
+                SM_TIMEOUT_NS,
+                LIVENESS_NS,
+            )
+            == code
+        )
     for term_length in (0, -TERM, TERM + 32, 32 * 1024, 2**31 - 1):
-        assert lib.fulmar_image_state_init(
-            state, log.address, term_length, INITIAL_TERM_ID, SESSION_ID, STREAM_ID, INITIAL_TERM_ID, 0, 0,
-            INITIAL_WINDOW_LENGTH_DEFAULT, SM_TIMEOUT_NS, LIVENESS_NS,
-        ) == lib.FULMAR_IMAGE_BAD_TERM_LENGTH
+        assert (
+            lib.fulmar_image_state_init(
+                state,
+                log.address,
+                term_length,
+                INITIAL_TERM_ID,
+                SESSION_ID,
+                STREAM_ID,
+                INITIAL_TERM_ID,
+                0,
+                0,
+                INITIAL_WINDOW_LENGTH_DEFAULT,
+                SM_TIMEOUT_NS,
+                LIVENESS_NS,
+            )
+            == lib.FULMAR_IMAGE_BAD_TERM_LENGTH
+        )
 
 
 def test_receiver_window_is_half_a_term_at_most(tmp_path: Path) -> None:
@@ -476,8 +535,9 @@ def test_the_deadline_of_liveness(log: LogBuffers) -> None:
     assert image.next_deadline_ns == 1501
     assert not image.is_timed_out(1500) and image.is_timed_out(1501)
     # Neither due ever: never.
-    image = NativeImage(log, INITIAL_TERM_ID, 0, 0, status_message_timeout_ns=INT64_MAX,
-                        image_liveness_timeout_ns=INT64_MAX)
+    image = NativeImage(
+        log, INITIAL_TERM_ID, 0, 0, status_message_timeout_ns=INT64_MAX, image_liveness_timeout_ns=INT64_MAX
+    )
     image.poll_status_message(0)
     assert image.next_deadline_ns == INT64_MAX
     assert image.poll_status_message(INT64_MAX) is None and not image.is_timed_out(INT64_MAX)
@@ -555,8 +615,15 @@ def test_nothing_is_due_before_the_deadline_and_something_is_at_it(
     tmp_path: Path, steps: list[tuple[str, int, int]], liveness_ns: int, sm_timeout_ns: int
 ) -> None:
     with fresh_logs(tmp_path) as [log]:
-        image = NativeImage(log, INITIAL_TERM_ID, 0, 0, delays=(DELAY_NS, RETRY_NS),
-                            status_message_timeout_ns=sm_timeout_ns, image_liveness_timeout_ns=liveness_ns)
+        image = NativeImage(
+            log,
+            INITIAL_TERM_ID,
+            0,
+            0,
+            delays=(DELAY_NS, RETRY_NS),
+            status_message_timeout_ns=sm_timeout_ns,
+            image_liveness_timeout_ns=liveness_ns,
+        )
         now_ns = 0
         positions = [0]
         for kind, slot, dt in steps:
@@ -583,8 +650,16 @@ def test_nothing_is_due_before_the_deadline_and_something_is_at_it(
 # Hostile input.
 
 
-def frame(term_id: int, term_offset: int, length: int, flags: int = 0xC0, frame_type: int = FrameType.DATA,
-          on_wire: int | None = None, session_id: int = SESSION_ID, stream_id: int = STREAM_ID) -> bytes:
+def frame(
+    term_id: int,
+    term_offset: int,
+    length: int,
+    flags: int = 0xC0,
+    frame_type: int = FrameType.DATA,
+    on_wire: int | None = None,
+    session_id: int = SESSION_ID,
+    stream_id: int = STREAM_ID,
+) -> bytes:
     header = DATA_HEADER.pack(length, 0, flags, frame_type, term_offset, session_id, stream_id, term_id, 0)
     # A frame claiming to be huge is sent cut short (the datagram stays small).
     size = min(max(32, (length + 31) & ~31), 1024) if on_wire is None else on_wire
@@ -630,9 +705,15 @@ def hostile_packets(draw: st.DrawFn, window_start: int) -> tuple[int, int, bytes
         datagram = frame(term_id, term_offset, TERM + 64, on_wire=TERM + draw(st.sampled_from([32, 64, 4096])))
     elif shape == "header":
         datagram = DATA_HEADER.pack(
-            draw(int32), 0, draw(st.integers(0, 255)), draw(st.integers(-(2**15), 2**15 - 1)),
-            draw(st.one_of(st.just(term_offset), int32)), draw(st.sampled_from([SESSION_ID, 0])),
-            STREAM_ID, draw(st.one_of(st.just(term_id), int32)), 0,
+            draw(int32),
+            0,
+            draw(st.integers(0, 255)),
+            draw(st.integers(-(2**15), 2**15 - 1)),
+            draw(st.one_of(st.just(term_offset), int32)),
+            draw(st.sampled_from([SESSION_ID, 0])),
+            STREAM_ID,
+            draw(st.one_of(st.just(term_id), int32)),
+            0,
         ) + draw(st.binary(max_size=64))
     else:
         datagram = b""
@@ -688,10 +769,21 @@ def test_hostile_packets_never_write_outside_their_place(
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(term_id=int32, term_offset=int32, length=int32, is_heartbeat=st.booleans(), is_eos=st.booleans(),
-       positions=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3))
+@given(
+    term_id=int32,
+    term_offset=int32,
+    length=int32,
+    is_heartbeat=st.booleans(),
+    is_eos=st.booleans(),
+    positions=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3),
+)
 def test_absurd_values_neither_crash_nor_overflow(
-    tmp_path: Path, term_id: int, term_offset: int, length: int, is_heartbeat: bool, is_eos: bool,
+    tmp_path: Path,
+    term_id: int,
+    term_offset: int,
+    length: int,
+    is_heartbeat: bool,
+    is_eos: bool,
     positions: list[int],
 ) -> None:
     with fresh_logs(tmp_path) as [log]:
@@ -714,8 +806,26 @@ def test_absurd_values_neither_crash_nor_overflow(
 
 @st.composite
 def operations(draw: st.DrawFn) -> tuple[Any, ...]:
-    kind = draw(st.sampled_from(["data", "data", "data", "heartbeat", "corrupt", "on_data", "rebuild", "cycle",
-                                 "cycle", "sm", "nak", "request", "end_stream", "tick"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "data",
+                "data",
+                "data",
+                "heartbeat",
+                "corrupt",
+                "on_data",
+                "rebuild",
+                "cycle",
+                "cycle",
+                "sm",
+                "nak",
+                "request",
+                "end_stream",
+                "tick",
+            ]
+        )
+    )
     # Mostly within the first window (the join is in it), sometimes anywhere in three terms.
     slots = st.one_of(st.integers(0, TERM // 2 // 32), st.integers(0, TERM // 2 // 32), st.integers(0, 3 * TERM // 32))
     position = draw(slots.map(lambda k: k * 32))
@@ -776,12 +886,22 @@ COUNTER_OF_VERDICT = {
     PacketVerdict.UNDER_RUN: "flow_control_under_runs",
     PacketVerdict.INVALID: "invalid_packets",
 }
-COUNTERS = ("heartbeats_received", "flow_control_over_runs", "flow_control_under_runs", "invalid_packets",
-            "status_messages_sent", "naks_sent")
+COUNTERS = (
+    "heartbeats_received",
+    "flow_control_over_runs",
+    "flow_control_under_runs",
+    "invalid_packets",
+    "status_messages_sent",
+    "naks_sent",
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=st.lists(operations(), min_size=5, max_size=60), join_slot=st.integers(0, 4), window=st.sampled_from([4096, 2**17]))
+@given(
+    ops=st.lists(operations(), min_size=5, max_size=60),
+    join_slot=st.integers(0, 4),
+    window=st.sampled_from([4096, 2**17]),
+)
 def test_the_state_keeps_its_rules_on_any_sequence(
     tmp_path: Path, ops: list[tuple[Any, ...]], join_slot: int, window: int
 ) -> None:
@@ -807,7 +927,9 @@ def test_the_state_keeps_its_rules_on_any_sequence(
             if kind in ("data", "heartbeat", "corrupt", "on_data"):
                 if kind == "on_data":
                     term_count, term_offset = divmod(op[1], TERM)
-                    verdict = image.on_data(to_int32(INITIAL_TERM_ID + term_count), term_offset, op[2], now_ns, op[3], op[4])
+                    verdict = image.on_data(
+                        to_int32(INITIAL_TERM_ID + term_count), term_offset, op[2], now_ns, op[3], op[4]
+                    )
                 else:
                     if kind == "data":
                         packet, record_eos = build_datagram(*op[1:5]), op[5]
@@ -842,7 +964,11 @@ def test_the_state_keeps_its_rules_on_any_sequence(
                 image.is_timed_out(now_ns)
             if sm is not None:
                 expected["status_messages_sent"] += 1
-                assert (sm.session_id, sm.stream_id, sm.receiver_window) == (SESSION_ID, STREAM_ID, min(window, TERM // 2))
+                assert (sm.session_id, sm.stream_id, sm.receiver_window) == (
+                    SESSION_ID,
+                    STREAM_ID,
+                    min(window, TERM // 2),
+                )
                 assert 0 <= sm.consumption_term_offset < TERM
                 # End of stream only once the image has ended, and from the first such SM on, every one.
                 assert sm.flags in (0, SM_END_OF_STREAM_FLAG)
@@ -926,7 +1052,9 @@ def test_a_lossy_reordering_link_delivers_the_whole_stream(tmp_path: Path, log: 
                 eos_seen = eos_seen or bool(message.flags & SM_END_OF_STREAM_FLAG)
             elif isinstance(message, NakToSend):
                 term = terms[to_int32(message.term_id - INITIAL_TERM_ID)]
-                for offset, datagram in sender_datagrams(term, message.term_offset, message.term_offset + message.length):
+                for offset, datagram in sender_datagrams(
+                    term, message.term_offset, message.term_offset + message.length
+                ):
                     to_receiver.send(now_ns, (message.term_id, offset, datagram))
         for _ in range(4):
             term_count, offset = divmod(sender_position, TERM)

@@ -54,24 +54,35 @@ class Detector:
         self._nak = ffi.new("fulmar_nak_t *")
 
     @classmethod
-    def static(cls, log: LogBuffers, delay_ns: int = DELAY_NS, retry_ns: int = RETRY_NS) -> "Detector":
+    def static(cls, log: LogBuffers, delay_ns: int = DELAY_NS, retry_ns: int = RETRY_NS) -> Detector:
         detector = cls(log)
         assert lib.fulmar_loss_detector_init_static(detector.d, delay_ns, retry_ns) == 0
         return detector
 
     @classmethod
-    def multicast(cls, log: LogBuffers, seed: int) -> "Detector":
+    def multicast(cls, log: LogBuffers, seed: int) -> Detector:
         detector = cls(log)
-        assert lib.fulmar_loss_detector_init_multicast(
-            detector.d, NAK_MULTICAST_MAX_BACKOFF_DEFAULT_NS, NAK_MULTICAST_GROUP_SIZE_DEFAULT, seed
-        ) == 0
+        assert (
+            lib.fulmar_loss_detector_init_multicast(
+                detector.d, NAK_MULTICAST_MAX_BACKOFF_DEFAULT_NS, NAK_MULTICAST_GROUP_SIZE_DEFAULT, seed
+            )
+            == 0
+        )
         return detector
 
     def raw_scan(self, rebuild_position: int, hwm_position: int, now_ns: int) -> tuple[int, int]:
         log = self.log
         result = lib.fulmar_loss_detector_scan(
-            self.d, log.address, log.term_length, log.position_bits_to_shift, log.initial_term_id,
-            rebuild_position, hwm_position, now_ns, self._position, self._nak,
+            self.d,
+            log.address,
+            log.term_length,
+            log.position_bits_to_shift,
+            log.initial_term_id,
+            rebuild_position,
+            hwm_position,
+            now_ns,
+            self._position,
+            self._nak,
         )
         return int(result), int(self._position[0])
 
@@ -250,22 +261,38 @@ def test_static_delay_defaults_are_aerons_unicast_delays(tmp_path: Path, log: Lo
     assert NAK_MULTICAST_MAX_BACKOFF_DEFAULT_NS == 10_000_000
     # An image's detector starts with them.
     state = ffi.new("fulmar_image_state_t *")
-    assert lib.fulmar_image_state_init(
-        state, log.address, TERM, INITIAL_TERM_ID, 1, 2, INITIAL_TERM_ID, 0, 0,
-        lib.FULMAR_INITIAL_WINDOW_LENGTH_DEFAULT, lib.FULMAR_STATUS_MESSAGE_TIMEOUT_DEFAULT_NS,
-        lib.FULMAR_IMAGE_LIVENESS_TIMEOUT_DEFAULT_NS,
-    ) == 0
+    assert (
+        lib.fulmar_image_state_init(
+            state,
+            log.address,
+            TERM,
+            INITIAL_TERM_ID,
+            1,
+            2,
+            INITIAL_TERM_ID,
+            0,
+            0,
+            lib.FULMAR_INITIAL_WINDOW_LENGTH_DEFAULT,
+            lib.FULMAR_STATUS_MESSAGE_TIMEOUT_DEFAULT_NS,
+            lib.FULMAR_IMAGE_LIVENESS_TIMEOUT_DEFAULT_NS,
+        )
+        == 0
+    )
     d = ffi.addressof(state[0], "loss_detector")
     assert d.kind == lib.FULMAR_DELAY_STATIC
     assert (lib.fulmar_loss_detector_generate_delay_ns(d), lib.fulmar_loss_detector_retry_delay_ns(d)) == (
-        100_000, 10_000_000)
+        100_000,
+        10_000_000,
+    )
     fresh = ffi.new("fulmar_loss_detector_t *")
     assert lib.fulmar_loss_detector_init_static(fresh, -1, 10_000_000) == lib.FULMAR_IMAGE_BAD_DELAY
     assert lib.fulmar_loss_detector_init_static(fresh, 100_000, -1) == lib.FULMAR_IMAGE_BAD_DELAY
     assert lib.fulmar_image_state_use_static_delays(state, -1, 0) == lib.FULMAR_IMAGE_BAD_DELAY
 
 
-def multicast(max_backoff_ns: int = NAK_MULTICAST_MAX_BACKOFF_DEFAULT_NS, group_size: int = 10, seed: int = 0) -> object:
+def multicast(
+    max_backoff_ns: int = NAK_MULTICAST_MAX_BACKOFF_DEFAULT_NS, group_size: int = 10, seed: int = 0
+) -> object:
     d = ffi.new("fulmar_loss_detector_t *")
     assert lib.fulmar_loss_detector_init_multicast(d, max_backoff_ns, group_size, seed) == 0
     return d
@@ -332,9 +359,7 @@ def test_multicast_delays_follow_the_optimal_feedback_distribution(group_size: i
         return (math.exp(lam * t / backoff) - 1) / (math.exp(lam) - 1)
 
     def distance(lam: float) -> float:
-        return max(
-            max(abs((i + 1) / count - cdf(t, lam)), abs(i / count - cdf(t, lam))) for i, t in enumerate(delays)
-        )
+        return max(max(abs((i + 1) / count - cdf(t, lam)), abs(i / count - cdf(t, lam))) for i, t in enumerate(delays))
 
     assert distance(lam) < 0.015  # about 1.63 / sqrt(20000) is the 1% critical value
     assert distance(lam + 1) > 0.05 and distance(lam - 0.9) > 0.05

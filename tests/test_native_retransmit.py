@@ -8,7 +8,6 @@ strictly after its expiry; a delayed one is resent and lingers).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -79,7 +78,9 @@ class NativeHandler:
             if a.state != INACTIVE
         ]
 
-    def on_nak(self, term_id: int, term_offset: int, length: int, term_length: int, now_ns: int, resends: Resends) -> None:
+    def on_nak(
+        self, term_id: int, term_offset: int, length: int, term_length: int, now_ns: int, resends: Resends
+    ) -> None:
         lib.fulmar_retransmit_on_nak(
             self.ptr, self.fc, term_id, term_offset, length, term_length, now_ns, resends.callback, ffi.NULL
         )
@@ -91,7 +92,9 @@ class NativeHandler:
         return int(lib.fulmar_retransmit_next_deadline_ns(self.ptr))
 
 
-def nak(handler: NativeHandler, resends: Resends, term_offset: int, length: int, now_ns: int, term_id: int = TERM_ID) -> None:
+def nak(
+    handler: NativeHandler, resends: Resends, term_offset: int, length: int, now_ns: int, term_id: int = TERM_ID
+) -> None:
     handler.on_nak(term_id, term_offset, length, TERM_LENGTH, now_ns, resends)
 
 
@@ -237,7 +240,9 @@ def test_max_retransmits_is_configurable_and_bounded() -> None:
     raw = ffi.new("fulmar_retransmit_handler_t *")
     for group in (True, False):
         for bad in (0, -1, 257):
-            assert lib.fulmar_retransmit_init(raw, group, bad, 0, LINGER) == lib.FULMAR_RETRANSMIT_INVALID_MAX_RETRANSMITS
+            assert (
+                lib.fulmar_retransmit_init(raw, group, bad, 0, LINGER) == lib.FULMAR_RETRANSMIT_INVALID_MAX_RETRANSMITS
+            )
     # The whole pool of 256 works.
     handler = NativeHandler(has_group_semantics=True, max_retransmits=256)
     for i in range(257):
@@ -251,7 +256,16 @@ def test_max_retransmits_is_configurable_and_bounded() -> None:
 
 @pytest.mark.parametrize(
     ("term_offset", "length"),
-    [(-32, 64), (TERM_LENGTH - 31, 32), (TERM_LENGTH, 32), (0, 0), (0, -5), (-(2**31), 64), (2**31 - 1, 64), (0, -(2**31))],
+    [
+        (-32, 64),
+        (TERM_LENGTH - 31, 32),
+        (TERM_LENGTH, 32),
+        (0, 0),
+        (0, -5),
+        (-(2**31), 64),
+        (2**31 - 1, 64),
+        (0, -(2**31)),
+    ],
 )
 def test_invalid_naks_are_counted_and_ignored(term_offset: int, length: int) -> None:
     handler = NativeHandler(has_group_semantics=True)
@@ -346,7 +360,9 @@ def test_resend_window_is_below_the_sender_position_and_at_most_half_a_term_and_
     def resendable(position: int) -> bool:
         term_id = position >> bits
         assert -(2**31) <= term_id < 2**31  # keep within what a NAK can name
-        answer = lib.fulmar_retransmit_resend_window_length(term_id, position & (term - 1), 32, sender, initial, bits) > 0
+        answer = (
+            lib.fulmar_retransmit_resend_window_length(term_id, position & (term - 1), 32, sender, initial, bits) > 0
+        )
         assert answer == (bottom <= position < sender)
         return bool(answer)
 
@@ -477,7 +493,12 @@ def test_expiries_past_int64_max_never_come() -> None:
     group=st.booleans(),
     delay_ns=st.sampled_from([0, 2 * MS]),
     events=st.lists(
-        st.tuples(st.integers(0, 1), st.integers(-64, TERM_LENGTH // 32).map(lambda n: n * 32), st.integers(-1, 4096), st.integers(0, 6 * MS)),
+        st.tuples(
+            st.integers(0, 1),
+            st.integers(-64, TERM_LENGTH // 32).map(lambda n: n * 32),
+            st.integers(-1, 4096),
+            st.integers(0, 6 * MS),
+        ),
         max_size=80,
     ),
 )
@@ -546,7 +567,9 @@ def test_timeouts_follow_a_model_and_the_deadline_is_exact(
     lingers for the linger; a lingering one is freed), next_deadline_ns just
     after the earliest expiry and exact, a NAK resends at most once and only
     with no delay, and the pool never holds more than it may."""
-    handler = NativeHandler(has_group_semantics=group, max_retransmits=max_retransmits, delay_ns=delay_ns, linger_ns=linger_ns)
+    handler = NativeHandler(
+        has_group_semantics=group, max_retransmits=max_retransmits, delay_ns=delay_ns, linger_ns=linger_ns
+    )
     pool = max_retransmits if group else 1
     resends = Resends()
 

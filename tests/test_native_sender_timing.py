@@ -40,7 +40,12 @@ class NativeTiming:
     ) -> None:
         self.ptr = ffi.new("fulmar_sender_timing_t *")
         rc = lib.fulmar_sender_timing_init(
-            self.ptr, now_ns, connection_timeout_ns, setup_timeout_ns, heartbeat_timeout_ns, initial_setup_interval_ns or 0
+            self.ptr,
+            now_ns,
+            connection_timeout_ns,
+            setup_timeout_ns,
+            heartbeat_timeout_ns,
+            initial_setup_interval_ns or 0,
         )
         assert rc == 0
 
@@ -293,7 +298,12 @@ def test_an_initial_interval_longer_than_the_setup_timeout_is_cut_to_it(new: Any
 
 def test_init_refuses_negative_timeouts_and_null() -> None:
     timing = ffi.new("fulmar_sender_timing_t *")
-    for bad in ((-1, SETUP, HEARTBEAT, 0), (CONNECTION, -1, HEARTBEAT, 0), (CONNECTION, SETUP, -1, 0), (CONNECTION, SETUP, HEARTBEAT, -1)):
+    for bad in (
+        (-1, SETUP, HEARTBEAT, 0),
+        (CONNECTION, -1, HEARTBEAT, 0),
+        (CONNECTION, SETUP, -1, 0),
+        (CONNECTION, SETUP, HEARTBEAT, -1),
+    ):
         assert lib.fulmar_sender_timing_init(timing, T0, *bad) == lib.FULMAR_SENDER_TIMING_INVALID_TIMEOUT
         assert timing.receivers == ffi.NULL
         lib.fulmar_sender_timing_close(timing)
@@ -404,7 +414,9 @@ def test_next_deadline_with_nothing_to_wait_for_is_int64_max(new: Any) -> None:
 
 _timing_calls = st.lists(
     st.tuples(
-        st.sampled_from(["sm", "eos", "trigger", "trigger_eos", "error", "setup", "heartbeat", "data", "idle", "deadline"]),
+        st.sampled_from(
+            ["sm", "eos", "trigger", "trigger_eos", "error", "setup", "heartbeat", "data", "idle", "deadline"]
+        ),
         st.integers(0, 3),
         st.integers(0, 3 * SETUP),
     ),

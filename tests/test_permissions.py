@@ -75,25 +75,33 @@ def test_make_directory_creates_missing_parents_owner_only(tmp_path: Path) -> No
     assert FILE_MODE == 0o600
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="needs root and setpriv to run a process as another user")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to run a process as another user",
+)
 def test_another_user_cannot_attach_to_the_driver() -> None:
     with LocalCluster(3, ECHO) as cluster:
         cluster.start()
         wait_for_leader(cluster, 30)
         cnc = cluster.driver_dir(0) / "cnc.dat"
-        probe = ("import sys\n"
-                 "from fulmar.aeron import Aeron\n"
-                 "try:\n"
-                 f"    Aeron.connect({str(cluster.driver_dir(0))!r}, driver_timeout_ms=2000)\n"
-                 "except Exception as error:\n"
-                 "    print(type(error).__name__, error)\n"
-                 "    sys.exit(3)\n"
-                 f"open({str(cnc)!r}, 'rb').read(8)\n"
-                 "sys.exit(0)\n")
+        probe = (
+            "import sys\n"
+            "from fulmar.aeron import Aeron\n"
+            "try:\n"
+            f"    Aeron.connect({str(cluster.driver_dir(0))!r}, driver_timeout_ms=2000)\n"
+            "except Exception as error:\n"
+            "    print(type(error).__name__, error)\n"
+            "    sys.exit(3)\n"
+            f"open({str(cnc)!r}, 'rb').read(8)\n"
+            "sys.exit(0)\n"
+        )
         result = subprocess.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", probe],
-            capture_output=True, text=True, timeout=60, cwd="/")
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
         assert result.returncode == 3, (result.returncode, result.stdout, result.stderr)
         assert "Permission denied" in result.stdout or "PermissionError" in result.stdout, result.stdout
 
@@ -115,7 +123,8 @@ def _not_group_shared(root: Path, gid: int) -> list[str]:
 
 
 def test_a_file_group_gives_new_files_and_directories_to_the_group_past_the_umask(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gid = os.getgid()  # a group this user may give files to, root or not
     monkeypatch.setenv(FILE_GROUP_ENV, grp.getgrgid(gid).gr_name)
     old = os.umask(0o077)  # the strictest umask: the group's access must survive it
@@ -131,8 +140,10 @@ def test_a_file_group_gives_new_files_and_directories_to_the_group_past_the_umas
 def test_an_unknown_file_group_is_a_clear_error_at_start(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "fulmar.cli.cluster_node"]
     directory = str(tmp_path / "driver")
-    for args, env in (([*command, "--file-group", "no-such-group-f7", "driver", "--dir", directory], {}),
-                      ([*command, "driver", "--dir", directory], {FILE_GROUP_ENV: "no-such-group-f7"})):
+    for args, env in (
+        ([*command, "--file-group", "no-such-group-f7", "driver", "--dir", directory], {}),
+        ([*command, "driver", "--dir", directory], {FILE_GROUP_ENV: "no-such-group-f7"}),
+    ):
         result = subprocess.run(args, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
         assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
         assert "file group 'no-such-group-f7' does not exist on this machine" in result.stderr, result.stderr
@@ -148,23 +159,26 @@ def _as_user(user: str) -> list[str]:
 
 def _attach_and_request(cluster: LocalCluster, user: str) -> subprocess.CompletedProcess[str]:
     """As ``user``, attach a client to member 0's driver and send one request through it."""
-    probe = ("import sys\n"
-             "from fulmar.aeron import Aeron\n"
-             "from fulmar.consensus.client import ClusterClient\n"
-             "try:\n"
-             f"    aeron = Aeron.connect({str(cluster.driver_dir(0))!r}, driver_timeout_ms=2000)\n"
-             "except Exception as error:\n"
-             "    print(type(error).__name__, error)\n"
-             "    sys.exit(3)\n"
-             f"client = ClusterClient.connect(aeron, 'aeron:udp', {cluster.ingress_endpoints!r},\n"
-             "                               egress_channel='aeron:udp?endpoint=127.0.0.1:0',\n"
-             "                               message_timeout_ns=20_000_000_000)\n"
-             "assert client.request(b'from the group', 20) == b'from the group'\n"
-             "client.close()\n"
-             "aeron.close()\n"
-             "sys.exit(0)\n")
-    return subprocess.run([*_as_user(user), sys.executable, "-c", probe],
-                          capture_output=True, text=True, timeout=120, cwd="/")
+    probe = (
+        "import sys\n"
+        "from fulmar.aeron import Aeron\n"
+        "from fulmar.consensus.client import ClusterClient\n"
+        "try:\n"
+        f"    aeron = Aeron.connect({str(cluster.driver_dir(0))!r}, driver_timeout_ms=2000)\n"
+        "except Exception as error:\n"
+        "    print(type(error).__name__, error)\n"
+        "    sys.exit(3)\n"
+        f"client = ClusterClient.connect(aeron, 'aeron:udp', {cluster.ingress_endpoints!r},\n"
+        "                               egress_channel='aeron:udp?endpoint=127.0.0.1:0',\n"
+        "                               message_timeout_ns=20_000_000_000)\n"
+        "assert client.request(b'from the group', 20) == b'from the group'\n"
+        "client.close()\n"
+        "aeron.close()\n"
+        "sys.exit(0)\n"
+    )
+    return subprocess.run(
+        [*_as_user(user), sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd="/"
+    )
 
 
 @pytest.fixture
@@ -187,10 +201,13 @@ def group_and_users() -> Iterator[tuple[str, str, str]]:
         subprocess.run(["groupdel", group], check=False, timeout=30)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("setpriv", "groupadd", "useradd")),
-                    reason="needs root, setpriv, groupadd and useradd to create a group and users to run as")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("setpriv", "groupadd", "useradd")),
+    reason="needs root, setpriv, groupadd and useradd to create a group and users to run as",
+)
 def test_with_a_file_group_its_members_attach_to_the_driver_and_others_still_cannot(
-        group_and_users: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    group_and_users: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     group, member, outsider = group_and_users
     gid = grp.getgrnam(group).gr_gid
     monkeypatch.setenv(FILE_GROUP_ENV, group)  # the node's processes inherit it
@@ -198,8 +215,11 @@ def test_with_a_file_group_its_members_attach_to_the_driver_and_others_still_can
         # The test's own temporary directories above the nodes' are root's
         # 0700: let anyone through them (not list them), so that what is
         # checked is the nodes' own directories.
-        for above in {cluster.base, *(cluster.member_dir(m) for m in range(3)),
-                      *(cluster.driver_dir(m).parent for m in range(3))}:
+        for above in {
+            cluster.base,
+            *(cluster.member_dir(m) for m in range(3)),
+            *(cluster.driver_dir(m).parent for m in range(3)),
+        }:
             os.chmod(above, 0o711)
         serve_until_every_file_exists(cluster)
         for m in range(3):
@@ -211,8 +231,13 @@ def test_with_a_file_group_its_members_attach_to_the_driver_and_others_still_can
         assert inside.returncode == 0, (inside.returncode, inside.stdout, inside.stderr)
         # The archive's files are readable by the group.
         segment = next(cluster.archive_dir(0).glob("*.rec"))
-        read = subprocess.run([*_as_user(member), sys.executable, "-c", f"open({str(segment)!r}, 'rb').read(64)"],
-                              capture_output=True, text=True, timeout=60, cwd="/")
+        read = subprocess.run(
+            [*_as_user(member), sys.executable, "-c", f"open({str(segment)!r}, 'rb').read(64)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
         assert read.returncode == 0, read.stderr
 
         outside = _attach_and_request(cluster, outsider)

@@ -50,8 +50,9 @@ def sleeping(values: AtomicBuffer, ids: list[int]) -> dict[int, int]:
 
 
 def woken(values: AtomicBuffer, tokens: dict[int, int]) -> set[int]:
-    return {doorbell_id for doorbell_id, token in tokens.items()
-            if client_doorbell(values, doorbell_id).sequence != token}
+    return {
+        doorbell_id for doorbell_id, token in tokens.items() if client_doorbell(values, doorbell_id).sequence != token
+    }
 
 
 def new_log(tmp_path: Path) -> LogBuffers:
@@ -182,8 +183,11 @@ def free_udp_port() -> int:
 
 
 def wait_for_table(log: LogBuffers, expected: list[int]) -> None:
-    wait_for(lambda: sorted(log_readers_in_table(log)[0]) == sorted(expected), 10,
-             f"the driver to name {expected} in the log's reader table")
+    wait_for(
+        lambda: sorted(log_readers_in_table(log)[0]) == sorted(expected),
+        10,
+        f"the driver to name {expected} in the log's reader table",
+    )
 
 
 def offer(publication: object, payload: bytes) -> None:
@@ -194,8 +198,11 @@ def offer(publication: object, payload: bytes) -> None:
 
 def test_a_publication_wakes_its_subscribers_clients_only(start_driver) -> None:
     driver = start_driver()
-    with Aeron.connect(driver.directory) as reader, Aeron.connect(driver.directory) as bystander, \
-            Aeron.connect(driver.directory) as writer:
+    with (
+        Aeron.connect(driver.directory) as reader,
+        Aeron.connect(driver.directory) as bystander,
+        Aeron.connect(driver.directory) as writer,
+    ):
         for client in (reader, bystander, writer):
             doorbell_id = client.conductor.doorbell_id
             assert doorbell_id is not None
@@ -219,8 +226,11 @@ def test_a_publication_wakes_its_subscribers_clients_only(start_driver) -> None:
 def test_udp_data_wakes_the_images_subscribers_only(start_driver) -> None:
     driver = start_driver()
     channel, elsewhere = (f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}" for _ in range(2))
-    with Aeron.connect(driver.directory) as reader, Aeron.connect(driver.directory) as bystander, \
-            Aeron.connect(driver.directory) as writer:
+    with (
+        Aeron.connect(driver.directory) as reader,
+        Aeron.connect(driver.directory) as bystander,
+        Aeron.connect(driver.directory) as writer,
+    ):
         subscription = reader.add_subscription(channel, 21)
         bystander.add_subscription(elsewhere, 22)
         publication = writer.add_publication(channel, 21)
@@ -256,15 +266,20 @@ def test_a_subscription_with_wake_on_data_false_is_read_but_not_rung(start_drive
     for a UDP image, and still reads everything; the other reader is rung."""
     driver = start_driver()
     udp = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
-    with Aeron.connect(driver.directory) as rung, Aeron.connect(driver.directory) as quiet, \
-            Aeron.connect(driver.directory) as writer:
+    with (
+        Aeron.connect(driver.directory) as rung,
+        Aeron.connect(driver.directory) as quiet,
+        Aeron.connect(driver.directory) as writer,
+    ):
         for channel, stream_id in (("aeron:ipc", 41), (udp, 42)):
             woken = rung.add_subscription(channel, stream_id)
-            not_woken = quiet.add_subscription(f"{channel}{'|' if '?' in channel else '?'}wake-on-data=false",
-                                               stream_id)
+            not_woken = quiet.add_subscription(
+                f"{channel}{'|' if '?' in channel else '?'}wake-on-data=false", stream_id
+            )
             publication = writer.add_publication(channel, stream_id)
-            wait_for(lambda: woken.images and not_woken.images and publication.is_connected, 10,
-                     f"the images of {channel}")
+            wait_for(
+                lambda: woken.images and not_woken.images and publication.is_connected, 10, f"the images of {channel}"
+            )
             # One log for both over IPC; over UDP the image's log is shared in the driver.
             wait_for_table(woken.images[0].log, [rung.conductor.doorbell_id])
             rung_doorbell, quiet_doorbell = rung.conductor.data_doorbell, quiet.conductor.data_doorbell
@@ -273,8 +288,11 @@ def test_a_subscription_with_wake_on_data_false_is_read_but_not_rung(start_drive
                 offer(publication, b"ping")
                 wait_for(lambda: rung_doorbell.sequence != rung_token, 10, "the woken reader's doorbell to ring")
                 got: list[bytes] = []
-                wait_for(lambda: not_woken.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 10) >= 0
-                         and got, 10, f"the quiet reader to read the message of {channel}")
+                wait_for(
+                    lambda: not_woken.poll(lambda b, o, n, h: got.append(bytes(b[o : o + n])), 10) >= 0 and got,
+                    10,
+                    f"the quiet reader to read the message of {channel}",
+                )
                 assert got == [b"ping"]
                 assert quiet_doorbell.sequence == quiet_token, f"{channel}: the quiet reader was rung"
             finally:
@@ -316,6 +334,12 @@ def test_a_deferring_publication_rings_its_readers_once_when_told(start_driver) 
             finally:
                 doorbell.cancel()
         received: list[bytes] = []
-        wait_for(lambda: subscription.poll(lambda b, o, n, h: received.append(bytes(b[o:o + n])), 10) >= 0
-                 and len(received) >= 5, 10, "the five messages")
+        wait_for(
+            lambda: (
+                subscription.poll(lambda b, o, n, h: received.append(bytes(b[o : o + n])), 10) >= 0
+                and len(received) >= 5
+            ),
+            10,
+            "the five messages",
+        )
         assert received == [b"one", b"two", b"three", b"more", b"more"]

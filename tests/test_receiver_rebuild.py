@@ -284,11 +284,15 @@ def test_any_order_with_duplicates_rebuilds_the_same_bytes(
         assert collector.messages == [payload_for(i, size) for i, size in enumerate(sizes)]
 
 
-def test_gap_scanner_reports_the_first_gap_up_to_the_next_frame(image_log: LogBuffers, source_terms: list[bytes]) -> None:
+def test_gap_scanner_reports_the_first_gap_up_to_the_next_frame(
+    image_log: LogBuffers, source_terms: list[bytes]
+) -> None:
     term = source_terms[0]
     frames = frames_of(term)
-    insert = lambda index: insert_packet(  # noqa: E731
-        image_log, 0, frames[index][0], term[frames[index][0] : frames[index][0] + frames[index][1]]
+    insert = (
+        lambda index: insert_packet(  # noqa: E731
+            image_log, 0, frames[index][0], term[frames[index][0] : frames[index][0] + frames[index][1]]
+        )
     )
     assert scan_for_gap(image_log, 0, 0, 4096) == (0, 4096)  # nothing yet: all gap up to the limit
     # The smallest gap: one 32-byte frame (an empty message) missing.
@@ -398,7 +402,10 @@ def hostile_datagram(draw: st.DrawFn, term_offset: int) -> bytes:
     any_int32 = st.integers(-(2**31), 2**31 - 1)
     datagram = b""
     for _ in range(draw(st.integers(1, 4))):
-        frame_length = mostly(draw(st.sampled_from([32, 33, 64, 100, 1408])), st.one_of(st.sampled_from([0, 31, TERM, -32, 2**31 - 1]), any_int32))
+        frame_length = mostly(
+            draw(st.sampled_from([32, 33, 64, 100, 1408])),
+            st.one_of(st.sampled_from([0, 31, TERM, -32, 2**31 - 1]), any_int32),
+        )
         field_offset = mostly(term_offset + len(datagram) if -(2**31) <= term_offset < 2**31 - TERM else 0, any_int32)
         frame_type = mostly(1, st.sampled_from([0, 3, -1]))
         term_id = mostly(INITIAL_TERM_ID, any_int32)

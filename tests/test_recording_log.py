@@ -47,9 +47,7 @@ class FakeArchive:
         return self.extents.get(recording_id)
 
 
-def snapshot_set(
-    log: RecordingLog, term_id: int, base: int, position: int, service_count: int, first_id: int
-) -> None:
+def snapshot_set(log: RecordingLog, term_id: int, base: int, position: int, service_count: int, first_id: int) -> None:
     """Append a snapshot set in the order Aeron's consensus module does: services last to first, then CM."""
     for service_id in range(service_count - 1, -1, -1):
         log.append_snapshot(first_id + 1 + service_id, term_id, base, position, 1000 + position, service_id)
@@ -550,7 +548,11 @@ class Model:
         self.max_base = 0
 
     def valid_term(self, term_id: int) -> ModelEntry | None:
-        found = [e for e in self.entries if e.entry_type == ENTRY_TYPE_TERM and e.is_valid and e.leadership_term_id == term_id]
+        found = [
+            e
+            for e in self.entries
+            if e.entry_type == ENTRY_TYPE_TERM and e.is_valid and e.leadership_term_id == term_id
+        ]
         return found[-1] if found else None
 
     def last_valid_term(self) -> ModelEntry | None:
@@ -570,7 +572,9 @@ class Model:
         if previous is not None:
             previous.log_position = base
         self.entries.append(
-            ModelEntry(len(self.entries), LOG_RECORDING_ID, term_id, base, NULL_POSITION, timestamp, -1, ENTRY_TYPE_TERM)
+            ModelEntry(
+                len(self.entries), LOG_RECORDING_ID, term_id, base, NULL_POSITION, timestamp, -1, ENTRY_TYPE_TERM
+            )
         )
 
     def append_snapshot(self, recording_id: int, term_id: int, base: int, position: int, ts: int, service: int) -> None:
@@ -590,7 +594,11 @@ class Model:
     def invalidate_latest_snapshot(self) -> bool | None:
         """True/False as the log returns, None when the log must raise."""
         ordered = self.sorted()
-        anchors = [i for i, e in enumerate(ordered) if e.is_valid and e.entry_type == ENTRY_TYPE_SNAPSHOT and e.service_id == CM]
+        anchors = [
+            i
+            for i, e in enumerate(ordered)
+            if e.is_valid and e.entry_type == ENTRY_TYPE_SNAPSHOT and e.service_id == CM
+        ]
         if not anchors:
             return False
         at = anchors[-1]

@@ -64,8 +64,9 @@ def test_retry_tries_only_when_due_reports_once_per_text_and_says_when_it_recove
     errors: list[str] = []
     recoveries: list[str] = []
     printer = DistinctErrorPrinter(errors.append)
-    retry = Retry("adding the live log destination", printer, recoveries.append,
-                  RetryBackoff(initial_ns=1 * MS, max_ns=100 * MS))
+    retry = Retry(
+        "adding the live log destination", printer, recoveries.append, RetryBackoff(initial_ns=1 * MS, max_ns=100 * MS)
+    )
     calls: list[int] = []
     free_at_ns = 500 * MS
 
@@ -84,8 +85,10 @@ def test_retry_tries_only_when_due_reports_once_per_text_and_says_when_it_recove
     assert len(calls) <= 15, calls
     assert done_at_ns is not None and free_at_ns <= done_at_ns <= free_at_ns + 100 * MS
     assert calls[1] - calls[0] >= 1 * MS
-    assert errors == ["adding the live log destination: FulmarError: cannot bind UDP socket to 127.0.0.1:9000: "
-                      "[Errno 98] Address already in use"]
+    assert errors == [
+        "adding the live log destination: FulmarError: cannot bind UDP socket to 127.0.0.1:9000: "
+        "[Errno 98] Address already in use"
+    ]
     assert printer.count(errors[0]) == len(calls) - 1
     assert len(recoveries) == 1 and recoveries[0].startswith("adding the live log destination: done at try ")
     assert not retry.is_failing and retry.last_error is None

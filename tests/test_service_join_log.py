@@ -46,13 +46,23 @@ def aeron() -> Iterator[Aeron]:
 def join_log(publication: object, channel: str, session_id: int) -> None:
     buffer = bytearray(1024)
     length = codecs.JoinLogEncoder.encode(
-        buffer, 0, log_position=0, max_log_position=-1, member_id=0, log_session_id=session_id,
-        log_stream_id=LOG_STREAM_ID, is_startup=codecs.BooleanType.FALSE, role=0, log_channel=channel)
+        buffer,
+        0,
+        log_position=0,
+        max_log_position=-1,
+        member_id=0,
+        log_session_id=session_id,
+        log_stream_id=LOG_STREAM_ID,
+        is_startup=codecs.BooleanType.FALSE,
+        role=0,
+        log_channel=channel,
+    )
     wait_for(lambda: publication.offer(bytes(buffer[:length])) > 0, 10, "the JoinLog to be sent")  # type: ignore[attr-defined]
 
 
-def test_a_join_refused_by_the_driver_is_retried_and_the_next_join_log_is_followed(aeron: Aeron,
-                                                                                    tmp_path: Path) -> None:
+def test_a_join_refused_by_the_driver_is_retried_and_the_next_join_log_is_followed(
+    aeron: Aeron, tmp_path: Path
+) -> None:
     context = ServiceContext(cluster_dir=tmp_path)
     errors: list[str] = []
     agent = ClusteredServiceAgent(context, aeron, None, EchoService(), errors.append)  # type: ignore[arg-type]
@@ -75,15 +85,27 @@ def test_a_join_refused_by_the_driver_is_retried_and_the_next_join_log_is_follow
     # A JoinLog whose subscription is added but whose image never comes (that
     # log ended first), then the next one: the pending subscription is let go.
     join_log(to_service, "aeron:ipc?term-length=64k|session-id=5", 5)
-    wait_for(lambda: agent.do_work(time.monotonic_ns()) >= 0 and agent._log_subscription is not None, 10,
-             "the service to subscribe to the log that never comes")
+    wait_for(
+        lambda: agent.do_work(time.monotonic_ns()) >= 0 and agent._log_subscription is not None,
+        10,
+        "the service to subscribe to the log that never comes",
+    )
 
     # The module's next JoinLog names a log that exists: it is joined.
     log = aeron.add_exclusive_publication("aeron:ipc?term-length=64k", LOG_STREAM_ID)
     join_log(to_service, f"aeron:ipc?term-length=64k|session-id={log.session_id}", log.session_id)
-    wait_for(lambda: agent.do_work(time.monotonic_ns()) >= 0 and agent._log_image is not None, 10,
-             "the service to join the next log")
+    wait_for(
+        lambda: agent.do_work(time.monotonic_ns()) >= 0 and agent._log_image is not None,
+        10,
+        "the service to join the next log",
+    )
     assert agent._log_image.session_id == log.session_id
     acks: list[object] = []
-    wait_for(lambda: from_service.poll(lambda b, o, n, h: acks.append(codecs.decode(b, o, n)), 10) >= 0
-             and any(isinstance(a, codecs.ServiceAckDecoder) for a in acks), 10, "the service's ack of the join")
+    wait_for(
+        lambda: (
+            from_service.poll(lambda b, o, n, h: acks.append(codecs.decode(b, o, n)), 10) >= 0
+            and any(isinstance(a, codecs.ServiceAckDecoder) for a in acks)
+        ),
+        10,
+        "the service's ack of the join",
+    )

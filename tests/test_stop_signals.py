@@ -123,8 +123,9 @@ def test_a_gate_with_nothing_running_stops_at_once_and_silently() -> None:
 
 def test_a_gate_stops_anyway_after_its_timeout_and_says_so() -> None:
     said: list[str] = []
-    gate = StopGate(Running("the consensus module (pid 7)"), timeout_ns=1_000 * MS, say=said.append,
-                    check_interval_ns=100 * MS)
+    gate = StopGate(
+        Running("the consensus module (pid 7)"), timeout_ns=1_000 * MS, say=said.append, check_interval_ns=100 * MS
+    )
     gate.request()
     now = 0
     while not gate.may_stop(now):
@@ -149,9 +150,19 @@ def test_an_immediate_request_ends_the_wait() -> None:
 
 def make_supervisor(tmp_path: Any, rule: StopSignals | None = None) -> supervisor.Supervisor:
     config = supervisor.NodeConfig(
-        member_id=0, cluster_id=0, node_dir=tmp_path, driver_dir=tmp_path / "driver", archive_dir=tmp_path / "archive",
-        cluster_dir=tmp_path / "cluster", log_dir=tmp_path / "logs", start_timeout_s=60, stop_timeout_s=30,
-        service="fulmar.service.samples:KeyValueService", service_count=1, ingress_channel="aeron:udp?endpoint=x:1")
+        member_id=0,
+        cluster_id=0,
+        node_dir=tmp_path,
+        driver_dir=tmp_path / "driver",
+        archive_dir=tmp_path / "archive",
+        cluster_dir=tmp_path / "cluster",
+        log_dir=tmp_path / "logs",
+        start_timeout_s=60,
+        stop_timeout_s=30,
+        service="fulmar.service.samples:KeyValueService",
+        service_count=1,
+        ingress_channel="aeron:udp?endpoint=x:1",
+    )
     return supervisor.Supervisor(config, signals=rule)
 
 
@@ -175,27 +186,42 @@ def test_the_supervisor_is_forced_by_a_second_ctrl_c(tmp_path: Any) -> None:
 def test_the_supervisor_tells_the_archive_and_the_driver_what_to_wait_for(tmp_path: Any) -> None:
     driver, archive, *_ = make_supervisor(tmp_path).config.child_specs()
     assert driver.args[driver.args.index("--stop-after-timeout") + 1] == "60s"  # two steps of 30 s before it
-    assert [driver.args[i + 1] for i, arg in enumerate(driver.args) if arg == "--stop-after"] == \
-        [str(tmp_path / "cluster"), str(tmp_path / "archive")]
+    assert [driver.args[i + 1] for i, arg in enumerate(driver.args) if arg == "--stop-after"] == [
+        str(tmp_path / "cluster"),
+        str(tmp_path / "archive"),
+    ]
     assert archive.args[archive.args.index("--stop-after-timeout") + 1] == "30s"
-    assert [archive.args[i + 1] for i, arg in enumerate(archive.args) if arg == "--stop-after"] == \
-        [str(tmp_path / "cluster")]
+    assert [archive.args[i + 1] for i, arg in enumerate(archive.args) if arg == "--stop-after"] == [
+        str(tmp_path / "cluster")
+    ]
 
 
 # ---------------------------------------------------------------------------- the consensus module's agent
 
 
-def agent_in(state: ConsensusModuleState, *, election: ElectionState | None = None,
-             termination_action: ControlToggle | None = None, toggle: ControlToggle = ControlToggle.NEUTRAL,
-             multi_member: bool = False) -> Any:
+def agent_in(
+    state: ConsensusModuleState,
+    *,
+    election: ElectionState | None = None,
+    termination_action: ControlToggle | None = None,
+    toggle: ControlToggle = ControlToggle.NEUTRAL,
+    multi_member: bool = False,
+) -> Any:
     """The fields ``ConsensusModuleAgent.request_shutdown`` reads and writes, in the given state."""
     values = AtomicBuffer(bytearray(2 * COUNTER_LENGTH))
     agent = SimpleNamespace(
-        is_multi_member=multi_member, role=ClusterRole.LEADER, commit_position=1280, log_position=1280,
-        state=state, terminated=False, termination_reason="",
+        is_multi_member=multi_member,
+        role=ClusterRole.LEADER,
+        commit_position=1280,
+        log_position=1280,
+        state=state,
+        terminated=False,
+        termination_reason="",
         election=None if election is None else SimpleNamespace(state=election),
         _termination_action=termination_action,
-        control_toggle=AtomicCounter(values, 0), module_state_counter=AtomicCounter(values, 1))
+        control_toggle=AtomicCounter(values, 0),
+        module_state_counter=AtomicCounter(values, 1),
+    )
     agent._set_state = lambda new_state: ConsensusModuleAgent._set_state(agent, new_state)  # type: ignore[arg-type]
     agent.control_toggle.set(toggle)
     return agent
@@ -206,8 +232,9 @@ class ServiceStream:
 
     def __init__(self, ack_id: int, log_position: int) -> None:
         self.buffer = bytearray(128)
-        self.length = codecs.ServiceAckEncoder.encode(self.buffer, 0, log_position=log_position, timestamp=1,
-                                                      ack_id=ack_id, relevant_id=0, service_id=0)
+        self.length = codecs.ServiceAckEncoder.encode(
+            self.buffer, 0, log_position=log_position, timestamp=1, ack_id=ack_id, relevant_id=0, service_id=0
+        )
 
     def poll(self, handler: Any, limit: int) -> int:
         if not self.length:
@@ -227,7 +254,8 @@ def test_a_service_that_acked_its_termination_and_exited_is_not_taken_for_dead()
     agent = new_agent()
     committed = []
     agent.recording_log = SimpleNamespace(  # type: ignore[assignment]
-        commit_log_position=lambda term, position: committed.append(position))
+        commit_log_position=lambda term, position: committed.append(position)
+    )
     agent._termination_action = ControlToggle.ABORT
     agent._termination_position = 96
     agent._termination_ack_id = agent.next_ack_id()
@@ -245,8 +273,9 @@ def request(agent: Any, action: ControlToggle) -> bool:
 
 @pytest.mark.parametrize("state", [ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED])
 @pytest.mark.parametrize("action", [ControlToggle.SHUTDOWN, ControlToggle.ABORT])
-def test_a_running_module_takes_the_stop_through_its_control_toggle(state: ConsensusModuleState,
-                                                                    action: ControlToggle) -> None:
+def test_a_running_module_takes_the_stop_through_its_control_toggle(
+    state: ConsensusModuleState, action: ControlToggle
+) -> None:
     agent = agent_in(state)
     assert request(agent, action) is True
     assert agent.control_toggle.get() == action and not agent.terminated
@@ -262,8 +291,9 @@ def test_a_toggle_an_operator_set_goes_first() -> None:
     assert agent.control_toggle.get() == ControlToggle.SHUTDOWN
 
 
-@pytest.mark.parametrize("election", [ElectionState.LEADER_REPLAY, ElectionState.LEADER_INIT,
-                                      ElectionState.LEADER_READY])
+@pytest.mark.parametrize(
+    "election", [ElectionState.LEADER_REPLAY, ElectionState.LEADER_INIT, ElectionState.LEADER_READY]
+)
 def test_a_shutdown_during_the_election_waits_for_it(election: ElectionState) -> None:
     agent = agent_in(ConsensusModuleState.INIT, election=election)
     assert request(agent, ControlToggle.SHUTDOWN) is False  # not dropped: the caller asks again
@@ -277,8 +307,9 @@ def test_a_stop_before_the_services_joined_or_an_abort_in_the_election_stops_at_
     agent = agent_in(ConsensusModuleState.INIT, election=ElectionState.INIT)
     assert request(agent, ControlToggle.SHUTDOWN) is True
     assert agent.terminated and agent.state is ConsensusModuleState.CLOSED
-    assert agent.termination_reason == ("SHUTDOWN during the election (INIT): stopped at once at log position 1280, "
-                                        "no snapshot")
+    assert agent.termination_reason == (
+        "SHUTDOWN during the election (INIT): stopped at once at log position 1280, no snapshot"
+    )
     agent = agent_in(ConsensusModuleState.INIT, election=ElectionState.LEADER_REPLAY)
     assert request(agent, ControlToggle.ABORT) is True and agent.terminated
     assert agent.termination_reason.startswith("ABORT during the election (LEADER_REPLAY)")
@@ -302,8 +333,9 @@ def test_a_module_already_stopping_has_nothing_more_to_do(state: ConsensusModule
 
 @pytest.mark.parametrize("state", [ConsensusModuleState.INIT, ConsensusModuleState.ACTIVE])
 def test_a_member_of_several_stops_at_once(state: ConsensusModuleState) -> None:
-    agent = agent_in(state, multi_member=True, election=ElectionState.INIT if state is ConsensusModuleState.INIT
-                     else None)
+    agent = agent_in(
+        state, multi_member=True, election=ElectionState.INIT if state is ConsensusModuleState.INIT else None
+    )
     assert request(agent, ControlToggle.SHUTDOWN) is True
     assert agent.terminated and agent.termination_reason == "stopped as leader at commit position 1280"
 
@@ -359,8 +391,11 @@ class FakeAgent:
 
 
 def module_with(agent: FakeAgent) -> ConsensusModule:
-    aeron = SimpleNamespace(conductor=SimpleNamespace(data_doorbell=Doorbell(AtomicBuffer(bytearray(8)))),
-                            is_closed=False, ring_deferred=lambda: 0)
+    aeron = SimpleNamespace(
+        conductor=SimpleNamespace(data_doorbell=Doorbell(AtomicBuffer(bytearray(8)))),
+        is_closed=False,
+        ring_deferred=lambda: 0,
+    )
     context = SimpleNamespace(idle_max_wait_ns=1_000_000)
     mark_file = SimpleNamespace(update_activity_timestamp=lambda now_ms: None)
     return ConsensusModule(context, aeron, None, mark_file, None, agent)  # type: ignore[arg-type]
@@ -373,8 +408,10 @@ def test_a_stop_asked_for_during_the_election_is_taken_once_it_completes() -> No
     module.run()
     assert agent.asked == [ControlToggle.SHUTDOWN] * 6  # asked every cycle until taken, then not again
     assert agent.taken == [ControlToggle.SHUTDOWN] and agent.termination_reason == "SHUTDOWN at log position 1280"
-    assert agent.events == ["SIGTERM: stopping in order",
-                            "SHUTDOWN requested in election LEADER_REPLAY: acted on once the module can (within 30 s)"]
+    assert agent.events == [
+        "SIGTERM: stopping in order",
+        "SHUTDOWN requested in election LEADER_REPLAY: acted on once the module can (within 30 s)",
+    ]
 
 
 def test_a_later_abort_is_passed_on_and_never_weakened() -> None:

@@ -67,7 +67,9 @@ def encoded(encoder: Callable[..., int], **fields: Any) -> bytes:
 SETUP_BYTES = hexbytes(
     "28000000 | 00 | 80 | 0500 | 00010000 | feffffff | e9030000 | 07000000 | 09000000 | 00000100 | 80050000 | 04000000"
 )
-SM_BYTES = hexbytes("24000000 | 00 | 80 | 0300 | 05000000 | 0a000000 | 03000000 | 40000000 | 00000200 | 0807060504030201")
+SM_BYTES = hexbytes(
+    "24000000 | 00 | 80 | 0300 | 05000000 | 0a000000 | 03000000 | 40000000 | 00000200 | 0807060504030201"
+)
 SM_TAGGED_BYTES = hexbytes(
     "2c000000 | 00 | 40 | 0300 | 05000000 | 0a000000 | 03000000 | 40000000 | 00000200 | 0807060504030201"
     "| ffffffffffffffff"
@@ -81,9 +83,7 @@ ERR_BYTES = hexbytes(
     "| 626164"
 )
 RSP_SETUP_BYTES = hexbytes("14000000 | 00 | 00 | 0b00 | 05000000 | 0a000000 | 9cffffff")
-HEARTBEAT_BYTES = hexbytes(
-    "00000000 | 00 | e0 | 0100 | 00200000 | 05000000 | 0a000000 | 03000000 | 0000000000000000"
-)
+HEARTBEAT_BYTES = hexbytes("00000000 | 00 | e0 | 0100 | 00200000 | 05000000 | 0a000000 | 03000000 | 0000000000000000")
 
 
 def test_setup_layout() -> None:
@@ -149,9 +149,7 @@ def test_error_layout_and_group_tag_flag() -> None:
 
 
 def test_error_message_is_cut_to_aerons_limit() -> None:
-    frame = encoded(
-        encode_error, session_id=1, stream_id=2, receiver_id=3, error_code=4, error_message="x" * 5000
-    )
+    frame = encoded(encode_error, session_id=1, stream_id=2, receiver_id=3, error_code=4, error_message="x" * 5000)
     assert len(frame) == 40 + ERROR_MAX_MESSAGE_LENGTH
     assert decode_error(frame).error_message == "x" * ERROR_MAX_MESSAGE_LENGTH
 

@@ -9,7 +9,8 @@ member is actually read.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from _fuzz_support import fuzz, instrumented
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Callable, ContextManager, NoReturn
+from typing import NoReturn
+from collections.abc import Callable
 
 
-def instrumented(fuzzing: bool) -> ContextManager[object]:
+def instrumented(fuzzing: bool) -> contextlib.AbstractContextManager[object]:
     """Import what the harness tests inside this: instrumented when fuzzing."""
     if not fuzzing:
         return contextlib.nullcontext()

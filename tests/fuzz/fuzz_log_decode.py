@@ -33,9 +33,17 @@ def test_one_input(data: bytes) -> None:
         with open(os.path.join(tmp, "0-0.rec"), "wb") as file:
             file.write(data)
         for end_known in (True, False):
-            segment = LogSegment(archive_dir=tmp, recording_id=0, file_name="0-0.rec", segment_base=0,
-                                 start_offset=0, end_offset=max(len(data), 1), term_length=TERM_LENGTH,
-                                 end_known=end_known, last=True)
+            segment = LogSegment(
+                archive_dir=tmp,
+                recording_id=0,
+                file_name="0-0.rec",
+                segment_base=0,
+                start_offset=0,
+                end_offset=max(len(data), 1),
+                term_length=TERM_LENGTH,
+                end_known=end_known,
+                last=True,
+            )
             try:
                 for batch in decode_segment(segment, batch_rows=7, payload_capacity=256):
                     to_record_batch(batch)
@@ -43,7 +51,9 @@ def test_one_input(data: bytes) -> None:
                 pass
             for batch in decode_segment(segment, permissive=True, batch_rows=7, payload_capacity=256):
                 rows = to_record_batch(batch)
-                for start, end in zip(rows.column("log_position").to_pylist(), rows.column("next_position").to_pylist()):
+                for start, end in zip(
+                    rows.column("log_position").to_pylist(), rows.column("next_position").to_pylist()
+                ):
                     if not 0 <= start < end <= max(len(data), 1):
                         raise AssertionError(f"a row from {start} to {end} in {len(data)} bytes of data")
 

@@ -72,7 +72,9 @@ def _one_input(directory: Path, data: bytes) -> None:
         try:
             log.reload()
         except RecordingLogError as ex:
-            raise AssertionError(f"open() accepted the log (repaired={log.repaired!r}) but reload() rejects it: {ex}") from ex
+            raise AssertionError(
+                f"open() accepted the log (repaired={log.repaired!r}) but reload() rejects it: {ex}"
+            ) from ex
 
 
 if __name__ == "__main__":

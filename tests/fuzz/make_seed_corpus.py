@@ -13,10 +13,10 @@ Run: .venv/bin/python tests/fuzz/make_seed_corpus.py
 from __future__ import annotations
 
 import importlib
-import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from fulmar import frames
 from fulmar.archive.catalog import CATALOG_FILE_NAME, Catalog
@@ -44,7 +44,9 @@ def _fields(owner: MessageDef | GroupDef, rich: bool, depth: int = 0) -> dict[st
         if not rich:
             fields[v.py] = "" if v.ascii else b""
         else:
-            fields[v.py] = "aeron:udp?endpoint=x:1"[: 3 + (j + depth) % 20] if v.ascii else bytes(range(1 + (j + depth) % 7))
+            fields[v.py] = (
+                "aeron:udp?endpoint=x:1"[: 3 + (j + depth) % 20] if v.ascii else bytes(range(1 + (j + depth) % 7))
+            )
     return fields
 
 
@@ -59,7 +61,9 @@ def codec_seeds(schema_module: str) -> dict[str, bytes]:
             buf = bytearray(8192)
             length = module.ENCODERS[message.id].encode_fields(buf, 0, _fields(message, rich))
             # first byte: the harness's template selector
-            seeds[f"{message.name}-{'rich' if rich else 'empty'}"] = bytes([ids.index(message.id)]) + bytes(buf[:length])
+            seeds[f"{message.name}-{'rich' if rich else 'empty'}"] = bytes([ids.index(message.id)]) + bytes(
+                buf[:length]
+            )
     return seeds
 
 
@@ -71,24 +75,67 @@ def frame_seeds() -> dict[str, bytes]:
         length = encode(buf, 0, **kwargs)
         seeds[name] = bytes(buf[:length])
 
-    make("setup", frames.encode_setup, term_offset=64, session_id=7, stream_id=1001, initial_term_id=3,
-         active_term_id=5, term_length=65536, mtu_length=1408, ttl=4)
-    make("sm", frames.encode_status_message, session_id=7, stream_id=1001, consumption_term_id=5,
-         consumption_term_offset=4096, receiver_window=131072, receiver_id=99)
-    make("sm-group-tag", frames.encode_status_message, session_id=7, stream_id=1001, consumption_term_id=5,
-         consumption_term_offset=4096, receiver_window=131072, receiver_id=99, group_tag=12)
+    make(
+        "setup",
+        frames.encode_setup,
+        term_offset=64,
+        session_id=7,
+        stream_id=1001,
+        initial_term_id=3,
+        active_term_id=5,
+        term_length=65536,
+        mtu_length=1408,
+        ttl=4,
+    )
+    make(
+        "sm",
+        frames.encode_status_message,
+        session_id=7,
+        stream_id=1001,
+        consumption_term_id=5,
+        consumption_term_offset=4096,
+        receiver_window=131072,
+        receiver_id=99,
+    )
+    make(
+        "sm-group-tag",
+        frames.encode_status_message,
+        session_id=7,
+        stream_id=1001,
+        consumption_term_id=5,
+        consumption_term_offset=4096,
+        receiver_window=131072,
+        receiver_id=99,
+        group_tag=12,
+    )
     make("nak", frames.encode_nak, session_id=7, stream_id=1001, term_id=5, term_offset=1024, length=4096)
-    make("rttm", frames.encode_rttm, session_id=7, stream_id=1001, echo_timestamp_ns=123456789,
-         reception_delta_ns=1000, receiver_id=99)
-    make("err", frames.encode_error, session_id=7, stream_id=1001, receiver_id=99, error_code=1,
-         error_message="no such stream", group_tag=3)
+    make(
+        "rttm",
+        frames.encode_rttm,
+        session_id=7,
+        stream_id=1001,
+        echo_timestamp_ns=123456789,
+        reception_delta_ns=1000,
+        receiver_id=99,
+    )
+    make(
+        "err",
+        frames.encode_error,
+        session_id=7,
+        stream_id=1001,
+        receiver_id=99,
+        error_code=1,
+        error_message="no such stream",
+        group_tag=3,
+    )
     make("rsp-setup", frames.encode_response_setup, session_id=7, stream_id=1001, response_session_id=8)
     make("heartbeat", frames.encode_heartbeat, session_id=7, stream_id=1001, term_id=5, term_offset=2048)
     datagram = bytearray()
     for i, size in enumerate((1, 40, 100)):
         frame_length = frames.HEADER_LENGTH + size
-        datagram += frames.DataHeader(frame_length, frames.CURRENT_VERSION, 0xC0, int(frames.FrameType.DATA),
-                                      len(datagram), 7, 1001, 5).encode()
+        datagram += frames.DataHeader(
+            frame_length, frames.CURRENT_VERSION, 0xC0, int(frames.FrameType.DATA), len(datagram), 7, 1001, 5
+        ).encode()
         datagram += bytes([i]) * size + bytes(frames.align(frame_length, frames.FRAME_ALIGNMENT) - frame_length)
     seeds["data-3-frames"] = bytes(datagram)
     return seeds
@@ -97,7 +144,11 @@ def frame_seeds() -> dict[str, bytes]:
 def log_scanner_seeds() -> dict[str, bytes]:
     seeds: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, sizes in (("small", [0, 1, 31, 32, 33, 100]), ("fragmented", [3000, 5000]), ("many", list(range(0, 400, 13)))):
+        for name, sizes in (
+            ("small", [0, 1, 31, 32, 33, 100]),
+            ("fragmented", [3000, 5000]),
+            ("many", list(range(0, 400, 13))),
+        ):
             log = LogBuffers.create(Path(tmp) / f"{name}.logbuffer", 64 * 1024, session_id=1, stream_id=2)
             try:
                 writer = ExclusiveLogWriter(log)
@@ -112,7 +163,9 @@ def log_scanner_seeds() -> dict[str, bytes]:
     pad = frames.DataHeader(64 * 1024 - 64, frames.CURRENT_VERSION, 0xC0, int(frames.FrameType.PAD), 64, 1, 2, 0)
     data = frames.DataHeader(40, frames.CURRENT_VERSION, 0xC0, int(frames.FrameType.DATA), 0, 1, 2, 0)
     first = frames.DataHeader(64, frames.CURRENT_VERSION, 0xC0, int(frames.FrameType.DATA), 0, 1, 2, 0)
-    seeds["pad-then-next-term"] = first.encode() + bytes(32) + pad.encode() + bytes(64 * 1024 - 96) + data.encode() + b"x" * 8
+    seeds["pad-then-next-term"] = (
+        first.encode() + bytes(32) + pad.encode() + bytes(64 * 1024 - 96) + data.encode() + b"x" * 8
+    )
     return seeds
 
 
@@ -125,18 +178,36 @@ def log_decode_seeds() -> dict[str, bytes]:
         return bytes(buf[: encoder.encode(buf, 0, **fields)]) + tail
 
     messages = [
-        encoded(codecs.NewLeadershipTermEventEncoder, leadership_term_id=0, log_position=0, timestamp=1,
-                term_base_log_position=0, leader_member_id=1, log_session_id=7, time_unit=0),
-        encoded(codecs.SessionOpenEventEncoder, leadership_term_id=0, correlation_id=3, cluster_session_id=1,
-                timestamp=2, response_stream_id=102, response_channel="aeron:udp?endpoint=127.0.0.1:0"),
+        encoded(
+            codecs.NewLeadershipTermEventEncoder,
+            leadership_term_id=0,
+            log_position=0,
+            timestamp=1,
+            term_base_log_position=0,
+            leader_member_id=1,
+            log_session_id=7,
+            time_unit=0,
+        ),
+        encoded(
+            codecs.SessionOpenEventEncoder,
+            leadership_term_id=0,
+            correlation_id=3,
+            cluster_session_id=1,
+            timestamp=2,
+            response_stream_id=102,
+            response_channel="aeron:udp?endpoint=127.0.0.1:0",
+        ),
         encoded(codecs.SessionMessageHeaderEncoder, b"+", leadership_term_id=0, cluster_session_id=1, timestamp=3),
-        encoded(codecs.SessionMessageHeaderEncoder, b"x" * 3000, leadership_term_id=0, cluster_session_id=1,
-                timestamp=4),
+        encoded(
+            codecs.SessionMessageHeaderEncoder, b"x" * 3000, leadership_term_id=0, cluster_session_id=1, timestamp=4
+        ),
         encoded(codecs.TimerEventEncoder, leadership_term_id=0, correlation_id=1, timestamp=5),
-        encoded(codecs.ClusterActionRequestEncoder, leadership_term_id=0, log_position=4096, timestamp=6, action=2,
-                flags=0),
-        encoded(codecs.SessionCloseEventEncoder, leadership_term_id=0, cluster_session_id=1, timestamp=7,
-                close_reason=0),
+        encoded(
+            codecs.ClusterActionRequestEncoder, leadership_term_id=0, log_position=4096, timestamp=6, action=2, flags=0
+        ),
+        encoded(
+            codecs.SessionCloseEventEncoder, leadership_term_id=0, cluster_session_id=1, timestamp=7, close_reason=0
+        ),
     ]
     seeds: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,8 +267,16 @@ def catalog_seeds() -> dict[str, bytes]:
         with Catalog.open(directory, capacity_bytes=32) as catalog:
             for i in range(3):
                 catalog.add_recording(
-                    0, 1000 + i, 5, 128 * 1024 * 1024, 64 * 1024, 1408, 7 + i, 1001,
-                    "aeron:udp?endpoint=localhost:40123", "aeron:udp?endpoint=localhost:40123|alias=rec",
+                    0,
+                    1000 + i,
+                    5,
+                    128 * 1024 * 1024,
+                    64 * 1024,
+                    1408,
+                    7 + i,
+                    1001,
+                    "aeron:udp?endpoint=localhost:40123",
+                    "aeron:udp?endpoint=localhost:40123|alias=rec",
                     "127.0.0.1:40123",
                 )
             catalog.update_stop(0, 4096, 2000)
