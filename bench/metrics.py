@@ -14,8 +14,9 @@ scraper is a thread in a process of its own (``python -m bench.metrics
 --scrape URL RATE``), as Prometheus is not part of a cluster's client: a
 scraping thread in this process would take the client's own interpreter from
 it, and measure that rather than the node.  It scrapes on a fixed schedule
-(a late scrape is not made up for) while the bench tells it to, and reports
-how many scrapes it made and how long they took.
+(a late scrape is not made up for) while the bench tells it to, one request
+at a time on one kept connection (HTTP/1.1 keep-alive, as Prometheus
+scrapes), and reports how many scrapes it made and how long they took.
 
 Each repetition runs ``ROUNDS`` rounds of four echo runs of ``COUNT``
 messages (``CASES``): not scraped, ``/metrics`` asked for 100 times a second,
@@ -58,20 +59,35 @@ CONTROL_PATH = "/control-no-such-path"  # answered 404 by the metrics server, no
 _METRICS_LINE = re.compile(r"^\[node (\d+)\] metrics of node \d+: (http://\S+)/metrics,", re.MULTILINE)
 
 
-def _get(url: str) -> int:
-    """One request: the bytes of the answer (http.client: no proxy from the environment).
+class _Client:
+    """One scraper's connection, kept from request to request as Prometheus
+    keeps its (HTTP/1.1 keep-alive; opened again if the server closed it).
     ``/metrics`` must answer 200, the control path 404."""
-    parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
-    try:
-        connection.request("GET", parts.path)
-        response = connection.getresponse()
-        body = response.read()
-        if response.status != (404 if parts.path == CONTROL_PATH else 200):
-            raise RuntimeError(f"{url} answered {response.status}")
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.path = parts.path
+        self.expected = 404 if parts.path == CONTROL_PATH else 200
+        self.connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+
+    def get(self) -> int:
+        """One request: the bytes of the answer."""
+        for attempt in (1, 2):
+            try:
+                self.connection.request("GET", self.path)
+                response = self.connection.getresponse()
+                body = response.read()
+                break
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.connection.close()  # the server closed a kept connection: once more, on a new one
+                if attempt == 2:
+                    raise
+        if response.status != self.expected:
+            raise RuntimeError(f"{self.path} answered {response.status}")
         return len(body)
-    finally:
-        connection.close()
+
+    def close(self) -> None:
+        self.connection.close()
 
 
 def scraper_main() -> None:
@@ -90,12 +106,16 @@ def scraper_main() -> None:
         def scrape() -> None:
             interval = 1.0 / rate
             next_at = time.monotonic()
-            while not stop.is_set():
-                began = time.monotonic()
-                sizes.append(_get(url))
-                times.append(time.monotonic() - began)
-                next_at = max(next_at + interval, time.monotonic() - interval)  # no burst to catch up
-                stop.wait(max(0.0, next_at - time.monotonic()))
+            client = _Client(url)
+            try:
+                while not stop.is_set():
+                    began = time.monotonic()
+                    sizes.append(client.get())
+                    times.append(time.monotonic() - began)
+                    next_at = max(next_at + interval, time.monotonic() - interval)  # no burst to catch up
+                    stop.wait(max(0.0, next_at - time.monotonic()))
+            finally:
+                client.close()
 
         began = time.monotonic()
         thread = threading.Thread(target=scrape, name="scraper")

@@ -28,16 +28,16 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import click
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from fulmar.cli.cluster_commands import (
     BACKUP_DIR_NAME,
@@ -62,8 +62,6 @@ _SERVING_STATES = {
     ConsensusModuleState.SNAPSHOT.name,
 }
 _SERVING_ROLES = {ClusterRole.LEADER.name, ClusterRole.FOLLOWER.name}
-
-StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
 @dataclass(frozen=True)
@@ -109,31 +107,28 @@ def node_health(node: MetricsNode, now_ms: int) -> Health:
     )
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Requests are not logged: a scrape every few seconds would fill the log."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 class NodeMetricsApp:
-    """The WSGI application of one node: /metrics, /health, /leader."""
+    """What one node answers: /metrics, /health, /leader."""
 
     def __init__(self, node: MetricsNode, clock_ms: Callable[[], int] = epoch_ms) -> None:
         self.node = node
         self._clock_ms = clock_ms
         self.collector = NodeCollector(node, clock_ms)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self.collector)
-        self._metrics = make_wsgi_app(registry)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
 
     def close(self) -> None:
         self.collector.close()
 
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO") or "/"
+    def respond(self, path: str, accept: str) -> tuple[int, str, bytes]:
+        """(status, content type, body) for a GET of ``path``."""
+        path = path.partition("?")[0] or "/"
         if path in ("/metrics", "/"):
-            return self._metrics(environ, start_response)
+            # prometheus_client's own exposition, in the format the scraper asks for
+            # (its text format, or OpenMetrics); never compressed: on the node's
+            # machine the CPU a gzip costs is what a scrape must not take.
+            encoder, content_type = choose_encoder(accept)
+            return 200, content_type, encoder(self.registry)
         if path in ("/health", "/leader"):
             health = node_health(self.node, self._clock_ms())
             if path == "/health":
@@ -147,38 +142,61 @@ class NodeMetricsApp:
                     if health.healthy
                     else f"not the leader (unhealthy): {health.reason}"
                 )
-            return _text(start_response, "200 OK" if ok else "503 Service Unavailable", text)
-        return _text(start_response, "404 Not Found", f"no {path} here: /metrics, /health, /leader")
+            return (200 if ok else 503), _TEXT, (text + "\n").encode()
+        return 404, _TEXT, f"no {path} here: /metrics, /health, /leader\n".encode()
 
 
-def _text(start_response: StartResponse, status: str, text: str) -> list[bytes]:
-    body = (text + "\n").encode()
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
-    return [body]
+_TEXT = "text/plain; charset=utf-8"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """HTTP/1.1 with keep-alive, as Prometheus scrapes: one connection (and one
+    thread) serves a scraper's requests one after another, rather than a new
+    connection and a new thread for each."""
+
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out as two writes: without TCP_NODELAY the body
+    # waits for the scraper's delayed ACK of the headers (tens of ms) on a
+    # kept connection.
+    disable_nagle_algorithm = True
+    app: NodeMetricsApp  # set on the subclass a server makes
+
+    def do_GET(self) -> None:
+        status, content_type, body = self.app.respond(self.path, self.headers.get("Accept", ""))
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Requests are not logged: a scrape every few seconds would fill the log."""
 
 
 class MetricsServer:
-    """One node's HTTP server, on a thread of its own (and one per request)."""
+    """One node's HTTP server, on a thread of its own (and one per connection)."""
 
     def __init__(self, node: MetricsNode, host: str, port: int) -> None:
         self.node = node
         self.app = NodeMetricsApp(node)
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
 
-        class Server(ThreadingWSGIServer):
+        class Server(ThreadingHTTPServer):
             address_family = family
+            daemon_threads = True
 
+        handler = type("NodeHandler", (_Handler,), {"app": self.app})
         try:
-            self._httpd = make_server(host, port, self.app, Server, handler_class=_QuietHandler)
+            self._httpd = Server((host, port), handler)
         except BaseException:
             self.app.close()
             raise
         self._thread = threading.Thread(target=self._serve, name=f"metrics {node.name}", daemon=True)
 
     def _serve(self) -> None:
-        # The lowest CPU priority for this thread and the request threads it
-        # starts (Linux: a thread's nice value is its own, and inherited): on a
-        # busy machine a scrape waits, the node's processes do not.
+        # The lowest CPU priority for this thread and the connection threads
+        # it starts (Linux: a thread's nice value is its own, and inherited): on
+        # a busy machine a scrape waits, the node's processes do not.
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):

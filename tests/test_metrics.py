@@ -462,6 +462,19 @@ def test_every_counter_appears_newest_registration_wins_and_health_names_what_is
         assert "media driver" not in text  # it runs
         assert http_get(server.url + "/leader")[0] == 503
         assert http_get(server.url + "/nowhere")[0] == 404
+
+        # As Prometheus scrapes: one kept connection serves request after request.
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            for path in ("/metrics", "/health", "/metrics"):
+                connection.request("GET", path)
+                response = connection.getresponse()
+                body = response.read()
+                assert response.version == 11 and response.getheader("Connection") != "close"
+                assert response.status == (200 if path == "/metrics" else 503) and body
+            assert connection.sock is not None  # never closed by the server in between
+        finally:
+            connection.close()
     finally:
         aeron.close()
         server.close()
