@@ -58,7 +58,10 @@ class ArchiveResponseError(ArchiveClientError):
             name = ArchiveErrorCode(error_code).name
         except ValueError:
             name = str(error_code)
-        super().__init__(f"archive error {name} (correlation id {correlation_id}): {message}")
+        # The correlation id is kept as an attribute, not in the text: the same
+        # refusal repeated (a request retried) is then one distinct error, said
+        # once and counted, rather than a new one each time.
+        super().__init__(f"archive error {name}: {message}")
         self.error_code = error_code
         self.correlation_id = correlation_id
         self.archive_message = message

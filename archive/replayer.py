@@ -118,6 +118,12 @@ class ReplaySession:
             return 1
 
     def _replay(self) -> int:
+        if not self.publication.is_connected:
+            # Its subscriber went away (as Aeron's ReplaySession): a replay
+            # waiting at its limit offers nothing that would tell it, and would
+            # otherwise hold its recording (no truncate, no purge) for good.
+            self.abort()
+            return 1
         block = self._pending
         if block is None:
             limit = self._limit()

@@ -47,7 +47,8 @@ from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.frames import FRAME_ALIGNMENT
 from fulmar.log_reader import Header
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
-from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
+from fulmar.driver.counters import PUBLISHER_POSITION_TYPE_ID
+from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift, to_int32
 from fulmar.publication import ExclusivePublication
 from fulmar.subscription import Subscription
 
@@ -662,6 +663,49 @@ def test_a_bounded_replay_stops_at_its_limit_counter_and_ends_when_the_counter_i
     assert receiver.digest.hexdigest() == publisher.digest.hexdigest()
     errors = [error["text"] for error in archive_tool.archive_errors_document(system.archive_dir())["errors"]]
     assert any("the limit counter" in text and "of the bounded replay was freed" in text for text in errors), errors
+
+
+def test_a_replay_waiting_at_its_limit_ends_when_its_subscriber_goes(system: System) -> None:
+    """A bounded replay that has sent all its limit allows, and follows a live
+    recording, offers nothing: it still ends once its subscriber is gone
+    (Aeron's replay checks its publication's connection), so it does not hold
+    its recording against a truncate or a purge for good (a deposed leader
+    whose archive served a cluster backup could not truncate its log)."""
+    system.start_driver()
+    system.start_archive()
+    aeron, client = system.connect()
+    publication, recording_id = start_recorded_publication(system, aeron, client, IPC_CHANNEL)
+    publisher = Publisher(publication)
+    publisher.publish(64 * 1024, 30)
+    wait_recorded(client, recording_id, publisher.position)
+    limit = aeron.add_counter(1500, "a test's commit position")
+    limit.set(publisher.position)
+    subscription = aeron.add_subscription(REPLAY_CHANNEL, 2010)
+    replay_session_id = client.start_replay(
+        recording_id, REPLAY_CHANNEL, 2010, 0, NULL_LENGTH, limit_counter_id=limit.id
+    )
+    receiver = Receiver(0, publisher.starts)
+    drain = ReplayDrain(subscription, receiver)
+    wait_for(
+        lambda: drain.poll() >= 0 and receiver.last_position == publisher.position, 30, "the replay to reach its limit"
+    )
+    session_id = to_int32(replay_session_id)
+
+    def replay_publication_open() -> bool:
+        """The replay's publication (its pub-pos counter, keyed by its session id) is still there."""
+        reader = aeron.counters_reader
+        return any(
+            counter.type_id == PUBLISHER_POSITION_TYPE_ID and struct.unpack_from("<qi", counter.key)[1] == session_id
+            for counter in reader
+        )
+
+    assert replay_publication_open()
+    subscription.close()
+    wait_for(lambda: not replay_publication_open(), 20, "the replay to end without its subscriber", poll_s=0.1)
+    with pytest.raises(ArchiveResponseError) as raised:
+        client.stop_replay(replay_session_id)
+    assert raised.value.error_code == ArchiveErrorCode.UNKNOWN_REPLAY
+    limit.close()
 
 
 def test_sigkill_while_recording_then_recover_replay_and_extend(system: System) -> None:

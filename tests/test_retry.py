@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from fulmar.archive.client import ArchiveResponseError
+from fulmar.archive.protocol import ArchiveErrorCode
 from fulmar.errors import FulmarError
 from fulmar.retry import DistinctErrorPrinter, Retry, RetryBackoff
 
@@ -111,3 +113,20 @@ def test_retry_lets_other_exceptions_through_and_reset_forgets_the_backoff() -> 
     assert retry.attempt(0, lambda: True) is None  # backing off
     retry.reset()
     assert retry.attempt(0, lambda: True) is True
+
+
+def test_an_archive_refusal_retried_is_one_distinct_error() -> None:
+    """The archive's answer to each retry has its own correlation id: kept on
+    the error, not in its text, so the printer says the refusal once (a
+    truncate retried while a replay held the recording flooded the log)."""
+    said: list[str] = []
+    printer = DistinctErrorPrinter(said.append)
+    for correlation_id in range(261, 361):
+        error = ArchiveResponseError(
+            ArchiveErrorCode.ACTIVE_RECORDING, correlation_id, "cannot truncate recording with active replay 1"
+        )
+        assert error.correlation_id == correlation_id
+        printer(f"{type(error).__name__}: {error}")
+    assert said == [
+        "ArchiveResponseError: archive error ACTIVE_RECORDING: cannot truncate recording with active replay 1"
+    ]
