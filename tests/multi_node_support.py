@@ -17,6 +17,10 @@ from cluster_support import LocalCluster
 from fulmar.archive.segment import segment_base_of_file
 from fulmar.cli.cluster_commands import ClusterNode, cluster_member_node
 from fulmar.clock import epoch_ms
+from fulmar.cnc import CncFile
+from fulmar.consensus.agent import ElectionState
+from fulmar.consensus.protocol import ELECTION_STATE_TYPE_ID
+from fulmar.counters import CountersReader
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.errors import FulmarError
@@ -73,6 +77,28 @@ def wait_for_leader(
 
     wait_for(one, timeout_s, f"one leader (not {not_member}, term >= {min_term})")
     return found[0]
+
+
+def election_closed(cluster: LocalCluster, member: int) -> bool:
+    """Whether the member's consensus module runs with its election over: a
+    leader has a quorum for its term before every follower is done, and a
+    member still in its election has no ingress (seed 001)."""
+    try:
+        with CncFile.open(cluster.driver_dir(member)) as cnc:
+            reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
+            states = [reader.counter_value(c.counter_id) for c in reader if c.type_id == ELECTION_STATE_TYPE_ID]
+    except FulmarError:
+        return False  # no driver (yet)
+    return states == [ElectionState.CLOSED]
+
+
+def wait_for_elections_closed(cluster: LocalCluster, timeout_s: float) -> None:
+    """Every member's consensus module has finished its election."""
+    wait_for(
+        lambda: all(election_closed(cluster, m) for m in range(cluster.size)),
+        timeout_s,
+        "every member's election to close",
+    )
 
 
 def wait_for_commit(cluster: LocalCluster, members: list[int], position: int, timeout_s: float) -> None:

@@ -53,7 +53,7 @@ from fulmar.driver.counters import (
 from fulmar.errors import FulmarError
 from fulmar.logbuffer import LogBuffers
 from fulmar.ring_buffer import ManyToOneRingBuffer
-from multi_node_support import assert_same_logs, member_view, wait_for_leader
+from multi_node_support import assert_same_logs, member_view, wait_for_elections_closed, wait_for_leader
 
 ECHO_SERVICE = "fulmar.service.samples:EchoService"
 LOG_STREAM_ID = 100
@@ -83,6 +83,7 @@ def cluster() -> Iterator[LocalCluster]:
     with LocalCluster(3, ECHO_SERVICE) as local:
         local.start()
         wait_for_leader(local, 30)
+        wait_for_elections_closed(local, 30)  # every member's ingress is open
         yield local
 
 
@@ -309,10 +310,16 @@ def test_garbage_datagrams_on_every_bound_port_are_counted(cluster: LocalCluster
     datagrams = invalid_datagrams(rnd)
     with keeps_serving(cluster):
         for member in range(cluster.size):
-            ports = driver_udp_ports(cluster, member)
             # psutil finds the configured endpoints and the send channels'
             # own sockets (one per consensus publication to another member).
-            assert always_bound_ports(cluster, member) <= set(ports), (member, ports)
+            # A member binds its ingress as its election closes (a driver
+            # round trip after its election state counter says CLOSED).
+            wait_for(
+                lambda member=member: always_bound_ports(cluster, member) <= set(driver_udp_ports(cluster, member)),
+                10,
+                f"member {member}'s driver to have bound its ingress, consensus and archive endpoints",
+            )
+            ports = driver_udp_ports(cluster, member)
             assert len(send_control_ports(cluster, member)) >= cluster.size - 1, (member, ports)
             directory = cluster.driver_dir(member)
             before = system_counter(directory, SystemCounter.INVALID_PACKETS)
