@@ -854,3 +854,6 @@ _CHECKS: dict[str, Callable[[ChannelUri], object]] = {
     RESPONSE_CORRELATION_ID_PARAM: ChannelUri.response_correlation_id,
     MAX_RESEND_PARAM: ChannelUri.max_resend,
 }
+
+# The parameters whose values validate() and with_param() check; any other key is kept as it is.
+CHECKED_PARAMS: frozenset[str] = frozenset(_CHECKS)
