@@ -7,7 +7,7 @@ the HTTP exchange alone, on this machine, with no metrics read).
 The cluster is ``bench.cluster3``'s (``cluster-node start --local 3``, the
 echo service), started with ``--metrics-port 0``: each node's supervisor
 serves its metrics (``cli/metrics_server.py``), as an operator's would, on
-threads of the lowest CPU priority (nice 19): on a machine the node keeps
+threads of the lowest CPU priority (SCHED_IDLE): on a machine the node keeps
 busy, scrapes wait for a free core, so fewer than asked for are served (the
 achieved rate is a row of its own).  The
 scraper is a thread in a process of its own (``python -m bench.metrics

@@ -46,7 +46,7 @@ from fulmar.cli.cluster_commands import (
     cluster_describe_node,
     resolve_cluster_nodes,
 )
-from fulmar.cli.node_metrics import DriverFile, MetricsNode, NodeCollector, read_node_files
+from fulmar.cli.node_metrics import MetricsNode, NodeCollector, NodeFiles
 from fulmar.cli.tool_common import fail
 from fulmar.clock import epoch_ms
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleState, ElectionState
@@ -73,15 +73,12 @@ class Health:
     reason: str
 
 
-def node_health(node: MetricsNode, now_ms: int) -> Health:
+def node_health(node: MetricsNode, files: NodeFiles, now_ms: int) -> Health:
     """The node's health, from the tools' own readers: each process's liveness
-    (``read_node_files``), the module's state, role and election state
-    (``cluster_describe_node``, the counters ``cluster-tool describe`` shows)."""
-    driver = DriverFile()
-    try:
-        processes = read_node_files(node, driver, now_ms).processes
-    finally:
-        driver.close()
+    (``files``, as ``read_node_files`` read them at ``now_ms``), the module's
+    state, role and election state (``cluster_describe_node``, the counters
+    ``cluster-tool describe`` shows)."""
+    processes = files.processes
     down = [process for process in processes if not process.running]
     if down:
         return Health(False, False, "; ".join(f"{process.name}: {process.state}" for process in down))
@@ -130,7 +127,8 @@ class NodeMetricsApp:
             encoder, content_type = choose_encoder(accept)
             return 200, content_type, encoder(self.registry)
         if path in ("/health", "/leader"):
-            health = node_health(self.node, self._clock_ms())
+            now_ms = self._clock_ms()
+            health = node_health(self.node, self.collector.read_files(now_ms), now_ms)
             if path == "/health":
                 ok, text = health.healthy, ("ok: " if health.healthy else "unhealthy: ") + health.reason
             else:
@@ -173,6 +171,29 @@ class _Handler(BaseHTTPRequestHandler):
         """Requests are not logged: a scrape every few seconds would fill the log."""
 
 
+def lowest_cpu_priority() -> str:
+    """Put the calling thread, and the threads it starts, at the lowest CPU
+    priority there is, so that on a busy machine a scrape waits and the
+    node's processes do not; which one it got ("idle", "nice 19", "none").
+
+    Linux's SCHED_IDLE runs a thread only on CPU time no other thread wants,
+    and a waking thread of the node preempts it at once; a nice value of 19
+    still takes a small share, and a waking thread may wait for the scrape's
+    time slice.  Both are per thread on Linux and inherited by new threads
+    (a connection's thread is started by this one)."""
+    thread = threading.get_native_id()
+    try:
+        os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
+        return "idle"
+    except (AttributeError, OSError):
+        pass  # not on this system
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread, 19)
+        return "nice 19"
+    except (AttributeError, OSError):
+        return "none"  # served at the process's priority
+
+
 class MetricsServer:
     """One node's HTTP server, on a thread of its own (and one per connection)."""
 
@@ -194,13 +215,7 @@ class MetricsServer:
         self._thread = threading.Thread(target=self._serve, name=f"metrics {node.name}", daemon=True)
 
     def _serve(self) -> None:
-        # The lowest CPU priority for this thread and the connection threads
-        # it starts (Linux: a thread's nice value is its own, and inherited): on
-        # a busy machine a scrape waits, the node's processes do not.
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass  # not on this system: served at the process's priority
+        lowest_cpu_priority()
         self._httpd.serve_forever()
 
     @property

@@ -17,8 +17,10 @@ distinct errors in each process's error log, this member's recorded log
 position and how much of it is uncommitted, each follower's lag behind the
 leader (on the leader), and how long the commit position has not moved.
 
-A scrape reads shared memory and the first bytes of a few files; nothing is
-written anywhere, and the node never notices (``bench.metrics`` measures it).
+A scrape reads every counter of cnc.dat in one native pass; the mark files,
+error logs and recording log, which cost more to read and change on a scale
+of seconds, at most once a second.  Nothing is written anywhere, and the node
+never notices (``bench.metrics`` measures it).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from enum import IntEnum
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 from prometheus_client.registry import Collector
 
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_ids
@@ -60,12 +63,7 @@ from fulmar.consensus.consensus_module import parse_recovery_state_key
 from fulmar.consensus.mark_file import FILENAME as CLUSTER_MARK_FILE_NAME
 from fulmar.consensus.recording_log import RECORDING_LOG_FILE_NAME, RecordingLogError, decode_entries
 from fulmar.counters import (
-    COUNTER_LENGTH,
-    METADATA_LENGTH,
     RECORD_ALLOCATED,
-    RECORD_UNUSED,
-    REGISTRATION_ID_OFFSET,
-    TYPE_ID_OFFSET,
     CountersReader,
 )
 from fulmar.driver.counters import (
@@ -630,7 +628,7 @@ _UNKNOWN_HELP = "A counter of a type without a metric of its own (e.g. a client'
 # Each process of the node gets these whether its counters are readable or not.
 _DERIVED_HELP = {
     "process_up": "1 when the process runs, as cluster-tool judges it (the driver's heartbeat; the archive's "
-    "and the cluster mark files' activity and pid), else 0.",
+    "and the cluster mark files' activity and pid), else 0; judged at most once a second, as are the errors.",
     "distinct_errors": "Distinct errors in the process's error log (cnc.dat, archive-mark.dat, cluster mark files).",
     "error_observations": "Observations of the errors in the process's error log.",
     "cluster_log_recorded_position_bytes": "What this member's archive recorded of the log (on a follower, what "
@@ -657,8 +655,9 @@ class _CachedCounter:
     type_id: int
     key: bytes
     kind: CounterKind | None
-    labels: Labels
-    member: str | None = None  # the member id ``sorted_labels`` were made with
+    labels: Labels  # from its key and label
+    member: str | None = None  # the member id ``sample_labels`` were made with
+    sample_labels: Labels = field(default_factory=dict)  # ``labels`` and, for a cluster counter, the member id
     sorted_labels: tuple[tuple[str, str], ...] = ()
 
 
@@ -671,49 +670,65 @@ class _Families:
 
     prefix: str
     metrics: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (type, help)
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float | None]] = field(default_factory=dict)
+    # (name, sorted labels) -> (registration id, value, labels)
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float | None, Labels]] = field(
+        default_factory=dict
+    )
 
     def add(
         self, name: str, kind: str, help_text: str, labels: Labels, value: float | None, registration_id: int = 0
     ) -> None:
         """A sample; ``value`` None gives none, but still hides an older registration's."""
-        self.add_sorted(name, kind, help_text, tuple(sorted(labels.items())), value, registration_id)
+        self.add_sorted(name, kind, help_text, tuple(sorted(labels.items())), labels, value, registration_id)
 
     def add_sorted(
         self,
         name: str,
         kind: str,
         help_text: str,
-        labels: tuple[tuple[str, str], ...],
+        sorted_labels: tuple[tuple[str, str], ...],
+        labels: Labels,
         value: float | None,
         registration_id: int = 0,
     ) -> None:
-        """``add`` with the labels as sorted (name, value) pairs (a counter's, kept from scrape to scrape)."""
+        """``add`` with the labels also as sorted (name, value) pairs (a
+        counter's, both kept from scrape to scrape and never changed)."""
         self.metrics.setdefault(name, (kind, help_text))
-        key = (name, labels)
+        key = (name, sorted_labels)
         previous = self.samples.get(key)
         if previous is None or registration_id >= previous[0]:
-            self.samples[key] = (registration_id, value)
+            self.samples[key] = (registration_id, value, labels)
 
     def families(self) -> Iterator[Metric]:
-        by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], float]]] = {}
-        for (name, labels), (_, value) in self.samples.items():
+        by_name: dict[str, list[tuple[Labels, float]]] = {}
+        for (name, _), (_, value, labels) in self.samples.items():
             if value is not None:
                 by_name.setdefault(name, []).append((labels, value))
         for name, samples in by_name.items():
             kind, help_text = self.metrics[name]
-            label_names = [label for label, _ in samples[0][0]]
-            family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            family = family_type(self.prefix + name, help_text, labels=label_names)
-            for labels, value in samples:
-                family.add_metric([text for _, text in labels], value)
+            if kind == "counter":
+                family: Metric = CounterMetricFamily(self.prefix + name, help_text)
+                sample_name = family.name + "_total"
+            else:
+                family = GaugeMetricFamily(self.prefix + name, help_text)
+                sample_name = family.name
+            # The samples add_metric would make, from each counter's labels as
+            # kept (add_metric would build every labels dict again).
+            family.samples = [Sample(sample_name, labels, value) for labels, value in samples]
             yield family
 
 
 class NodeCollector(Collector):
-    """The metrics of one node, read afresh on every ``collect`` (every scrape)."""
+    """The metrics of one node: its counters read afresh on every ``collect``
+    (every scrape); its processes judged, their error logs counted and its
+    log's recording looked up at most once every ``FILES_READ_INTERVAL_S``."""
 
     PREFIX = "fulmar_"
+    # The mark files and error logs cost more to read than all the counters
+    # together, and say nothing new at a scraper's pace of many times a
+    # second: a process's liveness is judged from a timestamp it updates once
+    # a second.  /health reads them on every request.
+    FILES_READ_INTERVAL_S = 1.0
 
     def __init__(
         self,
@@ -730,20 +745,40 @@ class NodeCollector(Collector):
         # The commit position last seen, per consensus module (its counter's
         # registration id), and since when (monotonic seconds).
         self._commit_seen: tuple[int, int, float] | None = None
+        # The node's files as last read: (when, what was found, the log's recording id).
+        self._files: tuple[float, NodeFiles, int | None] | None = None
 
     def close(self) -> None:
         with self._lock:
             self._driver.close()
+            self._files = None
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             families = self._read()
         return families.families()
 
+    def read_files(self, now_ms: int | None = None) -> NodeFiles:
+        """The node's files read now (as /health reads them), kept as the
+        collector's reading: a scrape after it never shows an older one."""
+        with self._lock:
+            return self._read_files(self._clock_ms() if now_ms is None else now_ms, self._monotonic_s())
+
+    def _read_files(self, now_ms: int, now_s: float) -> NodeFiles:
+        files = read_node_files(self.node, self._driver, now_ms)
+        self._files = (now_s, files, log_recording_id(self.node.cluster_dir))
+        return files
+
+    def _node_files(self, now_ms: int, now_s: float) -> tuple[NodeFiles, int | None]:
+        if self._files is None or now_s - self._files[0] >= self.FILES_READ_INTERVAL_S or now_s < self._files[0]:
+            self._read_files(now_ms, now_s)
+        assert self._files is not None
+        return self._files[1], self._files[2]
+
     def _read(self) -> _Families:
         now_ms = self._clock_ms()
         families = _Families(self.PREFIX)
-        files = read_node_files(self.node, self._driver, now_ms)
+        files, log_recording = self._node_files(now_ms, self._monotonic_s())
         for process in files.processes:
             families.add(
                 "process_up",
@@ -761,11 +796,14 @@ class NodeCollector(Collector):
         if cnc is not None and files.driver_dir is not None:
             member = "" if files.member_id is None else str(files.member_id)
             processes = {str(process.pid): process.name for process in files.processes if process.pid is not None}
-            self._read_counters(cnc, families, now_ms, member, processes, log_recording_id(self.node.cluster_dir))
+            self._read_counters(cnc, families, now_ms, member, processes, log_recording)
         return families
 
-    def _counter(self, reader: CountersReader, counter_id: int, registration_id: int, type_id: int) -> _CachedCounter:
-        """The counter's metadata and metric, from the cache while the id holds the same registration."""
+    def _counter(
+        self, reader: CountersReader, counter_id: int, registration_id: int, type_id: int, member: str
+    ) -> _CachedCounter:
+        """The counter's metadata and metric, from the cache while the id holds
+        the same registration (and the node the same member id)."""
         cached = self._cache.get(counter_id)
         if cached is None or cached.registration_id != registration_id or cached.type_id != type_id:
             key = reader.counter_key(counter_id)
@@ -781,6 +819,11 @@ class NodeCollector(Collector):
                 else {"type_id": str(type_id), "counter_id": str(counter_id), "label": label}
             )
             cached = self._cache[counter_id] = _CachedCounter(registration_id, type_id, key, kind, labels)
+        if cached.member != member:
+            extra = {"member_id": member} if cached.kind is not None and cached.kind.name.startswith("cluster_") else {}
+            cached.sample_labels = {**cached.labels, **extra}
+            cached.sorted_labels = tuple(sorted(cached.sample_labels.items()))
+            cached.member = member
         return cached
 
     def _read_counters(
@@ -793,28 +836,26 @@ class NodeCollector(Collector):
         log_recording: int | None,
     ) -> None:
         reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
-        metadata, values = cnc.counters_metadata, cnc.counters_values
+        snapshot = reader.snapshot()
         recorded: tuple[int, int] | None = None  # (registration id, position) of the log's rec-pos
         commit: tuple[int, int, Labels] | None = None  # (registration id, position, labels)
         followers: list[tuple[int, Labels, int]] = []  # (registration id, labels, follower's append position)
-        for counter_id in range(reader.max_counter_id + 1):
-            meta = counter_id * METADATA_LENGTH
-            state = metadata.get_int32_volatile(meta)
-            if state == RECORD_UNUSED:
-                break
+        for counter_id, state in enumerate(snapshot.states):
             if state != RECORD_ALLOCATED:
                 continue
-            registration_id = values.get_int64_volatile(counter_id * COUNTER_LENGTH + REGISTRATION_ID_OFFSET)
-            type_id = metadata.get_int32(meta + TYPE_ID_OFFSET)
-            counter = self._counter(reader, counter_id, registration_id, type_id)
+            registration_id = snapshot.registration_ids[counter_id]
+            type_id = snapshot.type_ids[counter_id]
+            counter = self._counter(reader, counter_id, registration_id, type_id, member)
             # A counter freed meanwhile shows its last value in this scrape: its
             # id is not reused before the reuse timeout, so no other's value.
-            raw = values.get_int64_volatile(counter_id * COUNTER_LENGTH)
+            raw = snapshot.values[counter_id]
             kind = counter.kind
             if kind is None:
-                families.add(_UNKNOWN_NAME, "gauge", _UNKNOWN_HELP, counter.labels, raw)
+                families.add_sorted(
+                    _UNKNOWN_NAME, "gauge", _UNKNOWN_HELP, counter.sorted_labels, counter.sample_labels, raw
+                )
                 continue
-            labels = counter.labels
+            labels = counter.sample_labels
             if type_id == CLIENT_HEARTBEAT_TYPE_ID:
                 labels = {**labels, "process": processes.get(labels["pid"], "")}
                 families.add(
@@ -826,17 +867,12 @@ class NodeCollector(Collector):
                     registration_id,
                 )
             else:
-                if counter.member != member:  # sorted once per counter, not on every scrape
-                    extra = {"member_id": member} if kind.name.startswith("cluster_") else {}
-                    counter.sorted_labels, counter.member = tuple(sorted({**labels, **extra}.items())), member
-                    if extra:
-                        counter.labels = {**labels, **extra}
-                labels = counter.labels
                 families.add_sorted(
                     kind.name,
                     kind.metric_type,
                     kind.help,
                     counter.sorted_labels,
+                    labels,
                     kind.value(raw, counter.key, now_ms),
                     registration_id,
                 )

@@ -19,7 +19,9 @@ so a reader never sees a half-written record.  Records are used in id order, so
 readers stop at the first unused one.
 
 Everything here is a handful of atomic word accesses through
-:class:`~fulmar.buffers.AtomicBuffer`; nothing is hot enough to need C.
+:class:`~fulmar.buffers.AtomicBuffer`, except ``CountersReader.snapshot``:
+a metrics scrape reads every counter many times a second, so one native call
+copies them all (``_native/src/counters.h``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 from typing import Final, NamedTuple
 from collections.abc import Callable, Iterator
 
-from fulmar._native import ffi
+from fulmar._native import ffi, lib
 from fulmar.buffers import AtomicBuffer
 from fulmar.errors import FulmarError
 
@@ -89,6 +91,17 @@ class CounterMetadata(NamedTuple):
     type_id: int
     key: bytes
     label: str
+
+
+class CountersSnapshot(NamedTuple):
+    """Every counter id up to the first unused record, read in one pass:
+    entry ``i`` of each list is counter id ``i``'s (a freed or reclaimed
+    record's state says so; its other fields are what the record held)."""
+
+    states: list[int]
+    type_ids: list[int]
+    registration_ids: list[int]
+    values: list[int]
 
 
 def counter_offset(counter_id: int) -> int:
@@ -177,6 +190,26 @@ class CountersReader:
 
     def __iter__(self) -> Iterator[CounterMetadata]:
         return self.counters()
+
+    def snapshot(self) -> CountersSnapshot:
+        """State, type id, registration id and value of every id in use, in
+        one native pass (each word loaded atomically, the state first).  Not
+        one instant's picture: a counter allocated or freed meanwhile may or
+        may not be in it, as with any reader."""
+        capacity = self._max_counter_id + 1
+        states = ffi.new("int32_t[]", capacity)
+        type_ids = ffi.new("int32_t[]", capacity)
+        registration_ids = ffi.new("int64_t[]", capacity)
+        values = ffi.new("int64_t[]", capacity)
+        count = lib.fulmar_counters_snapshot(
+            self._metadata.address, self._values.address, capacity, states, type_ids, registration_ids, values
+        )
+        return CountersSnapshot(
+            ffi.unpack(states, count),
+            ffi.unpack(type_ids, count),
+            ffi.unpack(registration_ids, count),
+            ffi.unpack(values, count),
+        )
 
     def _label_at(self, offset: int) -> str:
         length = self._metadata.get_int32_volatile(offset + LABEL_LENGTH_OFFSET)

@@ -96,6 +96,30 @@ def test_reader_iterates_allocated_counters_only() -> None:
     assert reader.max_counter_id == 7
 
 
+def test_a_snapshot_holds_every_id_up_to_the_first_unused_as_the_word_readers_see_it() -> None:
+    manager, _ = make_manager()
+    ids = [manager.allocate(f"c{i}", type_id=20 + i, registration_id=100 + i) for i in range(4)]
+    for counter_id in ids:
+        manager.set_counter_value(counter_id, (counter_id + 1) * 1_000_000_007)  # past 32 bits
+    manager.set_counter_value(ids[3], -5)
+    manager.free(ids[2])
+    reader = CountersReader(manager.metadata_buffer, manager.values_buffer)
+    snapshot = reader.snapshot()
+    assert snapshot.states == [RECORD_ALLOCATED, RECORD_ALLOCATED, RECORD_RECLAIMED, RECORD_ALLOCATED]
+    assert snapshot.type_ids == [reader.counter_type_id(i) for i in range(4)] == [20, 21, 22, 23]
+    assert snapshot.registration_ids == [reader.counter_registration_id(i) for i in range(4)]
+    assert snapshot.registration_ids[:2] == [100, 101]
+    assert snapshot.values == [reader.counter_value(i) for i in range(4)]
+    assert snapshot.values[:2] == [1_000_000_007, 2_000_000_014] and snapshot.values[3] == -5
+
+    full, _ = make_manager(counters=3)
+    for i in range(3):
+        full.allocate(f"f{i}")
+    assert len(CountersReader(full.metadata_buffer, full.values_buffer).snapshot().states) == 3  # no unused one
+    empty, _ = make_manager()
+    assert CountersReader(empty.metadata_buffer, empty.values_buffer).snapshot().states == []
+
+
 def test_free_then_reuse_only_after_the_deadline() -> None:
     manager, clock = make_manager(counters=4, reuse_timeout_ms=500)
     first = manager.allocate("a", key=b"key", registration_id=1)

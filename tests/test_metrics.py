@@ -34,7 +34,7 @@ from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wai
 from multi_node_support import wait_for_leader
 from test_cluster_node_start import READY, START_S, Node, start_node  # noqa: F401 - start_node: a fixture
 
-from fulmar.cli import cluster_node, cluster_tool, supervisor
+from fulmar.cli import cluster_node, cluster_tool, node_metrics, supervisor
 from fulmar.cli.metrics_server import MetricsServer
 from fulmar.cli.node_metrics import MetricsNode, NodeCollector, _Families, _recording_labels, _stream_labels
 from fulmar.consensus import protocol
@@ -510,6 +510,62 @@ def test_the_commit_position_unchanged_time_counts_from_the_last_change_seen(
         assert unchanged() == 0
         now[0] += 2.5
         assert unchanged() == 2.5
+    finally:
+        aeron.close()
+        collector.close()
+
+
+def test_counters_are_read_on_every_scrape_and_the_node_files_once_per_interval(
+    driver: DriverProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scrape reads every counter afresh; the mark files, error logs and
+    recording log (a process's liveness, its errors, the log's recording) at
+    most once every FILES_READ_INTERVAL_S of the collector's clock, and
+    /health's reading (read_files) counts as one."""
+    reads: list[Path] = []
+    read_node_files = node_metrics.read_node_files
+
+    def counted(node: MetricsNode, *args: Any) -> Any:
+        reads.append(node.cluster_dir)
+        return read_node_files(node, *args)
+
+    monkeypatch.setattr(node_metrics, "read_node_files", counted)
+    now = [50.0]
+    node = MetricsNode("node0", tmp_path, None, driver.directory)
+    collector = NodeCollector(node, monotonic_s=lambda: now[0])
+    aeron = driver.connect()
+    try:
+        sessions = aeron.add_counter(protocol.CLUSTER_SESSIONS_TYPE_ID, "Cluster sessions", struct.pack("<i", 3))
+
+        def scrape() -> dict[str, float]:
+            return {
+                f"{sample.name}{sorted(sample.labels.items())}": sample.value
+                for family in collector.collect()
+                for sample in family.samples
+            }
+
+        first = scrape()
+        assert first["fulmar_cluster_sessions[('cluster_id', '3'), ('member_id', '')]"] == 0
+        assert first["fulmar_process_up[('process', 'media driver')]"] == 1
+        interval = NodeCollector.FILES_READ_INTERVAL_S
+        for value in (1, 2, 3):
+            sessions.set(value)
+            now[0] += interval / 4
+            assert scrape()["fulmar_cluster_sessions[('cluster_id', '3'), ('member_id', '')]"] == value
+        assert len(reads) == 1  # within the interval: the files as read at first
+        now[0] += interval / 4
+        assert scrape()["fulmar_process_up[('process', 'media driver')]"] == 1
+        assert len(reads) == 2
+        now[0] -= 10 * interval  # a clock that went back does not hold the old reading
+        scrape()
+        assert len(reads) == 3
+        # /health's fresh reading is the one the scrapes after it use.
+        now[0] += interval / 2
+        assert collector.read_files().processes[0].running
+        assert len(reads) == 4
+        now[0] += interval * 0.75  # past the scrape's reading, within /health's
+        scrape()
+        assert len(reads) == 4
     finally:
         aeron.close()
         collector.close()
