@@ -171,27 +171,26 @@ class _Handler(BaseHTTPRequestHandler):
         """Requests are not logged: a scrape every few seconds would fill the log."""
 
 
-def lowest_cpu_priority() -> str:
+def lowest_cpu_priority() -> None:
     """Put the calling thread, and the threads it starts, at the lowest CPU
     priority there is, so that on a busy machine a scrape waits and the
-    node's processes do not; which one it got ("idle", "nice 19", "none").
+    node's processes do not.
 
     Linux's SCHED_IDLE runs a thread only on CPU time no other thread wants,
     and a waking thread of the node preempts it at once; a nice value of 19
-    still takes a small share, and a waking thread may wait for the scrape's
-    time slice.  Both are per thread on Linux and inherited by new threads
-    (a connection's thread is started by this one)."""
+    (where SCHED_IDLE is refused) still takes a small share.  Both are per
+    thread on Linux and inherited by new threads (a connection's thread is
+    started by this one)."""
     thread = threading.get_native_id()
     try:
         os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
-        return "idle"
+        return
     except (AttributeError, OSError):
         pass  # not on this system
     try:
         os.setpriority(os.PRIO_PROCESS, thread, 19)
-        return "nice 19"
     except (AttributeError, OSError):
-        return "none"  # served at the process's priority
+        pass  # served at the process's priority
 
 
 class MetricsServer:

@@ -762,18 +762,17 @@ class NodeCollector(Collector):
         """The node's files read now (as /health reads them), kept as the
         collector's reading: a scrape after it never shows an older one."""
         with self._lock:
-            return self._read_files(self._clock_ms() if now_ms is None else now_ms, self._monotonic_s())
+            return self._read_files(self._clock_ms() if now_ms is None else now_ms, self._monotonic_s())[1]
 
-    def _read_files(self, now_ms: int, now_s: float) -> NodeFiles:
-        files = read_node_files(self.node, self._driver, now_ms)
-        self._files = (now_s, files, log_recording_id(self.node.cluster_dir))
-        return files
+    def _read_files(self, now_ms: int, now_s: float) -> tuple[float, NodeFiles, int | None]:
+        self._files = (now_s, read_node_files(self.node, self._driver, now_ms), log_recording_id(self.node.cluster_dir))
+        return self._files
 
     def _node_files(self, now_ms: int, now_s: float) -> tuple[NodeFiles, int | None]:
-        if self._files is None or now_s - self._files[0] >= self.FILES_READ_INTERVAL_S or now_s < self._files[0]:
-            self._read_files(now_ms, now_s)
-        assert self._files is not None
-        return self._files[1], self._files[2]
+        files = self._files
+        if files is None or now_s - files[0] >= self.FILES_READ_INTERVAL_S or now_s < files[0]:
+            files = self._read_files(now_ms, now_s)
+        return files[1], files[2]
 
     def _read(self) -> _Families:
         now_ms = self._clock_ms()

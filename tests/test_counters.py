@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fulmar._native import lib
 from fulmar.buffers import AtomicBuffer, MappedFile
 from fulmar.counters import (
     COUNTER_LENGTH,
@@ -63,6 +64,13 @@ def test_layout_constants_match_aeron() -> None:
     assert (LABEL_LENGTH_OFFSET, LABEL_OFFSET, MAX_KEY_LENGTH, MAX_LABEL_LENGTH) == (128, 132, 112, 380)
     assert (REGISTRATION_ID_OFFSET, OWNER_ID_OFFSET, REFERENCE_ID_OFFSET) == (8, 16, 24)
     assert (RECORD_UNUSED, RECORD_ALLOCATED, RECORD_RECLAIMED) == (0, 1, -1)
+    # The native code's copy of the layout (counters.h) is the same.
+    assert (lib.FULMAR_COUNTER_LENGTH, lib.FULMAR_COUNTER_METADATA_LENGTH) == (COUNTER_LENGTH, METADATA_LENGTH)
+    assert (lib.FULMAR_COUNTER_TYPE_ID_OFFSET, lib.FULMAR_COUNTER_REGISTRATION_ID_OFFSET) == (
+        TYPE_ID_OFFSET,
+        REGISTRATION_ID_OFFSET,
+    )
+    assert lib.FULMAR_COUNTER_RECORD_UNUSED == RECORD_UNUSED
 
 
 def test_allocate_writes_aeron_records() -> None:

@@ -14,6 +14,7 @@
 #include "image_state.h"
 #include "loss.h"
 #include "dataplane.h"
+#include "counters.h"
 #include "doorbell.h"
 #include "term.h"
 

@@ -8,6 +8,7 @@
  * build.py): it is the one native call that blocks. */
 #include <Python.h>
 #include "_common.h"
+#include "counters.h"
 #include "doorbell.h"
 
 #include <errno.h>

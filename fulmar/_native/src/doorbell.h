@@ -45,7 +45,7 @@ void fulmar_doorbell_fifo_done(char *base, int64_t offset, int32_t fd);
  * value slot of a counter of type FULMAR_CLIENT_DOORBELL_TYPE_ID in cnc.dat,
  * so a writer can wake just the processes that read what it wrote, instead of
  * every process of the node.  A doorbell is named by its counter id; its words
- * are at counters_values + id * FULMAR_COUNTER_LENGTH.
+ * are at counters_values + id * FULMAR_COUNTER_LENGTH (counters.h).
  *
  * A log's readers: the media driver keeps, in the log's metadata (past every
  * field Aeron defines there), the doorbells of the clients that read the log:
@@ -63,7 +63,6 @@ void fulmar_doorbell_fifo_done(char *base, int64_t offset, int32_t fd);
  * Ids outside the counters buffer are skipped: the tables live in memory
  * other processes write. */
 #define FULMAR_CLIENT_DOORBELL_TYPE_ID 1100
-#define FULMAR_COUNTER_LENGTH 128
 #define FULMAR_LOG_READERS_OFFSET 1024
 #define FULMAR_LOG_READERS_COUNT_OFFSET 0
 #define FULMAR_LOG_READERS_RELAY_OFFSET 4
