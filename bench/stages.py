@@ -26,13 +26,17 @@ cores for thirteen processes), so the breakdown's round trip is printed next
 to the figure without sampling; the stages are for proportions, not for the
 absolute round trip (``cluster3 echo ping``).
 
-Wake-ups per ping.  Each process's voluntary context switches (psutil:
-every sleep on a doorbell, a socket or a timer that ended) and CPU time over
+Wake-ups per ping.  Each process's voluntary context switches (every
+thread's: every sleep on a doorbell, a socket or a timer that ended) and CPU
+time (its threads' schedstat, in ns) over
 one-at-a-time pings without the sampler, less the same process over an idle
 period of the same length: how often each process woke, and what it spent,
-for each round trip.  A process that wakes per ping but has no work on the
-ping's path (a service on a follower, say) is woken for nothing; its wake-ups
-also take a core from the process that has the work.
+for each round trip, and how long its threads waited in the run queue for a
+core once woken (``/proc/<pid>/task/<tid>/schedstat``): the share of a hop
+that is its wait for one of the two cores rather than its own work.  A
+process that wakes per ping but has no work on the ping's path (a service on
+a follower, say) is woken for nothing; its wake-ups also take a core from
+the process that has the work.
 
 CPU per message.  Each process's CPU time (user + system, psutil) over a
 windowed echo run (32 B, 1000 in flight), divided by the messages echoed:
@@ -253,35 +257,47 @@ def _node_processes(cluster: LocalCluster) -> dict[str, psutil.Process]:
     return processes
 
 
-def _voluntary_switches(pid: int) -> int:
-    """Voluntary context switches of every thread of the process (psutil's
-    figure is the main thread's alone, and a driver waits on sockets in a
-    thread of its own)."""
-    total = 0
-    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+def _thread_figures(pid: int) -> tuple[int, int, int]:
+    """(voluntary context switches, CPU time in ns, run-queue wait in ns)
+    summed over every thread of the process (psutil's switch count is the main
+    thread's alone, and a driver waits on sockets in a thread of its own).
+    The times are the first two fields of each thread's
+    ``/proc/<pid>/task/<tid>/schedstat``: the time it ran, and the time it
+    was runnable but waited for a core (in ns, where psutil's CPU times
+    count clock ticks of 10 ms)."""
+    switches = cpu_ns = run_delay_ns = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            text = status.read_text()
+            status = (task / "status").read_text()
+            schedstat = (task / "schedstat").read_text().split()
         except OSError:
             continue  # a thread that ended meanwhile
-        for line in text.splitlines():
+        for line in status.splitlines():
             if line.startswith("voluntary_ctxt_switches:"):
-                total += int(line.split()[1])
-    return total
+                switches += int(line.split()[1])
+        cpu_ns += int(schedstat[0])
+        run_delay_ns += int(schedstat[1])
+    return switches, cpu_ns, run_delay_ns
 
 
-def _usage(processes: dict[str, psutil.Process]) -> dict[str, tuple[int, float]]:
-    """Per process: voluntary context switches (all threads) and CPU seconds so far."""
-    return {key: (_voluntary_switches(process.pid), sum(process.cpu_times()[:2])) for key, process in processes.items()}
+def _usage(processes: dict[str, psutil.Process]) -> dict[str, tuple[float, float, float]]:
+    """Per process: voluntary context switches, CPU seconds and run-queue
+    wait in seconds so far, over all its threads."""
+    usage = {}
+    for key, process in processes.items():
+        switches, cpu_ns, run_delay_ns = _thread_figures(process.pid)
+        usage[key] = (float(switches), cpu_ns / 1e9, run_delay_ns / 1e9)
+    return usage
 
 
-def _per_role(per_process: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+def _per_role(per_process: dict[str, tuple[float, ...]]) -> dict[str, tuple[float, ...]]:
     """Sums by role (``leader consensus#1`` -> ``leader consensus``); a follower role is the mean of the followers."""
-    per_role: dict[str, tuple[float, float]] = {}
-    for key, (wakes, cpu) in per_process.items():
+    per_role: dict[str, tuple[float, ...]] = {}
+    for key, figures in per_process.items():
         role = key.split("#")[0]
         share = 1 / (MEMBERS - 1) if role.startswith("follower") else 1
-        role_wakes, role_cpu = per_role.get(role, (0.0, 0.0))
-        per_role[role] = (role_wakes + wakes * share, role_cpu + cpu * share)
+        summed = per_role.get(role, (0.0,) * len(figures))
+        per_role[role] = tuple(total + figure * share for total, figure in zip(summed, figures))
     return per_role
 
 
@@ -307,37 +323,42 @@ def wakeups_per_ping(cluster: LocalCluster, aeron: Aeron, pings: int) -> list[di
         idle = _usage(processes)
     finally:
         client.close()
-    # Per process and ping: what the pings cost beyond the idle period.
+    # Per process and ping: what the pings cost beyond the idle period
+    # (wake-ups; CPU and run-queue wait in us).
     per_process = {
-        key: (
-            (pinged[key][0] - start[key][0] - (idle[key][0] - pinged[key][0])) / pings,
-            (pinged[key][1] - start[key][1] - (idle[key][1] - pinged[key][1])) / pings * 1e6,
+        key: tuple(
+            (pinged[key][index] - start[key][index] - (idle[key][index] - pinged[key][index])) / pings * scale
+            for index, scale in enumerate((1, 1e6, 1e6))
         )
         for key in processes
     }
     rows = []
-    for role, (wakes, cpu_us) in sorted(_per_role(per_process).items(), key=lambda item: -item[1][0]):
+    for role, (wakes, cpu_us, wait_us) in sorted(_per_role(per_process).items(), key=lambda item: -item[1][0]):
         suffix = " (each follower)" if role.startswith("follower") else ""
+        rows += [
+            {
+                "name": f"stages wake-ups per ping: {role}{suffix}",
+                "value": wakes,
+                "unit": "wake-ups",
+                "reference": None,
+            },
+            {"name": f"stages cpu per ping: {role}{suffix}", "value": cpu_us, "unit": "us", "reference": None},
+            {
+                "name": f"stages run-queue wait per ping: {role}{suffix}",
+                "value": wait_us,
+                "unit": "us",
+                "reference": None,
+            },
+        ]
+    for index, (label, unit) in enumerate((("wake-ups", "wake-ups"), ("cpu", "us"), ("run-queue wait", "us"))):
         rows.append(
-            {"name": f"stages wake-ups per ping: {role}{suffix}", "value": wakes, "unit": "wake-ups", "reference": None}
+            {
+                "name": f"stages {label} per ping: all processes",
+                "value": sum(figures[index] for figures in per_process.values()),
+                "unit": unit,
+                "reference": None,
+            }
         )
-        rows.append({"name": f"stages cpu per ping: {role}{suffix}", "value": cpu_us, "unit": "us", "reference": None})
-    rows.append(
-        {
-            "name": "stages wake-ups per ping: all processes",
-            "value": sum(wakes for wakes, _ in per_process.values()),
-            "unit": "wake-ups",
-            "reference": None,
-        }
-    )
-    rows.append(
-        {
-            "name": "stages cpu per ping: all processes",
-            "value": sum(cpu for _, cpu in per_process.values()),
-            "unit": "us",
-            "reference": None,
-        }
-    )
     return rows
 
 
