@@ -280,6 +280,11 @@ def _thread_figures(pid: int) -> tuple[int, int, int]:
     return switches, cpu_ns, run_delay_ns
 
 
+# The figures ``_usage`` reads, in its order: their row label, their unit per
+# ping, and the scale from its units (a count, seconds, seconds) to that.
+PER_PING = (("wake-ups", "wake-ups", 1.0), ("cpu", "us", 1e6), ("run-queue wait", "us", 1e6))
+
+
 def _usage(processes: dict[str, psutil.Process]) -> dict[str, tuple[float, float, float]]:
     """Per process: voluntary context switches, CPU seconds and run-queue
     wait in seconds so far, over all its threads."""
@@ -323,42 +328,30 @@ def wakeups_per_ping(cluster: LocalCluster, aeron: Aeron, pings: int) -> list[di
         idle = _usage(processes)
     finally:
         client.close()
-    # Per process and ping: what the pings cost beyond the idle period
-    # (wake-ups; CPU and run-queue wait in us).
+    # Per process and ping: what the pings cost beyond the idle period.
     per_process = {
         key: tuple(
             (pinged[key][index] - start[key][index] - (idle[key][index] - pinged[key][index])) / pings * scale
-            for index, scale in enumerate((1, 1e6, 1e6))
+            for index, (_, _, scale) in enumerate(PER_PING)
         )
         for key in processes
     }
     rows = []
-    for role, (wakes, cpu_us, wait_us) in sorted(_per_role(per_process).items(), key=lambda item: -item[1][0]):
+    for role, figures in sorted(_per_role(per_process).items(), key=lambda item: -item[1][0]):
         suffix = " (each follower)" if role.startswith("follower") else ""
         rows += [
-            {
-                "name": f"stages wake-ups per ping: {role}{suffix}",
-                "value": wakes,
-                "unit": "wake-ups",
-                "reference": None,
-            },
-            {"name": f"stages cpu per ping: {role}{suffix}", "value": cpu_us, "unit": "us", "reference": None},
-            {
-                "name": f"stages run-queue wait per ping: {role}{suffix}",
-                "value": wait_us,
-                "unit": "us",
-                "reference": None,
-            },
+            {"name": f"stages {label} per ping: {role}{suffix}", "value": value, "unit": unit, "reference": None}
+            for (label, unit, _), value in zip(PER_PING, figures)
         ]
-    for index, (label, unit) in enumerate((("wake-ups", "wake-ups"), ("cpu", "us"), ("run-queue wait", "us"))):
-        rows.append(
-            {
-                "name": f"stages {label} per ping: all processes",
-                "value": sum(figures[index] for figures in per_process.values()),
-                "unit": unit,
-                "reference": None,
-            }
-        )
+    rows += [
+        {
+            "name": f"stages {label} per ping: all processes",
+            "value": sum(figures[index] for figures in per_process.values()),
+            "unit": unit,
+            "reference": None,
+        }
+        for index, (label, unit, _) in enumerate(PER_PING)
+    ]
     return rows
 
 
