@@ -138,7 +138,7 @@ def main() -> None:
         reference = report.format_value(row["reference"]) if row["reference"] else "-"
         ratio = f"{row['ratio']:.3f}" if row["ratio"] else "-"
         print(
-            f"{row['name']:<52} {report.format_value(row['median']):>14} {report.spread(row):>25} "
+            f"{row['name']:<52} {report.format_value(row['median'], row['unit']):>14} {report.spread(row):>25} "
             f"{row['unit']:<8} {reference:>14} {ratio:>7}  {report.note(row)}".rstrip()
         )
 

@@ -49,9 +49,13 @@ REFERENCE_NOTES = {
 }
 
 
-def format_value(value: float | None) -> str:
+def format_value(value: float | None, unit: str = "") -> str:
+    """A figure as the tables print it; a ratio to three decimals (0.954 and
+    0.946 are a loss under and over 5 %: two decimals print both as 0.95)."""
     if value is None:
         return "n/a"
+    if unit == "ratio":
+        return f"{value:,.3f}"
     if value >= 100:
         return f"{value:,.0f}"
     return f"{value:,.2f}"
@@ -60,7 +64,7 @@ def format_value(value: float | None) -> str:
 def spread(row: Mapping[str, Any]) -> str:
     if row["min"] is None:
         return "n/a"
-    return f"{format_value(row['min'])}-{format_value(row['max'])}"
+    return f"{format_value(row['min'], row['unit'])}-{format_value(row['max'], row['unit'])}"
 
 
 def note(row: Mapping[str, Any]) -> str:
@@ -90,7 +94,7 @@ def markdown_table(rows: Iterable[Mapping[str, Any]]) -> str:
         name = str(row["name"]).replace("|", "\\|")
         remark = note(row).replace("|", "\\|")
         lines.append(
-            f"| {name} | {format_value(row['median'])} | {spread(row)} | {row['unit']} | {reference} "
+            f"| {name} | {format_value(row['median'], row['unit'])} | {spread(row)} | {row['unit']} | {reference} "
             f"| {ratio} | {remark} |"
         )
     return "\n".join(lines) + "\n"

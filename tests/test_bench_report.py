@@ -59,6 +59,14 @@ def test_markdown_table() -> None:
     assert len(lines) == 6
 
 
+def test_a_ratio_row_is_printed_to_three_decimals() -> None:
+    """0.954 and 0.946 are a loss under and over 5 %: two decimals print both as 0.95."""
+    line = report.markdown_table([_row("metrics", "metrics throughput ratio, per round", 0.954, unit="ratio")])
+    assert line.splitlines()[2] == "| metrics throughput ratio, per round | 0.954 | 0.859-1.145 | ratio | - | - |  |"
+    assert report.format_value(0.946, "ratio") == "0.946"
+    assert report.format_value(0.946) == "0.95"
+
+
 def test_write_markdown(tmp_path: Path) -> None:
     rows = [_row("cluster3", "cluster3 echo ping 32 B p50", 800.0, reference=400.0)]
     path = report.write_markdown(tmp_path / "bench-x.md", rows, "heading")
