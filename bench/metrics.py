@@ -114,7 +114,10 @@ class _Client:
         head, _, data = data.partition(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         status = int(lines[0].split()[1])
-        length = next(int(line.split(b":", 1)[1]) for line in lines[1:] if line[:15].lower() == b"content-length:")
+        lengths = [int(line.split(b":", 1)[1]) for line in lines[1:] if line[:15].lower() == b"content-length:"]
+        if not lengths:
+            raise RuntimeError(f"an answer without Content-Length: {lines[0].decode(errors='replace')}")
+        length = lengths[0]
         while len(data) < length:
             chunk = sock.recv(max(65536, length - len(data)))
             if not chunk:

@@ -24,6 +24,13 @@ class _Handler(BaseHTTPRequestHandler):
         type(self).connections.add(self.client_address[1])
         if self.path == CONTROL_PATH:
             status, body = 404, b"no such path\n"
+        elif self.path == "/no-length":
+            self.send_response(200)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            self.wfile.write(b"a body the client cannot measure")
+            return
         elif self.path.startswith("/size/"):
             status, body = 200, bytes(range(256)) * (int(self.path[6:]) // 256) + b"x" * (int(self.path[6:]) % 256)
         else:
@@ -89,3 +96,13 @@ def test_the_control_path_must_answer_404_and_any_other_200(server: tuple[str, t
     finally:
         control.close()
         failing.close()
+
+
+def test_an_answer_without_its_length_is_refused(server: tuple[str, type[_Handler]]) -> None:
+    url, _ = server
+    client = _Client(url + "/no-length")
+    try:
+        with pytest.raises(RuntimeError, match="without Content-Length: HTTP/1.1 200"):
+            client.get()
+    finally:
+        client.close()
