@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import struct
 import time
+from array import array
 from pathlib import Path
 from collections import deque
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from fulmar.consensus.protocol import (
     CLUSTER_ACTION_FLAGS_DEFAULT,
     CLUSTER_ACTION_FLAGS_STANDBY_SNAPSHOT,
     CLUSTER_SCHEMA_ID,
+    CLUSTER_SCHEMA_VERSION,
     NULL_POSITION,
     NULL_VALUE,
     SESSION_MESSAGE_BLOCK_LENGTH,
@@ -70,7 +72,7 @@ from fulmar.errors import FulmarError
 from fulmar.retry import DistinctErrorPrinter, RetryBackoff
 from fulmar.semantic_version import major_version, version_text
 from fulmar.fragment_assembler import FragmentAssembler
-from fulmar.log_reader import Header
+from fulmar.log_reader import Header, SessionMessages
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
 
 if TYPE_CHECKING:
@@ -600,12 +602,67 @@ class ConsensusModuleAgent:
             work += 1
         if self.ingress is None:
             return work
-        return work + self.ingress.poll(self._ingress_assembler.on_fragment, 64)
+        return work + self.ingress.poll_session_runs(
+            self._ingress_assembler.on_fragment, self._on_ingress_session_messages, 64
+        )
 
     def _on_ingress_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
+        self._take_ingress(buffer, offset, length)
+
+    def _take_ingress(self, buffer: memoryview, offset: int, length: int) -> None:
         if self._pending_ingress or not self._dispatch_ingress(buffer, offset, length):
             # The log is back pressured: keep the message, in order, for the next cycle.
             self._pending_ingress.append(bytes(buffer[offset : offset + length]))
+
+    def _on_ingress_session_messages(self, messages: SessionMessages) -> None:
+        """A run of client messages on the ingress, the hot path: the leader
+        appends the valid ones to the log in one call, each with the session
+        header ``_on_ingress_session_message`` gives it (this term, the
+        session, the cluster time), and keeps in order what back pressure
+        turned away.  Anything else takes the per-message path."""
+        view = messages.view
+        offsets = messages.message_offsets
+        lengths = messages.message_lengths
+        if self._pending_ingress or self._ingress_control_only or self.role is not ClusterRole.LEADER:
+            # What waits goes first; a suspended leader keeps them; a follower's are not for it.
+            for offset, length in zip(offsets, lengths):
+                self._take_ingress(view, offset, length)
+            return
+        sessions = self.sessions
+        term = self.leadership_term_id
+        term_ids = messages.leadership_term_ids
+        timestamp = self.cluster_time()
+        block = bytearray()
+        block_lengths = array("i")
+        taken: list[int] = []  # the run's index of each message in the block
+        for i, session_id in enumerate(messages.session_ids):
+            session = sessions.get(session_id)
+            if session is None or session.state is not ClusterSessionState.OPEN or term_ids[i] != term:
+                self.invalid_requests_counter.increment()
+                continue
+            at = len(block)
+            block += view[offsets[i] : offsets[i] + lengths[i]]
+            SESSION_MESSAGE_FRAME.pack_into(
+                block,
+                at,
+                SESSION_MESSAGE_BLOCK_LENGTH,
+                SESSION_MESSAGE_TEMPLATE_ID,
+                CLUSTER_SCHEMA_ID,
+                CLUSTER_SCHEMA_VERSION,
+                term,
+                session_id,
+                timestamp,
+            )
+            block_lengths.append(lengths[i])
+            taken.append(i)
+        if not taken:
+            return
+        appended = self.log_publisher.append_block(bytes(block), block_lengths)
+        now_ns = self._now_ns
+        for session_id in {messages.session_ids[i] for i in taken[:appended]}:
+            sessions[session_id].time_of_last_activity(now_ns)
+        for i in taken[appended:]:
+            self._pending_ingress.append(bytes(view[offsets[i] : offsets[i] + lengths[i]]))
 
     def _check_service_heartbeats(self, now_ns: int) -> None:
         """Once a second, each service's mark file must show activity within
@@ -1297,7 +1354,9 @@ class ConsensusModuleAgent:
         image = self._log_image
         if image is None:
             return 0
-        work = image.bounded_poll(self._log_assembler.on_fragment, limit_position, 64)
+        work = image.bounded_poll_session_runs(
+            self._log_assembler.on_fragment, self._on_log_session_messages, limit_position, 64
+        )
         position = image.position
         if position > self.log_position:
             self.log_position = position
@@ -1318,13 +1377,13 @@ class ConsensusModuleAgent:
                 and schema == CLUSTER_SCHEMA_ID
                 and block_length == SESSION_MESSAGE_BLOCK_LENGTH
             ):
-                self._on_replay_session_message(session_id, timestamp)
+                self._on_replay_session_message(session_id)
                 return
         try:
             message_header = codecs.read_header(buffer, offset, length)
             if message_header.template_id == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
                 session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
-                self._on_replay_session_message(session_header.cluster_session_id, session_header.timestamp)
+                self._on_replay_session_message(session_header.cluster_session_id)
                 return
             message = codecs.decode(buffer, offset, length)
         except CodecError as error:
@@ -1375,7 +1434,14 @@ class ConsensusModuleAgent:
         if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
             self._set_state(self.running_state)
 
-    def _on_replay_session_message(self, cluster_session_id: int, timestamp: int) -> None:
+    def _on_log_session_messages(self, messages: SessionMessages) -> None:
+        """A run of client (and service) messages in the log, found without a
+        call per message: of each the module needs only its session id."""
+        session_ids = messages.session_ids
+        for session_id in set(session_ids) if messages.count > 1 else session_ids:
+            self._on_replay_session_message(session_id)
+
+    def _on_replay_session_message(self, cluster_session_id: int) -> None:
         if cluster_session_id < 0:
             # A service message: the log holds it, so the service's re-offer is not appended again.
             if cluster_session_id > self.log_service_session_id:

@@ -50,7 +50,7 @@ from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.errors import CodecError, FulmarError
 from fulmar.fragment_assembler import FragmentAssembler
-from fulmar.log_reader import Header
+from fulmar.log_reader import Header, SessionMessages
 from fulmar.log_writer import (
     ADMIN_ACTION,
     BACK_PRESSURED,
@@ -870,7 +870,9 @@ class ClusterClient:
         """
         if self._closed:
             return 0
-        fragments = self.subscription.poll(self._assembler.on_fragment, fragment_limit)
+        fragments = self.subscription.poll_session_runs(
+            self._assembler.on_fragment, self._on_session_messages, fragment_limit
+        )
         if self._closed:
             self._release()
         elif self.keepalive_interval_ns > 0:
@@ -930,6 +932,25 @@ class ClusterClient:
         finally:
             self._capturing = False
             self._reply = None
+
+    def _on_session_messages(self, messages: SessionMessages) -> None:
+        """The hot path: a run of application messages, found without a call
+        per fragment, each handled as ``_on_fragment`` would."""
+        own = self._cluster_session_id
+        view = messages.view
+        timestamps = messages.timestamps
+        offsets = messages.message_offsets
+        lengths = messages.message_lengths
+        for i, session_id in enumerate(messages.session_ids):
+            if session_id != own:
+                self.foreign_count += 1
+                continue
+            start = offsets[i]
+            payload = view[start + SESSION_HEADER_LENGTH : start + lengths[i]]
+            if self._capturing and self._reply is None:
+                self._reply = bytes(payload)
+            elif self.on_message is not None:
+                self.on_message(session_id, timestamps[i], payload)
 
     def _on_fragment(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         if length >= SESSION_HEADER_LENGTH:

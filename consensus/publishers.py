@@ -5,6 +5,7 @@ a negative code (back pressure, not connected) to retry later."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ from fulmar.consensus.protocol import session_message_frame
 from fulmar.log_writer import ADMIN_ACTION
 
 if TYPE_CHECKING:
-    from fulmar.publication import Publication
+    from fulmar.publication import ExclusivePublication, Publication
 
 SESSION_HEADER_LENGTH = codecs.HEADER_LENGTH + codecs.SessionMessageHeaderEncoder.BLOCK_LENGTH
 
@@ -36,11 +37,11 @@ def _offer(publication: Publication, message: bytes) -> int:
 
 
 class LogPublisher(_Encoding):
-    """Appends to the log publication (leader only)."""
+    """Appends to the log publication (leader only): an exclusive one, as the leader is its only writer."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.publication: Publication | None = None
+        self.publication: ExclusivePublication | None = None
 
     @property
     def position(self) -> int:
@@ -57,6 +58,15 @@ class LogPublisher(_Encoding):
         if result == ADMIN_ACTION:
             result = self.publication.offer(message)
         return int(result)
+
+    def append_block(self, block: bytes, lengths: array[int]) -> int:
+        """Append messages laid end to end in ``block`` (their lengths in
+        ``lengths``), each its own frame, in one native call (which moves to
+        the next term itself when one fills); how many were appended, in
+        order: the rest met back pressure."""
+        assert self.publication is not None
+        appended, _result = self.publication.offer_block(block, lengths)
+        return appended
 
     def append(self, encoder: Any, **fields: Any) -> int:
         assert self.publication is not None

@@ -100,6 +100,53 @@ class Header:
 
 FragmentHandler = Callable[[memoryview, int, int, Header], None]
 
+SESSION_HEADER_LENGTH = int(lib.FULMAR_SESSION_HEADER_LENGTH)
+
+
+class SessionMessages:
+    """A run of whole cluster client messages in a row, as parallel lists
+    (``LogReader.bounded_poll_session_runs``): each message's leadership
+    term id, cluster session id and timestamp from its session header, the
+    stream position after its frame, and where the message (session header
+    first, ``SESSION_HEADER_LENGTH`` bytes, then the application's) lies in
+    ``view``.  One per reader, refilled for every run: keep none of it."""
+
+    __slots__ = (
+        "view",
+        "found",
+        "count",
+        "leadership_term_ids",
+        "session_ids",
+        "timestamps",
+        "end_positions",
+        "message_offsets",
+        "message_lengths",
+    )
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+        self.found = ffi.new("fulmar_session_messages_t *")
+        self.count = 0
+        self.leadership_term_ids: list[int] = []
+        self.session_ids: list[int] = []
+        self.timestamps: list[int] = []
+        self.end_positions: list[int] = []
+        self.message_offsets: list[int] = []
+        self.message_lengths: list[int] = []
+
+    def unpack(self, count: int) -> None:
+        found = self.found
+        self.count = count
+        self.leadership_term_ids = ffi.unpack(found.leadership_term_ids, count)
+        self.session_ids = ffi.unpack(found.session_ids, count)
+        self.timestamps = ffi.unpack(found.timestamps, count)
+        self.end_positions = ffi.unpack(found.end_positions, count)
+        self.message_offsets = ffi.unpack(found.message_offsets, count)
+        self.message_lengths = ffi.unpack(found.message_lengths, count)
+
+
+SessionMessagesHandler = Callable[[SessionMessages], None]
+
 
 class FragmentBatch:
     """The fragments one scan found: parallel lists of frame offsets (from the
@@ -137,6 +184,7 @@ class LogReader:
         self._initial_term_id = log.initial_term_id
         self._batch = ffi.new("fulmar_fragment_batch_t *")
         self._header = Header(log)
+        self._session_messages: SessionMessages | None = None  # made by the first bounded_poll_session_runs
         self._counter = position_counter
         self._counter_offset = position_counter_offset
         self._position = 0
@@ -202,6 +250,54 @@ class LogReader:
                     end = offset + ((lengths[i] + FRAME_ALIGNMENT - 1) & ~(FRAME_ALIGNMENT - 1))
                     self._set_position(self._position_of(end))
                     raise
+        if next_position != self._position:
+            self._set_position(next_position)
+        return count
+
+    def bounded_poll_session_runs(
+        self,
+        handler: FragmentHandler,
+        on_session_messages: SessionMessagesHandler,
+        limit_position: int,
+        fragment_limit: int = 10,
+    ) -> int:
+        """Like :meth:`bounded_poll`, but each run of whole cluster client
+        messages in a row (``fulmar_batch_session_messages``) goes to
+        ``on_session_messages`` in one call, in log order, as one
+        :class:`SessionMessages`; every other fragment goes to ``handler``."""
+        start_position = self._position
+        count = self._scan(fragment_limit, limit_position)
+        batch = self._batch
+        next_position = int(batch.next_position)
+        if count:
+            messages = self._session_messages
+            if messages is None:
+                messages = self._session_messages = SessionMessages(self.view)
+            found = messages.found
+            header = self._header
+            view = self.view
+            address = self._address
+            term_length = self._term_length
+            frame_offsets = batch.frame_offsets
+            frame_lengths = batch.frame_lengths
+            i = 0
+            while i < count:
+                run = int(lib.fulmar_batch_session_messages(address, batch, i, start_position, term_length, found))
+                last = i + run - 1 if run else i
+                try:
+                    if run:
+                        messages.unpack(run)
+                        on_session_messages(messages)
+                    else:
+                        offset = frame_offsets[i]
+                        header.offset = offset
+                        handler(view, offset + HEADER_LENGTH, frame_lengths[i] - HEADER_LENGTH, header)
+                except BaseException:
+                    # As bounded_poll: what was handled, and the failed fragments, are consumed.
+                    end = frame_offsets[last] + ((frame_lengths[last] + FRAME_ALIGNMENT - 1) & ~(FRAME_ALIGNMENT - 1))
+                    self._set_position(self._position_of(end))
+                    raise
+                i = last + 1
         if next_position != self._position:
             self._set_position(next_position)
         return count

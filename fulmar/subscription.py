@@ -16,7 +16,7 @@ from fulmar._native import lib
 from fulmar.buffers import AtomicBuffer
 from fulmar.counters import counter_offset
 from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH
-from fulmar.log_reader import BATCH_CAPACITY, FragmentBatch, FragmentHandler, Header, LogReader
+from fulmar.log_reader import BATCH_CAPACITY, FragmentBatch, FragmentHandler, Header, LogReader, SessionMessagesHandler
 from fulmar.logbuffer import LogBuffers
 
 if TYPE_CHECKING:
@@ -114,6 +114,19 @@ class Image:
         if self._closed:
             return 0
         return self._reader.bounded_poll(handler, limit_position, fragment_limit)
+
+    def bounded_poll_session_runs(
+        self,
+        handler: FragmentHandler,
+        on_session_messages: SessionMessagesHandler,
+        limit_position: int,
+        fragment_limit: int,
+    ) -> int:
+        """:meth:`bounded_poll`, with runs of whole cluster client messages
+        handed over as their session ids (``LogReader.bounded_poll_session_runs``)."""
+        if self._closed:
+            return 0
+        return self._reader.bounded_poll_session_runs(handler, on_session_messages, limit_position, fragment_limit)
 
     def scan(self, fragment_limit: int = BATCH_CAPACITY, limit_position: int = _INT64_MAX) -> FragmentBatch:
         """Consume a batch of fragments and return it whole (no per-fragment call)."""
@@ -260,6 +273,17 @@ class Subscription:
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
         """Poll the images in turn until ``fragment_limit`` fragments are read."""
         return self._poll_images(Image.poll, handler, fragment_limit)
+
+    def poll_session_runs(
+        self, handler: FragmentHandler, on_session_messages: SessionMessagesHandler, fragment_limit: int
+    ) -> int:
+        """:meth:`poll`, with runs of whole cluster client messages handed over
+        together (``LogReader.bounded_poll_session_runs``)."""
+
+        def poll(image: Image, handler: FragmentHandler, limit: int) -> int:
+            return image.bounded_poll_session_runs(handler, on_session_messages, _INT64_MAX, limit)
+
+        return self._poll_images(poll, handler, fragment_limit)
 
     def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int:
         return self._poll_images(Image.controlled_poll, handler, fragment_limit)

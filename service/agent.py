@@ -43,7 +43,7 @@ from fulmar.consensus.snapshot import (
 )
 from fulmar.errors import FulmarError
 from fulmar.fragment_assembler import FragmentAssembler
-from fulmar.log_reader import Header
+from fulmar.log_reader import Header, SessionMessages
 from fulmar.log_writer import ADMIN_ACTION
 from fulmar.retry import RetryBackoff
 from fulmar.service.clustered_service import ClientSession, CloseReason, ClusteredService, Role
@@ -373,7 +373,9 @@ class ClusteredServiceAgent:
         limit = self.aeron.counters_reader.counter_value(self._commit_counter_id)
         if self._max_log_position != NULL_POSITION:
             limit = min(limit, self._max_log_position)
-        work = image.bounded_poll(self._log_assembler.on_fragment, limit, 32)
+        work = image.bounded_poll_session_runs(
+            self._log_assembler.on_fragment, self._on_log_session_messages, limit, 32
+        )
         if image.position > self.log_position:
             self.log_position = image.position
         if (self._max_log_position != NULL_POSITION and image.position >= self._max_log_position) or image.is_closed:
@@ -401,6 +403,27 @@ class ClusteredServiceAgent:
         return 0
 
     # ------------------------------------------------------------- the log
+
+    def _on_log_session_messages(self, messages: SessionMessages) -> None:
+        """The hot path: a run of client (and service) messages, each handed
+        to the service with its session, as ``_on_log_message`` would."""
+        on_session_message = self.service.on_session_message
+        sessions = self.sessions
+        view = messages.view
+        timestamps = messages.timestamps
+        end_positions = messages.end_positions
+        offsets = messages.message_offsets
+        lengths = messages.message_lengths
+        for i, session_id in enumerate(messages.session_ids):
+            self.log_position = end_positions[i]
+            timestamp = self.time = timestamps[i]
+            on_session_message(
+                sessions.get(session_id),
+                timestamp,
+                view,
+                offsets[i] + _SESSION_HEADER_LENGTH,
+                lengths[i] - _SESSION_HEADER_LENGTH,
+            )
 
     def _on_log_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         self.log_position = header.position

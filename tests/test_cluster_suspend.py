@@ -88,6 +88,9 @@ class FakeSubscription:
     def poll(self, handler: Any, limit: int) -> int:
         return 0
 
+    def poll_session_runs(self, handler: Any, on_session_messages: Any, limit: int) -> int:
+        return 0
+
     def is_data_available(self) -> bool:
         return False
 

@@ -13,7 +13,7 @@ from fulmar.buffers import MappedFile
 from fulmar.errors import InvalidLogBufferError, MessageTooLongError
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.frames import BEGIN_FLAG, END_FLAG, UNFRAGMENTED, FrameType, decode_data_header
-from fulmar.log_reader import Header, LogReader
+from fulmar.log_reader import Header, LogReader, SessionMessages
 from fulmar.log_writer import (
     ADMIN_ACTION,
     BACK_PRESSURED,
@@ -318,3 +318,96 @@ def test_producer_position_is_aeron_formula_from_the_active_tail(
         assert buffers.producer_position() == expected
     finally:
         buffers.close()
+
+
+SESSION_MESSAGE = struct.Struct("<HHHHqqq")  # SBE header, then leadershipTermId, clusterSessionId, timestamp
+
+
+def session_message(session_id: int, payload: bytes = b"p", *, schema: int = 111, template: int = 1) -> bytes:
+    return SESSION_MESSAGE.pack(24, template, schema, 1, 7, session_id, 1_000 + session_id) + payload
+
+
+def test_bounded_poll_session_runs_hands_whole_client_messages_over_as_runs_in_log_order(log: LogBuffers) -> None:
+    writer = ExclusiveLogWriter(log)
+    fragmented = session_message(9, b"f" * 3000)  # over the max payload of a 64 KiB term's frame
+    messages = [
+        session_message(1),
+        session_message(-3),  # a service's message: negative session ids are runs too
+        session_message(1),
+        b"\x00" * 31,  # shorter than a session header
+        session_message(2),
+        session_message(2, schema=112),  # another schema
+        session_message(4, template=21),  # another template of the cluster's
+        fragmented,
+        session_message(5),
+        session_message(6),
+    ]
+    writer.max_payload_length = 1024
+    for message in messages:
+        assert offer(writer, message) > 0
+    reader = LogReader(log)
+    events: list[tuple[str, object]] = []
+
+    def on_message(buffer: memoryview, offset: int, length: int, header: Header) -> None:
+        events.append(("message", bytes(buffer[offset : offset + length])))
+
+    ends: dict[int, list[int]] = {}
+
+    def on_run(run: SessionMessages) -> None:
+        ids = run.session_ids
+        events.append(("run", ids))
+        assert run.count == len(ids) and run.leadership_term_ids == [7] * len(ids)
+        assert run.timestamps == [1_000 + session_id for session_id in ids]
+        whole = [bytes(run.view[o : o + n]) for o, n in zip(run.message_offsets, run.message_lengths)]
+        assert whole == [session_message(session_id) for session_id in ids]
+        ends.setdefault(ids[0], run.end_positions)
+
+    assembler = FragmentAssembler(on_message)
+    end = writer.position
+    limit = end - 96  # the last message (a 96-byte frame: 32 + 33 bytes, aligned) is past the limit
+    while reader.bounded_poll_session_runs(assembler, on_run, limit, 3):
+        pass
+    assert events == [
+        ("run", [1, -3, 1]),
+        ("message", b"\x00" * 31),
+        ("run", [2]),
+        ("message", messages[5]),
+        ("message", messages[6]),
+        ("message", fragmented),
+        ("run", [5]),
+    ]
+    assert reader.position == limit
+    # Each message's end position: the first run's three frames, then the fourth's (a 64-byte frame) and one more.
+    assert ends[1] == [96, 192, 288] and ends[2] == [288 + 64 + 96]
+    assert reader.bounded_poll_session_runs(assembler, on_run, end, 10) == 1
+    assert events[-1] == ("run", [6]) and ends[6] == [end] and reader.position == end
+
+
+def test_bounded_poll_session_runs_consumes_a_failed_run_and_nothing_after_it(log: LogBuffers) -> None:
+    writer = ExclusiveLogWriter(log)
+    for message in (session_message(1), session_message(2), b"plain", session_message(3)):
+        assert offer(writer, message) > 0
+    reader = LogReader(log)
+
+    def fail(run: SessionMessages) -> None:
+        raise RuntimeError(f"boom {run.session_ids}")
+
+    with pytest.raises(RuntimeError, match=r"boom \[1, 2\]"):
+        reader.bounded_poll_session_runs(lambda *a: None, fail, writer.position, 10)
+    assert reader.position == 2 * 96  # the run's two 96-byte frames, not the plain message after them
+    seen: list[bytes] = []
+    reader.bounded_poll_session_runs(lambda b, o, n, h: seen.append(bytes(b[o : o + n])), fail, writer.position, 1)
+    assert seen == [b"plain"] and reader.position == 2 * 96 + 64
+
+
+def test_bounded_poll_session_runs_gives_stream_positions_in_a_later_term(log: LogBuffers) -> None:
+    writer = ExclusiveLogWriter(log)
+    while writer.position < TERM + 1000:
+        assert offer(writer, b"x" * 1000) > 0
+    start = writer.position
+    for session_id in (11, 12):
+        assert offer(writer, session_message(session_id)) > 0
+    reader = LogReader(log, position=start)
+    seen: list[list[int]] = []
+    reader.bounded_poll_session_runs(lambda *a: None, lambda run: seen.append(run.end_positions), writer.position, 10)
+    assert seen == [[start + 96, start + 192]] and reader.position == writer.position

@@ -669,6 +669,45 @@ int32_t fulmar_log_scan(
     return count > 0 ? count : result;
 }
 
+int32_t fulmar_batch_session_messages(
+    const char *log, const fulmar_fragment_batch_t *batch, int32_t first, int64_t position, int32_t term_length,
+    fulmar_session_messages_t *out)
+{
+    /* The scan's first byte, as an offset from the log's start like frame_offsets. */
+    int32_t bits = __builtin_ctz((unsigned)term_length);
+    int64_t scan_start = (int64_t)((position >> bits) % FULMAR_PARTITION_COUNT) * term_length +
+                         (position & (term_length - 1));
+    int32_t run = 0;
+    for (int32_t i = first; i < batch->count; i++)
+    {
+        if (FULMAR_FLAG_UNFRAGMENTED != (batch->flags[i] & FULMAR_FLAG_UNFRAGMENTED) ||
+            batch->frame_lengths[i] < FULMAR_HEADER_LENGTH + FULMAR_SESSION_HEADER_LENGTH)
+        {
+            break;
+        }
+        const char *message = log + batch->frame_offsets[i] + FULMAR_HEADER_LENGTH;
+        uint16_t block_length, template_id, schema_id;
+        memcpy(&block_length, message, sizeof(block_length));
+        memcpy(&template_id, message + 2, sizeof(template_id));
+        memcpy(&schema_id, message + 4, sizeof(schema_id));
+        if (FULMAR_SESSION_MESSAGE_BLOCK_LENGTH != block_length ||
+            FULMAR_SESSION_MESSAGE_TEMPLATE_ID != template_id || FULMAR_CLUSTER_SCHEMA_ID != schema_id)
+        {
+            break;
+        }
+        /* The block follows the 8-byte SBE header: leadershipTermId, clusterSessionId, timestamp. */
+        memcpy(&out->leadership_term_ids[run], message + 8, sizeof(int64_t));
+        memcpy(&out->session_ids[run], message + 8 + 8, sizeof(int64_t));
+        memcpy(&out->timestamps[run], message + 8 + 16, sizeof(int64_t));
+        int64_t frame_end = batch->frame_offsets[i] + FULMAR_ALIGN(batch->frame_lengths[i], FULMAR_FRAME_ALIGNMENT);
+        out->end_positions[run] = position + (frame_end - scan_start);
+        out->message_offsets[run] = batch->frame_offsets[i] + FULMAR_HEADER_LENGTH;
+        out->message_lengths[run] = batch->frame_lengths[i] - FULMAR_HEADER_LENGTH;
+        run++;
+    }
+    return run;
+}
+
 int64_t fulmar_bench_exclusive_append_scan(
     fulmar_log_writer_t *w, int32_t message_length, int64_t message_count, fulmar_fragment_batch_t *batch)
 {

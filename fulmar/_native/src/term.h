@@ -118,6 +118,34 @@ int32_t fulmar_log_scan(
     const char *log, int32_t term_length, int32_t initial_term_id, int64_t position,
     int64_t limit_position, int32_t fragment_limit, fulmar_fragment_batch_t *batch);
 
+/* A cluster log's SessionMessageHeader as its frames carry it (the SBE
+ * message header, then the block: leadershipTermId, clusterSessionId,
+ * timestamp), PROTOCOL.md and Aeron's cluster schema. */
+#define FULMAR_CLUSTER_SCHEMA_ID 111
+#define FULMAR_SESSION_MESSAGE_TEMPLATE_ID 1
+#define FULMAR_SESSION_MESSAGE_BLOCK_LENGTH 24
+#define FULMAR_SESSION_HEADER_LENGTH 32
+
+typedef struct
+{
+    int64_t leadership_term_ids[4096];
+    int64_t session_ids[4096];      /* clusterSessionId: a client's, or a service's (negative) */
+    int64_t timestamps[4096];       /* in a log, the leader's cluster time when it appended the message */
+    int64_t end_positions[4096];    /* the stream position after the message's frame */
+    int32_t message_offsets[4096];  /* where the message (its session header first) starts in the log */
+    int32_t message_lengths[4096];  /* session header included */
+} fulmar_session_messages_t;
+
+/* How many fragments of a batch that fulmar_log_scan read from `position`,
+ * from index `first` on, are whole client messages of a cluster log in a
+ * row: unfragmented frames whose payload starts with a SessionMessageHeader
+ * (block length 24, template 1, schema 111) and holds all of it.  Fills
+ * out's entries 0.. for them.  The consensus module and the services read
+ * such a run without a Python call per frame. */
+int32_t fulmar_batch_session_messages(
+    const char *log, const fulmar_fragment_batch_t *batch, int32_t first, int64_t position, int32_t term_length,
+    fulmar_session_messages_t *out);
+
 /* The physical reference for the benchmark: the same append + scan loop as
  * the Python API performs, all in C. Returns messages scanned. */
 int64_t fulmar_bench_exclusive_append_scan(
