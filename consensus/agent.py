@@ -2078,6 +2078,10 @@ class ConsensusModuleAgent:
         return 1
 
     def _follower_work(self, now_ns: int) -> int:
+        # What the archive recorded is reported first: the leader's commit, and
+        # the client's answer, wait on it, while applying the committed log
+        # wakes this member's services, which would take the core first.
+        work = self._send_append_position(now_ns, self.read_append_position())
         applied = self._apply_follower_log()
         image = self._log_image
         if (
@@ -2099,27 +2103,32 @@ class ConsensusModuleAgent:
             )
             self.start_election("log disconnected from leader")
             return 1
-        work = applied + self._check_follower_snapshot() + self._check_follower_termination()
-        position = self.append_position
-        if (
-            position != self._last_append_position_sent
-            or now_ns >= self._time_of_last_append_position_sent_ns + self.context.leader_heartbeat_interval_ns
-        ):
-            assert self.consensus_publisher is not None
-            if self.consensus_publisher.append_position(
-                self.leader_member_id,
-                leadership_term_id=self.leadership_term_id,
-                log_position=position,
-                follower_member_id=self.member_id,
-            ):
-                self._last_append_position_sent = position
-                self._time_of_last_append_position_sent_ns = now_ns
-                work += 1
+        work += applied + self._check_follower_snapshot() + self._check_follower_termination()
         work += self._poll_ingress_as_follower()
         if now_ns - self._time_of_last_leader_message_ns >= self.context.leader_heartbeat_timeout_ns:
             self.start_election("leader heartbeat timeout")
             return work + 1
         return work
+
+    def _send_append_position(self, now_ns: int, position: int) -> int:
+        """AppendPosition to the leader when the recorded position moved, or a
+        heartbeat interval after the last; 1 if sent."""
+        if (
+            position == self._last_append_position_sent
+            and now_ns < self._time_of_last_append_position_sent_ns + self.context.leader_heartbeat_interval_ns
+        ):
+            return 0
+        assert self.consensus_publisher is not None
+        if not self.consensus_publisher.append_position(
+            self.leader_member_id,
+            leadership_term_id=self.leadership_term_id,
+            log_position=position,
+            follower_member_id=self.member_id,
+        ):
+            return 0
+        self._last_append_position_sent = position
+        self._time_of_last_append_position_sent_ns = now_ns
+        return 1
 
     def _poll_ingress_as_follower(self) -> int:
         """Followers answer connect requests with a REDIRECT to the leader; session
