@@ -122,8 +122,8 @@ class Image:
         limit_position: int,
         fragment_limit: int,
     ) -> int:
-        """:meth:`bounded_poll`, with runs of whole cluster client messages
-        handed over as their session ids (``LogReader.bounded_poll_session_runs``)."""
+        """:meth:`bounded_poll`, with each run of whole cluster client messages
+        handed over in one call (``LogReader.bounded_poll_session_runs``)."""
         if self._closed:
             return 0
         return self._reader.bounded_poll_session_runs(handler, on_session_messages, limit_position, fragment_limit)
