@@ -1437,8 +1437,7 @@ class ConsensusModuleAgent:
     def _on_log_session_messages(self, messages: SessionMessages) -> None:
         """A run of client (and service) messages in the log, found without a
         call per message: of each the module needs only its session id."""
-        session_ids = messages.session_ids
-        for session_id in set(session_ids) if messages.count > 1 else session_ids:
+        for session_id in set(messages.session_ids):
             self._on_replay_session_message(session_id)
 
     def _on_replay_session_message(self, cluster_session_id: int) -> None:

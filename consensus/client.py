@@ -935,22 +935,24 @@ class ClusterClient:
 
     def _on_session_messages(self, messages: SessionMessages) -> None:
         """The hot path: a run of application messages, found without a call
-        per fragment, each handled as ``_on_fragment`` would."""
-        own = self._cluster_session_id
+        per fragment."""
         view = messages.view
         timestamps = messages.timestamps
         offsets = messages.message_offsets
         lengths = messages.message_lengths
         for i, session_id in enumerate(messages.session_ids):
-            if session_id != own:
-                self.foreign_count += 1
-                continue
             start = offsets[i]
-            payload = view[start + SESSION_HEADER_LENGTH : start + lengths[i]]
-            if self._capturing and self._reply is None:
-                self._reply = bytes(payload)
-            elif self.on_message is not None:
-                self.on_message(session_id, timestamps[i], payload)
+            self._on_application_message(
+                session_id, timestamps[i], view[start + SESSION_HEADER_LENGTH : start + lengths[i]]
+            )
+
+    def _on_application_message(self, session_id: int, timestamp: int, payload: memoryview) -> None:
+        if session_id != self._cluster_session_id:
+            self.foreign_count += 1
+        elif self._capturing and self._reply is None:
+            self._reply = bytes(payload)
+        elif self.on_message is not None:
+            self.on_message(session_id, timestamp, payload)
 
     def _on_fragment(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         if length >= SESSION_HEADER_LENGTH:
@@ -961,14 +963,9 @@ class ClusterClient:
                 and block_length == _SESSION_BLOCK_LENGTH
             ):
                 _term, session_id, timestamp = _SESSION_BLOCK.unpack_from(buffer, offset + SBE_HEADER_LENGTH)
-                if session_id != self._cluster_session_id:
-                    self.foreign_count += 1
-                    return
-                payload = buffer[offset + SESSION_HEADER_LENGTH : offset + length]
-                if self._capturing and self._reply is None:
-                    self._reply = bytes(payload)
-                elif self.on_message is not None:
-                    self.on_message(session_id, timestamp, payload)
+                self._on_application_message(
+                    session_id, timestamp, buffer[offset + SESSION_HEADER_LENGTH : offset + length]
+                )
                 return
         try:
             message = codecs.decode(buffer, offset, length)
@@ -977,15 +974,8 @@ class ClusterClient:
             return
         if isinstance(message, codecs.SessionMessageHeaderDecoder):
             # A header with an unusual block length (a newer schema): honour it.
-            if message.cluster_session_id != self._cluster_session_id:
-                self.foreign_count += 1
-                return
             start = offset + SBE_HEADER_LENGTH + message.sbe_acting_block_length
-            payload = buffer[start : offset + length]
-            if self._capturing and self._reply is None:
-                self._reply = bytes(payload)
-            elif self.on_message is not None:
-                self.on_message(message.cluster_session_id, message.timestamp, payload)
+            self._on_application_message(message.cluster_session_id, message.timestamp, buffer[start : offset + length])
         elif isinstance(message, codecs.SessionEventDecoder):
             self._on_session_event(message)
         elif isinstance(message, codecs.NewLeaderEventDecoder):

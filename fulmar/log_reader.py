@@ -245,10 +245,7 @@ class LogReader:
                 try:
                     handler(view, offset + HEADER_LENGTH, lengths[i] - HEADER_LENGTH, header)
                 except BaseException:
-                    # As in Aeron, the fragments handled so far and the one
-                    # whose handler failed are consumed; the rest are not.
-                    end = offset + ((lengths[i] + FRAME_ALIGNMENT - 1) & ~(FRAME_ALIGNMENT - 1))
-                    self._set_position(self._position_of(end))
+                    self._consume_through(offset, lengths[i])
                     raise
         if next_position != self._position:
             self._set_position(next_position)
@@ -293,14 +290,18 @@ class LogReader:
                         header.offset = offset
                         handler(view, offset + HEADER_LENGTH, frame_lengths[i] - HEADER_LENGTH, header)
                 except BaseException:
-                    # As bounded_poll: what was handled, and the failed fragments, are consumed.
-                    end = frame_offsets[last] + ((frame_lengths[last] + FRAME_ALIGNMENT - 1) & ~(FRAME_ALIGNMENT - 1))
-                    self._set_position(self._position_of(end))
+                    self._consume_through(frame_offsets[last], frame_lengths[last])
                     raise
                 i = last + 1
         if next_position != self._position:
             self._set_position(next_position)
         return count
+
+    def _consume_through(self, frame_offset: int, frame_length: int) -> None:
+        """A handler failed on the frame at ``frame_offset``: as in Aeron, the
+        fragments handled so far and the failed ones are consumed; the rest are not."""
+        end = frame_offset + ((frame_length + FRAME_ALIGNMENT - 1) & ~(FRAME_ALIGNMENT - 1))
+        self._set_position(self._position_of(end))
 
     def _position_of(self, end_offset: int) -> int:
         """Position of an offset (from the log's start) within the term being read."""

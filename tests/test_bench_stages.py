@@ -40,10 +40,9 @@ def test_a_process_threads_cpu_and_run_queue_wait_are_read_from_schedstat() -> N
         pass  # 50 ms of this thread's CPU, however long a busy machine makes that take
     time.sleep(0.01)  # at least one voluntary switch
     after = _thread_figures(os.getpid())
-    switches, cpu_ns, wait_ns = (later - earlier for later, earlier in zip(after, before))
+    switches, cpu_ns, _wait_ns = (later - earlier for later, earlier in zip(after, before))
     assert switches >= 1
     assert 50_000_000 <= cpu_ns <= 5_000_000_000
-    assert wait_ns >= 0
 
 
 def test_a_follower_role_is_the_mean_of_the_followers_and_a_leader_role_its_own() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -70,8 +71,16 @@ def fake_leader(accept: int) -> Any:
     return leader
 
 
-def run_of(tmp_path: Path, messages: list[bytes]) -> list[SessionMessages]:
-    log = LogBuffers.create(tmp_path / "ingress.logbuffer", 64 * 1024, session_id=1, stream_id=101, initial_term_id=0)
+@pytest.fixture
+def log(tmp_path: Path) -> Iterator[LogBuffers]:
+    buffers = LogBuffers.create(
+        tmp_path / "ingress.logbuffer", 64 * 1024, session_id=1, stream_id=101, initial_term_id=0
+    )
+    yield buffers
+    buffers.close()
+
+
+def run_of(log: LogBuffers, messages: list[bytes]) -> list[SessionMessages]:
     writer = ExclusiveLogWriter(log)
     for message in messages:
         assert writer.offer(message) > 0
@@ -92,9 +101,9 @@ INGRESS = [
 
 
 @pytest.mark.parametrize("accept", [3, 2, 0])
-def test_a_run_goes_to_the_log_in_order_and_back_pressure_keeps_the_rest(tmp_path: Path, accept: int) -> None:
+def test_a_run_goes_to_the_log_in_order_and_back_pressure_keeps_the_rest(log: LogBuffers, accept: int) -> None:
     leader = fake_leader(accept)
-    (run,) = run_of(tmp_path, INGRESS)
+    (run,) = run_of(log, INGRESS)
     ConsensusModuleAgent._on_ingress_session_messages(leader, run)
     assert leader.invalid_requests_counter.value == 3
     valid = [b"first", b"second", b"third"]
@@ -116,11 +125,11 @@ def test_a_run_goes_to_the_log_in_order_and_back_pressure_keeps_the_rest(tmp_pat
     ],
     ids=["messages already waiting", "suspended", "a follower"],
 )
-def test_otherwise_each_message_takes_the_per_message_path(tmp_path: Path, change: dict[str, Any]) -> None:
+def test_otherwise_each_message_takes_the_per_message_path(log: LogBuffers, change: dict[str, Any]) -> None:
     leader = fake_leader(10)
     for name, value in change.items():
         setattr(leader, name, value)
-    (run,) = run_of(tmp_path, INGRESS)
+    (run,) = run_of(log, INGRESS)
     ConsensusModuleAgent._on_ingress_session_messages(leader, run)
     assert leader.taken_one_by_one == INGRESS
     assert leader.log_publisher.appended == [] and leader.invalid_requests_counter.value == 0
