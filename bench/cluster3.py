@@ -123,7 +123,7 @@ _announced = False
 def reference_name(name: str, module: str) -> str | None:
     """``module``'s name for the work of this module's row ``name``: the
     PySyncObj peer's (``bench.pysyncobj_peer``: same prefix-less names, its
-    best rows of both settings, the failover's kill to first answer
+    best rows of its settings, the failover's kill to first answer
     included), else the 1-node cluster's
     (``bench.cluster``: echo rows only)."""
     if module == "pysyncobj_peer" and name.startswith("cluster3 "):

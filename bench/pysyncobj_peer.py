@@ -1,10 +1,11 @@
 """The peer: PySyncObj (from PyPI, the optional ``bench`` extra) as a 3-node
 cluster doing fulmar's echo work, side by side in the same run, in both of
-its settings of ``appendEntriesUseBatch``; ``bench.cluster3`` compares each
-of its figures with the peer's best.
+its settings of ``appendEntriesUseBatch``, each under both CPU policies;
+``bench.cluster3`` compares each of its figures with the peer's best.
 
 Three node processes on 127.0.0.1 (free TCP ports), each ``python -m
-bench.pysyncobj_peer node appendEntriesUseBatch=B SELF OTHER OTHER STATUS``:
+bench.pysyncobj_peer node appendEntriesUseBatch=B cpu-policy=P SELF OTHER OTHER
+STATUS``:
 a ``SyncObj`` subclass whose one ``@replicated`` method ``append(payload)``
 appends the payload to a list and returns the count (the state machine's
 work for fulmar's echo: a replicated append of the same payload).  Each node
@@ -21,8 +22,8 @@ read-only node: one more follower's worth of sending than fulmar's leader
 has.)  It ticks PySyncObj itself (``autoTick=False``) from one thread and
 takes commands from this process one JSON line at a time.
 
-The two settings, each a cluster of its own started in turn (the setting is
-on every process's command line, as above):
+The four settings, each a cluster of its own started in turn (the setting is
+on every process's command line, as above, a node's CPU policy after it):
 
 - ``no batch``, ``appendEntriesUseBatch=False``: PySyncObj's documented
   setting for "single request speed": the leader sends each new entry at
@@ -31,7 +32,13 @@ on every process's command line, as above):
   sends new entries every ``appendEntriesPeriod`` (0.1 s), many to a
   message: more calls per second when many are in flight, but a call waits
   for two of those sends (its entry, then the commit index the client, a
-  read-only node, applies it by): one call at a time takes about 0.2 s.
+  read-only node, applies it by): one call at a time takes about 0.2 s;
+- ``no batch, SCHED_BATCH`` and ``batch, SCHED_BATCH``: the same, with each
+  node process (and PySyncObj's thread in it) under Linux's SCHED_BATCH
+  policy, as fulmar's node processes run by default (``fulmar.cpu_policy``:
+  no wake-up preemption).  It is not PySyncObj's setting but the machine's,
+  open to any user of it, so the peer gets it too; the client process stays
+  under the default policy, as fulmar's client process does.
 
 Measurements are ``bench.cluster``'s (counts in ``bench.openloop``), in
 ``bench.cluster3``'s order (resources, failovers, echo), in each setting:
@@ -120,6 +127,9 @@ from typing import Any
 from collections.abc import Callable
 
 from bench import resources
+
+from fulmar.cpu_policy import BATCH, CPU_POLICIES, NORMAL, apply_cpu_policy
+
 from bench.openloop import (
     PING_WARMUP,
     SETTLE_QUIET_S,
@@ -136,13 +146,23 @@ from bench.openloop import (
 
 PREFIX = "pysyncobj"
 # The settings, in the order they run: a row's name is pysyncobj[SETTING] ...,
-# the value is appendEntriesUseBatch.
-SETTINGS = {"no batch": False, "batch": True}
+# the value is appendEntriesUseBatch and the nodes' CPU policy (module docstring).
+SETTINGS = {
+    "no batch": (False, NORMAL),
+    "batch": (True, NORMAL),
+    "no batch, SCHED_BATCH": (False, BATCH),
+    "batch, SCHED_BATCH": (True, BATCH),
+}
 FAILOVER_SETTING = "no batch"  # the only setting whose failover is measured (module docstring)
 PEER_WINDOW = 10_000  # the peer's throughput runs also have this many calls in flight
 # Each setting's latency histograms in their own files and curves (``bench.report.SYSTEMS``),
 # not merged into one: a histogram's key is (system, histogram id).
-HISTOGRAM_SYSTEMS = {"no batch": "pysyncobj_peer-no-batch", "batch": "pysyncobj_peer-batch"}
+HISTOGRAM_SYSTEMS = {
+    "no batch": "pysyncobj_peer-no-batch",
+    "batch": "pysyncobj_peer-batch",
+    "no batch, SCHED_BATCH": "pysyncobj_peer-no-batch-sched-batch",
+    "batch, SCHED_BATCH": "pysyncobj_peer-batch-sched-batch",
+}
 MEMBERS = 3
 WARMUP_S = 1.0  # defaults of Client.latency (the resource-use run); the echo runs use EchoSettings
 DRAIN_S = 2.0
@@ -190,6 +210,18 @@ def _parse_batch_argument(argument: str) -> bool:
     raise SystemExit(f"bench.pysyncobj_peer: expected appendEntriesUseBatch=True or =False, got {argument!r}")
 
 
+def _policy_argument(cpu_policy: str) -> str:
+    """A node's CPU policy on its command line (``fulmar.cpu_policy``'s names)."""
+    return f"cpu-policy={cpu_policy}"
+
+
+def _parse_policy_argument(argument: str) -> str:
+    for cpu_policy in CPU_POLICIES:
+        if argument == _policy_argument(cpu_policy):
+            return cpu_policy
+    raise SystemExit(f"bench.pysyncobj_peer: expected cpu-policy=batch or =normal, got {argument!r}")
+
+
 def _appender_class() -> Any:
     """The replicated state machine (defined lazily: pysyncobj is optional)."""
     from pysyncobj import SyncObj, replicated
@@ -210,8 +242,9 @@ def _appender_class() -> Any:
 # ------------------------------------------------------------------ node process
 
 
-def node_main(self_node: str, others: list[str], status_path: Path, use_batch: bool) -> None:
+def node_main(self_node: str, others: list[str], status_path: Path, use_batch: bool, cpu_policy: str) -> None:
     """One cluster member until SIGTERM, its Raft state in ``status_path``."""
+    apply_cpu_policy(cpu_policy)  # before PySyncObj starts its thread: it inherits the policy
     stopping = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     node = _appender_class()(self_node, others, _conf(use_batch))
@@ -541,8 +574,9 @@ class PeerCluster:
     """Three nodes and the client, under a temporary directory; ``close``
     reaps every process and removes the directory whatever state it is in."""
 
-    def __init__(self, use_batch: bool) -> None:
+    def __init__(self, use_batch: bool, cpu_policy: str = NORMAL) -> None:
         self.use_batch = use_batch
+        self.cpu_policy = cpu_policy
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-bench-pysyncobj-"))
         self.addresses = [f"127.0.0.1:{port}" for port in _free_tcp_ports(MEMBERS)]
         self.nodes: dict[int, Process] = {}
@@ -566,7 +600,14 @@ class PeerCluster:
         status = self.base / f"node{member}.json"
         status.unlink(missing_ok=True)
         self.nodes[member] = Process(
-            ["node", _batch_argument(self.use_batch), self.addresses[member], *others, str(status)],
+            [
+                "node",
+                _batch_argument(self.use_batch),
+                _policy_argument(self.cpu_policy),
+                self.addresses[member],
+                *others,
+                str(status),
+            ],
             self.base / f"node{member}.log",
         )
 
@@ -678,7 +719,7 @@ class EchoCommands:
                 flush=True,
             )
             self.cluster.close()
-            self.cluster = PeerCluster(self.cluster.use_batch)
+            self.cluster = PeerCluster(self.cluster.use_batch, self.cluster.cpu_policy)
             self.cluster.wait_settled("a leader and two followers (started again)")
             return None
 
@@ -774,10 +815,12 @@ def run_setting(setting: str, settings: EchoSettings, failovers: int) -> list[di
     """One setting's cluster, from start to close: resource use, ``failovers`` failovers, the echo runs."""
     tag = f"bench.{PREFIX}_peer[{setting}]"
     began = time.monotonic()
-    cluster = PeerCluster(SETTINGS[setting])
+    use_batch, cpu_policy = SETTINGS[setting]
+    cluster = PeerCluster(use_batch, cpu_policy)
     try:
         print(
-            f"{tag}: appendEntriesUseBatch {SETTINGS[setting]}; 3 node processes {cluster.pids()} + a client "
+            f"{tag}: appendEntriesUseBatch {use_batch}, nodes' CPU policy {cpu_policy}; 3 node processes "
+            f"{cluster.pids()} + a client "
             f"process (pid {cluster.client.process.pid if cluster.client else '-'}); {failovers} failover(s)",
             flush=True,
         )
@@ -835,7 +878,8 @@ def run(quick: bool) -> list[dict[str, Any]]:
     failovers = 1 if quick else FAILOVERS
     print(
         f"bench.pysyncobj_peer: PySyncObj {VERSION}, in each setting of appendEntriesUseBatch in turn "
-        f"({', '.join(f'{name}: {use_batch}' for name, use_batch in SETTINGS.items())}) 3 node processes + a "
+        f"({', '.join(f'{name}: {batch}, CPU policy {policy}' for name, (batch, policy) in SETTINGS.items())}) "
+        f"3 node processes + a "
         f"client process that is a read-only SyncObj (PySyncObj's non-member: calls forwarded to the leader, "
         f"answered once applied; a client hop like fulmar's); raftMinTimeout {RAFT_MIN_TIMEOUT_S:g} s, "
         f"raftMaxTimeout {RAFT_MAX_TIMEOUT_S:g} s (election after 1.0-1.5 s without the leader, vs fulmar's 1 s "
@@ -857,7 +901,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     return results
 
 
-# ------------------------------------------------------------------ the best of both settings
+# ------------------------------------------------------------------ the best of the settings
 
 _THROUGHPUT_NAME = re.compile(r"(echo (\d+) B), window (\d+)(.*)")  # the label, size, window, what follows
 
@@ -936,7 +980,7 @@ def derived_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key = chosen[plain if lead is None else lead]
         if key is None:
             source = next(iter(options.values()))
-            note = "no figure in either setting" if lead is None else f"no figure in either setting for {lead}"
+            note = "no figure in any setting" if lead is None else f"no figure in any setting for {lead}"
             best.append({**source, "name": plain, "median": None, "min": None, "max": None, "runs": 0, "note": note})
             continue
         if key not in options:
@@ -955,7 +999,7 @@ def derived_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["node"]:
-        node_main(argv[2], argv[3:-1], Path(argv[-1]), _parse_batch_argument(argv[1]))
+        node_main(argv[3], argv[4:-1], Path(argv[-1]), _parse_batch_argument(argv[1]), _parse_policy_argument(argv[2]))
     elif argv[:1] == ["client"]:
         client_main(argv[2:], _parse_batch_argument(argv[1]))
     else:

@@ -29,12 +29,15 @@ SYSTEMS = {
     "pysyncobj_peer": "PySyncObj 3-node, its best setting and window",
     "pysyncobj_peer-no-batch": "PySyncObj 3-node, no batch",
     "pysyncobj_peer-batch": "PySyncObj 3-node, batch",
+    "pysyncobj_peer-no-batch-sched-batch": "PySyncObj 3-node, no batch, SCHED_BATCH",
+    "pysyncobj_peer-batch-sched-batch": "PySyncObj 3-node, batch, SCHED_BATCH",
 }
 NS_PER_US = 1000  # histograms hold nanoseconds; files and plots show microseconds
 REFERENCE_NOTES = {
     "C": "the same loop in C, measured in this run",
     "pysyncobj_peer": "cluster3 rows: PySyncObj's 3-node cluster doing the same work in this run, its best "
-    "of both settings for each figure (no batch / batch: appendEntriesUseBatch False / True; "
+    "of its settings for each figure (no batch / batch: appendEntriesUseBatch False / True; each also with "
+    "the nodes under SCHED_BATCH, as fulmar's; "
     "throughput at window 1000 or 10000, whichever was higher), named in the note column "
     "(ratio = fulmar / PySyncObj: above 1 is better for fulmar in msgs/s and MB/s, "
     "below 1 in us, ms, cores, MiB and msgs)",

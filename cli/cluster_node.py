@@ -47,7 +47,7 @@ from fulmar.driver.media_driver import (
     check_reclaimable,
     run_driver,
 )
-from fulmar import log_lines
+from fulmar import cpu_policy, log_lines
 from fulmar.errors import FulmarError
 from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH
 from fulmar.logbuffer import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, TERM_MIN_LENGTH
@@ -119,12 +119,32 @@ _PROCESS_NAMES = {
     "subcommand: cluster-node --log-format json archive ...  (cluster-node start takes it as the "
     "node key [node] log_format too, for the node's processes.)",
 )
+@click.option(
+    "--cpu-policy",
+    "cpu_policy_name",
+    type=click.Choice(cpu_policy.CPU_POLICIES),
+    envvar=cpu_policy.CPU_POLICY_ENV,
+    show_envvar=True,
+    default=cpu_policy.DEFAULT_CPU_POLICY,
+    help="How Linux schedules this process (and the processes it starts): batch is SCHED_BATCH, which "
+    "is the default policy without wake-up preemption (a woken process does not take the core from the one "
+    "that woke it, so a burst of datagrams is read whole rather than one wake-up each); normal is Linux's "
+    "default.  Goes before the subcommand: cluster-node --cpu-policy normal start ...  (cluster-node start "
+    "takes it as the node key [node] cpu_policy too.)",
+)
 @click.pass_context
-def main(ctx: click.Context, file_group: str | None, log_format: str) -> None:
+def main(ctx: click.Context, file_group: str | None, log_format: str, cpu_policy_name: str) -> None:
     """Run the processes of a fulmar cluster node."""
     # Before anything is printed; the processes this one starts inherit it.
     log_lines.configure(log_format, _PROCESS_NAMES.get(ctx.invoked_subcommand or ""))
     os.environ[log_lines.LOG_FORMAT_ENV] = log_format
+    # Before any thread starts: threads and child processes inherit the policy.
+    try:
+        cpu_policy.apply_cpu_policy(cpu_policy_name)
+    except cpu_policy.CpuPolicyError as error:
+        # The node works under Linux's default policy, only slower under load.
+        click.echo(f"cluster-node: {error}; running under the normal policy", err=True)
+    os.environ[cpu_policy.CPU_POLICY_ENV] = cpu_policy_name
     # SIGUSR1 prints every thread's stack to stderr: how to see what a stuck
     # node process is doing without stopping it.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

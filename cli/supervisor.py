@@ -94,6 +94,7 @@ import psutil
 from fulmar import log_lines
 from fulmar.channel_uri import ChannelUri
 from fulmar.cli.options import Duration, format_duration, format_size, Size
+from fulmar.cpu_policy import CPU_POLICIES, CPU_POLICY_ENV, DEFAULT_CPU_POLICY
 from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, parse_cluster_members
 from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
 from fulmar.permissions import make_directory
@@ -312,6 +313,16 @@ def _node_options() -> list[Option]:
             log_lines.PLAIN,
             flag="--log-format",
         ),
+        Option(
+            "node",
+            "cpu_policy",
+            click.Choice(CPU_POLICIES),
+            "How Linux schedules the node's processes: batch (SCHED_BATCH: no wake-up preemption, so a "
+            "woken process does not take the core from the one that woke it) or normal (Linux's default).",
+            DEFAULT_CPU_POLICY,
+            envvar=CPU_POLICY_ENV,
+            flag="--cpu-policy",
+        ),
     ]
 
 
@@ -433,6 +444,7 @@ class NodeConfig:
     metrics_port: int | None = None  # None: no metrics served
     metrics_host: str = "127.0.0.1"
     log_format: str = log_lines.PLAIN
+    cpu_policy: str = DEFAULT_CPU_POLICY
     values: dict[tuple[str, str], Any] = field(default_factory=dict)  # set values of the mirrored options
     options: dict[tuple[str, str], Option] = field(default_factory=dict)
 
@@ -440,6 +452,7 @@ class NodeConfig:
         base_env = {key: value for key, value in os.environ.items() if key != SECRET_ENV}
         base_env["PYTHONUNBUFFERED"] = "1"
         base_env[log_lines.LOG_FORMAT_ENV] = self.log_format
+        base_env[CPU_POLICY_ENV] = self.cpu_policy
         base_env[log_lines.LOG_MEMBER_ENV] = str(self.member_id)
 
         def mirrored(section: str) -> list[str]:
@@ -544,6 +557,8 @@ class NodeConfig:
             node.update(metrics_port=self.metrics_port, metrics_host=self.metrics_host)
         if self.log_format != log_lines.PLAIN:
             node["log_format"] = self.log_format
+        if self.cpu_policy != DEFAULT_CPU_POLICY:
+            node["cpu_policy"] = self.cpu_policy
         lines += [f"{key} = {_toml_value(value)}" for key, value in node.items()]
         for section in ("driver", "archive", "consensus"):
             entries = [
@@ -659,6 +674,7 @@ def resolve_config(
         metrics_port=resolved.get(("node", "metrics_port")),
         metrics_host=str(resolved.get(("node", "metrics_host"), "127.0.0.1")),
         log_format=str(resolved.get(("node", "log_format"), log_lines.PLAIN)),
+        cpu_policy=str(resolved.get(("node", "cpu_policy"), DEFAULT_CPU_POLICY)),
         values=values,
         options=by_place,
     )
