@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from driver_support import new_driver_dir, stop_process, wait_for
+from driver_support import new_driver_dir, remove_driver_dir, stop_process, wait_for
 from test_cluster_node_start import STOP_S, Node, start_node  # noqa: F401 - start_node: a fixture
 
 from fulmar.cnc import CncError, CncFile
@@ -79,7 +79,7 @@ def run_driver(driver_dir: Path, *group_args: str) -> subprocess.Popen[bytes]:
         wait_for(serving, 30, f"the media driver in {driver_dir} to serve")
     except BaseException:
         stop_process(process, 10)
-        shutil.rmtree(driver_dir, ignore_errors=True)
+        remove_driver_dir(driver_dir)
         raise
     return process
 
@@ -96,7 +96,7 @@ def test_a_media_driver_runs_every_thread_under_the_policy(
         assert len(policies) >= 2 and set(policies.values()) == {expected}, policies
     finally:
         stop_process(process, 10)
-        shutil.rmtree(driver_dir, ignore_errors=True)
+        remove_driver_dir(driver_dir)
 
 
 def test_the_environment_names_the_policy_too(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,7 +107,7 @@ def test_the_environment_names_the_policy_too(monkeypatch: pytest.MonkeyPatch) -
         assert set(thread_policies(psutil.Process(process.pid)).values()) == {NORMAL}
     finally:
         stop_process(process, 10)
-        shutil.rmtree(driver_dir, ignore_errors=True)
+        remove_driver_dir(driver_dir)
 
 
 @pytest.mark.parametrize(("start_args", "expected"), [((), BATCH), (("--cpu-policy", "normal"), NORMAL)])
