@@ -127,9 +127,6 @@ from typing import Any
 from collections.abc import Callable
 
 from bench import resources
-
-from fulmar.cpu_policy import BATCH, CPU_POLICIES, NORMAL, apply_cpu_policy
-
 from bench.openloop import (
     PING_WARMUP,
     SETTLE_QUIET_S,
@@ -143,6 +140,8 @@ from bench.openloop import (
     ping_rows,
     throughput_rows,
 )
+
+from fulmar.cpu_policy import BATCH, CPU_POLICIES, NORMAL, apply_cpu_policy
 
 PREFIX = "pysyncobj"
 # The settings, in the order they run: a row's name is pysyncobj[SETTING] ...,

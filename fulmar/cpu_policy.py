@@ -23,7 +23,8 @@ at a time went round in 556-562 us at the median instead of 611-615.
 It needs no privilege (``sched_setscheduler(2)``: an unprivileged thread may
 move between SCHED_OTHER and SCHED_BATCH), it leaves priorities (nice)
 alone, and a thread inherits it from the thread that creates it, a process
-from its parent.  ``normal`` keeps Linux's default.
+from its parent.  ``normal`` keeps Linux's default.  A real-time or idle
+policy the process was started under is left as it was.
 """
 
 from __future__ import annotations
@@ -51,11 +52,18 @@ def _linux_policy(name: str) -> int:
 
 def apply_cpu_policy(name: str) -> None:
     """Put every thread of this process under ``name``'s policy (the threads
-    started later inherit it from the one that starts them)."""
+    started later inherit it from the one that starts them).  Only threads
+    under one of the two policies this chooses between are moved: a policy an
+    operator set on purpose (SCHED_FIFO or SCHED_RR for low latency,
+    SCHED_IDLE for a background node, say by systemd's CPUSchedulingPolicy)
+    is left as it is."""
     policy = _linux_policy(name)
     for entry in os.listdir("/proc/self/task"):
+        tid = int(entry)
         try:
-            os.sched_setscheduler(int(entry), policy, os.sched_param(0))
+            if os.sched_getscheduler(tid) not in (os.SCHED_OTHER, os.SCHED_BATCH):
+                continue
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
         except ProcessLookupError:
             continue  # the thread ended meanwhile
         except OSError as error:

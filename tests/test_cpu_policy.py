@@ -52,6 +52,24 @@ gate.set(); early.join(); late.join()
     assert result.stdout.splitlines() == ["['normal']", "3 ['batch']", "['normal']"], result.stdout
 
 
+def test_a_policy_an_operator_chose_is_left_alone() -> None:
+    """A process started under SCHED_IDLE (a background node, say by systemd's
+    CPUSchedulingPolicy=idle) stays there: batch and normal choose only between
+    Linux's default and SCHED_BATCH."""
+    code = """
+import os
+from fulmar.cpu_policy import apply_cpu_policy
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+apply_cpu_policy("batch")
+print(os.sched_getscheduler(0) == os.SCHED_IDLE)
+apply_cpu_policy("normal")
+print(os.sched_getscheduler(0) == os.SCHED_IDLE)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True"], result.stdout
+
+
 def test_an_unknown_policy_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="CPU policy 'fifo': one of batch, normal"):
         apply_cpu_policy("fifo")
