@@ -252,7 +252,14 @@ def test_a_blank_member_joins_from_the_leaders_snapshot_once_the_log_is_purged()
             grow(workload, cluster, 2, 700)
             starts = [log_recording(cluster, m)[1] for m in range(cluster.size)]
             assert all(start > 0 for start in starts), f"the members did not purge after their snapshots: {starts}"
-            assert all(len(snapshot_sets(entries(cluster, m), 1)) == 1 for m in range(cluster.size))
+            # A member invalidates the older set after it has recorded the new one, once
+            # its archive has answered for the log recording's extent: the new set is in
+            # its recording log first.
+            wait_for(
+                lambda: all(len(snapshot_sets(entries(cluster, m), 1)) == 1 for m in range(cluster.size)),
+                30,
+                "every member to keep one snapshot set once it has recorded the second",
+            )
             leader = wait_for_leader(cluster, 30).member
             blank = (leader + 2) % cluster.size
             cluster.kill_member(blank)
