@@ -11,6 +11,8 @@ import pytest
 from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
 from test_driver_udp import free_udp_port
 
+from fulmar.cli.supervisor import free_udp_ports
+
 from fulmar.aeron import Aeron
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 
@@ -45,12 +47,14 @@ def subscriber_main(directory: str, channel: str, control: Connection) -> None:
 class Receivers:
     """Receiver driver processes, each with a subscriber process."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, exclude: tuple[int, ...] = ()) -> None:
         self.dirs = [new_driver_dir() for _ in range(count)]
         self.drivers: list[DriverProcess] = []
         self.subscribers: list[multiprocessing.process.BaseProcess] = []
         self.controls: list[Connection] = []
-        self.ports = [free_udp_port() for _ in range(count)]
+        # Chosen together, and none of them the publication's control port: ports
+        # chosen one call at a time may be offered twice.
+        self.ports = free_udp_ports(count, exclude=exclude)
 
     def start(self, channel_of) -> None:  # type: ignore[no-untyped-def]
         for directory, port in zip(self.dirs, self.ports):
@@ -101,7 +105,7 @@ def publish(publication, start: int, count: int) -> None:  # type: ignore[no-unt
 def test_three_receivers_get_the_stream_and_survive_one_dying(start_driver, mode: str) -> None:
     sender = start_driver()
     control = free_udp_port()
-    receivers = Receivers(3)
+    receivers = Receivers(3, exclude=(control,))
     try:
         # Min flow control: the sender waits for every live receiver, so all
         # get everything; a receiver silent for 1 s stops holding it back.
@@ -142,7 +146,7 @@ def test_flow_control_follows_the_slowest_or_the_fastest_receiver(start_driver, 
     let receiver 0 run ahead."""
     sender = start_driver()
     control = free_udp_port()
-    receivers = Receivers(2)
+    receivers = Receivers(2, exclude=(control,))
     try:
         fc = {"min": "min,t:10s", "max": "max"}.get(strategy, "tagged,g:7,t:10s")
         pub_channel = f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic|term-length=64k|fc={fc}"
