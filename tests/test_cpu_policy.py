@@ -33,7 +33,6 @@ def test_every_thread_of_the_process_takes_the_policy_and_back() -> None:
     are moved too, and a thread started afterwards inherits the policy."""
     code = """
 import os, threading
-from fulmar.cnc import CncError, CncFile
 from fulmar.cpu_policy import apply_cpu_policy, cpu_policy_of
 gate = threading.Event()
 early = threading.Thread(target=gate.wait); early.start()
@@ -102,27 +101,23 @@ def run_driver(driver_dir: Path, *group_args: str) -> subprocess.Popen[bytes]:
     return process
 
 
-@pytest.mark.parametrize(("group_args", "expected"), [((), BATCH), (("--cpu-policy", "normal"), NORMAL)])
+@pytest.mark.parametrize(
+    ("group_args", "env", "expected"),
+    [((), None, BATCH), (("--cpu-policy", "normal"), None, NORMAL), ((), NORMAL, NORMAL)],
+)
 def test_a_media_driver_runs_every_thread_under_the_policy(
-    group_args: tuple[str, ...], expected: str, monkeypatch: pytest.MonkeyPatch
+    group_args: tuple[str, ...], env: str | None, expected: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(CPU_POLICY_ENV, raising=False)
+    """By default, by the group option, and by the environment."""
+    if env is None:
+        monkeypatch.delenv(CPU_POLICY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(CPU_POLICY_ENV, env)
     driver_dir = new_driver_dir()
     process = run_driver(driver_dir, *group_args)
     try:
         policies = thread_policies(psutil.Process(process.pid))
         assert len(policies) >= 2 and set(policies.values()) == {expected}, policies
-    finally:
-        stop_process(process, 10)
-        remove_driver_dir(driver_dir)
-
-
-def test_the_environment_names_the_policy_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(CPU_POLICY_ENV, NORMAL)
-    driver_dir = new_driver_dir()
-    process = run_driver(driver_dir)
-    try:
-        assert set(thread_policies(psutil.Process(process.pid)).values()) == {NORMAL}
     finally:
         stop_process(process, 10)
         remove_driver_dir(driver_dir)

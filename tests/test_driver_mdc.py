@@ -11,9 +11,8 @@ import pytest
 from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
 from test_driver_udp import free_udp_port
 
-from fulmar.cli.supervisor import free_udp_ports
-
 from fulmar.aeron import Aeron
+from fulmar.cli.supervisor import free_udp_ports
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 
 SPAWN = multiprocessing.get_context("spawn")
