@@ -2556,7 +2556,10 @@ class ConsensusModuleAgent:
         follower = self._followers.get(follower_member_id)
         if follower is None or follower.catchup_replay_session_id != NULL_VALUE:
             return  # not a member, or already replaying to it (a repeated request)
-        channel = f"aeron:udp?endpoint={catchup_endpoint}|session-id={self.log_session_id}"
+        # No linger (as Aeron's catchup channel): a stopped catchup replay's
+        # publication keeps the log's session id on this endpoint until it is
+        # freed, and the follower's next catchup needs it at once.
+        channel = f"aeron:udp?endpoint={catchup_endpoint}|session-id={self.log_session_id}|linger=0"
         try:
             follower.catchup_replay_session_id = self.archive.start_replay(
                 self.log_recording_id, channel, self.context.log_stream_id, log_position

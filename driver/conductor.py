@@ -371,12 +371,19 @@ class DriverConductor:
             # As in Aeron, a session id clashes only with the same stream on
             # the same medium and send endpoint: an archive replays under a
             # live stream's session id to another endpoint (replay merge).
+            # A closed UDP publication keeps its session id until it is freed:
+            # while it drains and lingers its endpoint still takes the
+            # receivers' status messages for that session, and a second
+            # publication under the same id would never see them.
             if session_id is not None and any(
                 p.session_id == session_id
                 and p.stream_id == stream_id
-                and p.state is PublicationState.ACTIVE
                 and isinstance(p, kind)
-                and (kind is IpcPublication or self._endpoint_key(uri) == self._endpoint_key(p.uri))  # type: ignore[union-attr]
+                and (
+                    p.state in (PublicationState.ACTIVE, PublicationState.DRAINING)
+                    if kind is IpcPublication
+                    else self._endpoint_key(uri) == self._endpoint_key(p.uri)  # type: ignore[union-attr]
+                )
                 for p in self.publications
             ):
                 raise ControlProtocolError(
@@ -417,6 +424,7 @@ class DriverConductor:
             term_length = uri.term_length() or context.ipc_term_length
             mtu = uri.mtu() or context.ipc_mtu
             initial_position = uri.initial_position(term_length)
+            linger_ns = uri.linger_ns()
         except InvalidChannelError as error:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
         if initial_position is not None and not exclusive:
@@ -449,10 +457,14 @@ class DriverConductor:
             raise ControlProtocolError(ErrorCode.STORAGE_SPACE, f"cannot create a log buffer: {error}") from None
         key = registration_key(registration_id, session_id, stream_id)
         suffix = f"{registration_id} {session_id} {stream_id} {channel}"
+        # The channel's linger, else the driver's (Aeron's lingerTimeoutNs).
+        linger_timeout_ns = context.publication_linger_timeout_ns if linger_ns is None else linger_ns
         if uri.is_udp:
-            return self._new_network_publication(
+            network = self._new_network_publication(
                 registration_id, client_id, uri, channel, stream_id, session_id, exclusive, log, key, suffix
             )
+            network.linger_timeout_ns = linger_timeout_ns
+            return network
         publication = IpcPublication(
             registration_id,
             client_id,
@@ -469,6 +481,7 @@ class DriverConductor:
             self.data_plane,
         )
         publication.readers = LogReaders(publication.log, self.counters.values_buffer)
+        publication.linger_timeout_ns = linger_timeout_ns
         self.publications.append(publication)
         self.system[SystemCounter.ACTIVE_PUBLICATIONS].set(len(self.publications))
         for subscription in self.subscriptions:
@@ -1196,7 +1209,7 @@ class DriverConductor:
                 if isinstance(publication, IpcPublication):
                     publication.set_connected()
                 publication.state = PublicationState.LINGER
-                publication.linger_deadline_ns = now_ns + self.context.publication_linger_timeout_ns
+                publication.linger_deadline_ns = now_ns + publication.linger_timeout_ns
                 return 1
         elif publication.state is PublicationState.LINGER and now_ns >= publication.linger_deadline_ns:
             self._free_publication(publication)

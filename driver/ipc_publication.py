@@ -42,6 +42,8 @@ class SubscriberLink:
 class IpcPublication:
     # The doorbells of the log's readers, named in its table (set by the conductor).
     readers: LogReaders
+    # How long it lingers once drained: its channel's ``linger``, else the driver's (set by the conductor).
+    linger_timeout_ns: int
 
     def __init__(
         self,

@@ -21,6 +21,8 @@ from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
 class NetworkPublication:
     # The doorbells of the log's readers (spies), named in its table (set by the conductor).
     readers: LogReaders
+    # How long it lingers once drained: its channel's ``linger``, else the driver's (set by the conductor).
+    linger_timeout_ns: int
 
     def __init__(
         self,
@@ -105,9 +107,13 @@ class NetworkPublication:
         self.state = PublicationState.DRAINING
 
     def is_drained(self) -> bool:
+        """Sent to its end, or with no receiver left to send the rest to (as
+        Aeron: a stream nobody hears would otherwise drain for ever and hold
+        its session id), and read to the end by its spies."""
         status = self.status()
         end = status.producer_position
-        return status.sender_position >= end and all(spy.position.get() >= end for spy in self.subscribers)
+        sent = status.sender_position >= end or not status.is_connected
+        return sent and all(spy.position.get() >= end for spy in self.subscribers)
 
     def join_position(self) -> int:
         """Spies start at the current end of the stream."""

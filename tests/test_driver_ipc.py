@@ -471,6 +471,51 @@ def test_a_session_id_clashes_only_on_the_same_send_endpoint(start_driver) -> No
             aeron.add_exclusive_publication("aeron:ipc?session-id=77|term-length=64k", 5)
 
 
+def test_a_closed_udp_publication_keeps_its_session_id_until_its_channels_linger_ends(start_driver) -> None:
+    """As in Aeron: a closed UDP publication holds its session id on its send
+    endpoint while it drains and lingers (the receivers' status messages for
+    that session still go to it), for the channel's ``linger`` if it names
+    one, else the driver's.  (A leader's next catchup replay to a follower
+    reuses the log's session id on the same endpoint.)"""
+    driver = start_driver(publication_linger_timeout_ns=60_000_000_000)
+    with driver.connect() as aeron:
+        lingering = aeron.add_exclusive_publication("aeron:udp?endpoint=127.0.0.1:40203|session-id=78", 5)
+        lingering.close()
+        # No receiver ever heard it: nothing to drain; it lingers for the driver's minute,
+        # and its session id stays taken all along.
+        held_until = time.monotonic() + 0.5
+        while time.monotonic() < held_until:
+            with pytest.raises(RegistrationError, match="session-id 78 is already in use"):
+                aeron.add_exclusive_publication("aeron:udp?endpoint=127.0.0.1:40203|session-id=78", 5)
+        channel = "aeron:udp?endpoint=127.0.0.1:40204|session-id=79|linger=0"
+        aeron.add_exclusive_publication(channel, 5).close()
+
+        def added_again() -> bool:
+            try:
+                aeron.add_exclusive_publication(channel, 5).close()
+            except RegistrationError as error:
+                assert "session-id 79 is already in use" in str(error)
+                return False
+            return True
+
+        wait_for(added_again, 10, "the publication without linger to be freed and its session id taken again")
+
+
+def test_a_udp_publication_that_starts_mid_stream_shows_its_sender_position_there(start_driver) -> None:
+    """The sender position counter of a publication with a start position (an
+    archive replay) reads that position before anything is sent, not 0."""
+    driver = start_driver()
+    with driver.connect() as aeron:
+        channel = "aeron:udp?endpoint=127.0.0.1:40205|term-length=64k|init-term-id=7|term-id=10|term-offset=33504"
+        publication = aeron.add_exclusive_publication(channel, 5)
+        assert publication.position == 3 * 65536 + 33504
+        reader = aeron.counters_reader
+        label = f"snd-pos: {publication.registration_id} "
+        found = [c for c in reader if c.label.startswith(label)]
+        assert len(found) == 1, [c.label for c in reader]
+        assert reader.counter_value(found[0].counter_id) == 3 * 65536 + 33504
+
+
 def test_a_late_subscriber_joins_where_the_slowest_subscriber_is(start_driver) -> None:
     """Aeron's IPC join position is the consumer position: a second subscriber
     of a stream the first has not read yet sees everything the first will

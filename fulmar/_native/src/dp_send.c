@@ -342,7 +342,9 @@ int32_t dp_network_publication_init(fulmar_dp_t *dp, dp_network_publication_t *p
         return FULMAR_DP_INVALID;
     }
     endpoint->publications[endpoint->publication_count++] = publication;
-    (void)dp;
+    /* A publication that starts mid-stream has sent nothing yet from there:
+     * its counter says where sending starts, not 0. */
+    dp_counter_set(dp, config->sender_position_id, config->start_position);
     return 0;
 }
 
