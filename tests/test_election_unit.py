@@ -732,14 +732,14 @@ def test_the_leader_stops_a_stale_catchup_when_the_follower_canvasses_again() ->
     endpoint from the wrong position (Aeron's stopExistingCatchupReplay)."""
     agent, archive, answers = leading_agent()
     agent.on_catchup_position(2, C, 1, "h:4")
-    assert archive.replays == [("aeron:udp?endpoint=h:4|session-id=77", C)]
+    assert archive.replays == [("aeron:udp?endpoint=h:4|session-id=77|linger=0", C)]
     agent.on_catchup_position(2, C, 1, "h:4")  # a repeat while it runs: nothing new
     assert len(archive.replays) == 1 and archive.stopped == []
     agent.on_canvass_position(2, C + 640, 2, 1, 0)  # the follower starts over
     assert archive.stopped == [501]
     assert answers == [(1, 2)]
     agent.on_catchup_position(2, C + 640, 1, "h:4")
-    assert archive.replays[-1] == ("aeron:udp?endpoint=h:4|session-id=77", C + 640)
+    assert archive.replays[-1] == ("aeron:udp?endpoint=h:4|session-id=77|linger=0", C + 640)
 
 
 def test_a_leader_in_its_election_leaves_catchup_to_the_followers_next_request() -> None:
@@ -749,7 +749,7 @@ def test_a_leader_in_its_election_leaves_catchup_to_the_followers_next_request()
     assert archive.replays == []
     agent._leader_services_joined = True  # election closed: the follower's next request is served
     agent.on_catchup_position(2, C, 1, "h:4")
-    assert archive.replays == [("aeron:udp?endpoint=h:4|session-id=77", C)]
+    assert archive.replays == [("aeron:udp?endpoint=h:4|session-id=77|linger=0", C)]
 
 
 def test_seed_001_member_0_replicates_two_terms_then_catches_up() -> None:
