@@ -430,11 +430,10 @@ class ConsensusModuleAgent:
             and (self.election is not None or image.position < min(self.notified_commit_position, self.append_position))
         ):
             return True
-        if not self.is_multi_member:
-            return False
-        if self._consensus_subscription.is_data_available():
+        if self.is_multi_member and self._consensus_subscription.is_data_available():
             return True
-        # The archive recorded more of the log: a follower reports it, a leader may commit.
+        # The archive recorded more of the log: a follower reports it, a leader
+        # (a single member too) may commit.
         # (Only while the counter is still the one found: a freed id may be reused.)
         counter_id = self._recording_position_counter_id
         reader = self.aeron.counters_reader
@@ -443,6 +442,12 @@ class ConsensusModuleAgent:
             and reader.counter_registration_id(counter_id) == self._recording_position_registration_id
             and reader.counter_value(counter_id) > self.append_position
         )
+
+    def is_steady(self) -> bool:
+        """Nothing of its own waits for a next duty cycle: no election or
+        snapshot under way, no service message still to append.  Then what a
+        next cycle could find is only what arrives, which ``has_work`` sees."""
+        return self.election is None and self.state is ConsensusModuleState.ACTIVE and not self.pending_service_messages
 
     def cluster_time(self) -> int:
         """Cluster time, in its unit (milliseconds since the epoch)."""

@@ -220,6 +220,12 @@ class ConsensusModule:
             if pause_ns:
                 idle.pause(pause_ns)
                 continue
+            if work and agent.is_steady():
+                # A steady module sleeps right after a cycle that worked, unless
+                # has_work finds something waiting: a further cycle only to find
+                # nothing costs each wake-up about 5 us of CPU (three wake-ups of
+                # each module per three-member round trip, on two shared cores).
+                work = 0
             if not work:
                 idle.max_wait_ns = agent.idle_wait_ns(self.context.idle_max_wait_ns)
             idle.idle(work)

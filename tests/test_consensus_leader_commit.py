@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from cluster_support import bare_member_agent
-from fulmar.consensus.agent import ConsensusModuleAgent
+from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
+from fulmar.consensus.agent import ConsensusModuleAgent, ConsensusModuleState
 
 
 class RecordingPublisher:
@@ -83,3 +84,37 @@ def test_the_leader_ahead_of_its_followers_commits_what_a_quorum_recorded(leader
     agent._update_quorum_commit_position(now_ns)
     assert agent.commit_position == agent.commit_position_counter.get() == 4096
     assert {position for _, position in publisher.commit_positions} == {4096}
+
+
+def test_a_steady_module_sleeps_after_a_cycle_that_worked_and_its_archive_wakes_it(leader: Any) -> None:
+    """A steady module (no election, ACTIVE, no service message left to
+    append) goes to sleep right after a cycle that worked, without a further
+    cycle that would find nothing: what the next cycle could do is then only
+    what arrives, and ``has_work`` (checked after the module has registered as
+    a sleeper) sees it, the archive's recorded position included, for a
+    single member as for a leader of several."""
+    agent, _ = leader
+    agent.state = ConsensusModuleState.ACTIVE
+    assert agent.is_steady()
+    agent.pending_service_messages.append((1, b"a message a service sent"))
+    assert not agent.is_steady()  # appended by the next cycle: that one still runs
+    agent.pending_service_messages.clear()
+    agent.state = ConsensusModuleState.SNAPSHOT
+    assert not agent.is_steady()
+    agent.state = ConsensusModuleState.ACTIVE
+
+    rec_pos = agent.aeron.add_counter(RECORDING_POSITION_TYPE_ID, "rec-pos: a test's log recording")
+    try:
+        agent._recording_position_counter_id = rec_pos.id
+        agent._recording_position_registration_id = rec_pos.registration_id
+        agent.append_position = 1024
+        rec_pos.set(1024)
+        for multi_member in (True, False):
+            agent.is_multi_member = multi_member
+            assert not agent.has_work()
+            rec_pos.set(2048)  # the archive recorded more: a follower reports it, a leader commits
+            assert agent.has_work()
+            rec_pos.set(1024)
+    finally:
+        agent.is_multi_member = True
+        rec_pos.close()
