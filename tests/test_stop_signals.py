@@ -380,6 +380,9 @@ class FakeAgent:
     def has_work(self) -> bool:
         return True
 
+    def is_steady(self) -> bool:
+        return self.election is None and self.state is ConsensusModuleState.ACTIVE
+
     def idle_wait_ns(self, max_wait_ns: int) -> int:
         return max_wait_ns
 
