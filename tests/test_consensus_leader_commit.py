@@ -86,7 +86,7 @@ def test_the_leader_ahead_of_its_followers_commits_what_a_quorum_recorded(leader
     assert {position for _, position in publisher.commit_positions} == {4096}
 
 
-def test_a_steady_module_sleeps_after_a_cycle_that_worked_and_its_archive_wakes_it(leader: Any) -> None:
+def test_a_module_is_steady_only_with_nothing_of_its_own_left_and_has_work_sees_its_archive(leader: Any) -> None:
     """A steady module (no election, ACTIVE, no service message left to
     append) goes to sleep right after a cycle that worked, without a further
     cycle that would find nothing: what the next cycle could do is then only
