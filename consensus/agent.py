@@ -392,6 +392,10 @@ class ConsensusModuleAgent:
         if now_ns >= self._slow_tick_deadline_ns:
             self._slow_tick_deadline_ns = now_ns + self.context.slow_tick_interval_ns
             work += self._slow_tick_work(now_ns)
+        elif self.aeron.conductor.has_driver_news():
+            # A new image (a client's ingress, the archive's responses) now, not
+            # at the next slow tick: has_work woke this cycle for it.
+            work += self.aeron.do_work(now_ns)
         work += self._poll_services()
         if self.consensus_adapter is not None:
             work += self.consensus_adapter.poll()
@@ -432,6 +436,8 @@ class ConsensusModuleAgent:
             return True
         if self.is_multi_member and self._consensus_subscription.is_data_available():
             return True
+        if self.aeron.conductor.has_driver_news():
+            return True  # an image to add (do_work takes it at once)
         # The archive recorded more of the log: a follower reports it, a leader
         # (a single member too) may commit.
         # (Only while the counter is still the one found: a freed id may be reused.)

@@ -188,6 +188,14 @@ class ClientConductor:
                 work += 1
             return work
 
+    def has_driver_news(self) -> bool:
+        """Whether the driver has broadcast something this client has not read
+        yet (an image, a response): an agent that runs the conductor itself
+        (no conductor thread) checks it before sleeping and runs ``do_work``
+        when it is true, rather than leaving a new image unseen until its next
+        slow tick while the data in it waits."""
+        return self.receiver.receiver.has_news()
+
     def _receive(self) -> int:
         try:
             return self.receiver.receive(self._on_response, 64)
@@ -596,6 +604,13 @@ class ClientConductor:
             message.source_identity,
         )
         subscription._add_image(image)
+        # The driver rang this client's doorbell when it sent the notice, but
+        # with a conductor thread that ring can reach the agent before this
+        # thread has added the image: the agent finds nothing, goes back to
+        # sleep, and the first message (rung while it was not a reader yet)
+        # waited out its longest sleep.  Ringing again once the image is there
+        # ends that sleep; with nobody asleep it costs a fence and a load.
+        self.data_doorbell.ring()
         if subscription.on_available_image is not None:
             self._call_user(subscription.on_available_image, image)
 

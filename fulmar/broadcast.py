@@ -126,6 +126,12 @@ class BroadcastReceiver:
     def capacity(self) -> int:
         return self._capacity
 
+    def has_news(self) -> bool:
+        """Whether the transmitter has published past this receiver's cursor:
+        one load, for an agent's check before it sleeps."""
+        tail = self._buffer.get_int64_volatile(self._capacity + TAIL_COUNTER_OFFSET)
+        return bool(tail > self._state.next_record)
+
     @property
     def lapped_count(self) -> int:
         """How many times the transmitter overran this receiver."""

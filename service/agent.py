@@ -282,6 +282,8 @@ class ClusteredServiceAgent:
         """A cheap check before sleeping: a control message, or committed log to apply?"""
         if self._from_module.is_data_available():
             return True
+        if self.aeron.conductor.has_driver_news():
+            return True  # an image to add: the container runs the client conductor at once
         image = self._log_image
         if image is None or not image.is_data_available():
             return False

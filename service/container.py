@@ -145,6 +145,9 @@ class ServiceContainer:
                 agent.record_error(text)
                 raise ServiceFailedError(text) from error
             ring_deferred()  # the egress readers, once for all the replies of this cycle
+            if now_ns < next_slow_ns and self.aeron.conductor.has_driver_news():
+                # A new image (the log to join) now, not at the next slow tick.
+                work += self.aeron.do_work(now_ns)
             if now_ns >= next_slow_ns:
                 next_slow_ns = now_ns + 10_000_000
                 work += self.aeron.do_work(now_ns)

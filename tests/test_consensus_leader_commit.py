@@ -13,6 +13,7 @@ counter would set them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from cluster_support import bare_member_agent
+from driver_support import wait_for
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
 from fulmar.consensus.agent import ConsensusModuleAgent, ConsensusModuleState
 
@@ -118,3 +120,28 @@ def test_a_module_is_steady_only_with_nothing_of_its_own_left_and_has_work_sees_
     finally:
         agent.is_multi_member = True
         rec_pos.close()
+
+
+def test_a_module_without_a_conductor_thread_reads_the_drivers_news_at_once(start_driver: Any, tmp_path: Path) -> None:
+    """The module runs its client conductor itself.  What the driver broadcast
+    (a new image: a client's ingress, the archive's responses) shows in
+    ``has_work`` and is read in the next cycle, not at the next slow tick
+    (before, a client's connect waited up to one slow tick for its image)."""
+    driver = start_driver()
+    aeron = driver.connect(use_conductor_thread=False)
+    agent = bare_member_agent(aeron, tmp_path)
+    try:
+        agent.state = ConsensusModuleState.ACTIVE
+        while aeron.do_work() > 0:
+            pass
+        assert not agent.has_work()
+        with driver.connect() as other:
+            other.add_publication("aeron:ipc", 4242)  # its response goes out on the broadcast to every client
+            wait_for(agent.has_work, 10, "the module to see the driver's news")
+            agent._slow_tick_deadline_ns = time.monotonic_ns() + 60_000_000_000  # no slow tick in this cycle
+            agent.do_work(time.monotonic_ns())
+            assert not aeron.conductor.has_driver_news()
+            assert not agent.has_work()
+    finally:
+        agent.close()
+        aeron.close()

@@ -343,3 +343,56 @@ def test_a_deferring_publication_rings_its_readers_once_when_told(start_driver) 
             "the five messages",
         )
         assert received == [b"one", b"two", b"three", b"more", b"more"]
+
+
+def test_an_image_added_by_the_client_conductor_rings_the_clients_own_doorbell(start_driver) -> None:
+    """The driver rings a subscriber's doorbell when it sends the image notice;
+    with a conductor thread that ring can wake the agent before the image is
+    added, and it went back to sleep for its longest wait with the first
+    message already there.  Adding the image rings again.  (An invoker-mode
+    client makes the order deterministic: the driver's ring is seen, then a
+    fresh sleeper, then the conductor's work that adds the image.)"""
+    driver = start_driver()
+    with (
+        Aeron.connect(driver.directory, use_conductor_thread=False) as reader,
+        Aeron.connect(driver.directory) as writer,
+    ):
+        subscription = reader.add_subscription("aeron:ipc", 13)
+        doorbell = reader.conductor.data_doorbell
+        token = doorbell.prepare()
+        try:
+            publication = writer.add_publication("aeron:ipc", 13)
+            wait_for(lambda: doorbell.sequence != token, 10, "the driver's ring with the image notice")
+        finally:
+            doorbell.cancel()
+        assert not subscription.images  # not yet: this client's conductor has not run
+        token = doorbell.prepare()
+        try:
+            wait_for(lambda: reader.do_work() >= 0 and bool(subscription.images), 10, "the image")
+            assert doorbell.sequence != token, "adding the image did not ring the client's doorbell"
+        finally:
+            doorbell.cancel()
+        assert publication.is_connected
+
+
+def test_an_invoker_client_sees_the_drivers_news_before_it_sleeps(start_driver) -> None:
+    """A client without a conductor thread (the consensus module's, the
+    services') runs its conductor itself: ``has_driver_news`` tells its agent,
+    in its check before sleeping, that the driver broadcast something unread
+    (here another client's publication, which links to this one's
+    subscription), so the image is added now rather than at the next slow tick."""
+    driver = start_driver()
+    with (
+        Aeron.connect(driver.directory, use_conductor_thread=False) as reader,
+        Aeron.connect(driver.directory) as writer,
+    ):
+        subscription = reader.add_subscription("aeron:ipc", 14)
+        while reader.do_work() > 0:
+            pass
+        assert not reader.conductor.has_driver_news()
+        writer.add_publication("aeron:ipc", 14)
+        wait_for(reader.conductor.has_driver_news, 10, "the driver's broadcast of the new image")
+        assert not subscription.images
+        while reader.conductor.has_driver_news():
+            reader.do_work()
+        assert subscription.images  # read with the news

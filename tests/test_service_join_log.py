@@ -109,3 +109,25 @@ def test_a_join_refused_by_the_driver_is_retried_and_the_next_join_log_is_follow
         10,
         "the service's ack of the join",
     )
+
+
+def test_a_service_sees_the_drivers_news_before_it_sleeps(tmp_path: Path) -> None:
+    """The container runs the service's client conductor itself: what the
+    driver broadcast (the log's image to join) shows in ``has_work``, so the
+    container reads it in its next cycle rather than at its next slow tick."""
+    directory = new_driver_dir()
+    driver = DriverProcess(directory)
+    try:
+        with Aeron.connect(directory, use_conductor_thread=False) as aeron, Aeron.connect(directory) as other:
+            agent = ClusteredServiceAgent(ServiceContext(cluster_dir=tmp_path), aeron, None, EchoService(), print)  # type: ignore[arg-type]
+            while aeron.do_work() > 0:
+                pass
+            assert not agent.has_work()
+            other.add_publication("aeron:ipc", 4243)  # its response goes out on the broadcast to every client
+            wait_for(agent.has_work, 10, "the service to see the driver's news")
+            while aeron.conductor.has_driver_news():
+                aeron.do_work()
+            assert not agent.has_work()
+    finally:
+        driver.stop()
+        remove_driver_dir(directory)
