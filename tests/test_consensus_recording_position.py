@@ -65,7 +65,9 @@ def follower(manager: CountersManager, archive_id: int = LIVE_ARCHIVE_ID) -> Con
     agent = ConsensusModuleAgent.__new__(ConsensusModuleAgent)
     watch = Watch()
     agent.aeron = SimpleNamespace(  # type: ignore[assignment]
-        counters_reader=manager, conductor=SimpleNamespace(counter_watch=lambda: watch), watch=watch
+        counters_reader=manager,
+        conductor=SimpleNamespace(counter_watch=lambda: watch, has_driver_news=lambda: False),
+        watch=watch,
     )
     agent._watched_recording_counter_id = NULL_VALUE
     agent.log_recording_id = RECORDING_ID
