@@ -119,7 +119,10 @@ def test_a_service_sees_the_drivers_news_before_it_sleeps(tmp_path: Path) -> Non
     driver = DriverProcess(directory)
     try:
         with Aeron.connect(directory, use_conductor_thread=False) as aeron, Aeron.connect(directory) as other:
-            agent = ClusteredServiceAgent(ServiceContext(cluster_dir=tmp_path), aeron, None, EchoService(), print)  # type: ignore[arg-type]
+            errors: list[str] = []
+            agent = ClusteredServiceAgent(
+                ServiceContext(cluster_dir=tmp_path), aeron, None, EchoService(), errors.append
+            )  # type: ignore[arg-type]
             while aeron.do_work() > 0:
                 pass
             assert not agent.has_work()
@@ -128,6 +131,7 @@ def test_a_service_sees_the_drivers_news_before_it_sleeps(tmp_path: Path) -> Non
             while aeron.conductor.has_driver_news():
                 aeron.do_work()
             assert not agent.has_work()
+            assert not errors, errors
     finally:
         driver.stop()
         remove_driver_dir(directory)
