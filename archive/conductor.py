@@ -37,7 +37,7 @@ from fulmar.archive.protocol import (
     RecordingSignal,
     SourceLocation,
 )
-from fulmar.archive.recorder import RecordingSession
+from fulmar.archive.recorder import NativeRecorder, RecordingSession
 from fulmar.archive.replayer import ReplaySession
 from fulmar.archive.replication import ReplicationSession
 from fulmar.archive.segment import (
@@ -84,6 +84,8 @@ _STRIPPED_PARAMS = (
 # Parameters that make two recording subscriptions the same one (Aeron's makeKey).
 _KEY_PARAMS = ("endpoint", "interface", "control", "session-id", "tags")
 CONTROL_TERM_LENGTH = 64 * 1024
+# The recorder thread sleeps until a ring; this bounds a sleep all the same.
+NATIVE_RECORDER_MAX_WAIT_NS = 1_000_000_000
 _LISTING_BATCH = 32  # descriptors a listing sends per duty cycle
 
 
@@ -138,6 +140,12 @@ class ArchiveConductor:
         self._events = None
         if context.recording_events_channel is not None:
             self._events = aeron.add_publication(context.recording_events_channel, context.recording_events_stream_id)
+        # The recorder thread, where the client sleeps on a doorbell of its own
+        # (the thread rings it when a recording needs the agent).
+        self.native_recorder: NativeRecorder | None = None
+        agent_doorbell_id = aeron.conductor.doorbell_id
+        if context.native_recorder and agent_doorbell_id is not None:
+            self.native_recorder = NativeRecorder(aeron, agent_doorbell_id, NATIVE_RECORDER_MAX_WAIT_NS)
         self._scratch = bytearray(4096)
 
     # ------------------------------------------------------------ duty cycle
@@ -160,11 +168,12 @@ class ArchiveConductor:
         ring_watchers = self.aeron.conductor.ring_counter_watchers
         for recording in list(self.recordings.values()):
             progress = recording.do_work(now_ns)
-            if progress:
+            if recording.wrote:
                 # Whoever waits for this recording (a consensus module: its
-                # commit position) watches the rec-pos counter.
+                # commit position) watches the rec-pos counter.  (The native
+                # recorder thread rings them for the blocks it writes.)
                 ring_watchers(recording.position_counter.id)
-                recorded += progress
+            recorded += progress
             if recording.is_done:
                 self._close_recording(recording)
         work += recorded
@@ -186,7 +195,7 @@ class ArchiveConductor:
             return True
         if any(subscription.is_data_available() for subscription in self._control_subscriptions):
             return True
-        return any(recording.image.is_data_available() for recording in self.recordings.values())
+        return any(recording.has_work() for recording in self.recordings.values())
 
     @property
     def is_busy(self) -> bool:
@@ -210,6 +219,9 @@ class ArchiveConductor:
         for session in self.control_sessions.values():
             session.close("the archive is closing")
         self.control_sessions.clear()
+        if self.native_recorder is not None:
+            self.native_recorder.close()
+            self.native_recorder = None
 
     # ------------------------------------------------------- control requests
 
@@ -383,7 +395,18 @@ class ArchiveConductor:
             )
             self.wake()
 
-        subscription = self.aeron.add_subscription(str(subscribe_to), stream_id, on_available_image=on_image)
+        def on_image_gone(image: Image) -> None:
+            # Runs on the client conductor's thread: the recorder thread lets
+            # go of the image before its log and position counter do.
+            for recording in list(self.recordings.values()):
+                if recording.image is image:
+                    recording.on_image_unavailable()
+
+        recorder = self.native_recorder
+        subscribe_channel = str(subscribe_to) if recorder is None else recorder.doorbell_channel(str(subscribe_to))
+        subscription = self.aeron.add_subscription(
+            subscribe_channel, stream_id, on_available_image=on_image, on_unavailable_image=on_image_gone
+        )
         self.recording_subscriptions[key] = subscription
         session.send_ok(correlation_id, subscription.registration_id)
         return subscription
@@ -431,7 +454,7 @@ class ArchiveConductor:
                 return
             self.catalog.extend(recording_id, session.session_id, correlation_id, image.session_id)
             signal = RecordingSignal.EXTEND
-        self._record(session, correlation_id, recording_id, image, signal, auto_stop)
+        self._record(session, correlation_id, recording_id, image, signal, auto_stop, native=True)
         self._event(
             codecs.RecordingStartedEncoder,
             recording_id=recording_id,
@@ -1113,9 +1136,12 @@ class ArchiveConductor:
         image: Image,
         signal: RecordingSignal,
         auto_stop: bool,
+        native: bool = False,
     ) -> RecordingSession:
         """Start recording ``image`` into ``recording_id`` from its join
-        position: segment writer, rec-pos counter, session, signal."""
+        position: segment writer, rec-pos counter, session, signal.
+        ``native``: the image's subscription rings the recorder thread's
+        doorbell, so the thread may write its blocks."""
         descriptor = self.catalog.descriptor(recording_id)
         assert descriptor is not None
         writer = self._segment_writer(descriptor, image.join_position)
@@ -1137,6 +1163,7 @@ class ArchiveConductor:
             self.context.block_length,
             auto_stop,
             on_progress,
+            self.native_recorder if native else None,
         )
         self.recordings[recording_id] = recording
         self._recording_starts[recording_id] = descriptor.start_position

@@ -51,6 +51,10 @@ class ArchiveContext:
     # shorter while replays wait on back pressure, which rings no doorbell.
     idle_max_wait_ns: int = 10_000_000
     busy_idle_max_wait_ns: int = 200_000
+    # Blocks of live recordings are written by a native thread that the
+    # recorded stream wakes, not by the agent (archive/recorder.py).  Off: the
+    # agent writes them, woken by the stream like by any other.
+    native_recorder: bool = True
     delete_archive_dir: bool = False
 
     def validate(self) -> None:

@@ -428,6 +428,40 @@ class SegmentWriter:
             # SIGKILL from here on cannot lose it, so recovery may trust it.
             self._catalog.update_recorded_position(self.recording_id, self._position)
 
+    @property
+    def segment_path(self) -> Path | None:
+        """The open segment's file."""
+        return self._path
+
+    def open_extent(self) -> tuple[int, int, int, int]:
+        """The open segment as the native recorder takes it: (file descriptor,
+        stream position of its first byte, of its end, of the end of its
+        allocated blocks).  No segment open: (-1, position, position,
+        position), a segment nothing may be written to."""
+        if self._fd is None:
+            return -1, self._position, self._position, self._position
+        base = self._segment_base
+        return self._fd, base, base + self.segment_length, base + self._allocated_end
+
+    def adopt(self, position: int, allocated_end: int) -> None:
+        """The native recorder wrote this segment up to stream position
+        ``position`` and allocated it up to ``allocated_end``: take both as
+        ours (the catalog's recorded position too); a full segment is closed,
+        as ``write`` closes it."""
+        if position == self._position and allocated_end - self._segment_base <= self._allocated_end:
+            return
+        if self._fd is None or not self._segment_base <= self._position <= position:
+            raise ValueError(
+                f"recording {self.recording_id}: native recorder at {position}, writer at {self._position} "
+                f"with segment {self._segment_base if self._fd is not None else None}"
+            )
+        self._position = position
+        self._allocated_end = max(self._allocated_end, allocated_end - self._segment_base)
+        if self._position - self._segment_base >= self.segment_length:
+            self._close_fd()
+        if self._catalog is not None:
+            self._catalog.update_recorded_position(self.recording_id, self._position)
+
     def _with_checksums(self, view: memoryview) -> memoryview:
         """A copy of the block with each DATA frame's checksum in its session id (see :func:`frame_checksum`)."""
         scratch = self._scratch

@@ -55,7 +55,7 @@ from fulmar.driver.receive_channel_endpoint import ReceiveChannelEndpoint
 from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
 from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress, UdpTransport
 from fulmar.permissions import make_directory
-from fulmar.reader_doorbells import CLIENT_DOORBELL_TYPE_ID, LogReaders, client_doorbell
+from fulmar.reader_doorbells import CLIENT_DOORBELL_TYPE_ID, THREAD_DOORBELL_TYPE_ID, LogReaders, client_doorbell
 
 ErrorCode = protocol.ErrorCode
 NULL_VALUE = -1
@@ -96,6 +96,8 @@ class SubscriptionLink:
     endpoint: ReceiveChannelEndpoint | None = None  # UDP subscriptions: where their stream arrives
     spy_key: str | None = None  # spies: the endpoint key of the publications they watch
     wake_on_data: bool = True  # wake-on-data=false: data landing does not ring its client
+    # doorbell-id: data landing rings this thread doorbell of its client instead.
+    doorbell_id: int | None = None
 
 
 class DriverConductor:
@@ -607,6 +609,7 @@ class DriverConductor:
             channel,
             self._session_id_filter(uri),
             wake_on_data=uri.wake_on_data() is not False,
+            doorbell_id=self._thread_doorbell(client_id, uri.doorbell_id()),
         )
         status_id = NULL_VALUE
         if uri.is_spy:
@@ -840,7 +843,13 @@ class DriverConductor:
         )
         position.set(join_position)
         publication.subscribers.append(
-            SubscriberLink(subscription.registration_id, subscription.client_id, position, subscription.wake_on_data)
+            SubscriberLink(
+                subscription.registration_id,
+                subscription.client_id,
+                position,
+                subscription.wake_on_data,
+                subscription.doorbell_id,
+            )
         )
         self._update_readers(publication)
         if isinstance(publication, IpcPublication):
@@ -972,8 +981,11 @@ class DriverConductor:
         ids = []
         for link in log_owner.subscribers:
             client = self.clients.get(link.client_id)
-            if link.wake_on_data and client is not None and client.doorbell_id is not None:
-                ids.append(client.doorbell_id)
+            if not link.wake_on_data or client is None:
+                continue
+            doorbell_id = link.doorbell_id if link.doorbell_id is not None else client.doorbell_id
+            if doorbell_id is not None:
+                ids.append(doorbell_id)
         readers.update(ids)
         if isinstance(log_owner, PublicationImage):
             if not log_owner.in_data_plane:
@@ -988,6 +1000,40 @@ class DriverConductor:
         client = self.clients.get(client_id)
         if client is not None and client.doorbell_id is not None:
             client_doorbell(self.counters.values_buffer, client.doorbell_id).ring()
+
+    def _thread_doorbell(self, client_id: int, counter_id: int | None) -> int | None:
+        """The doorbell a subscription's doorbell-id names, once checked: a
+        thread doorbell counter of the same client (a ring of any other
+        counter's slot would write into its value)."""
+        if counter_id is None:
+            return None
+        client = self._client(client_id)
+        for counter in client.counters.values():
+            if counter.id == counter_id and self.counters.counter_type_id(counter_id) == THREAD_DOORBELL_TYPE_ID:
+                return counter_id
+        raise ControlProtocolError(
+            ErrorCode.INVALID_CHANNEL,
+            f"doorbell-id={counter_id} is not a thread doorbell counter (type {THREAD_DOORBELL_TYPE_ID}) "
+            f"of client {client_id}",
+        )
+
+    def _forget_thread_doorbell(self, client: AeronClient, counter_id: int) -> None:
+        """A thread doorbell went: its subscriptions' data rings the client's own again."""
+        changed = False
+        for subscription in self.subscriptions:
+            if subscription.client_id == client.client_id and subscription.doorbell_id == counter_id:
+                subscription.doorbell_id = None
+                changed = True
+        if not changed:
+            return
+        for log_owner in [*self.publications, *self.images]:
+            touched = False
+            for link in log_owner.subscribers:
+                if link.client_id == client.client_id and link.doorbell_id == counter_id:
+                    link.doorbell_id = None
+                    touched = True
+            if touched:
+                self._update_readers(log_owner)
 
     def _update_client_readers(self, client: AeronClient) -> None:
         """The client's doorbell came or went: the tables of the logs it reads."""
@@ -1035,6 +1081,7 @@ class DriverConductor:
         if client.doorbell_id == counter_id:
             client.doorbell_id = None
             self._update_client_readers(client)
+        self._forget_thread_doorbell(client, counter_id)
         counter.close()
         self._send(protocol.OnUnavailableCounterEncoder, correlation_id=registration_id, counter_id=counter_id)
 

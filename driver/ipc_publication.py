@@ -37,6 +37,7 @@ class SubscriberLink:
     client_id: int
     position: AtomicCounter
     wake_on_data: bool = True  # the channel's wake-on-data: is its doorbell in the log's reader table
+    doorbell_id: int | None = None  # the channel's doorbell-id: a thread doorbell rung instead of the client's
 
 
 class IpcPublication:

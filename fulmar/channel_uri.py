@@ -96,6 +96,11 @@ MAX_RESEND_PARAM = "max-resend"
 # cluster service reads the log only up to the commit position, whose moves
 # ring it; a ring for every uncommitted append woke it for nothing.
 WAKE_ON_DATA_PARAM = "wake-on-data"
+# fulmar's own as well: data landing in the subscription's images rings the
+# doorbell with this counter id (a thread doorbell its client added) instead
+# of the client's.  The archive's recorder thread sleeps on one, so a block
+# to record does not wake the archive's agent too.
+DOORBELL_ID_PARAM = "doorbell-id"
 
 CONTROL_MODE_MANUAL = "manual"
 CONTROL_MODE_DYNAMIC = "dynamic"
@@ -656,6 +661,9 @@ class ChannelUri:
     def wake_on_data(self) -> bool | None:
         return self._value(WAKE_ON_DATA_PARAM, parse_bool)
 
+    def doorbell_id(self) -> int | None:
+        return self._value(DOORBELL_ID_PARAM, lambda text: parse_int(text, 0, INT32_MAX))
+
     def spies_simulate_connection(self) -> bool | None:
         return self._value(SPIES_SIMULATE_CONNECTION_PARAM, parse_bool)
 
@@ -834,6 +842,7 @@ _CHECKS: dict[str, Callable[[ChannelUri], object]] = {
     REJOIN_PARAM: ChannelUri.rejoin,
     SPIES_SIMULATE_CONNECTION_PARAM: ChannelUri.spies_simulate_connection,
     WAKE_ON_DATA_PARAM: ChannelUri.wake_on_data,
+    DOORBELL_ID_PARAM: ChannelUri.doorbell_id,
     GROUP_PARAM: ChannelUri.group,
     LINGER_PARAM: ChannelUri.linger_ns,
     NAK_DELAY_PARAM: lambda uri: uri.duration_ns(NAK_DELAY_PARAM),

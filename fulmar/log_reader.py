@@ -200,6 +200,12 @@ class LogReader:
             raise ValueError(f"position {position} is not a frame-aligned stream position")
         self._set_position(position)
 
+    def adopt_position(self, position: int) -> None:
+        """Another reader of this log (the archive's recorder thread) moved the
+        position and published it: take it as ours without publishing it again
+        (a store of an older value would move the counter back)."""
+        self._position = position
+
     def _set_position(self, position: int) -> None:
         self._position = position
         if self._counter is not None:

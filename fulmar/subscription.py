@@ -74,6 +74,11 @@ class Image:
         """Move the read position within the current term window (e.g. to skip)."""
         self._reader.position = position
 
+    def adopt_position(self, position: int) -> None:
+        """Someone else read up to ``position`` and published it (see
+        ``LogReader.adopt_position``)."""
+        self._reader.adopt_position(position)
+
     @property
     def stream_id(self) -> int:
         return self.subscription.stream_id

@@ -10,6 +10,7 @@
 #include "_common.h"
 #include "counters.h"
 #include "doorbell.h"
+#include "_doorbell.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -49,18 +50,16 @@ void fulmar_doorbell_cancel(char *base, int64_t offset)
     fa_get_and_add_i32(doorbell_waiters(base, offset), -1);
 }
 
-static int32_t doorbell_wait(char *base, int64_t offset, int32_t token, int64_t timeout_ns);
-
 int32_t fulmar_doorbell_wait(char *base, int64_t offset, int32_t token, int64_t timeout_ns)
 {
     int32_t result;
     Py_BEGIN_ALLOW_THREADS
-    result = doorbell_wait(base, offset, token, timeout_ns);
+    result = fulmar_doorbell_wait_without_gil(base, offset, token, timeout_ns);
     Py_END_ALLOW_THREADS
     return result;
 }
 
-static int32_t doorbell_wait(char *base, int64_t offset, int32_t token, int64_t timeout_ns)
+int32_t fulmar_doorbell_wait_without_gil(char *base, int64_t offset, int32_t token, int64_t timeout_ns)
 {
     int32_t *sequence = doorbell_sequence(base, offset);
     int32_t result = FULMAR_DOORBELL_TIMED_OUT;

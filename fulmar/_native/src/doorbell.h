@@ -63,6 +63,10 @@ void fulmar_doorbell_fifo_done(char *base, int64_t offset, int32_t fd);
  * Ids outside the counters buffer are skipped: the tables live in memory
  * other processes write. */
 #define FULMAR_CLIENT_DOORBELL_TYPE_ID 1100
+/* A doorbell one thread of a client sleeps on (the archive's recorder): a
+ * subscription names it with the channel's doorbell-id, and data landing in
+ * that subscription's images rings it instead of the client's doorbell. */
+#define FULMAR_THREAD_DOORBELL_TYPE_ID 1101
 #define FULMAR_LOG_READERS_OFFSET 1024
 #define FULMAR_LOG_READERS_COUNT_OFFSET 0
 #define FULMAR_LOG_READERS_RELAY_OFFSET 4
