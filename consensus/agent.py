@@ -1927,7 +1927,7 @@ class ConsensusModuleAgent:
         self._log_transitions(inner)
         if inner is not None and self.election is election and not inner.is_closed:
             if inner.state_value in (ElectionState.FOLLOWER_CATCHUP, ElectionState.FOLLOWER_READY):
-                work += self._apply_follower_log()
+                work += self._apply_follower_log(self.read_append_position())
         return work
 
     def _log_transitions(self, inner: Any) -> None:
@@ -1987,17 +1987,18 @@ class ConsensusModuleAgent:
             self.notified_commit_position = position
         self._time_of_last_leader_message_ns = self._now_ns
 
-    def _apply_follower_log(self) -> int:
+    def _apply_follower_log(self, append_position: int) -> int:
         """Seed 000: the follower's module reads the log (sessions, timers, service
         messages) up to the notified commit position, as far as its archive has
-        recorded it, and only then moves commit-pos, to what it has read: its
-        services, which read the log up to commit-pos, never apply a position
-        before their module has.  As Aeron's consensusWork: when the poll stops
-        short (its fragment limit, or within a fragmented message) commit-pos
-        is the image's position, not the notified one."""
+        recorded it (``append_position``, as read for this cycle), and only then
+        moves commit-pos, to what it has read: its services, which read the log
+        up to commit-pos, never apply a position before their module has.  As
+        Aeron's consensusWork: when the poll stops short (its fragment limit, or
+        within a fragmented message) commit-pos is the image's position, not the
+        notified one."""
         if not self.host.is_log_joined:
             return 0
-        return self.poll_log(min(self.notified_commit_position, self.read_append_position()))
+        return self.poll_log(min(self.notified_commit_position, append_position))
 
     def _update_quorum_commit_position(self, now_ns: int) -> int:
         """Seed 000: the commit position is the highest position a quorum of members
@@ -2091,8 +2092,17 @@ class ConsensusModuleAgent:
         # What the archive recorded is reported first: the leader's commit, and
         # the client's answer, wait on it, while applying the committed log
         # wakes this member's services, which would take the core first.
-        work = self._send_append_position(now_ns, self.read_append_position())
-        applied = self._apply_follower_log()
+        #
+        # The archive's position is read once per cycle.  A second read (as the
+        # log's poll once made) could take in what the archive recorded after the
+        # AppendPosition went: the module then holds a position it has not
+        # reported, its has_work (the archive's position against the module's)
+        # sees nothing new, the archive's ring came while it was awake, and the
+        # report waited for the idle timeout: a round trip of 10 ms in about one
+        # in a thousand.
+        append_position = self.read_append_position()
+        work = self._send_append_position(now_ns, append_position)
+        applied = self._apply_follower_log(append_position)
         image = self._log_image
         if (
             applied == 0

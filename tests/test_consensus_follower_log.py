@@ -9,6 +9,7 @@ real media driver; its log image is an IPC stream this test publishes to.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from cluster_support import bare_member_agent
 from driver_support import wait_for
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
-from fulmar.consensus.agent import ConsensusModuleAgent, ConsensusModuleState
+from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ConsensusModuleState
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 
@@ -67,19 +68,19 @@ def test_the_follower_module_reads_the_log_before_commit_pos_moves(follower: Any
     agent.notify_commit_position(end)  # the leader's CommitPosition
     agent.append_position = end  # and this member's archive has recorded it all
 
-    assert agent._apply_follower_log() > 0
+    assert agent._apply_follower_log(agent.read_append_position()) > 0
     # Stopped short at its fragment limit: commit-pos is where the module is,
     # not the notified position (Aeron: commitPosition.proposeMaxRelease(logAdapter.position())).
     assert len(commit_when_applied) == 64
     assert agent.log_position == image.position < end
     assert agent.commit_position_counter.get() == agent.commit_position == image.position
     while agent.log_position < end:
-        assert agent._apply_follower_log() > 0
+        assert agent._apply_follower_log(agent.read_append_position()) > 0
     assert agent.commit_position_counter.get() == end
     assert len(commit_when_applied) == MESSAGES
     ahead = [(commit, position) for commit, position in commit_when_applied if commit >= position]
     assert not ahead, f"commit-pos included {len(ahead)} messages before the module applied them, e.g. {ahead[:3]}"
-    assert agent._apply_follower_log() == 0  # nothing past the notified position
+    assert agent._apply_follower_log(agent.read_append_position()) == 0  # nothing past the notified position
 
 
 def test_the_follower_module_reads_no_further_than_its_archive_recorded(follower: Any) -> None:
@@ -99,7 +100,7 @@ def test_the_follower_module_reads_no_further_than_its_archive_recorded(follower
     agent.on_log_image(image)
     agent.notify_commit_position(positions[-1])
     agent.append_position = positions[1]  # recorded: two messages of four
-    agent._apply_follower_log()
+    agent._apply_follower_log(agent.read_append_position())
     assert agent.log_position == agent.commit_position_counter.get() == positions[1]
     assert not agent.has_work()  # the rest waits for the archive (its rec-pos counter), not a busy loop
 
@@ -129,3 +130,56 @@ def test_a_follower_whose_log_image_closes_starts_an_election(follower: Any) -> 
     assert agent._follower_work(now_ns) == 1
     assert elections == ["log disconnected from leader"]
     assert agent.error_counter.get() == errors_before + 1  # counted, as Aeron's WARN is
+
+
+def test_the_follower_reports_every_position_it_takes_from_its_archive(follower: Any) -> None:
+    """The archive may record more while a follower's cycle runs.  The cycle
+    reads the archive's position once: what it sends in AppendPosition is what
+    it holds as its append position, so a position recorded after that read is
+    still ahead of it, which is what has_work looks for before the module sleeps
+    (the archive's ring came while the module was awake).  Reading it again
+    later in the cycle took in a position that was never sent, and the module
+    slept a whole idle timeout before it reported it."""
+    agent, aeron = follower
+    publication = aeron.add_exclusive_publication(LOG, LOG_STREAM)
+    subscription = aeron.add_subscription(LOG, LOG_STREAM)
+    image = wait_for(lambda: subscription.image_by_session_id(publication.session_id), 10, "the log image")
+    buffer = bytearray(256)
+    positions = []
+    for correlation_id in range(2):
+        length = codecs.TimerEventEncoder.encode(
+            buffer, 0, leadership_term_id=0, correlation_id=correlation_id, timestamp=correlation_id
+        )
+        assert publication.offer(bytes(buffer[:length])) > 0
+        positions.append(publication.position)
+    agent.host.is_log_joined = True
+    agent.on_log_image(image)
+    agent.notify_commit_position(positions[-1])
+    agent.role = ClusterRole.FOLLOWER
+    agent.leader_member_id = 0
+    sent: list[int] = []
+
+    class Publisher:
+        def append_position(self, to_member_id: int, *, log_position: int, **fields: Any) -> bool:
+            sent.append(log_position)
+            return True
+
+    agent.consensus_publisher = Publisher()  # type: ignore[assignment]
+    # The archive: the first message recorded when the cycle starts, the second
+    # a moment later, while the cycle runs.
+    recorded = iter(positions)
+    last = [positions[0]]
+
+    def archive_position() -> int:
+        last[0] = next(recorded, last[0])
+        agent.append_position = max(agent.append_position, last[0])
+        return agent.append_position
+
+    agent.read_append_position = archive_position  # type: ignore[method-assign]
+    agent._follower_work(time.monotonic_ns())
+    assert sent == [positions[0]]
+    assert agent.append_position == positions[0], "the cycle took in a position it did not report"
+    # The next cycle reads the position the archive reached meanwhile and reports it.
+    agent._follower_work(time.monotonic_ns())
+    assert sent == positions
+    assert agent.append_position == positions[1]
