@@ -242,10 +242,7 @@ class RecordingSession:
         work = self._adopt(position, allocated_end)
         if status == _RUNNING:
             if image.is_end_of_stream:
-                native.halt(native_id)
-                status, error, stage, position, allocated_end = native.state(native_id)
-                self._adopt(position, allocated_end)
-                self._finish()
+                self._stop_native()
                 return 1
             return work
         if status == _NEEDS_AGENT:
@@ -300,11 +297,16 @@ class RecordingSession:
     def _write(self, view: memoryview, offset: int, length: int, position: int) -> None:
         self.writer.write(view[offset : offset + length], position)
 
-    def close(self) -> None:
-        if self._native is not None and self._native_id is not None:
-            self._native.halt(self._native_id)
-            _, _, _, position, allocated_end = self._native.state(self._native_id)
+    def _stop_native(self) -> None:
+        """Halt the thread's work on this recording, take what it wrote, let go of it."""
+        native, native_id = self._native, self._native_id
+        if native is not None and native_id is not None:
+            native.halt(native_id)
+            _, _, _, position, allocated_end = native.state(native_id)
             self._adopt(position, allocated_end)
             self._finish()
+
+    def close(self) -> None:
+        self._stop_native()
         self.writer.close()
         self.position_counter.close()

@@ -149,6 +149,15 @@ class Rig:
         self.sessions.append(session)
         return session
 
+    def offer_and_expect_the_agent_rung(self, payload: bytes, what: str) -> None:
+        """Offer ``payload`` with the agent registered as a sleeper; the thread must ring it."""
+        token = self.agent_doorbell.prepare()
+        try:
+            offer(self.publication, payload)
+            wait_for(lambda: self.agent_doorbell.sequence != token, 10, what)
+        finally:
+            self.agent_doorbell.cancel()
+
     def drive(self, *sessions: RecordingSession, until: int) -> None:
         """Run the agent's passes until every session recorded to ``until``."""
 
@@ -182,12 +191,7 @@ def rig(start_driver, tmp_path: Path) -> Iterator[Rig]:
 def test_the_thread_records_what_arrives_without_waking_the_agent(rig: Rig) -> None:
     session = rig.record("native", native=True)
     # The first block opens the segment: the thread hands it to the agent and rings it.
-    token = rig.agent_doorbell.prepare()
-    try:
-        offer(rig.publication, b"first")
-        wait_for(lambda: rig.agent_doorbell.sequence != token, 10, "the thread to ring the agent")
-    finally:
-        rig.agent_doorbell.cancel()
+    rig.offer_and_expect_the_agent_rung(b"first", "the thread to ring the agent")
     assert session.has_work()
     rig.drive(session, until=rig.publication.position)
     assert session.writer.position == rig.publication.position
@@ -264,12 +268,7 @@ def test_a_failed_write_stops_the_recording_with_the_reason(rig: Rig) -> None:
         os.dup2(full, session.writer._fd)
     finally:
         os.close(full)
-    token = rig.agent_doorbell.prepare()
-    try:
-        offer(rig.publication, b"lost to a full disk")
-        wait_for(lambda: rig.agent_doorbell.sequence != token, 10, "the thread to hand the failure to the agent")
-    finally:
-        rig.agent_doorbell.cancel()
+    rig.offer_and_expect_the_agent_rung(b"lost to a full disk", "the thread to hand the failure to the agent")
     wait_for(lambda: session.do_work(0) and session.is_done, 10, "the session to stop")
     assert session.error is not None
     assert f"stopped at {stopped_at}" in session.error

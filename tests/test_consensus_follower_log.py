@@ -41,6 +41,26 @@ def follower(start_driver: Any, tmp_path: Path) -> Iterator[tuple[ConsensusModul
         aeron.close()
 
 
+def follow_timer_events(agent: ConsensusModuleAgent, aeron: Aeron, count: int) -> list[int]:
+    """``count`` TimerEvents on a log the follower has joined, all of them
+    notified as committed; the log position after each."""
+    publication = aeron.add_exclusive_publication(LOG, LOG_STREAM)
+    subscription = aeron.add_subscription(LOG, LOG_STREAM)
+    image = wait_for(lambda: subscription.image_by_session_id(publication.session_id), 10, "the log image")
+    buffer = bytearray(256)
+    positions = []
+    for correlation_id in range(count):
+        length = codecs.TimerEventEncoder.encode(
+            buffer, 0, leadership_term_id=0, correlation_id=correlation_id, timestamp=correlation_id
+        )
+        assert publication.offer(bytes(buffer[:length])) > 0
+        positions.append(publication.position)
+    agent.host.is_log_joined = True
+    agent.on_log_image(image)
+    agent.notify_commit_position(positions[-1])
+    return positions
+
+
 def test_the_follower_module_reads_the_log_before_commit_pos_moves(follower: Any) -> None:
     agent, aeron = follower
     publication = aeron.add_exclusive_publication(LOG, LOG_STREAM)
@@ -85,20 +105,7 @@ def test_the_follower_module_reads_the_log_before_commit_pos_moves(follower: Any
 
 def test_the_follower_module_reads_no_further_than_its_archive_recorded(follower: Any) -> None:
     agent, aeron = follower
-    publication = aeron.add_exclusive_publication(LOG, LOG_STREAM)
-    subscription = aeron.add_subscription(LOG, LOG_STREAM)
-    image = wait_for(lambda: subscription.image_by_session_id(publication.session_id), 10, "the log image")
-    buffer = bytearray(256)
-    positions = []
-    for correlation_id in range(4):
-        length = codecs.TimerEventEncoder.encode(
-            buffer, 0, leadership_term_id=0, correlation_id=correlation_id, timestamp=correlation_id
-        )
-        assert publication.offer(bytes(buffer[:length])) > 0
-        positions.append(publication.position)
-    agent.host.is_log_joined = True
-    agent.on_log_image(image)
-    agent.notify_commit_position(positions[-1])
+    positions = follow_timer_events(agent, aeron, 4)
     agent.append_position = positions[1]  # recorded: two messages of four
     agent._apply_follower_log(agent.read_append_position())
     assert agent.log_position == agent.commit_position_counter.get() == positions[1]
@@ -141,20 +148,7 @@ def test_the_follower_reports_every_position_it_takes_from_its_archive(follower:
     later in the cycle took in a position that was never sent, and the module
     slept a whole idle timeout before it reported it."""
     agent, aeron = follower
-    publication = aeron.add_exclusive_publication(LOG, LOG_STREAM)
-    subscription = aeron.add_subscription(LOG, LOG_STREAM)
-    image = wait_for(lambda: subscription.image_by_session_id(publication.session_id), 10, "the log image")
-    buffer = bytearray(256)
-    positions = []
-    for correlation_id in range(2):
-        length = codecs.TimerEventEncoder.encode(
-            buffer, 0, leadership_term_id=0, correlation_id=correlation_id, timestamp=correlation_id
-        )
-        assert publication.offer(bytes(buffer[:length])) > 0
-        positions.append(publication.position)
-    agent.host.is_log_joined = True
-    agent.on_log_image(image)
-    agent.notify_commit_position(positions[-1])
+    positions = follow_timer_events(agent, aeron, 2)
     agent.role = ClusterRole.FOLLOWER
     agent.leader_member_id = 0
     sent: list[int] = []
