@@ -74,6 +74,7 @@ from fulmar.semantic_version import major_version, version_text
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header, SessionMessages
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
+from fulmar.reader_doorbells import CounterWatch
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron, Counter
@@ -86,6 +87,8 @@ SERVICE_SESSION_ID_BASE = -(2**63) + 1
 # Backup, heartbeat and standby snapshot sessions count down from here: an
 # authenticator tells them apart, and none is a client's (those are >= 1).
 BACKUP_SESSION_ID_FIRST = -2
+# Beyond every log position: the leader's place in a quorum that it is sure to reach.
+ABOVE_ANY_POSITION = 2**63 - 1
 
 
 class ConsensusModuleState(IntEnum):
@@ -208,6 +211,10 @@ class ConsensusModuleAgent:
         self._ring_counter_watchers = aeron.conductor.ring_counter_watchers
         # This module watches the archive's rec-pos of the log recording (the one it watches now).
         self._watched_recording_counter_id = NULL_VALUE
+        # Whether that watch is on: a steady leader turns it off while its own
+        # recording cannot move the commit position (``_watch_own_recording``).
+        self._own_recording_watched = True
+        self._counter_watch: CounterWatch | None = None  # made at the first watch
         self._egress = EgressPublisher()
         self.log_publisher = LogPublisher()
         self._log_publication: ExclusivePublication | None = None
@@ -416,6 +423,8 @@ class ConsensusModuleAgent:
             work += self._leader_work(now_ns)
         elif self.is_multi_member:
             work += self._follower_work(now_ns)
+        if self.role is not ClusterRole.LEADER or self.election is not None:
+            self._watch_own_recording(True)  # only a steady leader leaves it off
         return work
 
     def has_work(self) -> bool:
@@ -444,7 +453,8 @@ class ConsensusModuleAgent:
         counter_id = self._recording_position_counter_id
         reader = self.aeron.counters_reader
         return (
-            counter_id != NULL_VALUE
+            self._own_recording_watched
+            and counter_id != NULL_VALUE
             and reader.counter_registration_id(counter_id) == self._recording_position_registration_id
             and reader.counter_value(counter_id) > self.append_position
         )
@@ -558,16 +568,47 @@ class ConsensusModuleAgent:
         self._recording_position_registration_id = registration_id
         if found != self._watched_recording_counter_id:
             # Woken when the archive records more (it rings the counter's watchers).
-            watch = self.aeron.conductor.counter_watch()
             if self._watched_recording_counter_id != NULL_VALUE:
-                watch.unwatch(self._watched_recording_counter_id)
+                self._watches().unwatch(self._watched_recording_counter_id)
             self._watched_recording_counter_id = found
-            if found != NULL_VALUE and not watch.watch(found):
-                self._print_error(
-                    f"rec-pos counter {found} has no free watcher slot: "
-                    "this module notices new recording by its idle timeout"
-                )
+            if self._own_recording_watched:
+                self._watch_recording_counter(found)
         return found
+
+    def _watches(self) -> CounterWatch:
+        if self._counter_watch is None:
+            self._counter_watch = self.aeron.conductor.counter_watch()
+        return self._counter_watch
+
+    def _watch_recording_counter(self, counter_id: int) -> None:
+        if counter_id != NULL_VALUE and not self._watches().watch(counter_id):
+            self._print_error(
+                f"rec-pos counter {counter_id} has no free watcher slot: "
+                "this module notices new recording by its idle timeout"
+            )
+
+    def _watch_own_recording(self, wanted: bool) -> None:
+        """Be woken by the archive's recording of the log, or not.
+
+        A steady leader of several members commits when a quorum has recorded,
+        itself included.  Its own archive records an append within tens of
+        microseconds, long before a follower's AppendPosition can arrive, so a
+        wake-up for that recording finds nothing to commit: a whole duty cycle
+        of CPU, taken from the two cores the round trip's next hops need.  The
+        leader therefore watches its rec-pos only while its own recording is
+        what holds the commit back.  The watch is set again before the idle
+        strategy's ``has_work`` reads rec-pos, so a recording made in between
+        is seen there and no wake-up is lost."""
+        if wanted is self._own_recording_watched:
+            return
+        self._own_recording_watched = wanted
+        counter_id = self._watched_recording_counter_id
+        if counter_id == NULL_VALUE:
+            return
+        if wanted:
+            self._watch_recording_counter(counter_id)
+        else:
+            self._watches().unwatch(counter_id)
 
     def _recording_position_counter(self) -> int:
         """The rec-pos counter's id while it is still the one found (Aeron's
@@ -2009,8 +2050,17 @@ class ConsensusModuleAgent:
         applied: two followers whose archives run ahead of a slow leader archive
         make a quorum without it, which the seed's words alone would commit."""
         append_position = self.read_append_position()
-        quorum = quorum_position([append_position] + [follower.log_position for follower in self._followers.values()])
+        follower_positions = [follower.log_position for follower in self._followers.values()]
+        quorum = quorum_position([append_position] + follower_positions)
         commit = min(quorum, append_position)
+        # How far the followers alone take the commit once this leader has
+        # recorded as much: only beyond its own recording does that recording matter.
+        followers_quorum = quorum_position([ABOVE_ANY_POSITION] + follower_positions)
+        self._watch_own_recording(
+            followers_quorum > append_position
+            or self.state is not ConsensusModuleState.ACTIVE
+            or self.election is not None
+        )
         self._show_follower_positions()
         work = 0
         if commit > self.term_base_log_position and commit > self.commit_position:

@@ -145,3 +145,67 @@ def test_a_module_without_a_conductor_thread_reads_the_drivers_news_at_once(star
     finally:
         agent.close()
         aeron.close()
+
+
+def test_a_steady_leader_is_woken_by_its_own_recording_only_while_that_holds_the_commit(leader: Any) -> None:
+    """A leader's own archive records an append long before a follower's
+    AppendPosition comes back, so a wake-up for that recording would find
+    nothing to commit.  The leader watches its rec-pos only while its own
+    recording is what holds the commit back (the followers' quorum is past
+    it), and then ``has_work`` sees a recording made in between; out of a
+    steady ACTIVE state it always watches."""
+    agent, _ = leader
+    agent.state = ConsensusModuleState.ACTIVE
+    watch = agent.aeron.conductor.counter_watch()
+    rec_pos = agent.aeron.add_counter(RECORDING_POSITION_TYPE_ID, "rec-pos: a test's log recording")
+    try:
+        agent._recording_position_counter_id = agent._watched_recording_counter_id = rec_pos.id
+        agent._recording_position_registration_id = rec_pos.registration_id
+        agent._watch_recording_counter(rec_pos.id)
+
+        def watched() -> bool:
+            return watch.doorbell_id in watch.watchers(rec_pos.id)
+
+        now_ns = 10_000_000_000
+        # The leader appended up to 4096 and has recorded 1024 of it; both followers have 4096.
+        rec_pos.set(1024)
+        followers_recorded(agent, {0: 4096, 2: 4096}, now_ns)
+        agent._update_quorum_commit_position(now_ns)
+        assert agent.commit_position == 1024
+        assert watched()  # its own recording holds the commit at 1024
+        rec_pos.set(4096)
+        assert agent.has_work()
+
+        # It records the rest: all of it is committed, and nothing more can be
+        # until a follower reports more, so its recording wakes it no longer.
+        agent._update_quorum_commit_position(now_ns + 1)
+        assert agent.commit_position == 4096
+        assert not watched()
+        rec_pos.set(8192)  # its next append, recorded
+        assert not agent.has_work()
+
+        # One follower reports 8192: its cycle reads the recording anew and commits.
+        followers_recorded(agent, {0: 8192}, now_ns + 2)
+        agent._update_quorum_commit_position(now_ns + 2)
+        assert agent.commit_position == 8192
+        assert not watched()
+
+        # A follower ahead of the leader's archive: watched again, and a
+        # recording made before the module sleeps is seen by has_work.
+        followers_recorded(agent, {2: 12288}, now_ns + 3)
+        agent._update_quorum_commit_position(now_ns + 3)
+        assert agent.commit_position == 8192
+        assert watched()
+        assert not agent.has_work()
+        rec_pos.set(12288)
+        assert agent.has_work()
+        agent._update_quorum_commit_position(now_ns + 4)
+        assert agent.commit_position == 12288
+        assert not watched()
+
+        # Not steady (a snapshot under way): it watches whatever the positions.
+        agent.state = ConsensusModuleState.SNAPSHOT
+        agent._update_quorum_commit_position(now_ns + 5)
+        assert watched()
+    finally:
+        rec_pos.close()

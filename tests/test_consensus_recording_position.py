@@ -70,6 +70,8 @@ def follower(manager: CountersManager, archive_id: int = LIVE_ARCHIVE_ID) -> Con
         watch=watch,
     )
     agent._watched_recording_counter_id = NULL_VALUE
+    agent._own_recording_watched = True
+    agent._counter_watch = None
     agent.log_recording_id = RECORDING_ID
     agent.log_session_id = SESSION_ID
     agent.append_position = 1024
