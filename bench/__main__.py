@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench import machine, report
 
 MODULES = [
     "log_buffer",
@@ -79,6 +79,8 @@ def main() -> None:
     args = parser.parse_args()
     repeat = 1 if args.quick else max(1, args.repeat)
 
+    loop_before_ns = machine.python_loop_ns()
+    print(f"machine speed: a fixed pure-Python loop takes {loop_before_ns:.1f} ns per iteration", flush=True)
     rows: list[dict[str, Any]] = []
     histograms: dict[tuple[str, str], Any] = {}  # (module, histogram id) -> HdrHistogram, repeats merged
     for module_name in sorted(args.only or MODULES, key=MODULES.index):
@@ -131,6 +133,11 @@ def main() -> None:
         derived = getattr(module, "derived_rows", None)
         rows += module_rows + (derived(module_rows) if derived else [])
 
+    loop_after_ns = machine.python_loop_ns()
+    speed = (
+        f"machine speed: a fixed pure-Python loop took {loop_before_ns:.1f} ns per iteration before the "
+        f"benchmarks, {loop_after_ns:.1f} after (bench.machine; compare runs by it)"
+    )
     header = f"{'benchmark':<52} {'median':>14} {'min-max':>25} {'unit':<8} {'reference':>14} {'ratio':>7}  note"
     print(header)
     print("-" * len(header))
@@ -147,7 +154,13 @@ def main() -> None:
     out = RESULTS_DIR / f"bench-{stamp}.json"
     out.write_text(
         json.dumps(
-            {"machine": platform.uname()._asdict(), "quick": args.quick, "repeat": repeat, "results": rows},
+            {
+                "machine": platform.uname()._asdict(),
+                "python_loop_ns": {"before": loop_before_ns, "after": loop_after_ns},
+                "quick": args.quick,
+                "repeat": repeat,
+                "results": rows,
+            },
             indent=2,
         )
     )
@@ -157,7 +170,7 @@ def main() -> None:
 
     heading = (
         f"python -m bench{' --quick' if args.quick else ''}, {stamp}: {repeat} repetition(s), median and "
-        f"min-max; {platform.node()}, {os.cpu_count()} cores"
+        f"min-max; {platform.node()}, {os.cpu_count()} cores; {speed}"
     )
     markdown = report.write_markdown(RESULTS_DIR / f"bench-{stamp}.md", rows, heading)
     print("\n" + markdown.read_text())
