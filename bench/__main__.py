@@ -79,8 +79,8 @@ def main() -> None:
     args = parser.parse_args()
     repeat = 1 if args.quick else max(1, args.repeat)
 
-    loop_before_ns = machine.python_loop_ns()
-    print(f"machine speed: a fixed pure-Python loop takes {loop_before_ns:.1f} ns per iteration", flush=True)
+    machine_before, machine_before_text = machine.describe()
+    print(f"machine speed before: {machine_before_text}", flush=True)
     rows: list[dict[str, Any]] = []
     histograms: dict[tuple[str, str], Any] = {}  # (module, histogram id) -> HdrHistogram, repeats merged
     for module_name in sorted(args.only or MODULES, key=MODULES.index):
@@ -133,11 +133,9 @@ def main() -> None:
         derived = getattr(module, "derived_rows", None)
         rows += module_rows + (derived(module_rows) if derived else [])
 
-    loop_after_ns = machine.python_loop_ns()
-    speed = (
-        f"machine speed: a fixed pure-Python loop took {loop_before_ns:.1f} ns per iteration before the "
-        f"benchmarks, {loop_after_ns:.1f} after (bench.machine; compare runs by it)"
-    )
+    machine_after, machine_after_text = machine.describe()
+    speed = f"machine speed (bench.machine): before, {machine_before_text}; after, {machine_after_text}"
+    print(speed, flush=True)
     header = f"{'benchmark':<52} {'median':>14} {'min-max':>25} {'unit':<8} {'reference':>14} {'ratio':>7}  note"
     print(header)
     print("-" * len(header))
@@ -156,7 +154,7 @@ def main() -> None:
         json.dumps(
             {
                 "machine": platform.uname()._asdict(),
-                "python_loop_ns": {"before": loop_before_ns, "after": loop_after_ns},
+                "machine_speed": {"before": machine_before, "after": machine_after},
                 "quick": args.quick,
                 "repeat": repeat,
                 "results": rows,
