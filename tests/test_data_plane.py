@@ -251,3 +251,28 @@ def test_stopping_with_everything_registered_frees_it(tmp_path: Path, sockets: l
         h.close()  # stops the thread with everything still registered
         publication_log.close()
         ipc_log.close()
+
+
+def test_an_ipc_publications_limit_is_raised_before_set_readers_returns(harness: Harness, tmp_path: Path) -> None:
+    """The conductor names a subscriber's position, then marks the IPC
+    publication connected and tells the clients.  A publisher that sees it
+    connected must find room to append at once: the limit is raised in the
+    same call, not left to the data plane thread's next cycle (before, a
+    publisher on a loaded machine saw its first try_claim back pressured)."""
+    log = LogBuffers.create(tmp_path / "ipc.logbuffer", 64 * 1024, session_id=4, stream_id=12)
+    try:
+        plane = harness.plane
+        limit_id, position_id, subscriber_id = 43, 44, 45
+        plane.add_ipc_publication(101, log.address, 64 * 1024, log.initial_term_id, 0, 32 * 1024, limit_id, position_id)
+        try:
+            for round_ in range(20):  # each read follows the call within microseconds
+                subscriber_position = round_ * 1024
+                harness.values.put_int64_ordered(subscriber_id * COUNTER_LENGTH, subscriber_position)
+                plane.set_readers(101, [subscriber_id], [])
+                assert harness.counter(limit_id) == subscriber_position + 32 * 1024
+                plane.set_readers(101, [], [])  # no subscriber: the limit falls back to what was consumed
+                assert harness.counter(limit_id) == subscriber_position
+        finally:
+            plane.remove(101)  # out of the thread's hands before its log is unmapped
+    finally:
+        log.close()

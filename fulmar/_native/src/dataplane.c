@@ -1096,6 +1096,14 @@ int32_t fulmar_dp_set_readers(
         {
             dp_network_publication_update_connected(dp->network_publications[index]);   /* spies may connect it */
         }
+        const int32_t ipc_index = find_ipc_publication(dp, id);
+        if (ipc_index >= 0)
+        {
+            /* The limit before the conductor marks the publication connected:
+             * a publisher that sees it connected may append at once, not find
+             * itself back pressured until this thread's next cycle. */
+            ipc_update_limit(dp, dp->ipc_publications[ipc_index]);
+        }
     }
     pthread_mutex_unlock(&dp->lock);
     dp_readers_free(&replacement);
