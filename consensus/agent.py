@@ -557,14 +557,12 @@ class ConsensusModuleAgent:
             self._archive_id = self.archive.archive_id()
         reader = self.aeron.counters_reader
         found, registration_id = NULL_VALUE, NULL_VALUE
-        for counter in reader:
-            if counter.type_id != RECORDING_POSITION_TYPE_ID:
-                continue
-            recording_id, session_id, archive_id = recording_position_ids(counter.key)
+        for counter_id in reader.ids_of_type(RECORDING_POSITION_TYPE_ID):
+            recording_id, session_id, archive_id = recording_position_ids(reader.counter_key(counter_id))
             if (recording_id, session_id, archive_id) == (self.log_recording_id, self.log_session_id, self._archive_id):
-                registration = reader.counter_registration_id(counter.counter_id)
+                registration = reader.counter_registration_id(counter_id)
                 if registration > registration_id:
-                    found, registration_id = counter.counter_id, registration
+                    found, registration_id = counter_id, registration
         self._recording_position_registration_id = registration_id
         if found != self._watched_recording_counter_id:
             # Woken when the archive records more (it rings the counter's watchers).

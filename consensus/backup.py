@@ -681,12 +681,10 @@ class ClusterBackupAgent:
         if self._archive_id is None:
             self._archive_id = self.archive.archive_id()
         reader = self.aeron.counters_reader
-        for counter in reader:
-            if counter.type_id != RECORDING_POSITION_TYPE_ID:
-                continue
-            recording_id, session_id, archive_id = recording_position_ids(counter.key)
+        for counter_id in reader.ids_of_type(RECORDING_POSITION_TYPE_ID):
+            recording_id, session_id, archive_id = recording_position_ids(reader.counter_key(counter_id))
             if session_id == self._live_log_session_id and archive_id == self._archive_id:
-                return counter.counter_id, recording_id
+                return counter_id, recording_id
         return NULL_VALUE, NULL_VALUE
 
     # -------------------------------------------------------- recording.log

@@ -548,13 +548,9 @@ class ClientConductor:
             return
         exclusive = message.TEMPLATE_ID == protocol.TemplateId.ON_EXCLUSIVE_PUBLICATION_READY
         log = self._map_log(message.log_file_name)
-        # Allocated with its limit counter: looked for next to it, not by a scan.
-        limit_id = message.publication_limit_counter_id
-        bpe_id = self.counters_reader.find_by_type_and_registration(
-            SENDER_BPE_TYPE_ID, message.registration_id, near=limit_id
-        )
+        bpe_id = self.counters_reader.find_by_type_and_registration(SENDER_BPE_TYPE_ID, message.registration_id)
         messages_id = self.counters_reader.find_by_type_and_registration(
-            PUBLISHER_MESSAGES_TYPE_ID, message.registration_id, near=limit_id
+            PUBLISHER_MESSAGES_TYPE_ID, message.registration_id
         )
         cls = ExclusivePublication if exclusive else Publication
         publication = cls(

@@ -53,8 +53,6 @@ REFERENCE_ID_OFFSET: Final = 24
 # fulmar.reader_doorbells and _native/src/doorbell.h).
 COUNTER_WATCHERS_OFFSET: Final = 64
 
-# How many ids after a hint ``find_by_type_and_registration`` tries before it scans.
-_NEAR_COUNTERS: Final = 8
 RECORD_UNUSED: Final = 0
 RECORD_ALLOCATED: Final = 1
 RECORD_RECLAIMED: Final = -1
@@ -260,29 +258,36 @@ class CountersReader:
                 return counter_id
         return NULL_COUNTER_ID
 
-    def find_by_type_and_registration(self, type_id: int, registration_id: int, near: int = NULL_COUNTER_ID) -> int:
-        """First allocated counter of this type and registration id, or NULL_COUNTER_ID.
+    def find_by_type_and_registration(self, type_id: int, registration_id: int) -> int:
+        """First allocated counter of this type and registration id, or NULL_COUNTER_ID
+        (one native pass: a client adding a thousand publications looks up each
+        one's counters among thousands)."""
+        capacity = self._max_counter_id + 1
+        return int(
+            lib.fulmar_counters_find(
+                self._metadata.address, self._values.address, capacity, type_id, registration_id, 0
+            )
+        )
 
-        ``near``: the id of a counter allocated with it (the driver allocates
-        a publication's counters one after another): the few ids after it are
-        looked at first, so that a client adding a thousand publications does
-        not scan thousands of counters for each.
-        """
-        if near != NULL_COUNTER_ID:
-            for counter_id in range(max(0, near + 1), min(near + 1 + _NEAR_COUNTERS, self._max_counter_id + 1)):
-                if (
-                    self.counter_state(counter_id) == RECORD_ALLOCATED
-                    and self.counter_type_id(counter_id) == type_id
-                    and self.counter_registration_id(counter_id) == registration_id
-                ):
-                    return counter_id
-        for counter_id in self._allocated_ids():
-            if (
-                self.counter_type_id(counter_id) == type_id
-                and self.counter_registration_id(counter_id) == registration_id
-            ):
-                return counter_id
-        return NULL_COUNTER_ID
+    def ids_of_type(self, type_id: int) -> Iterator[int]:
+        """The allocated counters of this type, in id order (each found natively:
+        a reader after its few counters does not walk every record from Python)."""
+        capacity = self._max_counter_id + 1
+        counter_id = -1
+        while True:
+            counter_id = int(
+                lib.fulmar_counters_find(
+                    self._metadata.address,
+                    self._values.address,
+                    capacity,
+                    type_id,
+                    lib.FULMAR_COUNTERS_ANY_REGISTRATION,
+                    counter_id + 1,
+                )
+            )
+            if counter_id < 0:
+                return
+            yield counter_id
 
     def _allocated_ids(self) -> Iterator[int]:
         metadata = self._metadata

@@ -210,20 +210,26 @@ def test_find_by_registration() -> None:
     assert manager.find_by_type_and_registration(2, 10) == NULL_COUNTER_ID
 
 
-def test_find_by_type_and_registration_near_a_hint() -> None:
+def test_find_by_type_and_registration_anywhere_and_every_id_of_a_type() -> None:
+    """The native lookups: a publication's counters need not sit together (ids
+    are reused as they were freed), freed ones are not found, and ``ids_of_type``
+    walks every allocated counter of a type in id order."""
     manager, _ = make_manager(counters=32)
     limit = manager.allocate("pub-lmt", type_id=1, registration_id=7)
-    manager.allocate("pub-pos", type_id=4, registration_id=7)
-    bpe = manager.allocate("snd-bpe", type_id=13, registration_id=7)
-    assert manager.find_by_type_and_registration(13, 7, near=limit) == bpe
-    # Not among the ids after the hint (allocated far away, or freed): the scan finds it, or nothing.
     for _ in range(10):
         manager.allocate("filler", type_id=99)
     far = manager.allocate("pub-msgs", type_id=90, registration_id=7)
-    assert manager.find_by_type_and_registration(90, 7, near=limit) == far
+    bpe = manager.allocate("snd-bpe", type_id=13, registration_id=7)
+    other_bpe = manager.allocate("snd-bpe", type_id=13, registration_id=8)
+    assert manager.find_by_type_and_registration(1, 7) == limit
+    assert manager.find_by_type_and_registration(90, 7) == far
+    assert manager.find_by_type_and_registration(13, 8) == other_bpe
+    assert list(manager.ids_of_type(13)) == [bpe, other_bpe]
+    assert list(manager.ids_of_type(99)) == list(range(limit + 1, limit + 11))
     manager.free(bpe)
-    assert manager.find_by_type_and_registration(13, 7, near=limit) == NULL_COUNTER_ID
-    assert manager.find_by_type_and_registration(13, 7, near=manager.max_counter_id) == NULL_COUNTER_ID
+    assert manager.find_by_type_and_registration(13, 7) == NULL_COUNTER_ID
+    assert list(manager.ids_of_type(13)) == [other_bpe]
+    assert list(manager.ids_of_type(12345)) == []
 
 
 def test_errors() -> None:

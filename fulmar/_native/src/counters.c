@@ -22,3 +22,28 @@ int32_t fulmar_counters_snapshot(const char *metadata, const char *values, int32
     }
     return id;
 }
+
+int32_t fulmar_counters_find(const char *metadata, const char *values, int32_t capacity, int32_t type_id,
+                             int64_t registration_id, int32_t from_id)
+{
+    for (int32_t id = from_id < 0 ? 0 : from_id; id < capacity; id++)
+    {
+        const char *meta = metadata + (size_t)id * FULMAR_COUNTER_METADATA_LENGTH;
+        const int32_t state = fa_load_i32(meta);
+        if (state == FULMAR_COUNTER_RECORD_UNUSED)
+        {
+            break;
+        }
+        if (state != FULMAR_COUNTER_RECORD_ALLOCATED || fa_load_i32(meta + FULMAR_COUNTER_TYPE_ID_OFFSET) != type_id)
+        {
+            continue;
+        }
+        if (registration_id == FULMAR_COUNTERS_ANY_REGISTRATION ||
+            fa_load_i64(values + (size_t)id * FULMAR_COUNTER_LENGTH + FULMAR_COUNTER_REGISTRATION_ID_OFFSET) ==
+                registration_id)
+        {
+            return id;
+        }
+    }
+    return -1;
+}
