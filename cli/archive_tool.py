@@ -13,7 +13,6 @@ only) the files are there but no archive is running.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import re
 import sys
@@ -136,37 +135,38 @@ def mark_file_decoder(archive_dir: Path) -> tuple[MarkFileHeaderDecoder, int]:
 
 
 def read_archive_errors(archive_dir: Path, decoder: MarkFileHeaderDecoder) -> list[dict[str, Any]]:
-    """The mark file's distinct error log, oldest first (mapped copy-on-write, never written)."""
+    """The mark file's distinct error log, oldest first.  Read, not mapped: an
+    archive starting now recreates the file, and a mapping cut short under a
+    reader faults it where a read comes back short."""
     path = archive_dir / MARK_FILE_NAME
-    if decoder.error_buffer_length == 0:
+    length = decoder.error_buffer_length
+    if length == 0:
         return []
     try:
         with open(path, "rb") as file:
-            memory = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+            file.seek(decoder.header_length)
+            data = bytearray(file.read(length))
     except OSError as error:
         raise ArchiveReadError(f"{path}: cannot read the mark file: {describe_os_error(error)}") from None
+    if len(data) < length:
+        raise ArchiveReadError(f"{path}: corrupt mark file: the error buffer runs past the end of the file")
+    buffer = AtomicBuffer(data, 0, length)
     try:
-        if decoder.header_length + decoder.error_buffer_length > len(memory):
-            raise ArchiveReadError(f"{path}: corrupt mark file: the error buffer runs past the end of the file")
-        buffer = AtomicBuffer(memory, decoder.header_length, decoder.error_buffer_length)
-        try:
-            return [
-                {
-                    "observation_count": error.observation_count,
-                    "first_observation_timestamp_ms": error.first_observation_timestamp,
-                    "last_observation_timestamp_ms": error.last_observation_timestamp,
-                    "first_observation": iso_utc(error.first_observation_timestamp),
-                    "last_observation": iso_utc(error.last_observation_timestamp),
-                    "text": error.text,
-                }
-                for error in read_error_log(buffer)
-            ]
-        except (CorruptErrorLogError, ValueError) as error:
-            raise ArchiveReadError(f"{path}: the error log is corrupt: {error}") from None
-        finally:
-            buffer.release()
+        return [
+            {
+                "observation_count": error.observation_count,
+                "first_observation_timestamp_ms": error.first_observation_timestamp,
+                "last_observation_timestamp_ms": error.last_observation_timestamp,
+                "first_observation": iso_utc(error.first_observation_timestamp),
+                "last_observation": iso_utc(error.last_observation_timestamp),
+                "text": error.text,
+            }
+            for error in read_error_log(buffer)
+        ]
+    except (CorruptErrorLogError, ValueError) as error:
+        raise ArchiveReadError(f"{path}: the error log is corrupt: {error}") from None
     finally:
-        memory.close()
+        buffer.release()
 
 
 def mark_status(decoder: MarkFileHeaderDecoder, file_length: int, now_ms: int) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from fulmar.consensus.mark_file import (
     ClusterMarkFileContents,
     ClusterMarkFileError,
     read_cluster_mark_file,
+    read_liveness,
 )
 from fulmar.consensus.recording_log import (
     CONSENSUS_MODULE_SERVICE_ID,
@@ -1122,16 +1123,12 @@ def cluster_rebuild_recording_log(
     service stopped; the archive may be running (its files are only read).
     """
     mark_path = directory / CLUSTER_MARK_FILE_NAME
-    if mark_path.exists():
-        try:
-            contents = read_cluster_mark_file(mark_path)
-        except (ClusterMarkFileError, CodecError, OSError):
-            contents = None  # unreadable: no module can be running on it
-        if contents is not None and contents.is_active(epoch_ms()):
-            fail(
-                f"{mark_path}: the consensus module (pid {contents.header.pid}) is running; stop it first",
-                EXIT_CLUSTER_PROBLEM,
-            )
+    liveness = read_liveness(mark_path)  # the head of the file only: a module starting now may be writing the rest
+    if liveness is not None and liveness.is_active(epoch_ms()):
+        fail(
+            f"{mark_path}: the consensus module (pid {liveness.pid}) is running; stop it first",
+            EXIT_CLUSTER_PROBLEM,
+        )
     try:
         result = rebuild_recording_log(directory, archive_dir, log_stream_id, recording_id)
     except (RecordingLogRebuildError, RecordingLogError, OSError) as error:

@@ -1676,18 +1676,14 @@ class ConsensusModuleAgent:
 
     def _dead_services(self) -> list[int]:
         """Services whose container process is gone (its mark file stale or its pid dead)."""
-        from fulmar.consensus.mark_file import read_cluster_mark_file, service_mark_file_name
+        from fulmar.consensus.mark_file import read_liveness, service_mark_file_name
 
         dead = []
         now_ms = self.epoch_ms()
         for service_id in range(self.context.service_count):
-            path = Path(self.context.cluster_dir) / service_mark_file_name(service_id)
-            try:
-                if read_cluster_mark_file(path).is_active(now_ms):
-                    continue
-            except FulmarError:
-                pass
-            dead.append(service_id)
+            liveness = read_liveness(Path(self.context.cluster_dir) / service_mark_file_name(service_id))
+            if liveness is None or not liveness.is_active(now_ms):
+                dead.append(service_id)
         return dead
 
     def _check_snapshot_and_termination(self, now_ns: int) -> int:

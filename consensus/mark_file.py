@@ -31,12 +31,11 @@ The candidate term id (the term this member last voted in) survives restarts:
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 import psutil
 
@@ -73,6 +72,8 @@ __all__ = [
     "service_mark_file_name",
     "read_cluster_mark_file",
     "live_owner_pid",
+    "read_liveness",
+    "MarkFileLiveness",
 ]
 
 FILE_EXTENSION: Final = ".dat"
@@ -203,53 +204,51 @@ def _read_header_region(path: Path) -> tuple[bytes, int]:
 
 
 def _read_errors(path: Path, decoder: MarkFileHeaderDecoder) -> list[ErrorObservation]:
-    """The error log of a decoded file; CorruptErrorLogError if a record is impossible."""
+    """The error log of a decoded file; CorruptErrorLogError if a record is impossible.
+
+    Read, not mapped: a new owner recreates the file (truncated, then
+    zero-filled) while others may be reading it, and a mapping of a file cut
+    short under it faults the reader (SIGBUS) where a read returns short."""
     length = decoder.error_buffer_length
     if length <= 0:
         return []
-    # Mapped copy-on-write rather than read: only the records' pages are
-    # touched, not the whole (mostly empty) buffer, and nothing reaches the file.
     with open(path, "rb") as f:
-        memory = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        f.seek(decoder.header_length)
+        data = bytearray(f.read(length))
+    if len(data) < length:  # cut short since it was measured (a new owner is recreating it)
+        raise CorruptErrorLogError(f"error buffer is {len(data)} bytes, the header says {length}")
+    buffer = AtomicBuffer(data, 0, length)
     try:
-        if decoder.header_length + length > len(memory):  # shrank since it was measured
-            raise CorruptErrorLogError(
-                f"error buffer is {len(memory) - decoder.header_length} bytes, the header says {length}"
-            )
-        buffer = AtomicBuffer(memory, decoder.header_length, length)
-        try:
-            return list(read_error_log(buffer))
-        finally:
-            buffer.release()
+        return list(read_error_log(buffer))
     finally:
-        memory.close()
+        buffer.release()
 
 
-def read_activity_timestamp(path: str | os.PathLike[str]) -> int | None:
-    """The activity timestamp (epoch ms) in the mark file at ``path``: 0 after
-    a clean close, None if there is no readable mark file.  Reads the first
-    bytes only, so a consensus module can ask every second."""
-    liveness = _read_liveness(path)
-    return None if liveness is None else int(liveness[2])
+class MarkFileLiveness(NamedTuple):
+    """The words at the head of a mark file that say whether its owner is up:
+    read alone, without the header's strings or the error log, so a process
+    can ask often and a file being recreated reads as not there."""
+
+    version: int
+    component_type: int
+    activity_timestamp: int  # epoch ms; 0 after a clean close
+    start_timestamp: int
+    pid: int
+
+    @property
+    def is_ready(self) -> bool:
+        """The owner signalled that it started (see :attr:`ClusterMarkFileContents.is_ready`)."""
+        return self.version not in (0, VERSION_FAILED)
+
+    def is_active(self, now_ms: int, liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT) -> bool:
+        """A live process owns the file (its pid exists, its timestamp is fresh)."""
+        return _is_live(self.activity_timestamp, self.pid, now_ms, liveness_timeout_ms)
 
 
-def live_owner_pid(
-    path: str | os.PathLike[str], now_ms: int, liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT
-) -> int | None:
-    """The pid of the live process that owns the mark file at ``path`` (the
-    test :meth:`ClusterMarkFile.create` refuses on), or None: no file, a
-    clean close, a dead pid or a stale timestamp.  Reads the first bytes only."""
-    liveness = _read_liveness(path)
-    if liveness is None:
-        return None
-    _version, _type, activity_ms, _start_ms, pid = liveness
-    return int(pid) if _is_live(activity_ms, pid, now_ms, liveness_timeout_ms) else None
-
-
-def _read_liveness(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
-    """The liveness fields at the head of the mark file at ``path`` (version,
-    component type, activity ms, start ms, pid), reading only its first bytes;
-    None if there is no readable mark file."""
+def read_liveness(path: str | os.PathLike[str]) -> MarkFileLiveness | None:
+    """The liveness words of the mark file at ``path``, reading only its first
+    bytes; None if there is no readable mark file (missing, or shorter than
+    those words, as while its owner recreates it)."""
     try:
         with open(path, "rb") as f:
             prefix = f.read(MESSAGE_HEADER_LENGTH + _LIVENESS.size)
@@ -258,7 +257,25 @@ def _read_liveness(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
     offset = _body_offset(prefix)
     if len(prefix) < offset + _LIVENESS.size:
         return None
-    return tuple(_LIVENESS.unpack_from(prefix, offset))
+    return MarkFileLiveness(*_LIVENESS.unpack_from(prefix, offset))
+
+
+def read_activity_timestamp(path: str | os.PathLike[str]) -> int | None:
+    """The activity timestamp (epoch ms) in the mark file at ``path``: 0 after
+    a clean close, None if there is no readable mark file.  Reads the first
+    bytes only, so a consensus module can ask every second."""
+    liveness = read_liveness(path)
+    return None if liveness is None else liveness.activity_timestamp
+
+
+def live_owner_pid(
+    path: str | os.PathLike[str], now_ms: int, liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS_DEFAULT
+) -> int | None:
+    """The pid of the live process that owns the mark file at ``path`` (the
+    test :meth:`ClusterMarkFile.create` refuses on), or None: no file, a
+    clean close, a dead pid or a stale timestamp.  Reads the first bytes only."""
+    liveness = read_liveness(path)
+    return liveness.pid if liveness is not None and liveness.is_active(now_ms, liveness_timeout_ms) else None
 
 
 def _is_live(activity_ms: int, pid: int, now_ms: int, liveness_timeout_ms: int) -> bool:

@@ -33,7 +33,7 @@ from fulmar.consensus.protocol import (
     cluster_action_flags,
     session_message_frame,
 )
-from fulmar.consensus.mark_file import read_cluster_mark_file
+from fulmar.consensus.mark_file import read_liveness
 from fulmar.consensus.snapshot import (
     SERVICE_SNAPSHOT_TYPE_ID,
     SnapshotError,
@@ -215,13 +215,12 @@ class ClusteredServiceAgent:
         path = Path(self.context.cluster_dir) / "cluster-mark.dat"
         while True:
             self.aeron.do_work()
-            try:
-                contents = read_cluster_mark_file(path)
-                if contents.is_ready and contents.is_active(time.time_ns() // 1_000_000):
-                    self.consensus_module_pid = contents.header.pid
-                    return
-            except FulmarError:
-                pass  # not there yet, or being written
+            # Only the head of the file: a restarting module recreates it
+            # (truncated, then zero-filled) while this reads.
+            liveness = read_liveness(path)
+            if liveness is not None and liveness.is_ready and liveness.is_active(time.time_ns() // 1_000_000):
+                self.consensus_module_pid = liveness.pid
+                return
             if time.monotonic() > deadline:
                 raise FulmarError(f"service {self.service_id}: no live consensus module has claimed {path}")
             time.sleep(0.005)

@@ -185,15 +185,12 @@ def _consensus_module_alive(cluster_dir: Path, pid: int | None = None) -> bool:
     """Whether this node's consensus module (process ``pid``, if given) is up:
     its mark file fresh and its process alive.  A service stopped by a signal
     waits for the module's orderly stop, but not for a module that is gone."""
-    from fulmar.consensus.mark_file import read_cluster_mark_file
+    from fulmar.consensus.mark_file import read_liveness
 
-    try:
-        contents = read_cluster_mark_file(cluster_dir / "cluster-mark.dat")
-    except FulmarError:
+    liveness = read_liveness(cluster_dir / "cluster-mark.dat")
+    if liveness is None or (pid is not None and liveness.pid != pid):
         return False
-    if pid is not None and contents.header.pid != pid:
-        return False
-    return contents.is_active(epoch_ms())
+    return liveness.is_active(epoch_ms())
 
 
 def run_service_container(

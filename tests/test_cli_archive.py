@@ -29,7 +29,7 @@ from fulmar.archive.catalog import CATALOG_FILE_NAME, Catalog
 from fulmar.archive.client import NULL_VALUE, AeronArchive, SourceLocation
 from fulmar.archive.mark_file import MARK_FILE_NAME, ArchiveMarkFile
 from fulmar.archive.segment import list_segment_files, segment_file_name
-from fulmar.cli import cluster_tool
+from fulmar.cli import archive_tool, cluster_tool
 
 KB = 1024
 TERM_LENGTH = 64 * KB
@@ -344,6 +344,18 @@ def test_missing_files_are_one_line_and_exit_1(tmp_path: Path) -> None:
         one_line_error(tool(command, "--archive-dir", str(empty)), "no catalog")
     one_line_error(tool("errors", "--archive-dir", str(empty)), "no mark file")
     assert list(empty.iterdir()) == []  # nothing was created
+
+
+def test_a_mark_file_recreated_between_its_header_and_its_errors_is_a_clear_error(tmp_path: Path) -> None:
+    """An archive starting now recreates its mark file (truncated, then
+    zero-filled): a tool that read the header before that and the error log
+    after gets a one-line error (mapping the empty file raised ValueError)."""
+    create_mark_file(tmp_path, dead_pid(), ("one",)).close()
+    decoder, _ = archive_tool.mark_file_decoder(tmp_path)
+    assert [e["text"] for e in archive_tool.read_archive_errors(tmp_path, decoder)] == ["one"]
+    os.truncate(tmp_path / MARK_FILE_NAME, 0)
+    with pytest.raises(archive_tool.ArchiveReadError, match="the error buffer runs past the end of the file"):
+        archive_tool.read_archive_errors(tmp_path, decoder)
 
 
 def test_corrupt_mark_file_is_one_line_and_exit_1(stopped_archive: tuple[Path, int, int]) -> None:

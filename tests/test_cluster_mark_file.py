@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from fulmar.clock import epoch_ms
 from fulmar.codecs.generated import cluster_mark
+from fulmar.consensus import mark_file
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType, MarkFileHeaderDecoder, MarkFileHeaderEncoder
 from fulmar.consensus.mark_file import (
     ERROR_BUFFER_MIN_LENGTH,
@@ -26,8 +28,10 @@ from fulmar.consensus.mark_file import (
     CorruptClusterMarkFileError,
     mark_file_name,
     read_cluster_mark_file,
+    read_liveness,
     service_mark_file_name,
 )
+from fulmar.service.container import _consensus_module_alive as container_module_alive
 
 NOW = 1_700_000_000_000
 ERRORS = ERROR_BUFFER_MIN_LENGTH
@@ -371,6 +375,65 @@ def test_corrupt_error_log_is_a_clear_error_for_tools_but_does_not_block_create(
 def test_missing_file_is_a_clear_error_for_tools(tmp_path: Path) -> None:
     with pytest.raises(ClusterMarkFileError, match="cannot read"):
         read_cluster_mark_file(tmp_path / FILENAME)
+
+
+# ------------------------------------------------- a file its new owner is recreating
+#
+# A restarting module recreates its file in place: truncated to nothing, then
+# zero-filled to its length, then the header.  Services, the module (about its
+# services) and tools read it meanwhile.
+
+
+def test_a_file_cut_short_after_its_header_was_read_is_a_clear_error(tmp_path: Path, monkeypatch: Any) -> None:
+    """The header comes from the old file and the error log from the new,
+    still empty one: CorruptClusterMarkFileError, which a waiting service
+    takes as "not there yet" (a ValueError from mapping an empty file ended
+    the service before)."""
+    mark = create(tmp_path, pid=dead_pid())
+    mark.error_log(lambda: NOW).record("an error of the previous owner")
+    crash(mark)
+    path = tmp_path / FILENAME
+    read_header = mark_file._read_header_region
+
+    def read_header_then_recreate(at: Path) -> tuple[bytes, int]:
+        header = read_header(at)
+        os.truncate(at, 0)  # the new owner's O_TRUNC, before it sets the length
+        return header
+
+    monkeypatch.setattr(mark_file, "_read_header_region", read_header_then_recreate)
+    with pytest.raises(CorruptClusterMarkFileError, match="error buffer is 0 bytes, the header says 1048576"):
+        read_cluster_mark_file(path)
+
+
+def test_liveness_reads_the_head_only_and_a_file_being_recreated_has_no_owner(tmp_path: Path) -> None:
+    path = tmp_path / FILENAME
+    assert read_liveness(path) is None  # no file
+    mark = create(tmp_path)
+    try:
+        starting = read_liveness(path)
+        assert starting is not None
+        assert (starting.pid, starting.activity_timestamp, starting.component_type) == (os.getpid(), NOW, int(CM))
+        assert not starting.is_ready and starting.is_active(NOW + 1)
+        mark.signal_ready()
+        ready = read_liveness(path)
+        assert ready is not None and ready.is_ready and ready.version == SEMANTIC_VERSION
+        assert not ready.is_active(NOW + 10_000)  # a stale timestamp
+        assert not container_module_alive(tmp_path)  # the service's check: NOW is long past
+
+        mark.update_activity_timestamp(epoch_ms())
+        assert container_module_alive(tmp_path)
+        assert container_module_alive(tmp_path, os.getpid())
+        assert not container_module_alive(tmp_path, dead_pid())  # another module than the one it follows
+
+        os.truncate(path, 0)  # recreated: empty...
+        assert read_liveness(path) is None
+        assert not container_module_alive(tmp_path)
+        os.truncate(path, FILE_LENGTH)  # ...then zero-filled, before its header
+        zeroed = read_liveness(path)
+        assert zeroed is not None and not zeroed.is_ready and not zeroed.is_active(epoch_ms())
+        assert not container_module_alive(tmp_path)
+    finally:
+        mark.close()
 
 
 # ------------------------------------------------------------------- error log
