@@ -125,16 +125,31 @@ def read_snapshot(
     )
     deadline = time.monotonic() + SNAPSHOT_TIMEOUT_S
     invoker = not aeron.context.use_conductor_thread
+    # The image is held once it comes: the archive closes the replay when it
+    # has sent the last message, and once that is read the driver may take the
+    # image out of the subscription before this loop looks at it again, so
+    # completion is its position, not its presence.
+    image = None
     try:
         while True:
             if invoker:
                 aeron.do_work()  # the replay's image arrives through the client conductor
-            images = subscription.images
-            if images and images[0].position >= stop:
+            if image is None and subscription.images:
+                image = subscription.images[0]
+            if image is not None and image.position >= stop:
                 break
+            if image is not None and image.is_closed:
+                raise SnapshotError(
+                    f"the replay of snapshot recording {recording_id} ended at position {image.position}, "
+                    f"before its stop position {stop}"
+                )
             if not subscription.poll(assembler.on_fragment, 256):
                 if time.monotonic() > deadline:
-                    raise SnapshotError(f"the replay of snapshot recording {recording_id} did not complete")
+                    raise SnapshotError(
+                        f"the replay of snapshot recording {recording_id} did not complete in "
+                        f"{SNAPSHOT_TIMEOUT_S:.0f} s (at position "
+                        f"{'none: no image came' if image is None else image.position} of {stop})"
+                    )
                 time.sleep(0.0002)
     finally:
         subscription.close()
