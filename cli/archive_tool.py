@@ -36,7 +36,7 @@ from fulmar.archive.mark_file import LIVENESS_TIMEOUT_MS_DEFAULT, MARK_FILE_NAME
 from fulmar.archive.segment import SEGMENT_SUFFIX, first_bad_frame
 from fulmar.buffers import AtomicBuffer
 from fulmar.clock import epoch_ms
-from fulmar.cli.cnc_reader import iso_utc, process_exists
+from fulmar.cli.cnc_reader import error_documents, iso_utc, process_exists
 from fulmar.cli.tool_common import fail, format_error_list, json_option
 from fulmar.codecs.generated.archive import RecordingState
 from fulmar.codecs.generated.archive_mark import MarkFileHeaderDecoder
@@ -152,17 +152,7 @@ def read_archive_errors(archive_dir: Path, decoder: MarkFileHeaderDecoder) -> li
         raise ArchiveReadError(f"{path}: corrupt mark file: the error buffer runs past the end of the file")
     buffer = AtomicBuffer(data, 0, length)
     try:
-        return [
-            {
-                "observation_count": error.observation_count,
-                "first_observation_timestamp_ms": error.first_observation_timestamp,
-                "last_observation_timestamp_ms": error.last_observation_timestamp,
-                "first_observation": iso_utc(error.first_observation_timestamp),
-                "last_observation": iso_utc(error.last_observation_timestamp),
-                "text": error.text,
-            }
-            for error in read_error_log(buffer)
-        ]
+        return error_documents(read_error_log(buffer))
     except (CorruptErrorLogError, ValueError) as error:
         raise ArchiveReadError(f"{path}: the error log is corrupt: {error}") from None
     finally:

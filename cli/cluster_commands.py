@@ -37,7 +37,7 @@ import click
 from fulmar.archive.errors import describe_os_error
 from fulmar.cli.archive_tool import archive_dir_option
 from fulmar.clock import epoch_ms
-from fulmar.cli.cnc_reader import iso_utc, open_cnc, process_exists, read_counters
+from fulmar.cli.cnc_reader import error_documents, iso_utc, open_cnc, process_exists, read_counters
 from fulmar.cli.tool_common import fail, format_counters, format_error_list, json_option
 from fulmar.cnc import CncError, CncFile
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
@@ -71,7 +71,6 @@ from fulmar.consensus.recording_log import (
 )
 from fulmar.consensus.recording_log import NULL_POSITION as LOG_NULL_POSITION
 from fulmar.counters import CountersReader, counter_offset
-from fulmar.error_log import ErrorObservation
 from fulmar.errors import CodecError
 from fulmar.semantic_version import version_text
 
@@ -210,20 +209,6 @@ def _component_name(raw: int) -> str:
         return ClusterComponentType(raw).name
     except ValueError:
         return f"UNKNOWN({raw})"
-
-
-def _observations(errors: list[ErrorObservation]) -> list[dict[str, Any]]:
-    return [
-        {
-            "observation_count": error.observation_count,
-            "first_observation_timestamp_ms": error.first_observation_timestamp,
-            "last_observation_timestamp_ms": error.last_observation_timestamp,
-            "first_observation": iso_utc(error.first_observation_timestamp),
-            "last_observation": iso_utc(error.last_observation_timestamp),
-            "text": error.text,
-        }
-        for error in errors
-    ]
 
 
 def read_cluster_mark(path: Path) -> ClusterMarkFileContents:
@@ -624,7 +609,7 @@ def cluster_errors_node(node: ClusterNode) -> dict[str, Any]:
                 "component": component,
                 "path": str(path),
                 "pid": contents.header.pid,
-                "errors": _observations(contents.errors),
+                "errors": error_documents(contents.errors),
             }
         )
     return {**_node_base(node), "files": files}

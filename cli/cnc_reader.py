@@ -9,7 +9,7 @@ after a crash.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, UTC
 from pathlib import Path
@@ -30,7 +30,7 @@ from fulmar.driver.counters import (
     SUBSCRIBER_POSITION_TYPE_ID,
     SYSTEM_COUNTER_TYPE_ID,
 )
-from fulmar.error_log import read_error_log
+from fulmar.error_log import ErrorObservation, read_error_log
 from fulmar.ring_buffer import ManyToOneRingBuffer
 
 # Short names for counter type ids, as the counter labels abbreviate them.
@@ -102,6 +102,12 @@ def read_errors(cnc: CncFile) -> list[dict[str, Any]]:
 
     ``CorruptErrorLogError`` if the log holds a record no writer produces.
     """
+    return error_documents(read_error_log(cnc.error_log))
+
+
+def error_documents(errors: Iterable[ErrorObservation]) -> list[dict[str, Any]]:
+    """Distinct errors as the tools print them and put in their JSON (the
+    driver's, an archive's and a cluster component's error logs alike)."""
     return [
         {
             "observation_count": error.observation_count,
@@ -111,7 +117,7 @@ def read_errors(cnc: CncFile) -> list[dict[str, Any]]:
             "last_observation": iso_utc(error.last_observation_timestamp),
             "text": error.text,
         }
-        for error in read_error_log(cnc.error_log)
+        for error in errors
     ]
 
 

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from driver_support import kill_process, stop_process, wait_for
+from driver_support import (
+    DriverProcess,
+    free_udp_port,
+    kill_process,
+    new_driver_dir,
+    remove_driver_dir,
+    stop_process,
+    wait_for,
+)
+
+from fulmar.aeron import Aeron
+from fulmar.archive.client import AeronArchive
 
 
 class ArchiveProcess:
@@ -65,3 +78,39 @@ class ArchiveProcess:
 
     def stop(self) -> int:
         return stop_process(self.process, 15)
+
+
+class ArchiveNode:
+    """A media driver and an archive in child processes, with this process's
+    client of both; ``close`` reaps them and removes their directories."""
+
+    def __init__(self, name: str) -> None:
+        self.driver_dir = new_driver_dir()
+        self.archive_dir = Path(tempfile.mkdtemp(prefix=f"fulmar-archive-{name}-"))
+        self.driver: DriverProcess | None = None
+        self.archive: ArchiveProcess | None = None
+        self.aeron: Aeron | None = None
+        self.client: AeronArchive | None = None
+
+    def start(self) -> ArchiveNode:
+        self.driver = DriverProcess(self.driver_dir)
+        self.archive = ArchiveProcess(
+            self.archive_dir, self.driver_dir, "--segment-length", "1m", control_port=free_udp_port()
+        )
+        self.aeron = self.driver.connect()
+        self.client = AeronArchive.connect(self.aeron)
+        return self
+
+    def close(self) -> None:
+        try:
+            if self.client is not None:
+                self.client.close()
+            if self.aeron is not None:
+                self.aeron.close()
+        finally:
+            if self.archive is not None:
+                self.archive.stop()
+            if self.driver is not None:
+                self.driver.stop()
+            remove_driver_dir(self.driver_dir)
+            shutil.rmtree(self.archive_dir, ignore_errors=True)

@@ -6,57 +6,20 @@ the live stream."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from archive_support import ArchiveProcess
-from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
+from archive_support import ArchiveNode as Node
+from driver_support import free_udp_port, wait_for
 
-from fulmar.aeron import Aeron
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
 from fulmar.archive.protocol import ArchiveErrorCode
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 
 STREAM_ID = 100
-
-
-class Node:
-    def __init__(self, name: str) -> None:
-        self.driver_dir = new_driver_dir()
-        self.archive_dir = Path(tempfile.mkdtemp(prefix=f"fulmar-archive-{name}-"))
-        self.driver: DriverProcess | None = None
-        self.archive: ArchiveProcess | None = None
-        self.aeron: Aeron | None = None
-        self.client: AeronArchive | None = None
-
-    def start(self) -> Node:
-        self.driver = DriverProcess(self.driver_dir)
-        self.archive = ArchiveProcess(
-            self.archive_dir, self.driver_dir, "--segment-length", "1m", control_port=free_udp_port()
-        )
-        self.aeron = self.driver.connect()
-        self.client = AeronArchive.connect(self.aeron)
-        return self
-
-    def close(self) -> None:
-        try:
-            if self.client is not None:
-                self.client.close()
-            if self.aeron is not None:
-                self.aeron.close()
-        finally:
-            if self.archive is not None:
-                self.archive.stop()
-            if self.driver is not None:
-                self.driver.stop()
-            remove_driver_dir(self.driver_dir)
-            shutil.rmtree(self.archive_dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -3,19 +3,15 @@ or a consensus module does when it starts from one: a real driver and archive.""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from archive_support import ArchiveProcess
-from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
+from archive_support import ArchiveNode
+from driver_support import wait_for
 
 from fulmar.codecs.generated import cluster as codecs
-from fulmar.archive.client import AeronArchive
 from fulmar.consensus import snapshot
 from fulmar.consensus.snapshot import SnapshotWriter, decode_snapshot, read_snapshot
 from fulmar.subscription import Subscription
@@ -23,59 +19,26 @@ from fulmar.subscription import Subscription
 TYPE_ID = 2  # a service's snapshot
 
 
-class Node:
-    """A driver, an archive, and a client of both, in this test's process."""
-
-    def __init__(self) -> None:
-        self.driver_dir = new_driver_dir()
-        self.archive_dir = Path(tempfile.mkdtemp(prefix="fulmar-snapshot-replay-"))
-        self.driver: DriverProcess | None = None
-        self.archive_process: ArchiveProcess | None = None
-        self.aeron: Any = None
-        self.archive: AeronArchive | None = None
-
-    def start(self) -> Node:
-        self.driver = DriverProcess(self.driver_dir)
-        self.archive_process = ArchiveProcess(self.archive_dir, self.driver_dir, control_port=free_udp_port())
-        self.aeron = self.driver.connect()
-        self.archive = AeronArchive.connect(self.aeron)
-        return self
-
-    def close(self) -> None:
-        try:
-            if self.archive is not None:
-                self.archive.close()
-            if self.aeron is not None:
-                self.aeron.close()
-        finally:
-            if self.archive_process is not None:
-                self.archive_process.stop()
-            if self.driver is not None:
-                self.driver.stop()
-            remove_driver_dir(self.driver_dir)
-            shutil.rmtree(self.archive_dir, ignore_errors=True)
-
-
 @pytest.fixture
-def node() -> Iterator[Node]:
-    started = Node()
+def node() -> Iterator[ArchiveNode]:
+    started = ArchiveNode("snapshot-replay")
     try:
         yield started.start()
     finally:
         started.close()
 
 
-def write_snapshot(node: Node, count: int) -> tuple[int, list[bytes]]:
+def write_snapshot(node: ArchiveNode, count: int) -> tuple[int, list[bytes]]:
     """A recorded snapshot of ``count`` application messages between its markers; its recording id."""
-    assert node.archive is not None
-    writer = SnapshotWriter(node.aeron, node.archive)
+    assert node.client is not None
+    writer = SnapshotWriter(node.aeron, node.client)
     messages = [f"entry {i:05d}".encode() * 20 for i in range(count)]
     writer.marker(TYPE_ID, 4096, 3, codecs.SnapshotMark.BEGIN)
     for message in messages:
         writer.offer(message)
     writer.marker(TYPE_ID, 4096, 3, codecs.SnapshotMark.END)
     recording_id = writer.close()
-    archive = node.archive
+    archive = node.client
     wait_for(lambda: archive.get_stop_position(recording_id) >= 0, 10, "the snapshot recording to stop")
     return recording_id, messages
 
@@ -86,22 +49,22 @@ def application_messages(read: list[bytes]) -> list[bytes]:
     return [record for record in records[1:] if isinstance(record, bytes)]
 
 
-def test_a_snapshot_reads_back_whole(node: Node) -> None:
+def test_a_snapshot_reads_back_whole(node: ArchiveNode) -> None:
     recording_id, messages = write_snapshot(node, 300)
-    assert node.archive is not None
-    assert application_messages(read_snapshot(node.aeron, node.archive, recording_id)) == messages
+    assert node.client is not None
+    assert application_messages(read_snapshot(node.aeron, node.client, recording_id)) == messages
 
 
-def test_a_replay_whose_image_is_gone_once_read_is_complete(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replay_whose_image_is_gone_once_read_is_complete(node: ArchiveNode, monkeypatch: pytest.MonkeyPatch) -> None:
     """The archive ends the replay when it has sent the last message, and the
     driver takes the drained image away: a reader descheduled right after
     reading the last fragment finds no image any more.  The snapshot is still
     whole; before, the reader waited for an image position it could no longer
     see and failed after the timeout (a blank member's service, under load)."""
     recording_id, messages = write_snapshot(node, 300)
-    assert node.archive is not None
+    assert node.client is not None
     aeron = node.aeron
-    replay = node.archive.replay
+    replay = node.client.replay
     removed: list[bool] = []
 
     def replay_then_lose_the_image(*args: Any, **kwargs: Any) -> Subscription:
@@ -111,7 +74,7 @@ def test_a_replay_whose_image_is_gone_once_read_is_complete(node: Node, monkeypa
         def poll_then_wait_for_removal(handler: Any, fragment_limit: int) -> int:
             read = poll(handler, fragment_limit)
             images = subscription.images
-            stop = node.archive.get_stop_position(recording_id) if node.archive is not None else 0
+            stop = node.client.get_stop_position(recording_id) if node.client is not None else 0
             if read and images and images[0].position >= stop:
                 deadline = time.monotonic() + 10
                 while subscription.images:  # as if descheduled until the driver removed it
@@ -125,7 +88,7 @@ def test_a_replay_whose_image_is_gone_once_read_is_complete(node: Node, monkeypa
         subscription.poll = poll_then_wait_for_removal  # type: ignore[method-assign]
         return subscription
 
-    monkeypatch.setattr(node.archive, "replay", replay_then_lose_the_image)
+    monkeypatch.setattr(node.client, "replay", replay_then_lose_the_image)
     monkeypatch.setattr(snapshot, "SNAPSHOT_TIMEOUT_S", 3.0)  # the failure it guards against, quickly
-    assert application_messages(read_snapshot(aeron, node.archive, recording_id)) == messages
+    assert application_messages(read_snapshot(aeron, node.client, recording_id)) == messages
     assert removed == [True]  # the image really went before the reader looked again
