@@ -471,7 +471,13 @@ class ConsensusModuleAgent:
 
     def idle_wait_ns(self, max_wait_ns: int) -> int:
         """How long an idle module may sleep: ``max_wait_ns``, or less when a
-        cluster timer falls due sooner (timers fire on the module's clock)."""
+        cluster timer falls due sooner (timers fire on the module's clock) or
+        the election must act at a moment of its own (its nomination)."""
+        election = self.election
+        if election is not None:
+            wake_ns = election.wake_deadline_ns()
+            if wake_ns is not None:
+                return max(1, min(max_wait_ns, wake_ns - self._now_ns))
         deadline = self.timers.next_deadline()
         if (
             deadline is None
@@ -2862,6 +2868,9 @@ class SingleNodeElection:
         self.deadline_ns = now_ns + self.agent.context.service_ack_timeout_ns
         self._joined = False
 
+    def wake_deadline_ns(self) -> int | None:
+        return None  # nothing random to keep to: it only waits for its own processes
+
     def do_work(self, now_ns: int) -> int:
         if self.deadline_ns == 0:  # the first cycle: the election's clock starts now
             self.deadline_ns = now_ns + self.agent.context.service_ack_timeout_ns
@@ -2972,6 +2981,12 @@ class MemberElection:
             self.election = self.agent.new_election(self.is_startup)
             self.election.do_work(self.agent.now_ns)
         return self.election
+
+    def wake_deadline_ns(self) -> int | None:
+        election = self.election
+        if election is None:
+            return self._not_before_ns if self._not_before_ns else None
+        return election.wake_deadline_ns()
 
     def do_work(self, now_ns: int) -> int:
         agent = self.agent

@@ -631,6 +631,16 @@ class Election:
             return work + 1
         return work
 
+    def wake_deadline_ns(self) -> int | None:
+        """When the module must run again even if no message arrives: in
+        NOMINATE, at the nomination deadline.  The deadline's randomness is what
+        keeps the candidates apart.  A module that slept past it would nominate
+        when the next message woke it, and a peer's canvass wakes every member
+        at once: their ballots would start together and split the vote."""
+        if self.state_value == ElectionState.NOMINATE:
+            return self.nomination_deadline_ns
+        return None
+
     def nominate(self, now_ns: int) -> int:
         if now_ns >= self.nomination_deadline_ns:
             self.state(ElectionState.CANDIDATE_BALLOT, now_ns, "nomination deadline")

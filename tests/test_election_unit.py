@@ -16,6 +16,7 @@ from fulmar.consensus.consensus_adapter import ConsensusAdapter
 from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, ConsensusPublisher
 from fulmar.consensus.election import Election, ElectionTimeouts, TermEntry, compare_log, next_term_for
 from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE
+from test_cluster_suspend import MEMBERS, new_agent
 
 MS = 1_000_000
 S = 1_000 * MS
@@ -284,6 +285,38 @@ def test_canvass_nominate_candidate_ballot_leader() -> None:
     assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
     assert host.named("create_log_publication") == [("create_log_publication", 1, 1024)]
     assert host.role == ClusterRole.LEADER
+
+
+def test_an_idle_module_sleeps_no_later_than_its_nomination_deadline() -> None:
+    """Seed 001 NOMINATE: each candidate waits a random time so that one asks
+    for votes before the others.  A module that slept past its deadline would
+    nominate when a peer's canvass woke it, together with every other member
+    that canvass woke (a split vote, and a term id spent).  Its idle wait ends
+    at the deadline instead."""
+    election, _, _ = make(host=FakeHost([(0, 0)], append=1024))
+    to_canvass(election)
+    assert election.wake_deadline_ns() is None
+    election.on_canvass_position(0, 1024, 0, 1, 0)
+    election.on_canvass_position(0, 1024, 0, 2, 0)
+    election.do_work(S)
+    assert election.state_value == ElectionState.NOMINATE
+    deadline = election.nomination_deadline_ns
+    assert election.wake_deadline_ns() == deadline
+
+    agent = new_agent(MEMBERS)
+    agent.election.election = election
+    max_wait = 10 * MS
+    agent._now_ns = deadline - 3 * MS
+    assert agent.idle_wait_ns(max_wait) == 3 * MS
+    agent._now_ns = deadline - 30 * MS
+    assert agent.idle_wait_ns(max_wait) == max_wait
+    agent._now_ns = deadline + 1
+    assert agent.idle_wait_ns(max_wait) == 1
+
+    election.do_work(deadline)
+    assert election.state_value == ElectionState.CANDIDATE_BALLOT
+    assert election.wake_deadline_ns() is None
+    assert agent.idle_wait_ns(max_wait) == max_wait
 
 
 def test_unanimous_votes_win_at_once_and_leader_runs_to_closed() -> None:
