@@ -92,3 +92,30 @@ def test_a_replay_whose_image_is_gone_once_read_is_complete(node: ArchiveNode, m
     monkeypatch.setattr(snapshot, "SNAPSHOT_TIMEOUT_S", 3.0)  # the failure it guards against, quickly
     assert application_messages(read_snapshot(aeron, node.client, recording_id)) == messages
     assert removed == [True]  # the image really went before the reader looked again
+
+
+def test_a_replay_the_archive_ends_short_fails_at_once_naming_where(
+    node: ArchiveNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An archive that ends the replay before the snapshot's stop position (the
+    replay stopped, the archive going down) closes the image short: the reader
+    says where it stopped at once instead of waiting out its timeout."""
+    recording_id, _ = write_snapshot(node, 300)
+    assert node.client is not None
+    replay = node.client.replay
+    stop = node.client.get_stop_position(recording_id)
+    short = stop // 2 // 32 * 32  # a frame boundary or not: the archive ends the replay there or before
+
+    def replay_short(recording: int, channel: str, stream_id: int, position: int, length: int) -> Subscription:
+        return replay(recording, channel, stream_id, position, short - position)
+
+    monkeypatch.setattr(node.client, "replay", replay_short)
+    monkeypatch.setattr(snapshot, "SNAPSHOT_TIMEOUT_S", 20.0)
+    started = time.monotonic()
+    with pytest.raises(
+        snapshot.SnapshotError, match=rf"ended at position (\d+), before its stop position {stop}"
+    ) as raised:
+        read_snapshot(node.aeron, node.client, recording_id)
+    assert time.monotonic() - started < 10  # the image's end, not the timeout
+    ended = int(str(raised.value).split("ended at position ")[1].split(",")[0])
+    assert 0 < ended <= short
