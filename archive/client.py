@@ -227,6 +227,9 @@ class AeronArchive:
         self.poller = ControlResponsePoller(response_subscription)
         self.signals: deque[RecordingSignalEvent] = deque()
         self.last_correlation_id = NULL_VALUE
+        # An asynchronous ERROR (a replication or replay that failed) read
+        # while waiting for another answer: raised by the next poll_for_signals.
+        self._async_error: ArchiveResponseError | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ connect
@@ -338,6 +341,8 @@ class AeronArchive:
                     self.signals.append(signal_of(message))
                 elif kind == "response" and message.correlation_id == correlation_id and not found:
                     found.append(message)
+                elif kind == "response":
+                    self._keep_async_error(message)
             return bool(found)
 
         try:
@@ -353,6 +358,12 @@ class AeronArchive:
         if response.code_raw == ControlResponseCode.ERROR:
             raise error_of(response)
         return response
+
+    def _keep_async_error(self, message: Any) -> None:
+        """An ERROR that answers no request being waited for: a failure of
+        something under way, kept for ``poll_for_signals`` (the first one)."""
+        if message.code_raw == ControlResponseCode.ERROR and self._async_error is None:
+            self._async_error = error_of(message)
 
     def _request(self, encoder: Any, **fields: Any) -> int:
         """Send a request whose answer is OK + relevant id; returns the relevant id."""
@@ -466,6 +477,8 @@ class AeronArchive:
                 if kind == "signal":
                     self.signals.append(signal_of(message))
                 elif message.correlation_id != correlation_id or done:
+                    if kind == "response":
+                        self._keep_async_error(message)
                     continue
                 elif kind == "descriptor":
                     descriptors.append(descriptor_of(message))
@@ -638,9 +651,10 @@ class AeronArchive:
     def poll_for_signals(self) -> int:
         """Read what has arrived; recording signals are added to ``signals``.
         Raises ArchiveResponseError for an ERROR response that arrived (the
-        archive reports asynchronous failures that way)."""
+        archive reports asynchronous failures that way), here or while a
+        request waited for its own answer."""
         count = 0
-        error = None
+        error, self._async_error = self._async_error, None
         for kind, message in self.poller.poll():
             if message.control_session_id != self.control_session_id:
                 continue

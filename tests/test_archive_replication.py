@@ -211,3 +211,45 @@ def test_a_replication_the_driver_refuses_ends_with_an_error(nodes: tuple[Node, 
         b.client.wait_for_signal(lambda s: s.signal == RecordingSignal.REPLICATE_END)
     assert b.client.list_recordings() == []
     publication.close()
+
+
+class OneBatchUntilTheEnd:
+    """A client's response poller as seen by a client busy elsewhere until the
+    archive has sent everything (a loaded machine does this for real): the
+    replicate request's OK, the replication's asynchronous ERROR and its
+    REPLICATE_END come in one batch.  Then it reads as it comes."""
+
+    def __init__(self, poller: Any) -> None:
+        self.poller = poller
+        self.held: list[tuple[str, Any]] = []
+        self.released = False
+
+    def poll(self) -> list[tuple[str, Any]]:
+        if self.released:
+            return list(self.poller.poll())
+        self.held += self.poller.poll()
+        if not any(
+            kind == "signal" and message.signal_raw == RecordingSignal.REPLICATE_END for kind, message in self.held
+        ):
+            return []
+        self.released = True
+        return self.held
+
+
+def test_a_replication_error_read_with_the_requests_answer_is_raised_by_the_next_poll(
+    nodes: tuple[Node, Node],
+) -> None:
+    """The ERROR came in the same batch as the OK the client was waiting for:
+    it was dropped with the rest of the batch, and the caller saw only the
+    REPLICATE_END, as if the replication had succeeded."""
+    a, b = nodes
+    assert a.client is not None and b.client is not None and a.archive is not None
+    recording_id, _, publication = record(a, "aeron:ipc?term-length=64k", 10)
+    b.client.poller = OneBatchUntilTheEnd(b.client.poller)  # type: ignore[assignment]
+    b.client.replicate(recording_id, a.archive.control_channel, replication_channel="aeron:udp?endpoint=bad host:0")
+    with pytest.raises(ArchiveResponseError, match="replication"):
+        b.client.poll_for_signals()
+    # The signal read with it is kept.
+    assert b.client.wait_for_signal(lambda s: s.signal == RecordingSignal.REPLICATE_END).recording_id is not None
+    assert b.client.list_recordings() == []
+    publication.close()
