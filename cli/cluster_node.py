@@ -23,7 +23,7 @@ from fulmar.archive.mark_file import live_owner_pid as live_archive_pid
 from fulmar.consensus.authenticator import CredentialsAuthenticator
 from fulmar.consensus.backup import LOG_SOURCES, ClusterBackup, ClusterBackupContext, run_cluster_backup
 from fulmar.consensus.consensus_module import ConsensusModule, run_consensus_module
-from fulmar.consensus.context import ConsensusModuleContext
+from fulmar.consensus.context import NATIVE_APPEND_POSITION_ENV, ConsensusModuleContext
 from fulmar.consensus.mark_file import FILENAME as CLUSTER_MARK_FILE
 from fulmar.consensus.mark_file import SERVICE_FILENAME_PREFIX as SERVICE_MARK_FILE_PREFIX
 from fulmar.consensus.mark_file import ClusterMarkFileActiveError
@@ -654,6 +654,15 @@ _CM_DEFAULTS = ConsensusModuleContext
     help="After each snapshot, keep the newest N snapshot sets and purge the older ones and the log "
     "before them (0: keep everything, as Aeron does; cluster-tool purge-log does it on demand).",
 )
+@click.option(
+    "--native-append-position/--agent-append-position",
+    envvar=NATIVE_APPEND_POSITION_ENV,
+    show_envvar=True,
+    default=_CM_DEFAULTS.native_append_position,
+    help="As a steady follower, report the archive's recording to the leader (AppendPosition) from a "
+    "native thread that the recording wakes, rather than from the module's duty cycle (a Python wake-up "
+    "in every round trip).  The environment variable reaches the modules cluster-node start starts.",
+)
 def consensus(
     cluster_dir: str,
     driver_dir: str | None,
@@ -680,6 +689,7 @@ def consensus(
     cycle_threshold: int,
     accept_standby_snapshots: bool,
     log_retention_snapshots: int,
+    native_append_position: bool,
 ) -> None:
     """Run a consensus module in the foreground until SIGTERM or SIGINT (a
     snapshot and an orderly stop of the services at one log position).  A
@@ -722,6 +732,7 @@ def consensus(
         cycle_threshold_ns=cycle_threshold,
         accept_standby_snapshots=accept_standby_snapshots,
         log_retention_snapshots=log_retention_snapshots,
+        native_append_position=native_append_position,
     )
     if authenticator_secret:
         context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())

@@ -641,7 +641,17 @@ def resolve_config(
             value, where = layer[place]
             resolved[place] = option.convert(value, where)
         elif option.envvar and env.get(option.envvar):
-            resolved[place] = option.convert(env[option.envvar], f"${option.envvar}")
+            text: Any = env[option.envvar]
+            if option.is_flag:
+                # The environment holds text: a flag's variable reads as click
+                # reads it for the process itself (true/false, 1/0, yes/no, on/off).
+                try:
+                    text = click.BOOL.convert(text, None, None)
+                except click.BadParameter:
+                    raise ConfigError(
+                        f"${option.envvar}: {option.place} must be true or false (or 1/0, yes/no, on/off), not {text!r}"
+                    ) from None
+            resolved[place] = option.convert(text, f"${option.envvar}")
 
     def path_of(key: str, default: Path) -> Path:
         value = resolved.get(("node", key))

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_ids
+from fulmar.consensus.append_position_sender import RUNNING as APPEND_POSITION_RUNNING, AppendPositionSender
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
@@ -74,7 +75,7 @@ from fulmar.semantic_version import major_version, version_text
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header, SessionMessages
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
-from fulmar.reader_doorbells import CounterWatch
+from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, CounterWatch
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron, Counter
@@ -89,6 +90,9 @@ SERVICE_SESSION_ID_BASE = -(2**63) + 1
 BACKUP_SESSION_ID_FIRST = -2
 # Beyond every log position: the leader's place in a quorum that it is sure to reach.
 ABOVE_ANY_POSITION = 2**63 - 1
+# How soon the AppendPosition thread offers again after the publication
+# refused (back pressure, or the leader's image not connected yet).
+APPEND_POSITION_RETRY_WAIT_NS = 1_000_000
 
 
 class ConsensusModuleState(IntEnum):
@@ -260,6 +264,14 @@ class ConsensusModuleAgent:
         self._time_of_last_leader_message_ns = 0
         self._time_of_last_append_position_sent_ns = 0
         self._last_append_position_sent = NULL_POSITION
+        # A steady follower's AppendPositions come from a native thread
+        # (consensus/append_position_sender.py), started at its first arming;
+        # what it was armed with, and what it gave back to the agent (not
+        # armed again for the same counter, term and leader).
+        self._append_position_sender: AppendPositionSender | None = None
+        self._append_position_armed_for: tuple[int, int, int, int] | None = None
+        self._append_position_refused_for: tuple[int, int, int, int] | None = None
+        self._quiet_log_doorbell: Counter | None = None  # quiet_log_doorbell_id
         self._time_of_last_commit_position_sent_ns = 0
         self._last_commit_position_sent = NULL_POSITION
         # The others, with what this member (as leader) learns of them.
@@ -423,8 +435,16 @@ class ConsensusModuleAgent:
             work += self._leader_work(now_ns)
         elif self.is_multi_member:
             work += self._follower_work(now_ns)
+        if self._append_position_armed_for is not None:
+            if self.election is not None or self.role is not ClusterRole.FOLLOWER:
+                self._halt_append_position_sender()
+            else:
+                # The thread reports the recording: the agent need only wake
+                # for it while it holds back the log a commit let it apply.
+                self._watch_own_recording(self.notified_commit_position > self.append_position)
+                return work
         if self.role is not ClusterRole.LEADER or self.election is not None:
-            self._watch_own_recording(True)  # only a steady leader leaves it off
+            self._watch_own_recording(True)  # only a steady leader (or an armed follower) leaves it off
         return work
 
     def has_work(self) -> bool:
@@ -1890,8 +1910,10 @@ class ConsensusModuleAgent:
         log_line(self.member_id, text)
 
     def _open_consensus_streams(self) -> None:
-        """Stream 108: a subscription at this member's consensus endpoint and an
-        exclusive publication to each other member's."""
+        """Stream 108: a subscription at this member's consensus endpoint and a
+        publication to each other member's: a concurrent one, since a
+        follower's AppendPositions are appended by a native thread of their
+        own (consensus/append_position_sender.py) beside the agent's messages."""
         context = self.context
         base = ChannelUri.parse(context.consensus_channel)
         me = find_member(self.members, self.member_id)
@@ -1899,7 +1921,7 @@ class ConsensusModuleAgent:
             str(base.with_param("endpoint", me.consensus_endpoint)), context.consensus_stream_id
         )
         self._consensus_publications = {
-            member.id: self.aeron.add_exclusive_publication(
+            member.id: self.aeron.add_publication(
                 str(base.with_param("endpoint", member.consensus_endpoint)), context.consensus_stream_id
             )
             for member in self._followers.values()
@@ -1941,6 +1963,7 @@ class ConsensusModuleAgent:
         )
 
     def start_election(self, reason: str) -> None:
+        self._halt_append_position_sender()
         self.log_event(
             f"election: {reason} (term {self.leadership_term_id}, "
             f"{'leader' if self.role is ClusterRole.LEADER else 'follower'})"
@@ -2182,7 +2205,11 @@ class ConsensusModuleAgent:
 
     def _send_append_position(self, now_ns: int, position: int) -> int:
         """AppendPosition to the leader when the recorded position moved, or a
-        heartbeat interval after the last; 1 if sent."""
+        heartbeat interval after the last; 1 if sent.  Once armed, the native
+        thread sends them and the agent only asks it for the heartbeat."""
+        if self._append_position_armed_for is not None or self._arm_append_position_sender(now_ns):
+            if self._append_position_by_thread(now_ns):
+                return 0
         if (
             position == self._last_append_position_sent
             and now_ns < self._time_of_last_append_position_sent_ns + self.context.leader_heartbeat_interval_ns
@@ -2199,6 +2226,99 @@ class ConsensusModuleAgent:
         self._last_append_position_sent = position
         self._time_of_last_append_position_sent_ns = now_ns
         return 1
+
+    def _arm_append_position_sender(self, now_ns: int) -> bool:
+        """Hand the follower's reports to the native thread, once the rec-pos
+        counter of the log recording is known; True when armed."""
+        if not self.context.native_append_position or self.state not in (
+            ConsensusModuleState.ACTIVE,
+            ConsensusModuleState.SUSPENDED,
+        ):
+            return False
+        counter_id = self._recording_position_counter()
+        publication = self._consensus_publications.get(self.leader_member_id)
+        if counter_id == NULL_VALUE or publication is None:
+            return False
+        key = (counter_id, self._recording_position_registration_id, self.leadership_term_id, self.leader_member_id)
+        if key == self._append_position_refused_for:
+            return False
+        sender = self._append_position_sender
+        if sender is None:
+            try:
+                sender = self._append_position_sender = AppendPositionSender(
+                    self.aeron, self._watches().doorbell_id, APPEND_POSITION_RETRY_WAIT_NS
+                )
+            except (OSError, FulmarError) as error:
+                self._error(f"the AppendPosition thread: {error}; this module sends them itself")
+                self._append_position_refused_for = key
+                return False
+        if not sender.arm(
+            publication,
+            counter_id,
+            self._recording_position_registration_id,
+            leadership_term_id=self.leadership_term_id,
+            follower_member_id=self.member_id,
+            sent_position=self._last_append_position_sent,
+            sent_time_ns=self._time_of_last_append_position_sent_ns,
+        ):
+            self._print_error(
+                f"rec-pos counter {counter_id} has no free watcher slot: this module sends the AppendPositions itself"
+            )
+            self._append_position_refused_for = key
+            return False
+        self._append_position_armed_for = key
+        return True
+
+    def _append_position_by_thread(self, now_ns: int) -> bool:
+        """What the armed thread sent, and the heartbeat asked of it when due;
+        False (and halted) when the thread gave the reports back to the agent."""
+        sender = self._append_position_sender
+        assert sender is not None
+        status, sent_position, sent_time_ns = sender.state()
+        if status != APPEND_POSITION_RUNNING:
+            sent, refused, failure = sender.counts()
+            self._error(
+                f"the AppendPosition thread stopped (rec-pos counter {self._recording_position_counter_id} "
+                f"gone, or the publication to leader {self.leader_member_id} closed: last refusal {failure}, "
+                f"{sent} sent, {refused} refused); this module sends them itself"
+            )
+            self._append_position_refused_for = self._append_position_armed_for
+            self._halt_append_position_sender()
+            return False
+        # A forced report (time 0: the leader's election waits on one) or a heartbeat.
+        due = self._time_of_last_append_position_sent_ns == 0 or (
+            now_ns >= sent_time_ns + self.context.leader_heartbeat_interval_ns
+        )
+        if sent_position != NULL_POSITION:
+            self._last_append_position_sent = sent_position
+            self._time_of_last_append_position_sent_ns = sent_time_ns
+        if due:
+            sender.send_now()
+        return True
+
+    def quiet_log_doorbell_id(self) -> int | None:
+        """The doorbell a follower's log subscription rings instead of this
+        module's, one nobody sleeps on (with the AppendPosition thread on).
+
+        A follower's module has nothing to do when the leader's log lands: it
+        applies the log only once it is both committed and recorded, and the
+        archive's recording (rec-pos, watched while a commit waits on it) and
+        the leader's CommitPosition wake it for that.  Rung by the log, the
+        module woke for nothing on every message, one Python wake-up in each
+        round trip's way on two shared cores."""
+        if not self.context.native_append_position:
+            return None
+        if self._quiet_log_doorbell is None:
+            self._quiet_log_doorbell = self.aeron.add_counter(
+                THREAD_DOORBELL_TYPE_ID, f"consensus-quiet-log-doorbell: {self.aeron.client_id}"
+            )
+        return self._quiet_log_doorbell.id
+
+    def _halt_append_position_sender(self) -> None:
+        """The agent reports again from here (an election, a new term or leader)."""
+        if self._append_position_sender is not None:
+            self._append_position_sender.halt()
+        self._append_position_armed_for = None
 
     def _poll_ingress_as_follower(self) -> int:
         """Followers answer connect requests with a REDIRECT to the leader; session
@@ -2764,6 +2884,10 @@ class ConsensusModuleAgent:
     report_error = _error
 
     def close(self) -> None:
+        if self._append_position_sender is not None:
+            self._append_position_sender.close()
+            self._append_position_sender = None
+            self._append_position_armed_for = None
         for session in (
             list(self.sessions.values())
             + self.pending_sessions

@@ -10,6 +10,10 @@ from fulmar.archive import protocol as archive_protocol
 from fulmar.consensus import protocol
 from fulmar.consensus.authenticator import AllowAllAuthenticator, Authenticator
 
+# cluster-node consensus --native-append-position/--agent-append-position by
+# the environment, which reaches the modules a node's supervisor starts.
+NATIVE_APPEND_POSITION_ENV = "FULMAR_NATIVE_APPEND_POSITION"
+
 
 @dataclass
 class ConsensusModuleContext:
@@ -50,6 +54,10 @@ class ConsensusModuleContext:
     # consensus messages and recording progress; cluster timers due sooner
     # shorten it (see ConsensusModuleAgent.idle_wait_ns).
     idle_max_wait_ns: int = 10_000_000
+    # A steady follower reports its archive's recording to the leader from a
+    # native thread that the recording wakes, not from the module's duty
+    # cycle (consensus/append_position_sender.py).  Off: the module reports.
+    native_append_position: bool = True
     app_version: int = 0
     authenticator: Authenticator = field(default_factory=AllowAllAuthenticator)
     mark_file_liveness_timeout_ms: int = 10_000

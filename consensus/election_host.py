@@ -302,17 +302,16 @@ class NodeElectionHost:
         return self._request_recording()
 
     def _add_log_subscription(self) -> Subscription:
-        params = self._log_params()
-        owner = ChannelUri(
-            "udp",
-            {
-                **params,
-                "control-mode": "manual",
-                "tags": str(self._channel_tag),
-                "session-id": str(self._log_session_id),
-            },
-        )
-        return self.agent.aeron.add_subscription(str(owner), self.context.log_stream_id)
+        params = {
+            **self._log_params(),
+            "control-mode": "manual",
+            "tags": str(self._channel_tag),
+            "session-id": str(self._log_session_id),
+        }
+        quiet_doorbell_id = self.agent.quiet_log_doorbell_id()
+        if quiet_doorbell_id is not None:
+            params["doorbell-id"] = str(quiet_doorbell_id)
+        return self.agent.aeron.add_subscription(str(ChannelUri("udp", params)), self.context.log_stream_id)
 
     def _request_recording(self) -> bool:
         """The archive records the log subscription's image (asked once, again after a refusal)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fulmar.buffers import AtomicBuffer
 from fulmar.counters import counter_offset
@@ -170,6 +170,13 @@ class Publication:
     @property
     def position_limit(self) -> int:
         return CLOSED if self._closed else self._writer.position_limit
+
+    @property
+    def native_writer(self) -> Any:
+        """The native writer state (``fulmar_log_writer_t *``), for a native
+        thread that appends to this publication's log with a copy of it: of a
+        concurrent publication only, the one kind other writers may share."""
+        return self._native_state
 
     @property
     def max_message_length(self) -> int:

@@ -494,6 +494,24 @@ def test_flags_override_the_file_and_the_environment_overrides_defaults(tmp_path
     assert supervisor.resolve_config(options, {}, bare, env=env).driver_dir == Path("/dev/shm/from-env")
 
 
+def test_a_flag_from_the_environment_reads_as_the_process_reads_it(tmp_path: Path, driver_dir: Path) -> None:
+    """A boolean option's environment variable holds text (true/false, 1/0,
+    ...), read as the process's own option would read it; anything else is
+    refused naming the variable."""
+    options = supervisor.build_options(
+        {name: getattr(cluster_node, name) for name in ("driver", "archive", "consensus", "service")}
+    )
+    config = write_config(tmp_path / "node.toml", driver_dir, 9999)
+    place = ("consensus", "native_append_position")
+    for text, value in (("false", False), ("0", False), ("no", False), ("true", True), ("1", True)):
+        resolved = supervisor.resolve_config(options, {}, config, env={"FULMAR_NATIVE_APPEND_POSITION": text})
+        assert resolved.values[place] is value, text
+        args = {spec.log_name: spec for spec in resolved.child_specs()}["consensus"].args
+        assert ("--native-append-position" if value else "--agent-append-position") in args
+    with pytest.raises(supervisor.ConfigError, match=r"\$FULMAR_NATIVE_APPEND_POSITION: .* not 'maybe'"):
+        supervisor.resolve_config(options, {}, config, env={"FULMAR_NATIVE_APPEND_POSITION": "maybe"})
+
+
 def test_help_documents_every_option() -> None:
     result = CliRunner().invoke(cluster_node.start, ["--help"], terminal_width=200)
     assert result.exit_code == 0

@@ -110,6 +110,9 @@ class FakeAeron:
     def add_exclusive_publication(self, channel: str, stream_id: int) -> FakePublication:
         return FakePublication()
 
+    def add_publication(self, channel: str, stream_id: int) -> FakePublication:
+        return FakePublication()
+
     def add_counter(self, type_id: int, label: str, key: bytes) -> FakeCounter:
         counter = FakeCounter()
         self.counters[type_id] = counter

@@ -19,10 +19,15 @@ import pytest
 from cluster_support import bare_member_agent
 from driver_support import wait_for
 from fulmar.aeron import Aeron
+from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_key
+from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ConsensusModuleState
+from fulmar.consensus.append_position_sender import IDLE
+from fulmar.consensus.cluster_member import find_member
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
+from fulmar.reader_doorbells import CounterWatch
 
 LOG = "aeron:ipc?term-length=64k"
 LOG_STREAM = 100
@@ -177,3 +182,67 @@ def test_the_follower_reports_every_position_it_takes_from_its_archive(follower:
     agent._follower_work(time.monotonic_ns())
     assert sent == positions
     assert agent.append_position == positions[1]
+
+
+def test_a_steady_follower_hands_its_reports_to_the_native_thread(follower: Any) -> None:
+    """Once steady, a follower's AppendPositions come from the native thread,
+    woken by the archive's recording and not by the agent; the agent asks it
+    for the heartbeat, watches the recording only while a commit waits on it,
+    and takes the reports back when an election starts."""
+    agent, aeron = follower
+    agent.state = ConsensusModuleState.ACTIVE
+    agent.role = ClusterRole.FOLLOWER
+    agent.leader_member_id = 0
+    agent.leadership_term_id = 3
+    agent.log_recording_id, agent.log_session_id, agent._archive_id = 5, 77, 9
+    rec_pos = aeron.add_counter(
+        RECORDING_POSITION_TYPE_ID, "rec-pos stand-in", recording_position_key(5, 77, "stand-in", 9)
+    )
+    leader = find_member(agent.members, 0)
+    to_leader = ChannelUri.parse(agent.context.consensus_channel).with_param("endpoint", leader.consensus_endpoint)
+    at_leader = aeron.add_subscription(str(to_leader), agent.context.consensus_stream_id)
+    reports: list[tuple[int, int, int]] = []
+    decoder = codecs.AppendPositionDecoder()
+
+    def on_fragment(buffer: memoryview, offset: int, length: int, header: Header) -> None:
+        body = decoder.wrap(buffer, offset + codecs.HEADER_LENGTH, length=length - codecs.HEADER_LENGTH)
+        reports.append((body.leadership_term_id, body.log_position, body.follower_member_id))
+
+    def reported(count: int) -> list[tuple[int, int, int]]:
+        def arrived() -> bool:
+            at_leader.poll(on_fragment, 10)
+            return len(reports) >= count
+
+        wait_for(arrived, 10, f"{count} AppendPosition(s) at the leader (have {reports})")
+        return reports
+
+    watches = CounterWatch(aeron.conductor.cnc.counters_values, 0)
+    agent_doorbell = aeron.conductor.doorbell_id
+    now_ns = time.monotonic_ns()
+    agent._slow_tick_deadline_ns = now_ns + 3_600_000_000_000  # (no archive here to tick)
+    agent._time_of_last_leader_message_ns = now_ns
+    wait_for(lambda: agent._consensus_publications[0].is_connected, 10, "the publication to the leader")
+    agent.do_work(now_ns)
+    sender = agent._append_position_sender
+    assert sender is not None and sender.is_armed
+    assert reported(1) == [(3, 0, 1)]
+    # The archive records; the agent does nothing, the thread reports.
+    rec_pos.set(8192)
+    aeron.conductor.ring_counter_watchers(rec_pos.id)
+    assert reported(2)[1] == (3, 8192, 1)
+    assert watches.watchers(rec_pos.id) == [sender.doorbell_id]  # not the agent: nothing for it to do
+    # A commit beyond what this member recorded: the agent must apply it once
+    # recorded, so it watches the recording again.
+    agent.notify_commit_position(16384)
+    agent.do_work(now_ns)
+    assert sorted(watches.watchers(rec_pos.id)) == sorted([sender.doorbell_id, agent_doorbell])
+    # A heartbeat interval without a new position: the thread reports the same again, asked by the agent.
+    later_ns = sender.state()[2] + agent.context.leader_heartbeat_interval_ns
+    agent._time_of_last_leader_message_ns = later_ns
+    agent.do_work(later_ns)
+    assert reported(3)[2] == (3, 8192, 1)
+    assert agent._last_append_position_sent == 8192
+
+    agent.start_election("a test's")
+    assert not sender.is_armed and sender.state()[0] == IDLE
+    assert watches.watchers(rec_pos.id) == [agent_doorbell]  # the agent reports again

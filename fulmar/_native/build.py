@@ -26,7 +26,7 @@ def _relative(path: Path) -> str:
 
 # cffi reads the headers in order, so a header whose types others use comes
 # first (the rest alphabetically).
-FOUNDATIONS = ("udp.h",)
+FOUNDATIONS = ("term.h", "udp.h")
 public_headers = sorted(
     (p for p in SRC.glob("*.h") if not p.name.startswith("_")),
     key=lambda p: (p.name not in FOUNDATIONS, p.name),

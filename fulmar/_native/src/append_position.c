@@ -1,0 +1,261 @@
+/* A follower consensus module's AppendPosition thread; see append_position.h
+ * for what it does and what it leaves to the agent. */
+#define _GNU_SOURCE
+#include "_common.h"
+#include "_doorbell.h"
+#include "counters.h"
+#include "doorbell.h"
+#include "term.h"
+#include "append_position.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* Where Aeron keeps a counter's registration id in its value record. */
+#define REGISTRATION_ID_OFFSET 8
+/* The thread's sleep when nothing is pending: it is woken by its doorbell
+ * for everything it does; the timeout only bounds a lost ring. */
+#define IDLE_WAIT_NS (100 * 1000 * 1000LL)
+
+struct fulmar_append_position_sender_stct
+{
+    pthread_t thread;
+    pthread_mutex_t lock;
+    char *values;
+    int64_t values_length;
+    int64_t doorbell_offset;
+    int64_t agent_doorbell_offset;
+    int64_t retry_wait_ns;
+    int32_t stop;
+    int32_t send_now;                /* a heartbeat asked for */
+    int32_t refused_pending;         /* the last offer was refused: try again after retry_wait_ns */
+    fulmar_append_position_arm_t arm;
+    fulmar_append_position_state_t state;
+};
+
+static int64_t monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* With the lock held: one AppendPosition if rec-pos passed what was sent or
+ * a heartbeat is due.  Returns 1 when it sent; sets *need_agent when the
+ * sender cannot go on alone. */
+static int32_t report(fulmar_append_position_sender_t *sender, int32_t *need_agent)
+{
+    if (FULMAR_APPEND_POSITION_RUNNING != sender->state.status)
+    {
+        return 0;
+    }
+    fulmar_append_position_arm_t *arm = &sender->arm;
+    const char *record = sender->values + (int64_t)arm->recording_position_id * FULMAR_COUNTER_LENGTH;
+    const int64_t position = fa_load_i64(record);
+    /* Read after the value: a counter freed and reused between the two reads
+     * shows a new registration id, and its value is not used. */
+    if (fa_load_i64(record + REGISTRATION_ID_OFFSET) != arm->recording_position_registration_id)
+    {
+        sender->state.status = FULMAR_APPEND_POSITION_NEEDS_AGENT;
+        *need_agent = 1;
+        return 0;
+    }
+    if (position <= sender->state.sent_position && !sender->send_now)
+    {
+        return 0;
+    }
+    memcpy(arm->message + arm->position_offset, &position, sizeof(position));
+    int64_t result = fulmar_concurrent_offer(&arm->writer, arm->message, arm->message_length, 0);
+    if (FULMAR_ADMIN_ACTION == result)
+    {
+        /* The term rotated under this offer: the next takes the new term. */
+        result = fulmar_concurrent_offer(&arm->writer, arm->message, arm->message_length, 0);
+    }
+    if (result > 0)
+    {
+        sender->state.sent_position = position;
+        sender->state.sent_time_ns = monotonic_ns();
+        sender->state.sent++;
+        sender->state.last_failure = 0;
+        sender->send_now = 0;
+        sender->refused_pending = 0;
+        return 1;
+    }
+    sender->state.refused++;
+    sender->state.last_failure = (int32_t)result;
+    if (FULMAR_CLOSED == result || FULMAR_MAX_POSITION_EXCEEDED == result || result <= FULMAR_MESSAGE_TOO_LONG)
+    {
+        sender->state.status = FULMAR_APPEND_POSITION_NEEDS_AGENT;
+        *need_agent = 1;
+    }
+    else
+    {
+        sender->refused_pending = 1;
+    }
+    return 0;
+}
+
+static int32_t report_locked(fulmar_append_position_sender_t *sender, int32_t *stop, int32_t *refused_pending)
+{
+    int32_t need_agent = 0;
+    pthread_mutex_lock(&sender->lock);
+    *stop = sender->stop;
+    const int32_t work = *stop ? 0 : report(sender, &need_agent);
+    *refused_pending = sender->refused_pending;
+    pthread_mutex_unlock(&sender->lock);
+    if (need_agent)
+    {
+        fulmar_doorbell_ring(sender->values, sender->agent_doorbell_offset);
+    }
+    return work;
+}
+
+static void *run(void *argument)
+{
+    fulmar_append_position_sender_t *sender = argument;
+    char *values = sender->values;
+    for (;;)
+    {
+        int32_t stop, refused_pending;
+        if (report_locked(sender, &stop, &refused_pending) > 0)
+        {
+            continue;  /* rec-pos may have moved again meanwhile */
+        }
+        if (stop)
+        {
+            break;
+        }
+        /* Register as a sleeper, then look once more: a ring between the
+         * look above and the registration is not lost. */
+        const int32_t token = fulmar_doorbell_prepare(values, sender->doorbell_offset);
+        const int32_t again = report_locked(sender, &stop, &refused_pending) > 0;
+        if (again || stop)
+        {
+            fulmar_doorbell_cancel(values, sender->doorbell_offset);
+            if (stop)
+            {
+                break;
+            }
+            continue;
+        }
+        fulmar_doorbell_wait_without_gil(
+            values, sender->doorbell_offset, token, refused_pending ? sender->retry_wait_ns : IDLE_WAIT_NS);
+    }
+    return NULL;
+}
+
+fulmar_append_position_sender_t *fulmar_append_position_start(
+    char *counters_values, int64_t values_length, int32_t doorbell_id, int32_t agent_doorbell_id,
+    int64_t retry_wait_ns)
+{
+    const int64_t doorbell_offset = (int64_t)doorbell_id * FULMAR_COUNTER_LENGTH;
+    const int64_t agent_doorbell_offset = (int64_t)agent_doorbell_id * FULMAR_COUNTER_LENGTH;
+    if (doorbell_id < 0 || agent_doorbell_id < 0 || doorbell_offset + FULMAR_COUNTER_LENGTH > values_length ||
+        agent_doorbell_offset + FULMAR_COUNTER_LENGTH > values_length || retry_wait_ns <= 0)
+    {
+        errno = EINVAL;
+        return NULL;
+    }
+    fulmar_append_position_sender_t *sender = calloc(1, sizeof(*sender));
+    if (NULL == sender)
+    {
+        return NULL;
+    }
+    sender->values = counters_values;
+    sender->values_length = values_length;
+    sender->doorbell_offset = doorbell_offset;
+    sender->agent_doorbell_offset = agent_doorbell_offset;
+    sender->retry_wait_ns = retry_wait_ns;
+    sender->state.status = FULMAR_APPEND_POSITION_IDLE;
+    int error;
+    if (0 != (error = pthread_mutex_init(&sender->lock, NULL)))
+    {
+        free(sender);
+        errno = error;
+        return NULL;
+    }
+    if (0 != (error = pthread_create(&sender->thread, NULL, run, sender)))
+    {
+        pthread_mutex_destroy(&sender->lock);
+        free(sender);
+        errno = error;
+        return NULL;
+    }
+    return sender;
+}
+
+void fulmar_append_position_stop(fulmar_append_position_sender_t *sender)
+{
+    if (NULL == sender)
+    {
+        return;
+    }
+    pthread_mutex_lock(&sender->lock);
+    sender->stop = 1;
+    pthread_mutex_unlock(&sender->lock);
+    fulmar_doorbell_ring(sender->values, sender->doorbell_offset);
+    pthread_join(sender->thread, NULL);
+    pthread_mutex_destroy(&sender->lock);
+    free(sender);
+}
+
+int32_t fulmar_append_position_arm(fulmar_append_position_sender_t *sender, const fulmar_append_position_arm_t *arm)
+{
+    const int64_t counters = sender->values_length / FULMAR_COUNTER_LENGTH;
+    if (arm->message_length <= 0 || arm->message_length > FULMAR_APPEND_POSITION_MESSAGE_CAPACITY ||
+        arm->position_offset < 0 || arm->position_offset + (int32_t)sizeof(int64_t) > arm->message_length ||
+        arm->recording_position_id < 0 || arm->recording_position_id >= counters || NULL == arm->writer.log)
+    {
+        return -1;
+    }
+    pthread_mutex_lock(&sender->lock);
+    sender->arm = *arm;
+    /* Its appends ring the driver at once: nobody rings deferred rings for it. */
+    sender->arm.writer.defer_rings = 0;
+    sender->arm.writer.rings_pending = 0;
+    sender->state.status = FULMAR_APPEND_POSITION_RUNNING;
+    sender->state.last_failure = 0;
+    sender->state.sent_position = arm->sent_position;
+    sender->state.sent_time_ns = arm->sent_time_ns;
+    sender->send_now = 0;
+    sender->refused_pending = 0;
+    pthread_mutex_unlock(&sender->lock);
+    /* The archive may have recorded more already: the thread looks at once. */
+    fulmar_doorbell_ring(sender->values, sender->doorbell_offset);
+    return 0;
+}
+
+void fulmar_append_position_halt(fulmar_append_position_sender_t *sender)
+{
+    pthread_mutex_lock(&sender->lock);
+    sender->state.status = FULMAR_APPEND_POSITION_IDLE;
+    sender->send_now = 0;
+    sender->refused_pending = 0;
+    pthread_mutex_unlock(&sender->lock);
+}
+
+int32_t fulmar_append_position_send_now(fulmar_append_position_sender_t *sender)
+{
+    pthread_mutex_lock(&sender->lock);
+    const int32_t running = FULMAR_APPEND_POSITION_RUNNING == sender->state.status;
+    if (running)
+    {
+        sender->send_now = 1;
+    }
+    pthread_mutex_unlock(&sender->lock);
+    if (!running)
+    {
+        return -1;
+    }
+    fulmar_doorbell_ring(sender->values, sender->doorbell_offset);
+    return 0;
+}
+
+void fulmar_append_position_state(fulmar_append_position_sender_t *sender, fulmar_append_position_state_t *state)
+{
+    pthread_mutex_lock(&sender->lock);
+    *state = sender->state;
+    pthread_mutex_unlock(&sender->lock);
+}
