@@ -27,7 +27,7 @@ from fulmar.consensus.append_position_sender import IDLE
 from fulmar.consensus.cluster_member import find_member
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
-from fulmar.reader_doorbells import CounterWatch
+from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, CounterWatch
 
 LOG = "aeron:ipc?term-length=64k"
 LOG_STREAM = 100
@@ -246,3 +246,23 @@ def test_a_steady_follower_hands_its_reports_to_the_native_thread(follower: Any)
     agent.start_election("a test's")
     assert not sender.is_armed and sender.state()[0] == IDLE
     assert watches.watchers(rec_pos.id) == [agent_doorbell]  # the agent reports again
+
+
+def test_a_followers_log_rings_a_doorbell_nobody_sleeps_on(follower: Any) -> None:
+    """With the AppendPosition thread on, the leader's log landing has nothing
+    for a follower's module to do (it applies what is committed and recorded,
+    which CommitPosition and rec-pos wake it for): its log subscription names
+    a thread doorbell of its own that nobody sleeps on (the driver accepts
+    only such a counter of the same client)."""
+    agent, aeron = follower
+    host = agent.host
+    host._channel_tag, host._log_session_id = aeron.next_correlation_id(), 55
+    subscription = host._add_log_subscription()
+    doorbell_id = agent.quiet_log_doorbell_id()
+    assert doorbell_id is not None and doorbell_id != aeron.conductor.doorbell_id
+    assert ChannelUri.parse(subscription.channel).params["doorbell-id"] == str(doorbell_id)
+    assert aeron.counters_reader.counter_type_id(doorbell_id) == THREAD_DOORBELL_TYPE_ID
+    subscription.close()
+    agent.context.native_append_position = False  # the module reports itself: its log wakes it as before
+    host._channel_tag = aeron.next_correlation_id()
+    assert "doorbell-id" not in ChannelUri.parse(host._add_log_subscription().channel).params
