@@ -2207,7 +2207,7 @@ class ConsensusModuleAgent:
         """AppendPosition to the leader when the recorded position moved, or a
         heartbeat interval after the last; 1 if sent.  Once armed, the native
         thread sends them and the agent only asks it for the heartbeat."""
-        if self._append_position_armed_for is not None or self._arm_append_position_sender(now_ns):
+        if self._append_position_armed_for is not None or self._arm_append_position_sender():
             if self._append_position_by_thread(now_ns):
                 return 0
         if (
@@ -2227,7 +2227,7 @@ class ConsensusModuleAgent:
         self._time_of_last_append_position_sent_ns = now_ns
         return 1
 
-    def _arm_append_position_sender(self, now_ns: int) -> bool:
+    def _arm_append_position_sender(self) -> bool:
         """Hand the follower's reports to the native thread, once the rec-pos
         counter of the log recording is known; True when armed."""
         if not self.context.native_append_position or self.state not in (

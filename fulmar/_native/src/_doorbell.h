@@ -1,10 +1,23 @@
-/* For native threads that never hold the GIL (the archive's recorder): the
- * doorbell wait itself, without fulmar_doorbell_wait's release of the GIL. */
+/* For native threads that never hold the GIL (the archive's recorder, the
+ * consensus module's AppendPosition thread): the doorbell wait itself,
+ * without fulmar_doorbell_wait's release of the GIL, and the start and stop
+ * such a thread shares with the others (a thread doorbell to sleep on, an
+ * agent's doorbell to ring, a lock over what the agent hands it). */
 #ifndef FULMAR_DOORBELL_PRIVATE_H
 #define FULMAR_DOORBELL_PRIVATE_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 int32_t fulmar_doorbell_wait_without_gil(char *base, int64_t offset, int32_t token, int64_t timeout_ns);
+/* The offset of counter_id's doorbell in counters values of values_length
+ * bytes, or -1 when the id names no counter there. */
+int64_t fulmar_doorbell_offset(int32_t counter_id, int64_t values_length);
+/* Makes the lock and starts run(argument): 0, or the error (with nothing left made). */
+int fulmar_doorbell_thread_start(pthread_t *thread, pthread_mutex_t *lock, void *(*run)(void *), void *argument);
+/* Sets *stop under the lock, rings the thread's doorbell, joins the thread
+ * and destroys the lock. */
+void fulmar_doorbell_thread_stop(
+    pthread_t thread, pthread_mutex_t *lock, int32_t *stop, char *values, int64_t doorbell_offset);
 
 #endif

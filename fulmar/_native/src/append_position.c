@@ -150,10 +150,9 @@ fulmar_append_position_sender_t *fulmar_append_position_start(
     char *counters_values, int64_t values_length, int32_t doorbell_id, int32_t agent_doorbell_id,
     int64_t retry_wait_ns)
 {
-    const int64_t doorbell_offset = (int64_t)doorbell_id * FULMAR_COUNTER_LENGTH;
-    const int64_t agent_doorbell_offset = (int64_t)agent_doorbell_id * FULMAR_COUNTER_LENGTH;
-    if (doorbell_id < 0 || agent_doorbell_id < 0 || doorbell_offset + FULMAR_COUNTER_LENGTH > values_length ||
-        agent_doorbell_offset + FULMAR_COUNTER_LENGTH > values_length || retry_wait_ns <= 0)
+    const int64_t doorbell_offset = fulmar_doorbell_offset(doorbell_id, values_length);
+    const int64_t agent_doorbell_offset = fulmar_doorbell_offset(agent_doorbell_id, values_length);
+    if (doorbell_offset < 0 || agent_doorbell_offset < 0 || retry_wait_ns <= 0)
     {
         errno = EINVAL;
         return NULL;
@@ -169,16 +168,9 @@ fulmar_append_position_sender_t *fulmar_append_position_start(
     sender->agent_doorbell_offset = agent_doorbell_offset;
     sender->retry_wait_ns = retry_wait_ns;
     sender->state.status = FULMAR_APPEND_POSITION_IDLE;
-    int error;
-    if (0 != (error = pthread_mutex_init(&sender->lock, NULL)))
+    const int error = fulmar_doorbell_thread_start(&sender->thread, &sender->lock, run, sender);
+    if (0 != error)
     {
-        free(sender);
-        errno = error;
-        return NULL;
-    }
-    if (0 != (error = pthread_create(&sender->thread, NULL, run, sender)))
-    {
-        pthread_mutex_destroy(&sender->lock);
         free(sender);
         errno = error;
         return NULL;
@@ -192,12 +184,7 @@ void fulmar_append_position_stop(fulmar_append_position_sender_t *sender)
     {
         return;
     }
-    pthread_mutex_lock(&sender->lock);
-    sender->stop = 1;
-    pthread_mutex_unlock(&sender->lock);
-    fulmar_doorbell_ring(sender->values, sender->doorbell_offset);
-    pthread_join(sender->thread, NULL);
-    pthread_mutex_destroy(&sender->lock);
+    fulmar_doorbell_thread_stop(sender->thread, &sender->lock, &sender->stop, sender->values, sender->doorbell_offset);
     free(sender);
 }
 

@@ -319,3 +319,34 @@ int32_t fulmar_counter_ring_watchers(char *counters_values, int64_t values_lengt
     }
     return woken;
 }
+
+int64_t fulmar_doorbell_offset(int32_t counter_id, int64_t values_length)
+{
+    const int64_t offset = (int64_t)counter_id * FULMAR_COUNTER_LENGTH;
+    return counter_id < 0 || offset + FULMAR_COUNTER_LENGTH > values_length ? -1 : offset;
+}
+
+int fulmar_doorbell_thread_start(pthread_t *thread, pthread_mutex_t *lock, void *(*run)(void *), void *argument)
+{
+    int error = pthread_mutex_init(lock, NULL);
+    if (0 != error)
+    {
+        return error;
+    }
+    if (0 != (error = pthread_create(thread, NULL, run, argument)))
+    {
+        pthread_mutex_destroy(lock);
+    }
+    return error;
+}
+
+void fulmar_doorbell_thread_stop(
+    pthread_t thread, pthread_mutex_t *lock, int32_t *stop, char *values, int64_t doorbell_offset)
+{
+    pthread_mutex_lock(lock);
+    *stop = 1;
+    pthread_mutex_unlock(lock);
+    fulmar_doorbell_ring(values, doorbell_offset);
+    pthread_join(thread, NULL);
+    pthread_mutex_destroy(lock);
+}

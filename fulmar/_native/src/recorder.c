@@ -236,10 +236,9 @@ static void *run(void *argument)
 fulmar_recorder_t *fulmar_recorder_start(
     char *counters_values, int64_t values_length, int32_t doorbell_id, int32_t agent_doorbell_id, int64_t max_wait_ns)
 {
-    const int64_t doorbell_offset = (int64_t)doorbell_id * FULMAR_COUNTER_LENGTH;
-    const int64_t agent_doorbell_offset = (int64_t)agent_doorbell_id * FULMAR_COUNTER_LENGTH;
-    if (doorbell_id < 0 || agent_doorbell_id < 0 || doorbell_offset + FULMAR_COUNTER_LENGTH > values_length ||
-        agent_doorbell_offset + FULMAR_COUNTER_LENGTH > values_length || max_wait_ns <= 0)
+    const int64_t doorbell_offset = fulmar_doorbell_offset(doorbell_id, values_length);
+    const int64_t agent_doorbell_offset = fulmar_doorbell_offset(agent_doorbell_id, values_length);
+    if (doorbell_offset < 0 || agent_doorbell_offset < 0 || max_wait_ns <= 0)
     {
         errno = EINVAL;
         return NULL;
@@ -254,16 +253,9 @@ fulmar_recorder_t *fulmar_recorder_start(
     recorder->doorbell_offset = doorbell_offset;
     recorder->agent_doorbell_offset = agent_doorbell_offset;
     recorder->max_wait_ns = max_wait_ns;
-    int error;
-    if (0 != (error = pthread_mutex_init(&recorder->lock, NULL)))
+    const int error = fulmar_doorbell_thread_start(&recorder->thread, &recorder->lock, run, recorder);
+    if (0 != error)
     {
-        free(recorder);
-        errno = error;
-        return NULL;
-    }
-    if (0 != (error = pthread_create(&recorder->thread, NULL, run, recorder)))
-    {
-        pthread_mutex_destroy(&recorder->lock);
         free(recorder);
         errno = error;
         return NULL;
@@ -277,12 +269,7 @@ void fulmar_recorder_stop(fulmar_recorder_t *recorder)
     {
         return;
     }
-    pthread_mutex_lock(&recorder->lock);
-    recorder->stop = 1;
-    pthread_mutex_unlock(&recorder->lock);
-    fulmar_doorbell_ring(recorder->values, recorder->doorbell_offset);
-    pthread_join(recorder->thread, NULL);
-    pthread_mutex_destroy(&recorder->lock);
+    fulmar_doorbell_thread_stop(recorder->thread, &recorder->lock, &recorder->stop, recorder->values, recorder->doorbell_offset);
     free(recorder->scratch);
     free(recorder);
 }
