@@ -30,6 +30,14 @@ from typing import TYPE_CHECKING, Any
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_ids
 from fulmar.consensus.append_position_sender import RUNNING as APPEND_POSITION_RUNNING, AppendPositionSender
+from fulmar.consensus.leader_commit import (
+    OTHER_MESSAGE as LEADER_COMMIT_OTHER_MESSAGE,
+    REASONS as LEADER_COMMIT_REASONS,
+    RUNNING as LEADER_COMMIT_RUNNING,
+    ArmedFollower,
+    CommitState,
+    LeaderCommitThread,
+)
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
@@ -272,6 +280,13 @@ class ConsensusModuleAgent:
         self._append_position_armed_for: tuple[int, int, int, int] | None = None
         self._append_position_refused_for: tuple[int, int, int, int] | None = None
         self._quiet_log_doorbell: Counter | None = None  # quiet_log_doorbell_id
+        # A steady leader's commit comes from a native thread
+        # (consensus/leader_commit.py), started with the consensus streams, whose
+        # subscription rings its doorbell; what it was armed with, and what it
+        # gave back for good (not armed again for the same counter and term).
+        self._leader_commit: LeaderCommitThread | None = None
+        self._leader_commit_armed_for: tuple[int, int, int] | None = None
+        self._leader_commit_refused_for: tuple[int, int, int] | None = None
         self._time_of_last_commit_position_sent_ns = 0
         self._last_commit_position_sent = NULL_POSITION
         # The others, with what this member (as leader) learns of them.
@@ -416,7 +431,9 @@ class ConsensusModuleAgent:
             # at the next slow tick: has_work woke this cycle for it.
             work += self.aeron.do_work(now_ns)
         work += self._poll_services()
-        if self.consensus_adapter is not None:
+        if self._leader_commit_armed_for is not None:
+            work += self._take_leader_commit()
+        if self.consensus_adapter is not None and self._leader_commit_armed_for is None:
             work += self.consensus_adapter.poll()
         if self.election is not None and self.is_multi_member:
             work += self._multi_member_election_work(now_ns)
@@ -463,10 +480,24 @@ class ConsensusModuleAgent:
             and (self.election is not None or image.position < min(self.notified_commit_position, self.append_position))
         ):
             return True
-        if self.is_multi_member and self._consensus_subscription.is_data_available():
+        if (
+            self.is_multi_member
+            and self._leader_commit_armed_for is None  # (the commit thread reads it, and rings when it gives back)
+            and self._consensus_subscription.is_data_available()
+        ):
             return True
         if self.aeron.conductor.has_driver_news():
             return True  # an image to add (do_work takes it at once)
+        # A native thread that gave its work back rang this module's doorbell,
+        # maybe while it was awake: that ring is not waited for.
+        if self._leader_commit_armed_for is not None:
+            assert self._leader_commit is not None
+            if self._leader_commit.status() != LEADER_COMMIT_RUNNING:
+                return True
+        if self._append_position_armed_for is not None:
+            assert self._append_position_sender is not None
+            if self._append_position_sender.status() != APPEND_POSITION_RUNNING:
+                return True
         # The archive recorded more of the log: a follower reports it, a leader
         # (a single member too) may commit.
         # (Only while the counter is still the one found: a freed id may be reused.)
@@ -1917,8 +1948,20 @@ class ConsensusModuleAgent:
         context = self.context
         base = ChannelUri.parse(context.consensus_channel)
         me = find_member(self.members, self.member_id)
+        channel = base.with_param("endpoint", me.consensus_endpoint)
+        if context.native_commit:
+            try:
+                self._leader_commit = LeaderCommitThread(self.aeron, self._watches().doorbell_id)
+            except (OSError, FulmarError) as error:
+                self._error(f"the commit thread: {error}; this module commits itself")
+            else:
+                # What lands rings the thread; it passes the ring on while not armed.
+                channel = channel.with_param("doorbell-id", str(self._leader_commit.doorbell_id))
         self._consensus_subscription = self.aeron.add_subscription(
-            str(base.with_param("endpoint", me.consensus_endpoint)), context.consensus_stream_id
+            str(channel),
+            context.consensus_stream_id,
+            on_available_image=self._on_consensus_image_change,
+            on_unavailable_image=self._on_consensus_image_change,
         )
         self._consensus_publications = {
             member.id: self.aeron.add_publication(
@@ -1964,6 +2007,7 @@ class ConsensusModuleAgent:
 
     def start_election(self, reason: str) -> None:
         self._halt_append_position_sender()
+        self._halt_leader_commit()
         self.log_event(
             f"election: {reason} (term {self.leadership_term_id}, "
             f"{'leader' if self.role is ClusterRole.LEADER else 'follower'})"
@@ -2072,6 +2116,22 @@ class ConsensusModuleAgent:
         apply the log up to commit-pos, and a member must hold on disk what it
         applied: two followers whose archives run ahead of a slow leader archive
         make a quorum without it, which the seed's words alone would commit."""
+        if self._leader_commit_armed_for is not None or self._arm_leader_commit():
+            work = self._commit_by_thread(now_ns)
+        else:
+            work = self._commit_by_agent(now_ns)
+        work += self._check_catchups()
+        active = 1 + sum(
+            1
+            for follower in self._followers.values()
+            if now_ns - follower.time_of_last_append_position_ns < self.context.leader_heartbeat_timeout_ns
+        )
+        if active < quorum_threshold(len(self.members)) and self.state is not ConsensusModuleState.TERMINATING:
+            self.start_election("inactive follower quorum")
+            return work + 1
+        return work
+
+    def _commit_by_agent(self, now_ns: int) -> int:
         append_position = self.read_append_position()
         follower_positions = [follower.log_position for follower in self._followers.values()]
         quorum = quorum_position([append_position] + follower_positions)
@@ -2107,16 +2167,125 @@ class ConsensusModuleAgent:
             self._last_commit_position_sent = self.commit_position
             self._time_of_last_commit_position_sent_ns = now_ns
             work += 1
-        work += self._check_catchups()
-        active = 1 + sum(
-            1
-            for follower in self._followers.values()
-            if now_ns - follower.time_of_last_append_position_ns < self.context.leader_heartbeat_timeout_ns
-        )
-        if active < quorum_threshold(len(self.members)) and self.state is not ConsensusModuleState.TERMINATING:
-            self.start_election("inactive follower quorum")
-            return work + 1
         return work
+
+    # ----------------------------------------------------- the commit thread
+
+    def _arm_leader_commit(self) -> bool:
+        """Hand the followers' reports and the commit to the native thread,
+        once this member is a steady, active leader and its log recording's
+        rec-pos counter is known; True when armed."""
+        thread = self._leader_commit
+        if (
+            thread is None
+            or not self.context.native_commit
+            or self.state is not ConsensusModuleState.ACTIVE
+            or self.election is not None
+        ):
+            return False
+        counter_id = self._recording_position_counter()
+        if counter_id == NULL_VALUE:
+            return False
+        key = (counter_id, self._recording_position_registration_id, self.leadership_term_id)
+        if key == self._leader_commit_refused_for:
+            return False
+        followers = []
+        for member_id, follower in self._followers.items():
+            publication = self._consensus_publications.get(member_id)
+            if publication is None:
+                return False
+            followers.append(
+                ArmedFollower(member_id, publication, follower.log_position, follower.time_of_last_append_position_ns)
+            )
+        try:
+            thread.arm(
+                self._consensus_subscription.images,
+                followers,
+                leadership_term_id=self.leadership_term_id,
+                leader_member_id=self.member_id,
+                term_base_log_position=self.term_base_log_position,
+                commit_position=self.commit_position,
+                sent_position=self._last_commit_position_sent,
+                sent_time_ns=self._time_of_last_commit_position_sent_ns,
+                recording_position_id=counter_id,
+                recording_position_registration_id=self._recording_position_registration_id,
+                commit_position_id=self.commit_position_counter.id,
+            )
+        except ValueError as error:
+            self._error(f"{error}; this module commits itself this term")
+            self._leader_commit_refused_for = key
+            return False
+        self._leader_commit_armed_for = key
+        # The thread's doorbell watches rec-pos when the leader's recording
+        # holds the commit; the agent has nothing to do for it.
+        self._watch_own_recording(False)
+        return True
+
+    def _commit_by_thread(self, now_ns: int) -> int:
+        """The armed thread commits (its state was taken at the cycle's
+        start); the agent shows the followers' positions and asks for the
+        CommitPosition heartbeat when it is due."""
+        self._show_follower_positions()
+        if now_ns >= self._time_of_last_commit_position_sent_ns + self.context.leader_heartbeat_interval_ns:
+            assert self._leader_commit is not None
+            self._leader_commit.send_now(now_ns)
+        return 0
+
+    def _take_leader_commit(self) -> int:
+        """At a cycle's start: take in what the armed thread did, and halt it
+        when it gave the stream back or this member is no longer a steady,
+        active leader (the agent then reads the stream itself)."""
+        thread = self._leader_commit
+        assert thread is not None
+        state = thread.state()
+        if (
+            state.status == LEADER_COMMIT_RUNNING
+            and self.election is None
+            and self.role is ClusterRole.LEADER
+            and self.state is ConsensusModuleState.ACTIVE
+        ):
+            self._take_commit_state(state, thread.follower_ids)
+            return 0  # (the thread's work: the agent has no more of it to do now)
+        if state.status != LEADER_COMMIT_RUNNING:
+            reason = LEADER_COMMIT_REASONS.get(state.reason, f"reason {state.reason}")
+            if state.reason != LEADER_COMMIT_OTHER_MESSAGE:
+                counts = thread.counts()
+                self._error(
+                    f"the commit thread gave back: {reason} (last refusal {counts['last_failure']}, "
+                    f"{counts['commits']} commits); this module commits itself this term"
+                )
+                self._leader_commit_refused_for = self._leader_commit_armed_for
+        self._halt_leader_commit()
+        return 1
+
+    def _take_commit_state(self, state: CommitState, follower_ids: tuple[int, ...]) -> None:
+        for member_id, position, time_ns in zip(follower_ids, state.follower_positions, state.follower_times_ns):
+            follower = self._followers.get(member_id)
+            if follower is not None:
+                follower.log_position = max(follower.log_position, position)
+                follower.time_of_last_append_position_ns = max(follower.time_of_last_append_position_ns, time_ns)
+        self._last_commit_position_sent = state.sent_position
+        self._time_of_last_commit_position_sent_ns = state.sent_time_ns
+        if state.commit_position > self.commit_position:
+            self.commit_position = state.commit_position
+            self._sweep_uncommitted(state.commit_position)
+
+    def _halt_leader_commit(self) -> None:
+        """The agent reads the consensus stream and commits again from here,
+        from where the thread left both."""
+        thread = self._leader_commit
+        if thread is None or self._leader_commit_armed_for is None:
+            return
+        follower_ids = thread.follower_ids
+        state = thread.halt()
+        self._leader_commit_armed_for = None
+        if state is not None:
+            self._take_commit_state(state, follower_ids)
+
+    def _on_consensus_image_change(self, image: Image) -> None:
+        """A member's publication came or went: the thread reads only the
+        images it was armed with (and one that goes is unmapped later)."""
+        self._halt_leader_commit()
 
     def _sweep_uncommitted(self, commit: int) -> None:
         for queue in (
@@ -2293,7 +2462,7 @@ class ConsensusModuleAgent:
             self._last_append_position_sent = sent_position
             self._time_of_last_append_position_sent_ns = sent_time_ns
         if due:
-            sender.send_now()
+            sender.send_now(now_ns)
         return True
 
     def quiet_log_doorbell_id(self) -> int | None:
@@ -2888,6 +3057,10 @@ class ConsensusModuleAgent:
             self._append_position_sender.close()
             self._append_position_sender = None
             self._append_position_armed_for = None
+        if self._leader_commit is not None:
+            self._halt_leader_commit()
+            self._leader_commit.close()
+            self._leader_commit = None
         for session in (
             list(self.sessions.values())
             + self.pending_sessions

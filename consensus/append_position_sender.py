@@ -12,6 +12,7 @@ sends anything of the term's end (an election, a step down, the close).
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from fulmar._native import ffi, lib
@@ -118,15 +119,24 @@ class AppendPositionSender:
             self._watch.unwatch(self._watched_counter_id)
             self._watched_counter_id = None
 
-    def send_now(self) -> None:
-        """An AppendPosition of the recorded position, even if sent before (a heartbeat)."""
-        lib.fulmar_append_position_send_now(self._handle)
+    def send_now(self, unless_sent_since_ns: int | None = None) -> None:
+        """An AppendPosition of the recorded position, even if sent before (a
+        heartbeat), unless the thread sends one at or after
+        ``unless_sent_since_ns`` (time.monotonic_ns; default: now): the
+        agent passes the time it looked, so a report the thread made while
+        the agent decided is not followed by a second of the same position."""
+        since_ns = time.monotonic_ns() if unless_sent_since_ns is None else unless_sent_since_ns
+        lib.fulmar_append_position_send_now(self._handle, since_ns)
 
     def state(self) -> tuple[int, int, int]:
         """(status, the position last sent, when: time.monotonic_ns)."""
         state = self._state
         lib.fulmar_append_position_state(self._handle, state)
         return int(state.status), int(state.sent_position), int(state.sent_time_ns)
+
+    def status(self) -> int:
+        """IDLE, RUNNING or NEEDS_AGENT (cheaper than :meth:`state`)."""
+        return int(lib.fulmar_append_position_status(self._handle))
 
     def counts(self) -> tuple[int, int, int]:
         """(AppendPositions sent, offers refused, the last refusal's code or 0)."""

@@ -13,6 +13,8 @@ from fulmar.consensus.authenticator import AllowAllAuthenticator, Authenticator
 # cluster-node consensus --native-append-position/--agent-append-position by
 # the environment, which reaches the modules a node's supervisor starts.
 NATIVE_APPEND_POSITION_ENV = "FULMAR_NATIVE_APPEND_POSITION"
+# And --native-commit/--agent-commit.
+NATIVE_COMMIT_ENV = "FULMAR_NATIVE_COMMIT"
 
 
 @dataclass
@@ -58,6 +60,11 @@ class ConsensusModuleContext:
     # native thread that the recording wakes, not from the module's duty
     # cycle (consensus/append_position_sender.py).  Off: the module reports.
     native_append_position: bool = True
+    # A steady leader reads its followers' AppendPositions, moves commit-pos
+    # and sends CommitPosition from a native thread that their arrival wakes,
+    # not from the module's duty cycle (consensus/leader_commit.py).  Off:
+    # the module commits.
+    native_commit: bool = True
     app_version: int = 0
     authenticator: Authenticator = field(default_factory=AllowAllAuthenticator)
     mark_file_liveness_timeout_ms: int = 10_000

@@ -508,10 +508,11 @@ class LocalCluster:
 __all__ = ["FAST_ELECTION_ARGS", "KINDS", "LocalCluster", "NodeProcess", "SingleNodeCluster", "free_udp_port"]
 
 
-def bare_member_agent(aeron: Any, cluster_dir: Path) -> Any:
+def bare_member_agent(aeron: Any, cluster_dir: Path, **context_fields: Any) -> Any:
     """A ``ConsensusModuleAgent`` of member 1 of three, on ``aeron``'s driver,
     with no archive, recording log or election: a test drives its positions
-    and messages itself (the other two members never run)."""
+    and messages itself (the other two members never run).  ``context_fields``
+    set more of its context."""
     from fulmar.consensus.agent import ConsensusModuleAgent
     from fulmar.consensus.context import ConsensusModuleContext
 
@@ -521,6 +522,7 @@ def bare_member_agent(aeron: Any, cluster_dir: Path) -> Any:
         member_id=1,
         cluster_members=supervisor.local_members_string(ports),
         ingress_channel=f"aeron:udp?endpoint={ports[1].endpoint('ingress')}",
+        **context_fields,
     )
     agent = ConsensusModuleAgent(context, aeron, archive=None, recording_log=None)  # type: ignore[arg-type]
     agent.election = None

@@ -129,7 +129,8 @@ MEMBERS = "|".join(
 
 
 def new_agent(cluster_members: str = "", member_id: int = 0) -> ConsensusModuleAgent:
-    context = ConsensusModuleContext(cluster_members=cluster_members, member_id=member_id)
+    # No driver here: no native commit thread (it needs the driver's counters).
+    context = ConsensusModuleContext(cluster_members=cluster_members, member_id=member_id, native_commit=False)
     agent = ConsensusModuleAgent(
         context,
         FakeAeron(),

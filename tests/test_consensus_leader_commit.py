@@ -156,6 +156,9 @@ def test_a_steady_leader_is_woken_by_its_own_recording_only_while_that_holds_the
     steady ACTIVE state it always watches."""
     agent, _ = leader
     agent.state = ConsensusModuleState.ACTIVE
+    agent.context.native_commit = (
+        False  # the module's own commit (the native thread's: test_consensus_leader_commit_thread)
+    )
     watch = agent.aeron.conductor.counter_watch()
     rec_pos = agent.aeron.add_counter(RECORDING_POSITION_TYPE_ID, "rec-pos: a test's log recording")
     try:

@@ -30,6 +30,7 @@ struct fulmar_append_position_sender_stct
     int64_t retry_wait_ns;
     int32_t stop;
     int32_t send_now;                /* a heartbeat asked for */
+    int64_t send_now_since_ns;       /* unless one was sent at or after this time */
     int32_t refused_pending;         /* the last offer was refused: try again after retry_wait_ns */
     fulmar_append_position_arm_t arm;
     fulmar_append_position_state_t state;
@@ -61,6 +62,10 @@ static int32_t report(fulmar_append_position_sender_t *sender, int32_t *need_age
         sender->state.status = FULMAR_APPEND_POSITION_NEEDS_AGENT;
         *need_agent = 1;
         return 0;
+    }
+    if (sender->send_now && sender->state.sent_time_ns >= sender->send_now_since_ns)
+    {
+        sender->send_now = 0;  /* sent since it was asked for: that was the heartbeat */
     }
     if (position <= sender->state.sent_position && !sender->send_now)
     {
@@ -223,13 +228,14 @@ void fulmar_append_position_halt(fulmar_append_position_sender_t *sender)
     pthread_mutex_unlock(&sender->lock);
 }
 
-int32_t fulmar_append_position_send_now(fulmar_append_position_sender_t *sender)
+int32_t fulmar_append_position_send_now(fulmar_append_position_sender_t *sender, int64_t since_ns)
 {
     pthread_mutex_lock(&sender->lock);
     const int32_t running = FULMAR_APPEND_POSITION_RUNNING == sender->state.status;
     if (running)
     {
         sender->send_now = 1;
+        sender->send_now_since_ns = since_ns;
     }
     pthread_mutex_unlock(&sender->lock);
     if (!running)
@@ -245,4 +251,12 @@ void fulmar_append_position_state(fulmar_append_position_sender_t *sender, fulma
     pthread_mutex_lock(&sender->lock);
     *state = sender->state;
     pthread_mutex_unlock(&sender->lock);
+}
+
+int32_t fulmar_append_position_status(fulmar_append_position_sender_t *sender)
+{
+    pthread_mutex_lock(&sender->lock);
+    const int32_t status = sender->state.status;
+    pthread_mutex_unlock(&sender->lock);
+    return status;
 }

@@ -74,7 +74,11 @@ int32_t fulmar_append_position_arm(fulmar_append_position_sender_t *sender, cons
 /* IDLE from now; the thread is done with the writer and the counter when
  * this returns. */
 void fulmar_append_position_halt(fulmar_append_position_sender_t *sender);
-/* Send the recorded position once more, even if it was sent (a heartbeat);
- * -1 unless RUNNING. */
-int32_t fulmar_append_position_send_now(fulmar_append_position_sender_t *sender);
+/* Send the recorded position once more, even if it was sent (a heartbeat),
+ * unless the thread sent one at or after since_ns (CLOCK_MONOTONIC: the
+ * agent's look at the state that found the heartbeat due); -1 unless RUNNING. */
+int32_t fulmar_append_position_send_now(fulmar_append_position_sender_t *sender, int64_t since_ns);
 void fulmar_append_position_state(fulmar_append_position_sender_t *sender, fulmar_append_position_state_t *state);
+/* The status alone: the agent's look before it sleeps (a hand-back's ring
+ * that came while it was awake is not lost). */
+int32_t fulmar_append_position_status(fulmar_append_position_sender_t *sender);

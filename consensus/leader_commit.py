@@ -1,0 +1,236 @@
+"""The leader's commit thread (``_native/src/leader_commit.h``).
+
+A leader commits when a quorum of its members has recorded the log: on the
+followers' AppendPositions.  The agent's own commit meant a wake-up of the
+Python module for each report, in the middle of every round trip.  The
+thread sleeps on a doorbell that the module's consensus subscription names
+(``doorbell-id``), reads the AppendPositions from the subscription's images,
+stores commit-pos (rung to the services) and sends the followers their
+CommitPosition.  The agent arms it once it is a steady leader, syncs its own
+view from the thread's state on each of its cycles, asks it for the
+heartbeat, and halts it before anything else reads the consensus stream
+(an election, a message that is not an AppendPosition, a new image).  While
+not armed, the thread passes each ring of its doorbell on to the agent's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fulmar._native import ffi, lib
+from fulmar.codecs.generated import cluster as codecs
+from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID
+
+if TYPE_CHECKING:
+    from fulmar.aeron import Aeron
+    from fulmar.publication import Publication
+    from fulmar.subscription import Image
+
+IDLE = int(lib.FULMAR_LEADER_COMMIT_IDLE)
+RUNNING = int(lib.FULMAR_LEADER_COMMIT_RUNNING)
+NEEDS_AGENT = int(lib.FULMAR_LEADER_COMMIT_NEEDS_AGENT)
+OTHER_MESSAGE = int(lib.FULMAR_LEADER_COMMIT_OTHER_MESSAGE)
+MAX_IMAGES = int(lib.FULMAR_LEADER_COMMIT_MAX_IMAGES)
+MAX_FOLLOWERS = int(lib.FULMAR_LEADER_COMMIT_MAX_FOLLOWERS)
+REASONS = {
+    int(lib.FULMAR_LEADER_COMMIT_OTHER_MESSAGE): "a consensus message other than AppendPosition",
+    int(lib.FULMAR_LEADER_COMMIT_BAD_FRAME): "a malformed frame in the consensus stream",
+    int(lib.FULMAR_LEADER_COMMIT_RECORDING_GONE): "the log recording's rec-pos counter went",
+    int(lib.FULMAR_LEADER_COMMIT_PUBLICATION): "a publication to a follower closed",
+}
+
+
+def _field_offset(layout: Sequence[codecs._rt.FieldLayout], name: str) -> int:
+    """A field's offset from the message's first byte (its SBE header first)."""
+    return codecs.HEADER_LENGTH + next(field.offset for field in layout if field.name == name)
+
+
+_TERM_OFFSET = _field_offset(codecs._APPEND_POSITION_LAYOUT, "leadershipTermId")
+_APPEND_POSITION_OFFSET = _field_offset(codecs._APPEND_POSITION_LAYOUT, "logPosition")
+_MEMBER_OFFSET = _field_offset(codecs._APPEND_POSITION_LAYOUT, "followerMemberId")
+_APPEND_POSITION_LENGTH = _MEMBER_OFFSET + 4  # flags (since version 8) is not read
+_COMMIT_POSITION_OFFSET = _field_offset(codecs._COMMIT_POSITION_LAYOUT, "logPosition")
+
+
+@dataclass
+class ArmedFollower:
+    member_id: int
+    publication: Publication
+    log_position: int
+    time_ns: int
+
+
+@dataclass(frozen=True)
+class CommitState:
+    status: int
+    reason: int
+    commit_position: int
+    sent_position: int
+    sent_time_ns: int
+    follower_positions: tuple[int, ...]
+    follower_times_ns: tuple[int, ...]
+    image_positions: tuple[int, ...]
+
+
+class LeaderCommitThread:
+    """The thread, and the doorbell it sleeps on (a counter of the module's
+    client, which the consensus subscription names)."""
+
+    def __init__(self, aeron: Aeron, agent_doorbell_id: int) -> None:
+        self._counter = aeron.add_counter(THREAD_DOORBELL_TYPE_ID, f"consensus-commit-doorbell: {aeron.client_id}")
+        self.doorbell_id = self._counter.id
+        values = aeron.conductor.cnc.counters_values
+        handle = lib.fulmar_leader_commit_start(
+            ffi.cast("char *", values.address), values.capacity, self.doorbell_id, agent_doorbell_id
+        )
+        if handle == ffi.NULL:
+            self._counter.close()
+            raise OSError(ffi.errno, f"cannot start the leader's commit thread: errno {ffi.errno}")
+        self._handle = handle
+        self._arm = ffi.new("fulmar_leader_commit_arm_t *")
+        self._state = ffi.new("fulmar_leader_commit_state_t *")
+        self._encoded = bytearray(codecs.HEADER_LENGTH + codecs.CommitPositionEncoder.BLOCK_LENGTH)
+        # While armed: what the thread reads and appends to (kept mapped).
+        self.images: tuple[Image, ...] = ()
+        self.follower_ids: tuple[int, ...] = ()
+        self._publications: tuple[Publication, ...] = ()
+
+    @property
+    def is_armed(self) -> bool:
+        return bool(self.follower_ids)
+
+    def arm(
+        self,
+        images: Sequence[Image],
+        followers: Sequence[ArmedFollower],
+        *,
+        leadership_term_id: int,
+        leader_member_id: int,
+        term_base_log_position: int,
+        commit_position: int,
+        sent_position: int,
+        sent_time_ns: int,
+        recording_position_id: int,
+        recording_position_registration_id: int,
+        commit_position_id: int,
+    ) -> None:
+        """Commit from now on.  The images are read from their positions now:
+        the agent must not poll them until it halts the thread."""
+        self.halt()
+        if not followers or len(followers) > MAX_FOLLOWERS or len(images) > MAX_IMAGES:
+            raise ValueError(
+                f"the commit thread takes 1-{MAX_FOLLOWERS} followers and up to {MAX_IMAGES} images, "
+                f"not {len(followers)} and {len(images)}"
+            )
+        length = codecs.CommitPositionEncoder.encode(
+            self._encoded,
+            0,
+            leadership_term_id=leadership_term_id,
+            log_position=0,
+            leader_member_id=leader_member_id,
+        )
+        arm = self._arm
+        arm.image_count = len(images)
+        arm.follower_count = len(followers)
+        for i, image in enumerate(images):
+            slot = arm.images[i]
+            slot.log = ffi.cast("char *", image.log.address)
+            slot.term_length = image.term_buffer_length
+            slot.subscriber_position_id = image.subscriber_position_id
+            slot.position = image.position
+        for i, follower in enumerate(followers):
+            slot = arm.followers[i]
+            slot.writer = follower.publication.native_writer[0]
+            slot.member_id = follower.member_id
+            slot.log_position = follower.log_position
+            slot.time_ns = follower.time_ns
+        arm.leadership_term_id = leadership_term_id
+        arm.term_base_log_position = term_base_log_position
+        arm.commit_position = commit_position
+        arm.sent_position = sent_position
+        arm.sent_time_ns = sent_time_ns
+        arm.recording_position_id = recording_position_id
+        arm.recording_position_registration_id = recording_position_registration_id
+        arm.commit_position_id = commit_position_id
+        arm.schema_id = codecs.SCHEMA_ID
+        arm.append_position_template_id = codecs.AppendPositionDecoder.TEMPLATE_ID
+        arm.append_position_length = _APPEND_POSITION_LENGTH
+        arm.leadership_term_id_offset = _TERM_OFFSET
+        arm.log_position_offset = _APPEND_POSITION_OFFSET
+        arm.follower_member_id_offset = _MEMBER_OFFSET
+        arm.message_length = length
+        arm.position_offset = _COMMIT_POSITION_OFFSET
+        ffi.memmove(arm.message, bytes(self._encoded[:length]), length)
+        if lib.fulmar_leader_commit_arm(self._handle, arm) < 0:
+            raise ValueError(
+                f"the commit thread refused its arming (rec-pos counter {recording_position_id}, "
+                f"commit-pos counter {commit_position_id}, {len(images)} images)"
+            )
+        self.images = tuple(images)
+        self.follower_ids = tuple(follower.member_id for follower in followers)
+        self._publications = tuple(follower.publication for follower in followers)
+
+    def halt(self) -> CommitState | None:
+        """Halt the thread; its final state (None if it was not armed).  The
+        images' readers take the positions the thread reached."""
+        if self._handle is None or not self.follower_ids:
+            return None
+        lib.fulmar_leader_commit_halt(self._handle)
+        state = self.state()
+        for image, position in zip(self.images, state.image_positions):
+            if position > image.position:
+                image.adopt_position(position)
+        self.images = ()
+        self.follower_ids = ()
+        self._publications = ()
+        return state
+
+    def send_now(self, unless_sent_since_ns: int | None = None) -> None:
+        """A CommitPosition to every follower, even if sent before (a
+        heartbeat), unless the thread sends one at or after
+        ``unless_sent_since_ns`` (time.monotonic_ns; default: now)."""
+        since_ns = time.monotonic_ns() if unless_sent_since_ns is None else unless_sent_since_ns
+        lib.fulmar_leader_commit_send_now(self._handle, since_ns)
+
+    def state(self) -> CommitState:
+        state = self._state
+        lib.fulmar_leader_commit_state(self._handle, state)
+        followers = int(state.follower_count)
+        images = int(state.image_count)
+        return CommitState(
+            status=int(state.status),
+            reason=int(state.reason),
+            commit_position=int(state.commit_position),
+            sent_position=int(state.sent_position),
+            sent_time_ns=int(state.sent_time_ns),
+            follower_positions=tuple(state.follower_positions[0:followers]),
+            follower_times_ns=tuple(state.follower_times_ns[0:followers]),
+            image_positions=tuple(state.image_positions[0:images]),
+        )
+
+    def status(self) -> int:
+        """IDLE, RUNNING or NEEDS_AGENT (cheaper than :meth:`state`)."""
+        return int(lib.fulmar_leader_commit_status(self._handle))
+
+    def counts(self) -> dict[str, int]:
+        """What the thread did, all in all (and the last refusal's code)."""
+        state = self._state
+        lib.fulmar_leader_commit_state(self._handle, state)
+        return {
+            "append_positions": int(state.append_positions),
+            "commits": int(state.commits),
+            "commit_positions_sent": int(state.commit_positions_sent),
+            "refused": int(state.refused),
+            "relayed": int(state.relayed),
+            "last_failure": int(state.last_failure),
+        }
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self.halt()
+            lib.fulmar_leader_commit_stop(self._handle)
+            self._handle = None
+            self._counter.close()

@@ -1,0 +1,324 @@
+"""The leader's commit thread (``consensus/leader_commit.py``), on a real
+media driver: exclusive IPC publications stand in for the followers'
+publications to the leader (an image each in a subscription that names the
+thread's doorbell), two counters for the leader's rec-pos and commit-pos,
+and two IPC streams for the publications to the followers, whose
+CommitPositions this test reads."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver_support import wait_for
+from fulmar._native import ffi, lib
+from fulmar.aeron import Aeron
+from fulmar.codecs.generated import cluster as codecs
+from fulmar.consensus.leader_commit import (
+    IDLE,
+    NEEDS_AGENT,
+    OTHER_MESSAGE,
+    RUNNING,
+    ArmedFollower,
+    LeaderCommitThread,
+)
+from fulmar.reader_doorbells import CounterWatch
+from fulmar.subscription import Subscription
+
+IPC = "aeron:ipc?term-length=64k"
+CONSENSUS_STREAM = 108
+TERM = 7
+LEADER = 0
+STAND_IN_TYPE_ID = 4001  # any type: the thread reads values and registration ids
+NULL_POSITION = -1
+
+
+@pytest.fixture
+def aeron(start_driver: Any, tmp_path: Path) -> Iterator[Aeron]:
+    client = start_driver().connect()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def thread(aeron: Aeron) -> Iterator[LeaderCommitThread]:
+    commit_thread = LeaderCommitThread(aeron, aeron.conductor.doorbell_id)
+    try:
+        yield commit_thread
+    finally:
+        commit_thread.close()
+
+
+class CommitPositions:
+    """What reaches one follower's stream, decoded."""
+
+    def __init__(self, subscription: Subscription) -> None:
+        self.subscription = subscription
+        self.received: list[tuple[int, int, int]] = []
+        self._body = codecs.CommitPositionDecoder()
+
+    def _on_fragment(self, buffer: memoryview, offset: int, length: int, header: Any) -> None:
+        _, template_id, schema_id, _ = struct.unpack_from("<HHHH", buffer, offset)
+        assert (template_id, schema_id) == (codecs.CommitPositionEncoder.TEMPLATE_ID, codecs.SCHEMA_ID)
+        body = self._body.wrap(buffer, offset + codecs.HEADER_LENGTH, length=length - codecs.HEADER_LENGTH)
+        self.received.append((body.leadership_term_id, body.log_position, body.leader_member_id))
+
+    def wait_for(self, count: int) -> list[tuple[int, int, int]]:
+        def arrived() -> bool:
+            self.subscription.poll(self._on_fragment, 10)
+            return len(self.received) >= count
+
+        wait_for(arrived, 10, f"{count} CommitPosition(s) from the thread (have {self.received})")
+        return self.received
+
+
+class Leader:
+    """A leader's surroundings: the consensus subscription, a publication from
+    each follower, the counters, and the streams to the followers."""
+
+    def __init__(self, aeron: Aeron, thread: LeaderCommitThread, follower_ids: tuple[int, ...] = (1, 2)) -> None:
+        self.aeron = aeron
+        self.thread = thread
+        self.subscription = aeron.add_subscription(f"{IPC}|doorbell-id={thread.doorbell_id}", CONSENSUS_STREAM)
+        self.from_followers = {
+            member: aeron.add_exclusive_publication(IPC, CONSENSUS_STREAM) for member in follower_ids
+        }
+        wait_for(
+            lambda: len(self.subscription.images) == len(follower_ids), 10, "an image of each follower's publication"
+        )
+        self.to_followers = {}
+        self.commit_positions = {}
+        for member in follower_ids:
+            self.to_followers[member] = aeron.add_publication(IPC, 1000 + member)
+            self.commit_positions[member] = CommitPositions(aeron.add_subscription(IPC, 1000 + member))
+        for publication in self.to_followers.values():
+            wait_for(lambda: publication.is_connected, 10, "the publication to a follower to connect")
+        self.rec_pos = aeron.add_counter(STAND_IN_TYPE_ID, "rec-pos stand-in")
+        self.commit_pos = aeron.add_counter(STAND_IN_TYPE_ID, "commit-pos stand-in")
+
+    def arm(self, **fields: int) -> None:
+        self.thread.arm(
+            self.subscription.images,
+            [
+                ArmedFollower(member, publication, fields.pop(f"position_{member}", 0), 0)
+                for member, publication in self.to_followers.items()
+            ],
+            leadership_term_id=TERM,
+            leader_member_id=LEADER,
+            term_base_log_position=fields.pop("term_base", 0),
+            commit_position=fields.pop("commit_position", 0),
+            sent_position=fields.pop("sent_position", NULL_POSITION),
+            sent_time_ns=0,
+            recording_position_id=self.rec_pos.id,
+            recording_position_registration_id=fields.pop("registration_id", self.rec_pos.registration_id),
+            commit_position_id=self.commit_pos.id,
+        )
+        assert not fields, fields
+
+    def record(self, position: int) -> None:
+        """The leader's archive: the position, then a ring of rec-pos's watchers."""
+        self.rec_pos.set(position)
+        self.aeron.conductor.ring_counter_watchers(self.rec_pos.id)
+
+    def report(self, member: int, position: int, term: int = TERM, reporter: int | None = None) -> None:
+        """An AppendPosition from ``member`` (naming ``reporter`` in it, if given)."""
+        message = bytearray(codecs.HEADER_LENGTH + codecs.AppendPositionEncoder.BLOCK_LENGTH)
+        length = codecs.AppendPositionEncoder.encode(
+            message,
+            0,
+            leadership_term_id=term,
+            log_position=position,
+            follower_member_id=member if reporter is None else reporter,
+            flags=0,
+        )
+        self.offer(member, bytes(message[:length]))
+
+    def offer(self, member: int, message: bytes) -> None:
+        publication = self.from_followers[member]
+        wait_for(lambda: publication.offer(message) > 0, 10, "the follower's offer")
+
+    def commit(self) -> int:
+        return self.aeron.counters_reader.counter_value(self.commit_pos.id)
+
+
+def watchers(aeron: Aeron, counter_id: int) -> list[int]:
+    return CounterWatch(aeron.conductor.cnc.counters_values, 0).watchers(counter_id)
+
+
+def test_a_quorum_of_recorded_positions_commits_and_each_follower_is_told(
+    aeron: Aeron, thread: LeaderCommitThread
+) -> None:
+    leader = Leader(aeron, thread)
+    leader.record(1024)
+    leader.arm()
+    # Nothing committed past the term's base yet; the followers hear of position 0 (the agent would tell them too).
+    for member in (1, 2):
+        assert leader.commit_positions[member].wait_for(1) == [(TERM, 0, LEADER)]
+    before_ns = time.monotonic_ns()
+    leader.report(1, 1024)  # with the leader's own recording: a quorum of three
+    wait_for(lambda: leader.commit() == 1024, 10, "commit-pos to move to the quorum's position")
+    for member in (1, 2):
+        assert leader.commit_positions[member].wait_for(2)[1] == (TERM, 1024, LEADER)
+
+    # The followers run ahead of the leader's archive: its recording holds the
+    # commit, and the thread is woken by that recording, no report needed.
+    leader.report(2, 4096)
+    wait_for(lambda: thread.doorbell_id in watchers(aeron, leader.rec_pos.id), 10, "the thread to watch rec-pos")
+    leader.report(1, 4096)
+    wait_for(lambda: thread.state().follower_positions == (4096, 4096), 10, "both reports read")
+    assert leader.commit() == 1024
+    leader.record(2048)
+    wait_for(lambda: leader.commit() == 2048, 10, "the recording to let the commit move")
+    leader.record(4096)
+    wait_for(lambda: leader.commit() == 4096, 10, "the recording to let the commit move")
+    for member in (1, 2):
+        assert [position for _, position, _ in leader.commit_positions[member].wait_for(4)] == [0, 1024, 2048, 4096]
+    wait_for(lambda: thread.doorbell_id not in watchers(aeron, leader.rec_pos.id), 10, "rec-pos to be left alone")
+
+    state = thread.state()
+    assert (state.status, state.commit_position, state.sent_position) == (RUNNING, 4096, 4096)
+    assert all(before_ns <= time_ns <= time.monotonic_ns() for time_ns in state.follower_times_ns)
+    counts = thread.counts()
+    assert (counts["append_positions"], counts["commits"], counts["commit_positions_sent"]) == (3, 3, 8)
+    # The images' positions are the thread's, published in their sub-pos counters.
+    images = leader.subscription.images
+    for image, position in zip(images, state.image_positions):
+        assert position > 0
+        assert aeron.counters_reader.counter_value(image.subscriber_position_id) == position
+
+    halted = thread.halt()
+    assert halted is not None and halted.status == IDLE
+    assert [image.position for image in images] == list(state.image_positions)  # the agent reads on from there
+    assert not thread.is_armed
+
+
+def test_reports_of_another_term_or_member_are_passed_over_and_other_messages_handed_back(
+    aeron: Aeron, thread: LeaderCommitThread
+) -> None:
+    leader = Leader(aeron, thread)
+    leader.record(8192)
+    leader.arm(sent_position=0)
+    leader.report(1, 4096, term=TERM - 1)  # an old term's: not this leader's business
+    leader.report(1, 4096, reporter=9)  # not a member it leads
+    wait_for(lambda: thread.counts()["append_positions"] == 2, 10, "the two reports read")
+    assert thread.state().follower_positions == (0, 0)
+    assert leader.commit() == 0
+
+    agent_doorbell = aeron.conductor.data_doorbell
+    token = agent_doorbell.prepare()  # the agent, asleep
+    canvass = bytearray(64)
+    length = codecs.CanvassPositionEncoder.encode(
+        canvass,
+        0,
+        log_leadership_term_id=TERM,
+        log_position=0,
+        leadership_term_id=TERM,
+        follower_member_id=1,
+        protocol_version=0,
+    )
+    leader.offer(1, bytes(canvass[:length]))
+    leader.report(1, 8192)  # behind the other message: the agent's to read
+    assert agent_doorbell.wait(token, 10_000_000_000), "the agent was not rung"
+    wait_for(lambda: thread.state().status == NEEDS_AGENT, 10, "the thread to hand back")
+    assert thread.state().reason == OTHER_MESSAGE
+    assert leader.commit() == 0
+
+    images = {image.session_id: image for image in leader.subscription.images}
+    thread.halt()
+    read: list[int] = []
+    image = images[leader.from_followers[1].session_id]
+
+    def on_fragment(buffer: memoryview, offset: int, length: int, header: Any) -> None:
+        read.append(struct.unpack_from("<H", buffer, offset + 2)[0])  # the template id
+
+    def read_on() -> bool:
+        image.poll(on_fragment, 10)
+        return len(read) >= 2
+
+    wait_for(read_on, 10, "the agent to read what the thread left")
+    assert read == [codecs.CanvassPositionEncoder.TEMPLATE_ID, codecs.AppendPositionEncoder.TEMPLATE_ID]
+
+
+def test_an_idle_thread_passes_each_ring_on_to_the_agent(aeron: Aeron, thread: LeaderCommitThread) -> None:
+    """A follower's or candidate's consensus stream names the thread's doorbell
+    too: nothing of it may wait for the agent's idle timeout."""
+    leader = Leader(aeron, thread, follower_ids=(1,))
+    agent_doorbell = aeron.conductor.data_doorbell
+    for round_number in range(3):
+        token = agent_doorbell.prepare()
+        leader.report(1, 1024 * (round_number + 1))
+        # Within 2 s: the thread's own sleep while not armed is 10 s, so only a relay of the ring answers.
+        assert agent_doorbell.wait(token, 2_000_000_000), f"ring {round_number} not passed on"
+        wait_for(lambda: thread.counts()["relayed"] >= round_number + 1, 10, "the relay to be counted")
+    assert thread.state().status == IDLE
+    assert leader.subscription.images[0].position == 0  # the thread read nothing
+
+
+def test_no_commit_before_an_entry_of_the_term(aeron: Aeron, thread: LeaderCommitThread) -> None:
+    """Raft's rule: the commit must pass the term's base position."""
+    leader = Leader(aeron, thread)
+    leader.record(4096)
+    leader.arm(term_base=4096, commit_position=4096, sent_position=4096)
+    leader.report(1, 4096)
+    leader.report(2, 4096)
+    wait_for(lambda: thread.state().follower_positions == (4096, 4096), 10, "both reports read")
+    assert (leader.commit(), thread.counts()["commits"]) == (0, 0)
+    leader.record(4160)
+    leader.report(2, 4160)
+    wait_for(lambda: leader.commit() == 4160, 10, "the first entry of the term to commit")
+
+
+def test_a_heartbeat_repeats_the_commit_position(aeron: Aeron, thread: LeaderCommitThread) -> None:
+    leader = Leader(aeron, thread)
+    leader.record(512)
+    leader.arm(position_1=512, commit_position=512, sent_position=512)
+    thread.send_now()
+    for member in (1, 2):
+        assert leader.commit_positions[member].wait_for(1) == [(TERM, 512, LEADER)]
+    assert thread.state().sent_time_ns > 0
+
+
+def test_a_rec_pos_counter_that_is_not_the_armed_one_hands_back(aeron: Aeron, thread: LeaderCommitThread) -> None:
+    leader = Leader(aeron, thread)
+    agent_doorbell = aeron.conductor.data_doorbell
+    token = agent_doorbell.prepare()
+    leader.arm(registration_id=leader.rec_pos.registration_id + 1)
+    assert agent_doorbell.wait(token, 10_000_000_000), "the agent was not rung"
+    wait_for(lambda: thread.state().status == NEEDS_AGENT, 10, "the thread to hand back")
+    assert thread.state().reason == int(lib.FULMAR_LEADER_COMMIT_RECORDING_GONE)
+    thread.send_now()  # a heartbeat asked of a stopped thread changes nothing
+    assert thread.state().status == NEEDS_AGENT
+    assert thread.counts()["commit_positions_sent"] == 0
+
+
+def test_an_arming_the_thread_cannot_use_is_refused(aeron: Aeron, thread: LeaderCommitThread) -> None:
+    leader = Leader(aeron, thread, follower_ids=(1,))
+    leader.arm()
+    good = ffi.new("fulmar_leader_commit_arm_t *", thread._arm[0])
+    thread.halt()
+    handle = thread._handle
+    for field, value in (
+        ("follower_count", 0),
+        ("follower_count", int(lib.FULMAR_LEADER_COMMIT_MAX_FOLLOWERS) + 1),
+        ("image_count", int(lib.FULMAR_LEADER_COMMIT_MAX_IMAGES) + 1),
+        ("position_offset", good.message_length - 4),  # the position would end past the message
+        ("log_position_offset", good.append_position_length - 4),
+        ("recording_position_id", 1 << 30),  # not a counter
+        ("commit_position_id", -1),
+    ):
+        bad = ffi.new("fulmar_leader_commit_arm_t *", good[0])
+        setattr(bad, field, value)
+        assert lib.fulmar_leader_commit_arm(handle, bad) == -1, field
+        assert thread.state().status == IDLE
+    bad = ffi.new("fulmar_leader_commit_arm_t *", good[0])
+    bad.images[0].term_length = 65536 + 32  # not a power of two
+    assert lib.fulmar_leader_commit_arm(handle, bad) == -1
+    assert lib.fulmar_leader_commit_arm(handle, good) == 0
+    lib.fulmar_leader_commit_halt(handle)
