@@ -23,7 +23,12 @@ from fulmar.archive.mark_file import live_owner_pid as live_archive_pid
 from fulmar.consensus.authenticator import CredentialsAuthenticator
 from fulmar.consensus.backup import LOG_SOURCES, ClusterBackup, ClusterBackupContext, run_cluster_backup
 from fulmar.consensus.consensus_module import ConsensusModule, run_consensus_module
-from fulmar.consensus.context import NATIVE_APPEND_POSITION_ENV, NATIVE_COMMIT_ENV, ConsensusModuleContext
+from fulmar.consensus.context import (
+    NATIVE_APPEND_POSITION_ENV,
+    NATIVE_COMMIT_ENV,
+    NATIVE_INGRESS_ENV,
+    ConsensusModuleContext,
+)
 from fulmar.consensus.mark_file import FILENAME as CLUSTER_MARK_FILE
 from fulmar.consensus.mark_file import SERVICE_FILENAME_PREFIX as SERVICE_MARK_FILE_PREFIX
 from fulmar.consensus.mark_file import ClusterMarkFileActiveError
@@ -673,6 +678,16 @@ _CM_DEFAULTS = ConsensusModuleContext
     "cycle (a Python wake-up in every round trip).  The environment variable reaches the modules "
     "cluster-node start starts.",
 )
+@click.option(
+    "--native-ingress/--agent-ingress",
+    envvar=NATIVE_INGRESS_ENV,
+    show_envvar=True,
+    default=_CM_DEFAULTS.native_ingress,
+    help="As a steady leader, append the clients' session messages to the log from a native thread that "
+    "their arrival wakes while the module sleeps, rather than from the module's duty cycle (a Python "
+    "wake-up at the head of every round trip).  The environment variable reaches the modules "
+    "cluster-node start starts.",
+)
 def consensus(
     cluster_dir: str,
     driver_dir: str | None,
@@ -701,6 +716,7 @@ def consensus(
     log_retention_snapshots: int,
     native_append_position: bool,
     native_commit: bool,
+    native_ingress: bool,
 ) -> None:
     """Run a consensus module in the foreground until SIGTERM or SIGINT (a
     snapshot and an orderly stop of the services at one log position).  A
@@ -745,6 +761,7 @@ def consensus(
         log_retention_snapshots=log_retention_snapshots,
         native_append_position=native_append_position,
         native_commit=native_commit,
+        native_ingress=native_ingress,
     )
     if authenticator_secret:
         context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())

@@ -38,6 +38,13 @@ from fulmar.consensus.leader_commit import (
     CommitState,
     LeaderCommitThread,
 )
+from fulmar.consensus.leader_ingress import (
+    BACK_PRESSURE as INGRESS_BACK_PRESSURE,
+    OTHER_MESSAGE as INGRESS_OTHER_MESSAGE,
+    REASONS as INGRESS_REASONS,
+    RUNNING as INGRESS_RUNNING,
+    LeaderIngressThread,
+)
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
@@ -76,7 +83,7 @@ from fulmar.consensus.recording_log import RecordingLog, RecordingLogError
 from fulmar.consensus.timer_service import TimerService
 from fulmar.counters import RECORD_ALLOCATED
 from fulmar.duty_cycle import DutyCycleStallTracker
-from fulmar import log_lines
+from fulmar import clock, log_lines
 from fulmar.errors import FulmarError
 from fulmar.retry import DistinctErrorPrinter, RetryBackoff
 from fulmar.semantic_version import major_version, version_text
@@ -173,7 +180,7 @@ class ConsensusModuleAgent:
         aeron: Aeron,
         archive: AeronArchive,
         recording_log: RecordingLog,
-        epoch_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        epoch_ms: Callable[[], int] = clock.epoch_ms,
         record_error: Callable[[str], object] = lambda text: None,
     ) -> None:
         self.context = context
@@ -289,6 +296,14 @@ class ConsensusModuleAgent:
         self._leader_commit_refused_for: tuple[int, int, int] | None = None
         self._time_of_last_commit_position_sent_ns = 0
         self._last_commit_position_sent = NULL_POSITION
+        # A steady leader's clients' session messages are appended by a native
+        # thread while this agent sleeps (consensus/leader_ingress.py), started
+        # with the ingress, whose subscription rings its doorbell: armed or not,
+        # and the term it gave back for good (a malformed frame, a closed log).
+        # Only on the wall clock the thread reads too (tests give their own).
+        self._leader_ingress: LeaderIngressThread | None = None
+        self._leader_ingress_armed = False
+        self._leader_ingress_refused_for = NULL_VALUE
         # The others, with what this member (as leader) learns of them.
         self._followers: dict[int, ClusterMember] = {m.id: m for m in self.members if m.id != self.member_id}
         # What the leader appended and may lose if it steps down before a quorum has it.
@@ -423,6 +438,8 @@ class ConsensusModuleAgent:
         self._now_ns = now_ns
         self.duty_cycle_tracker.measure_and_update(now_ns)
         work = 0
+        if self._leader_ingress_armed:
+            work += self.take_leader_ingress()
         if now_ns >= self._slow_tick_deadline_ns:
             self._slow_tick_deadline_ns = now_ns + self.context.slow_tick_interval_ns
             work += self._slow_tick_work(now_ns)
@@ -468,8 +485,17 @@ class ConsensusModuleAgent:
         """A cheap check before sleeping: is a message already waiting?"""
         image = self._log_image
         ingress = self.ingress
-        if (ingress is not None and ingress.is_data_available()) or self.from_services.is_data_available():
+        if self.from_services.is_data_available():
             return True
+        if ingress is not None:
+            if not self._leader_ingress_armed:
+                if ingress.is_data_available():
+                    return True
+            else:
+                # The armed thread reads the ingress, and rings when it gives back.
+                assert self._leader_ingress is not None
+                if self._leader_ingress.status() != INGRESS_RUNNING:
+                    return True
         # A follower's log image holds what is not yet committed: that is no work
         # until the commit position it was notified of moves past what it has
         # read, and the archive has recorded that far (a replay is bounded by its
@@ -2008,6 +2034,7 @@ class ConsensusModuleAgent:
     def start_election(self, reason: str) -> None:
         self._halt_append_position_sender()
         self._halt_leader_commit()
+        self.take_leader_ingress()
         self.log_event(
             f"election: {reason} (term {self.leadership_term_id}, "
             f"{'leader' if self.role is ClusterRole.LEADER else 'follower'})"
@@ -2507,6 +2534,7 @@ class ConsensusModuleAgent:
         in progress are dropped: a redirect would name a leader that may be gone,
         and a session not yet open has nothing in the log.  Rejections are final
         whoever leads, so they are still sent."""
+        self.take_leader_ingress()
         if self.ingress is not None:
             self.ingress.close()
             self.ingress = None
@@ -2524,13 +2552,95 @@ class ConsensusModuleAgent:
         recorded each time in the same words (the distinct error log counts them)."""
         if self.ingress is not None:
             return 0
+        channel = self.context.ingress_channel
+        if self.context.native_ingress and self.epoch_ms is clock.epoch_ms:
+            if self._leader_ingress is None:
+                try:
+                    self._leader_ingress = LeaderIngressThread(self.aeron, self._watches().doorbell_id)
+                except (OSError, FulmarError) as error:
+                    self._error(f"the ingress thread: {error}; this module appends the ingress itself")
+            if self._leader_ingress is not None:
+                # What lands rings the thread; it passes the ring on while not armed.
+                channel = str(
+                    ChannelUri.parse(channel).with_param("doorbell-id", str(self._leader_ingress.doorbell_id))
+                )
         try:
-            self.ingress = self.aeron.add_subscription(self.context.ingress_channel, self.context.ingress_stream_id)
+            self.ingress = self.aeron.add_subscription(channel, self.context.ingress_stream_id)
         except FulmarError as error:
             self._ingress_backoff.on_failure(now_ns)
             self._error(f"cannot open the ingress {self.context.ingress_channel}: {error}")
             return 0
         self._ingress_backoff.on_success()
+        return 1
+
+    def arm_leader_ingress(self) -> None:
+        """Before this agent sleeps: hand the ingress to the native thread if
+        this member is a steady, active leader with nothing of the ingress
+        left over (back-pressured messages wait in this agent, in order).
+        The thread appends the open sessions' messages until the next cycle
+        takes the ingress back (``take_leader_ingress``)."""
+        thread = self._leader_ingress
+        ingress = self.ingress
+        publication = self.log_publisher.publication
+        if (
+            thread is None
+            or self._leader_ingress_armed
+            or ingress is None
+            or publication is None
+            or self._pending_ingress
+            or self.role is not ClusterRole.LEADER
+            or self.election is not None
+            or self.state is not ConsensusModuleState.ACTIVE
+            or self.leadership_term_id == self._leader_ingress_refused_for
+        ):
+            return
+        # (Every open session each time: a cycle may have opened or closed any.)
+        open_ids = [session.id for session in self.sessions.values() if session.state is ClusterSessionState.OPEN]
+        try:
+            thread.arm(
+                ingress.images,
+                open_ids,
+                publication,
+                leadership_term_id=self.leadership_term_id,
+                invalid_requests_id=self.invalid_requests_counter.id,
+            )
+        except ValueError as error:
+            self._error(f"{error}; this module appends the ingress itself this term")
+            self._leader_ingress_refused_for = self.leadership_term_id
+            return
+        self._leader_ingress_armed = True
+
+    def take_leader_ingress(self) -> int:
+        """Halt the armed thread and take back what it did: the images'
+        positions, the sessions' activity.  A thread that gave back for a
+        message it does not take leaves it unread for this cycle's poll.
+        Before anything of this agent reads the ingress or appends to the log
+        (the duty cycle, a stop request); nothing to do when not armed."""
+        thread = self._leader_ingress
+        if thread is None or not self._leader_ingress_armed:
+            return 0
+        session_ids = thread.session_ids
+        state = thread.halt()
+        self._leader_ingress_armed = False
+        if state is None:
+            return 0
+        sessions = self.sessions
+        for session_id, activity_ns in zip(session_ids, state.activity_ns):
+            session = sessions.get(session_id)
+            if activity_ns and session is not None and activity_ns > session.time_of_last_activity_ns:
+                session.time_of_last_activity(activity_ns)
+        if state.status == INGRESS_RUNNING:
+            return 0
+        if state.reason not in (INGRESS_OTHER_MESSAGE, INGRESS_BACK_PRESSURE):
+            # A frame the agent's own poll may not get past either: the agent
+            # reads the ingress itself for the rest of the term (no hand-back loop).
+            reason = INGRESS_REASONS.get(state.reason, f"reason {state.reason}")
+            counts = thread.counts()
+            self._error(
+                f"the ingress thread gave back: {reason} (last refusal {counts['last_failure']}, "
+                f"{counts['messages']} messages); this module appends the ingress itself this term"
+            )
+            self._leader_ingress_refused_for = self.leadership_term_id
         return 1
 
     # -- the leader's log ---------------------------------------------------------------------
@@ -3061,6 +3171,10 @@ class ConsensusModuleAgent:
             self._halt_leader_commit()
             self._leader_commit.close()
             self._leader_commit = None
+        if self._leader_ingress is not None:
+            self.take_leader_ingress()
+            self._leader_ingress.close()
+            self._leader_ingress = None
         for session in (
             list(self.sessions.values())
             + self.pending_sessions

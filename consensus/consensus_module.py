@@ -173,6 +173,7 @@ class ConsensusModule:
                 agent.log_event(self._notes.pop(0))
             requested = self._requested
             if requested is not None:
+                agent.take_leader_ingress()  # (the stop may append to the log)
                 if not stop_deadline_ns:
                     stop_deadline_ns = time.monotonic_ns() + STOP_TIMEOUT_NS
                 if agent.request_shutdown(requested):
@@ -228,6 +229,10 @@ class ConsensusModule:
                 work = 0
             if not work:
                 idle.max_wait_ns = agent.idle_wait_ns(self.context.idle_max_wait_ns)
+                # The clients' messages are the native thread's while this
+                # agent sleeps (its deferred rings were rung just above); the
+                # next cycle takes the ingress back first.
+                agent.arm_leader_ingress()
             idle.idle(work)
 
     def close(self) -> None:

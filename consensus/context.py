@@ -13,8 +13,9 @@ from fulmar.consensus.authenticator import AllowAllAuthenticator, Authenticator
 # cluster-node consensus --native-append-position/--agent-append-position by
 # the environment, which reaches the modules a node's supervisor starts.
 NATIVE_APPEND_POSITION_ENV = "FULMAR_NATIVE_APPEND_POSITION"
-# And --native-commit/--agent-commit.
+# And --native-commit/--agent-commit, and --native-ingress/--agent-ingress.
 NATIVE_COMMIT_ENV = "FULMAR_NATIVE_COMMIT"
+NATIVE_INGRESS_ENV = "FULMAR_NATIVE_INGRESS"
 
 
 @dataclass
@@ -65,6 +66,10 @@ class ConsensusModuleContext:
     # not from the module's duty cycle (consensus/leader_commit.py).  Off:
     # the module commits.
     native_commit: bool = True
+    # A steady leader's clients' session messages are appended to the log by
+    # a native thread that their arrival wakes, while the module sleeps
+    # (consensus/leader_ingress.py).  Off: the module appends them.
+    native_ingress: bool = True
     app_version: int = 0
     authenticator: Authenticator = field(default_factory=AllowAllAuthenticator)
     mark_file_liveness_timeout_ms: int = 10_000

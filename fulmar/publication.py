@@ -174,8 +174,11 @@ class Publication:
     @property
     def native_writer(self) -> Any:
         """The native writer state (``fulmar_log_writer_t *``), for a native
-        thread that appends to this publication's log with a copy of it: of a
-        concurrent publication only, the one kind other writers may share."""
+        thread that appends to this publication's log: with a copy of it for
+        a concurrent publication (other writers may share that kind); this
+        one itself for an exclusive publication, and then only while its
+        owner appends nothing (the leader's ingress thread, armed while its
+        agent sleeps)."""
         return self._native_state
 
     @property

@@ -250,6 +250,9 @@ def test_spies_alone_connect_a_manual_publication_and_a_slow_spy_holds_it_back(s
             f"aeron-spy:aeron:udp?control-mode=manual|session-id={publication.session_id}", STREAM
         )
         wait_for(lambda: publication.is_connected and spy.image_count == 1, 10, "a connection made by the spy alone")
+        # The driver sets the publisher's window from the spy's position in a
+        # duty cycle of its own, maybe after the connection shows (as Aeron's).
+        wait_for(lambda: publication.position_limit > 0, 10, "the publisher's window")
         # The spy does not read: the publisher stops a term window (half a 64k term) ahead of it.
         start = spy.images[0].position
         deadline = time.monotonic() + 10

@@ -358,10 +358,12 @@ class FakeAgent:
         self.election: Any = SimpleNamespace(state=ElectionState.LEADER_REPLAY)
         self.state = ConsensusModuleState.INIT
         self.cycles = 0
+        self.ingress_armed = False
         # The run loop tells the stall tracker of its intended idle waits.
         self.duty_cycle_tracker = SimpleNamespace(on_idle_wait=lambda max_wait_ns: None)
 
     def request_shutdown(self, action: ControlToggle) -> bool:
+        assert not self.ingress_armed, "a stop request with the ingress still the native thread's"
         self.asked.append(action)
         if self.cycles < self.busy_cycles:
             return False
@@ -385,6 +387,14 @@ class FakeAgent:
 
     def idle_wait_ns(self, max_wait_ns: int) -> int:
         return max_wait_ns
+
+    # (The leader's ingress thread: armed as the loop goes to sleep, taken back before a stop request.)
+    def arm_leader_ingress(self) -> None:
+        self.ingress_armed = True
+
+    def take_leader_ingress(self) -> int:
+        self.ingress_armed = False
+        return 0
 
     def log_event(self, text: str) -> None:
         self.events.append(text)
