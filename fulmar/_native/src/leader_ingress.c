@@ -172,20 +172,28 @@ static int32_t on_message(
     return 1;
 }
 
+/* The frame at position in an image's log. */
+static const char *frame_at(const fulmar_leader_ingress_image_t *image, int64_t position)
+{
+    const int32_t term_length = image->term_length;
+    const int32_t term_offset = (int32_t)(position & (term_length - 1));
+    return image->log + (position >> __builtin_ctz((unsigned)term_length)) % FULMAR_PARTITION_COUNT * term_length +
+        term_offset;
+}
+
 /* With the lock held: takes image i's messages from where it was left.
  * Returns the messages taken; stops (NEEDS_AGENT) before one it cannot take. */
 static int32_t walk_image(fulmar_leader_ingress_t *thread, int32_t i, int64_t now_ns, int64_t timestamp)
 {
     const fulmar_leader_ingress_image_t *image = &thread->images[i];
     const int32_t term_length = image->term_length;
-    const int32_t bits = __builtin_ctz((unsigned)term_length);
     const int64_t start = thread->image_positions[i];
     int64_t position = start;
     int32_t taken = 0;
     for (;;)
     {
         const int32_t term_offset = (int32_t)(position & (term_length - 1));
-        const char *frame = image->log + (position >> bits) % FULMAR_PARTITION_COUNT * term_length + term_offset;
+        const char *frame = frame_at(image, position);
         const int32_t frame_length = fa_load_i32(frame);
         if (frame_length <= 0)
         {
@@ -454,9 +462,18 @@ int32_t fulmar_leader_ingress_arm(
     state->image_count = image_count;
     state->session_count = session_count;
     state->armings++;
+    int32_t waiting = 0;
+    for (int32_t i = 0; i < image_count && !waiting; i++)
+    {
+        waiting = fa_load_i32(frame_at(&thread->images[i], thread->image_positions[i])) != 0;
+    }
     pthread_mutex_unlock(&thread->lock);
-    /* Messages may have landed already: the thread looks at once. */
-    fulmar_doorbell_ring(thread->values, thread->doorbell_offset);
+    if (waiting)
+    {
+        /* Landed while the agent was awake (its ring went to the agent): the
+         * thread looks at once.  What lands from now on rings the thread. */
+        fulmar_doorbell_ring(thread->values, thread->doorbell_offset);
+    }
     return 0;
 }
 
