@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from fulmar._native import ffi, lib
 from fulmar.codecs.generated import cluster as codecs
+from fulmar.consensus.protocol import field_offset
 from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, CounterWatch
 
 if TYPE_CHECKING:
@@ -29,9 +30,7 @@ NEEDS_AGENT = int(lib.FULMAR_APPEND_POSITION_NEEDS_AGENT)
 
 # The AppendPosition encoded by the agent: the thread writes the position at
 # the logPosition field (after the message header) of each copy it sends.
-_POSITION_OFFSET = codecs.HEADER_LENGTH + next(
-    field.offset for field in codecs._APPEND_POSITION_LAYOUT if field.name == "logPosition"
-)
+_POSITION_OFFSET = field_offset(codecs._APPEND_POSITION_LAYOUT, "logPosition")
 
 
 class AppendPositionSender:

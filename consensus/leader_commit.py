@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from fulmar._native import ffi, lib
 from fulmar.codecs.generated import cluster as codecs
+from fulmar.consensus.protocol import field_offset
 from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID
 
 if TYPE_CHECKING:
@@ -43,16 +44,11 @@ REASONS = {
 }
 
 
-def _field_offset(layout: Sequence[codecs._rt.FieldLayout], name: str) -> int:
-    """A field's offset from the message's first byte (its SBE header first)."""
-    return codecs.HEADER_LENGTH + next(field.offset for field in layout if field.name == name)
-
-
-_TERM_OFFSET = _field_offset(codecs._APPEND_POSITION_LAYOUT, "leadershipTermId")
-_APPEND_POSITION_OFFSET = _field_offset(codecs._APPEND_POSITION_LAYOUT, "logPosition")
-_MEMBER_OFFSET = _field_offset(codecs._APPEND_POSITION_LAYOUT, "followerMemberId")
+_TERM_OFFSET = field_offset(codecs._APPEND_POSITION_LAYOUT, "leadershipTermId")
+_APPEND_POSITION_OFFSET = field_offset(codecs._APPEND_POSITION_LAYOUT, "logPosition")
+_MEMBER_OFFSET = field_offset(codecs._APPEND_POSITION_LAYOUT, "followerMemberId")
 _APPEND_POSITION_LENGTH = _MEMBER_OFFSET + 4  # flags (since version 8) is not read
-_COMMIT_POSITION_OFFSET = _field_offset(codecs._COMMIT_POSITION_LAYOUT, "logPosition")
+_COMMIT_POSITION_OFFSET = field_offset(codecs._COMMIT_POSITION_LAYOUT, "logPosition")
 
 
 @dataclass

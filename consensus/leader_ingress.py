@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from fulmar._native import ffi, lib
 from fulmar.codecs.generated import cluster as codecs
-from fulmar.consensus.leader_commit import _field_offset
+from fulmar.consensus.protocol import field_offset
 from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID
 
 if TYPE_CHECKING:
@@ -41,12 +41,12 @@ REASONS = {
     int(lib.FULMAR_LEADER_INGRESS_PUBLICATION): "the log publication closed or reached its maximum position",
 }
 
-_TERM_OFFSET = _field_offset(codecs._SESSION_MESSAGE_HEADER_LAYOUT, "leadershipTermId")
-_SESSION_OFFSET = _field_offset(codecs._SESSION_MESSAGE_HEADER_LAYOUT, "clusterSessionId")
-_TIMESTAMP_OFFSET = _field_offset(codecs._SESSION_MESSAGE_HEADER_LAYOUT, "timestamp")
+_TERM_OFFSET = field_offset(codecs._SESSION_MESSAGE_HEADER_LAYOUT, "leadershipTermId")
+_SESSION_OFFSET = field_offset(codecs._SESSION_MESSAGE_HEADER_LAYOUT, "clusterSessionId")
+_TIMESTAMP_OFFSET = field_offset(codecs._SESSION_MESSAGE_HEADER_LAYOUT, "timestamp")
 # The thread reads a keep-alive's term and session where a session message has them.
-assert _field_offset(codecs._SESSION_KEEP_ALIVE_LAYOUT, "leadershipTermId") == _TERM_OFFSET
-assert _field_offset(codecs._SESSION_KEEP_ALIVE_LAYOUT, "clusterSessionId") == _SESSION_OFFSET
+assert field_offset(codecs._SESSION_KEEP_ALIVE_LAYOUT, "leadershipTermId") == _TERM_OFFSET
+assert field_offset(codecs._SESSION_KEEP_ALIVE_LAYOUT, "clusterSessionId") == _SESSION_OFFSET
 
 
 @dataclass(frozen=True)

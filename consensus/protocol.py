@@ -31,6 +31,13 @@ CLUSTER_SCHEMA_ID = codecs.SCHEMA_ID
 CLUSTER_SCHEMA_VERSION = codecs.SCHEMA_VERSION
 
 
+def field_offset(layout: Any, name: str) -> int:
+    """A field's offset from a message's first byte (its SBE header first),
+    from the generated codec's layout: what the native threads are armed
+    with, so that the C code holds no schema facts."""
+    return codecs.HEADER_LENGTH + next(field.offset for field in layout if field.name == name)
+
+
 def session_message_frame(leadership_term_id: int, cluster_session_id: int, timestamp: int) -> bytes:
     """The 32 bytes that precede a client message's payload."""
     return SESSION_MESSAGE_FRAME.pack(

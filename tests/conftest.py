@@ -12,6 +12,7 @@ import pytest
 
 if TYPE_CHECKING:
     from driver_support import DriverProcess
+    from fulmar.aeron import Aeron
 
 # Child processes are forked: they inherit the mapped files' paths and the
 # imported native extension, and start in milliseconds.
@@ -57,3 +58,13 @@ def start_driver(driver_dir: Path) -> Iterator[Callable[..., DriverProcess]]:
     yield start
     for driver in drivers:
         driver.stop()
+
+
+@pytest.fixture
+def aeron(start_driver: Callable[..., DriverProcess]) -> Iterator[Aeron]:
+    """A client of a fresh media driver, closed afterwards (the driver is stopped by start_driver)."""
+    client = start_driver().connect()
+    try:
+        yield client
+    finally:
+        client.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,15 +27,6 @@ STREAM = 108
 STAND_IN_TYPE_ID = 4001  # any type: the thread reads the value and the registration id
 NULL_POSITION = -1
 RETRY_WAIT_NS = 1_000_000
-
-
-@pytest.fixture
-def aeron(start_driver: Any, tmp_path: Path) -> Iterator[Aeron]:
-    client = start_driver().connect()
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 @pytest.fixture

@@ -42,14 +42,6 @@ def offer(publication, data: bytes) -> int:
         assert time.monotonic() < deadline, "offer kept failing"
 
 
-@pytest.fixture
-def aeron(start_driver):
-    driver = start_driver()
-    client = driver.connect()
-    yield client
-    client.close()
-
-
 def test_concurrent_publications_on_one_stream_share_a_session(aeron: Aeron) -> None:
     first = aeron.add_publication(CHANNEL, 7)
     second = aeron.add_publication(CHANNEL, 7)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,15 +35,6 @@ TERM = 7
 LEADER = 0
 STAND_IN_TYPE_ID = 4001  # any type: the thread reads values and registration ids
 NULL_POSITION = -1
-
-
-@pytest.fixture
-def aeron(start_driver: Any, tmp_path: Path) -> Iterator[Aeron]:
-    client = start_driver().connect()
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 @pytest.fixture

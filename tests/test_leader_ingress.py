@@ -9,7 +9,6 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,15 +32,6 @@ INGRESS_STREAM, LOG_STREAM = 101, 100
 TERM = 4
 STAND_IN_TYPE_ID = 4001
 HEADER = struct.Struct("<HHHHqqq")  # SBE header, then term, session, timestamp
-
-
-@pytest.fixture
-def aeron(start_driver: Any, tmp_path: Path) -> Iterator[Aeron]:
-    client = start_driver().connect()
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 @pytest.fixture
