@@ -350,3 +350,64 @@ void fulmar_doorbell_thread_stop(
     pthread_join(thread, NULL);
     pthread_mutex_destroy(lock);
 }
+
+/* One look under the lock; rings the agent when the thread handed back. */
+static int32_t relay_loop_look(const fulmar_relay_loop_t *loop, int32_t *stop, int32_t *running)
+{
+    pthread_mutex_lock(loop->lock);
+    *stop = *loop->stop;
+    const int32_t was_running = loop->is_running(loop->thread);
+    const int32_t work = *stop ? 0 : loop->work(loop->thread);
+    *running = loop->is_running(loop->thread);
+    pthread_mutex_unlock(loop->lock);
+    if (was_running && !*running && !*stop)
+    {
+        fulmar_doorbell_ring(loop->values, loop->agent_doorbell_offset);
+    }
+    return work;
+}
+
+void fulmar_relay_loop_run(const fulmar_relay_loop_t *loop)
+{
+    char *values = loop->values;
+    for (;;)
+    {
+        int32_t stop, running;
+        if (relay_loop_look(loop, &stop, &running) > 0)
+        {
+            continue;  /* more may have landed meanwhile */
+        }
+        if (stop)
+        {
+            break;
+        }
+        /* Register as a sleeper, then look once more: a ring after the
+         * registration wakes the wait below at once, so none is lost between
+         * the look and the sleep. */
+        const int32_t token = fulmar_doorbell_prepare(values, loop->doorbell_offset);
+        const int32_t again = relay_loop_look(loop, &stop, &running) > 0;
+        if (again || stop)
+        {
+            fulmar_doorbell_cancel(values, loop->doorbell_offset);
+            if (stop)
+            {
+                break;
+            }
+            continue;
+        }
+        if (!running)
+        {
+            /* Not armed: whatever landed is the agent's to read.  The ring is
+             * passed on after the registration above, so one that came while
+             * this thread was awake (it can tell no ring from its timeout
+             * then) reaches the agent too; at worst the agent wakes for
+             * nothing once per relay_wait_ns. */
+            pthread_mutex_lock(loop->lock);
+            (*loop->relayed)++;
+            pthread_mutex_unlock(loop->lock);
+            fulmar_doorbell_ring(values, loop->agent_doorbell_offset);
+        }
+        fulmar_doorbell_wait_without_gil(
+            values, loop->doorbell_offset, token, running ? loop->running_wait_ns : loop->relay_wait_ns);
+    }
+}

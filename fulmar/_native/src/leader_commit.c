@@ -267,65 +267,33 @@ static int32_t commit_work(fulmar_leader_commit_t *thread)
     return work;
 }
 
-/* One look under the lock; rings the agent when the thread handed back. */
-static int32_t work_locked(fulmar_leader_commit_t *thread, int32_t *stop, int32_t *running)
+static int32_t is_running(void *argument)
 {
-    pthread_mutex_lock(&thread->lock);
-    *stop = thread->stop;
-    const int32_t was_running = FULMAR_LEADER_COMMIT_RUNNING == thread->state.status;
-    const int32_t work = *stop ? 0 : commit_work(thread);
-    *running = FULMAR_LEADER_COMMIT_RUNNING == thread->state.status;
-    pthread_mutex_unlock(&thread->lock);
-    if (was_running && !*running && !*stop)
-    {
-        fulmar_doorbell_ring(thread->values, thread->agent_doorbell_offset);
-    }
-    return work;
+    return FULMAR_LEADER_COMMIT_RUNNING == ((fulmar_leader_commit_t *)argument)->state.status;
+}
+
+static int32_t look(void *argument)
+{
+    return commit_work((fulmar_leader_commit_t *)argument);
 }
 
 static void *run(void *argument)
 {
     fulmar_leader_commit_t *thread = argument;
-    char *values = thread->values;
-    for (;;)
-    {
-        int32_t stop, running;
-        if (work_locked(thread, &stop, &running) > 0)
-        {
-            continue;  /* more may have landed meanwhile */
-        }
-        if (stop)
-        {
-            break;
-        }
-        /* Register as a sleeper, then look once more: a ring after the
-         * registration wakes the wait below at once, so none is lost between
-         * the look and the sleep. */
-        const int32_t token = fulmar_doorbell_prepare(values, thread->doorbell_offset);
-        const int32_t again = work_locked(thread, &stop, &running) > 0;
-        if (again || stop)
-        {
-            fulmar_doorbell_cancel(values, thread->doorbell_offset);
-            if (stop)
-            {
-                break;
-            }
-            continue;
-        }
-        if (!running)
-        {
-            /* Not armed: whatever landed is the agent's to read.  The ring is
-             * passed on after the registration above, so one that came while
-             * this thread was awake (it can tell no ring from its timeout
-             * then) reaches the agent too; at worst the agent wakes for
-             * nothing once per RELAY_WAIT_NS. */
-            pthread_mutex_lock(&thread->lock);
-            thread->state.relayed++;
-            pthread_mutex_unlock(&thread->lock);
-            fulmar_doorbell_ring(values, thread->agent_doorbell_offset);
-        }
-        fulmar_doorbell_wait_without_gil(values, thread->doorbell_offset, token, running ? IDLE_WAIT_NS : RELAY_WAIT_NS);
-    }
+    const fulmar_relay_loop_t loop = {
+        .thread = thread,
+        .lock = &thread->lock,
+        .values = thread->values,
+        .doorbell_offset = thread->doorbell_offset,
+        .agent_doorbell_offset = thread->agent_doorbell_offset,
+        .stop = &thread->stop,
+        .relayed = &thread->state.relayed,
+        .running_wait_ns = IDLE_WAIT_NS,
+        .relay_wait_ns = RELAY_WAIT_NS,
+        .work = look,
+        .is_running = is_running,
+    };
+    fulmar_relay_loop_run(&loop);
     return NULL;
 }
 

@@ -20,7 +20,7 @@
 #define SBE_HEADER_LENGTH 8
 /* Woken by its doorbell for everything it does; the timeout only bounds a lost ring. */
 #define IDLE_WAIT_NS (100 * 1000 * 1000LL)
-/* Not armed, it only passes rings on: a long sleep (see leader_commit.c). */
+/* Not armed, it only passes rings on: a long sleep (see fulmar_relay_loop_run). */
 #define RELAY_WAIT_NS (10 * 1000 * 1000 * 1000LL)
 
 struct fulmar_leader_ingress_stct
@@ -254,62 +254,33 @@ static int32_t ingress_work(fulmar_leader_ingress_t *thread)
     return work;
 }
 
-/* One look under the lock; rings the agent when the thread handed back. */
-static int32_t work_locked(fulmar_leader_ingress_t *thread, int32_t *stop, int32_t *running)
+static int32_t is_running(void *argument)
 {
-    pthread_mutex_lock(&thread->lock);
-    *stop = thread->stop;
-    const int32_t was_running = FULMAR_LEADER_INGRESS_RUNNING == thread->state.status;
-    const int32_t work = *stop ? 0 : ingress_work(thread);
-    *running = FULMAR_LEADER_INGRESS_RUNNING == thread->state.status;
-    pthread_mutex_unlock(&thread->lock);
-    if (was_running && !*running && !*stop)
-    {
-        fulmar_doorbell_ring(thread->values, thread->agent_doorbell_offset);
-    }
-    return work;
+    return FULMAR_LEADER_INGRESS_RUNNING == ((fulmar_leader_ingress_t *)argument)->state.status;
+}
+
+static int32_t look(void *argument)
+{
+    return ingress_work((fulmar_leader_ingress_t *)argument);
 }
 
 static void *run(void *argument)
 {
     fulmar_leader_ingress_t *thread = argument;
-    char *values = thread->values;
-    for (;;)
-    {
-        int32_t stop, running;
-        if (work_locked(thread, &stop, &running) > 0)
-        {
-            continue;  /* more may have landed meanwhile */
-        }
-        if (stop)
-        {
-            break;
-        }
-        /* Register as a sleeper, then look once more: a ring after the
-         * registration wakes the wait below at once. */
-        const int32_t token = fulmar_doorbell_prepare(values, thread->doorbell_offset);
-        const int32_t again = work_locked(thread, &stop, &running) > 0;
-        if (again || stop)
-        {
-            fulmar_doorbell_cancel(values, thread->doorbell_offset);
-            if (stop)
-            {
-                break;
-            }
-            continue;
-        }
-        if (!running)
-        {
-            /* Not armed: what landed is the agent's to read (passed on after
-             * the registration, so a ring that came while this thread was
-             * awake reaches the agent too). */
-            pthread_mutex_lock(&thread->lock);
-            thread->state.relayed++;
-            pthread_mutex_unlock(&thread->lock);
-            fulmar_doorbell_ring(values, thread->agent_doorbell_offset);
-        }
-        fulmar_doorbell_wait_without_gil(values, thread->doorbell_offset, token, running ? IDLE_WAIT_NS : RELAY_WAIT_NS);
-    }
+    const fulmar_relay_loop_t loop = {
+        .thread = thread,
+        .lock = &thread->lock,
+        .values = thread->values,
+        .doorbell_offset = thread->doorbell_offset,
+        .agent_doorbell_offset = thread->agent_doorbell_offset,
+        .stop = &thread->stop,
+        .relayed = &thread->state.relayed,
+        .running_wait_ns = IDLE_WAIT_NS,
+        .relay_wait_ns = RELAY_WAIT_NS,
+        .work = look,
+        .is_running = is_running,
+    };
+    fulmar_relay_loop_run(&loop);
     return NULL;
 }
 
