@@ -845,7 +845,12 @@ def test_purge_detach_delete_and_attach_segments_of_a_live_recording(system: Sys
     # A replay reading the first segment holds the start back.
     held = client.replay(recording_id, REPLAY_CHANNEL, 2006, 0, NULL_LENGTH)
     try:
-        wait_for(lambda: held.image_count > 0, 10, "the replay to connect")
+        # The image appears when the subscriber links, which may be before
+        # the archive's replay has seen its publication connected; a close in
+        # that window leaves the replay waiting out its connect timeout and
+        # reporting that no connection came (as Aeron's ReplaySession does).
+        # A first fragment shows the replay is under way.
+        wait_for(lambda: held.poll(lambda *fragment: None, 1) > 0, 10, "the replay to send")
         refused(lambda: client.detach_segments(recording_id, SEGMENT_LENGTH), "replay in progress")
     finally:
         held.close()
