@@ -26,6 +26,7 @@ from fulmar.consensus.consensus_module import ConsensusModule, run_consensus_mod
 from fulmar.consensus.context import (
     NATIVE_APPEND_POSITION_ENV,
     NATIVE_COMMIT_ENV,
+    NATIVE_FOLLOWER_COMMIT_ENV,
     NATIVE_INGRESS_ENV,
     ConsensusModuleContext,
 )
@@ -679,6 +680,16 @@ _CM_DEFAULTS = ConsensusModuleContext
     "cluster-node start starts.",
 )
 @click.option(
+    "--native-follower-commit/--agent-follower-commit",
+    envvar=NATIVE_FOLLOWER_COMMIT_ENV,
+    show_envvar=True,
+    default=_CM_DEFAULTS.native_follower_commit,
+    help="As a steady follower, read the leader's CommitPositions and the log's client messages and move "
+    "the commit position from a native thread that their arrival wakes, rather than from the module's "
+    "duty cycle (two wake-ups on each follower per commit, beside the leader's answer to the client).  "
+    "The environment variable reaches the modules cluster-node start starts.",
+)
+@click.option(
     "--native-ingress/--agent-ingress",
     envvar=NATIVE_INGRESS_ENV,
     show_envvar=True,
@@ -716,6 +727,7 @@ def consensus(
     log_retention_snapshots: int,
     native_append_position: bool,
     native_commit: bool,
+    native_follower_commit: bool,
     native_ingress: bool,
 ) -> None:
     """Run a consensus module in the foreground until SIGTERM or SIGINT (a
@@ -761,6 +773,7 @@ def consensus(
         log_retention_snapshots=log_retention_snapshots,
         native_append_position=native_append_position,
         native_commit=native_commit,
+        native_follower_commit=native_follower_commit,
         native_ingress=native_ingress,
     )
     if authenticator_secret:

@@ -31,12 +31,14 @@ from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingS
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_ids
 from fulmar.consensus.append_position_sender import RUNNING as APPEND_POSITION_RUNNING, AppendPositionSender
 from fulmar.consensus.leader_commit import (
+    LOG_MESSAGE as COMMIT_LOG_MESSAGE,
     OTHER_MESSAGE as LEADER_COMMIT_OTHER_MESSAGE,
     REASONS as LEADER_COMMIT_REASONS,
     RUNNING as LEADER_COMMIT_RUNNING,
     ArmedFollower,
     CommitState,
-    LeaderCommitThread,
+    CommitThread,
+    FollowerCommitState,
 )
 from fulmar.consensus.leader_ingress import (
     BACK_PRESSURE as INGRESS_BACK_PRESSURE,
@@ -291,11 +293,15 @@ class ConsensusModuleAgent:
         # (consensus/leader_commit.py), started with the consensus streams, whose
         # subscription rings its doorbell; what it was armed with, and what it
         # gave back for good (not armed again for the same counter and term).
-        self._leader_commit: LeaderCommitThread | None = None
+        self._leader_commit: CommitThread | None = None
         self._leader_commit_armed_for: tuple[int, int, int] | None = None
         self._leader_commit_refused_for: tuple[int, int, int] | None = None
         self._time_of_last_commit_position_sent_ns = 0
         self._last_commit_position_sent = NULL_POSITION
+        # A steady follower's commit comes from the same thread, armed as a
+        # follower's: the leader's CommitPositions and the log's client messages.
+        self._follower_commit_armed_for: tuple[int, int, int] | None = None
+        self._follower_commit_refused_for: tuple[int, int, int] | None = None
         # A steady leader's clients' session messages are appended by a native
         # thread while this agent sleeps (consensus/leader_ingress.py), started
         # with the ingress, whose subscription rings its doorbell: armed or not,
@@ -440,6 +446,9 @@ class ConsensusModuleAgent:
         work = 0
         if self._leader_ingress_armed:
             work += self.take_leader_ingress()
+        if self._follower_commit_armed_for is not None:
+            # (First: the rest of the cycle reads the log and commit positions.)
+            work += self._take_follower_commit()
         if now_ns >= self._slow_tick_deadline_ns:
             self._slow_tick_deadline_ns = now_ns + self.context.slow_tick_interval_ns
             work += self._slow_tick_work(now_ns)
@@ -450,7 +459,11 @@ class ConsensusModuleAgent:
         work += self._poll_services()
         if self._leader_commit_armed_for is not None:
             work += self._take_leader_commit()
-        if self.consensus_adapter is not None and self._leader_commit_armed_for is None:
+        if (
+            self.consensus_adapter is not None
+            and self._leader_commit_armed_for is None
+            and self._follower_commit_armed_for is None
+        ):
             work += self.consensus_adapter.poll()
         if self.election is not None and self.is_multi_member:
             work += self._multi_member_election_work(now_ns)
@@ -474,8 +487,11 @@ class ConsensusModuleAgent:
                 self._halt_append_position_sender()
             else:
                 # The thread reports the recording: the agent need only wake
-                # for it while it holds back the log a commit let it apply.
-                self._watch_own_recording(self.notified_commit_position > self.append_position)
+                # for it while it holds back the log a commit let it apply,
+                # and not even then while the commit thread applies the log.
+                self._watch_own_recording(
+                    self._follower_commit_armed_for is None and self.notified_commit_position > self.append_position
+                )
                 return work
         if self.role is not ClusterRole.LEADER or self.election is not None:
             self._watch_own_recording(True)  # only a steady leader (or an armed follower) leaves it off
@@ -500,15 +516,20 @@ class ConsensusModuleAgent:
         # until the commit position it was notified of moves past what it has
         # read, and the archive has recorded that far (a replay is bounded by its
         # end instead).
+        # (While the commit thread is armed it reads the log and the consensus
+        # stream, and rings when it gives them back.)
+        follower_commit_armed = self._follower_commit_armed_for is not None
         if (
             image is not None
+            and not follower_commit_armed
             and image.is_data_available()
             and (self.election is not None or image.position < min(self.notified_commit_position, self.append_position))
         ):
             return True
         if (
             self.is_multi_member
-            and self._leader_commit_armed_for is None  # (the commit thread reads it, and rings when it gives back)
+            and self._leader_commit_armed_for is None
+            and not follower_commit_armed
             and self._consensus_subscription.is_data_available()
         ):
             return True
@@ -516,7 +537,7 @@ class ConsensusModuleAgent:
             return True  # an image to add (do_work takes it at once)
         # A native thread that gave its work back rang this module's doorbell,
         # maybe while it was awake: that ring is not waited for.
-        if self._leader_commit_armed_for is not None:
+        if self._leader_commit_armed_for is not None or follower_commit_armed:
             assert self._leader_commit is not None
             if self._leader_commit.status() != LEADER_COMMIT_RUNNING:
                 return True
@@ -1975,9 +1996,9 @@ class ConsensusModuleAgent:
         base = ChannelUri.parse(context.consensus_channel)
         me = find_member(self.members, self.member_id)
         channel = base.with_param("endpoint", me.consensus_endpoint)
-        if context.native_commit:
+        if context.native_commit or context.native_follower_commit:
             try:
-                self._leader_commit = LeaderCommitThread(self.aeron, self._watches().doorbell_id)
+                self._leader_commit = CommitThread(self.aeron, self._watches().doorbell_id)
             except (OSError, FulmarError) as error:
                 self._error(f"the commit thread: {error}; this module commits itself")
             else:
@@ -2034,6 +2055,7 @@ class ConsensusModuleAgent:
     def start_election(self, reason: str) -> None:
         self._halt_append_position_sender()
         self._halt_leader_commit()
+        self.halt_follower_commit()
         self.take_leader_ingress()
         self.log_event(
             f"election: {reason} (term {self.leadership_term_id}, "
@@ -2313,6 +2335,7 @@ class ConsensusModuleAgent:
         """A member's publication came or went: the thread reads only the
         images it was armed with (and one that goes is unmapped later)."""
         self._halt_leader_commit()
+        self.halt_follower_commit()
 
     def _sweep_uncommitted(self, commit: int) -> None:
         for queue in (
@@ -2371,7 +2394,8 @@ class ConsensusModuleAgent:
         # in a thousand.
         append_position = self.read_append_position()
         work = self._send_append_position(now_ns, append_position)
-        applied = self._apply_follower_log(append_position)
+        # (The armed commit thread applies the log; its state was taken at the cycle's start.)
+        applied = self._apply_follower_log(append_position) if self._follower_commit_armed_for is None else 0
         image = self._log_image
         if (
             applied == 0
@@ -2397,7 +2421,105 @@ class ConsensusModuleAgent:
         if now_ns - self._time_of_last_leader_message_ns >= self.context.leader_heartbeat_timeout_ns:
             self.start_election("leader heartbeat timeout")
             return work + 1
+        if self._follower_commit_armed_for is None:
+            self._arm_follower_commit()
         return work
+
+    # ------------------------------------------------- a follower's commit thread
+
+    def _arm_follower_commit(self) -> bool:
+        """Hand the leader's CommitPositions and the log's client messages to
+        the commit thread, once this member is a steady, active follower of a
+        joined log whose rec-pos counter is known; True when armed."""
+        thread = self._leader_commit
+        image = self._log_image
+        if (
+            thread is None
+            or not self.context.native_follower_commit
+            or self.state is not ConsensusModuleState.ACTIVE
+            or self.election is not None
+            or self.role is not ClusterRole.FOLLOWER
+            or image is None
+            or image.is_closed
+            or not self.host.is_log_joined
+        ):
+            return False
+        counter_id = self._recording_position_counter()
+        if counter_id == NULL_VALUE:
+            return False
+        key = (counter_id, self._recording_position_registration_id, self.leadership_term_id)
+        if key == self._follower_commit_refused_for:
+            return False
+        try:
+            thread.arm_follower(
+                self._consensus_subscription.images,
+                image,
+                leadership_term_id=self.leadership_term_id,
+                leader_member_id=self.leader_member_id,
+                notified_commit_position=self.notified_commit_position,
+                commit_position=self.commit_position,
+                leader_time_ns=self._time_of_last_leader_message_ns,
+                recording_position_id=counter_id,
+                recording_position_registration_id=self._recording_position_registration_id,
+                commit_position_id=self.commit_position_counter.id,
+            )
+        except ValueError as error:
+            self._error(f"{error}; this module applies the log itself this term")
+            self._follower_commit_refused_for = key
+            return False
+        self._follower_commit_armed_for = key
+        # The thread's doorbell watches rec-pos while a commit waits on it.
+        self._watch_own_recording(False)
+        return True
+
+    def _take_follower_commit(self) -> int:
+        """At a cycle's start: take in what the armed thread did, and halt it
+        when it gave the log or the consensus stream back, or this member is
+        no longer a steady, active follower of that log (the agent then reads
+        both itself)."""
+        thread = self._leader_commit
+        assert thread is not None
+        state = thread.follower_state()
+        if (
+            state.status == LEADER_COMMIT_RUNNING
+            and self.election is None
+            and self.role is ClusterRole.FOLLOWER
+            and self.state is ConsensusModuleState.ACTIVE
+            and self._log_image is thread.log_image
+        ):
+            self._take_follower_commit_state(state)
+            return 0
+        if state.status != LEADER_COMMIT_RUNNING and state.reason not in (
+            LEADER_COMMIT_OTHER_MESSAGE,
+            COMMIT_LOG_MESSAGE,
+        ):
+            reason = LEADER_COMMIT_REASONS.get(state.reason, f"reason {state.reason}")
+            self._error(f"the commit thread gave back: {reason}; this module applies the log itself this term")
+            self._follower_commit_refused_for = self._follower_commit_armed_for
+        self.halt_follower_commit()
+        return 1
+
+    def _take_follower_commit_state(self, state: FollowerCommitState) -> None:
+        if state.notified_commit_position > self.notified_commit_position:
+            self.notified_commit_position = state.notified_commit_position
+        if state.leader_time_ns > self._time_of_last_leader_message_ns:
+            self._time_of_last_leader_message_ns = state.leader_time_ns
+        if state.log_position > self.log_position:
+            self.log_position = state.log_position
+        if state.commit_position > self.commit_position:
+            self.commit_position = state.commit_position  # (commit-pos holds it: the thread stored it)
+
+    def halt_follower_commit(self) -> None:
+        """The agent reads the log and the consensus stream again from here,
+        from where the thread left them: before an election, before the log
+        closes, on a new or lost consensus image."""
+        thread = self._leader_commit
+        if thread is None or self._follower_commit_armed_for is None:
+            return
+        state = thread.halt_follower()
+        self._follower_commit_armed_for = None
+        if state is not None:
+            self._take_follower_commit_state(state)
 
     def _send_append_position(self, now_ns: int, position: int) -> int:
         """AppendPosition to the leader when the recorded position moved, or a

@@ -16,6 +16,7 @@ NATIVE_APPEND_POSITION_ENV = "FULMAR_NATIVE_APPEND_POSITION"
 # And --native-commit/--agent-commit, and --native-ingress/--agent-ingress.
 NATIVE_COMMIT_ENV = "FULMAR_NATIVE_COMMIT"
 NATIVE_INGRESS_ENV = "FULMAR_NATIVE_INGRESS"
+NATIVE_FOLLOWER_COMMIT_ENV = "FULMAR_NATIVE_FOLLOWER_COMMIT"
 
 
 @dataclass
@@ -66,6 +67,11 @@ class ConsensusModuleContext:
     # not from the module's duty cycle (consensus/leader_commit.py).  Off:
     # the module commits.
     native_commit: bool = True
+    # A steady follower reads the leader's CommitPositions and the log's
+    # client messages, and moves commit-pos, from the same thread, which their
+    # arrival and the archive's recording wake, not from the module's duty
+    # cycle.  Off: the module applies the log.
+    native_follower_commit: bool = True
     # A steady leader's clients' session messages are appended to the log by
     # a native thread that their arrival wakes, while the module sleeps
     # (consensus/leader_ingress.py).  Off: the module appends them.

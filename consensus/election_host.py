@@ -463,6 +463,7 @@ class NodeElectionHost:
 
     def close_follower_log(self) -> None:
         agent = self.agent
+        agent.halt_follower_commit()  # (it reads the log image: not once the log is closed)
         if self.log_subscription is not None:
             # The archive and the services share the endpoint and keep it open
             # for a while: its sockets go now, so the ports can be bound again.

@@ -129,8 +129,10 @@ MEMBERS = "|".join(
 
 
 def new_agent(cluster_members: str = "", member_id: int = 0) -> ConsensusModuleAgent:
-    # No driver here: no native commit thread (it needs the driver's counters).
-    context = ConsensusModuleContext(cluster_members=cluster_members, member_id=member_id, native_commit=False)
+    # No driver here: no native commit thread, a leader's or a follower's (it needs the driver's counters).
+    context = ConsensusModuleContext(
+        cluster_members=cluster_members, member_id=member_id, native_commit=False, native_follower_commit=False
+    )
     agent = ConsensusModuleAgent(
         context,
         FakeAeron(),

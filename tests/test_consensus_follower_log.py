@@ -24,6 +24,8 @@ from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ConsensusModuleState
 from fulmar.consensus.append_position_sender import IDLE
+from fulmar.consensus.leader_commit import IDLE as COMMIT_IDLE, NEEDS_AGENT, RUNNING
+from fulmar.consensus.protocol import session_message_frame
 from fulmar.consensus.cluster_member import find_member
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
@@ -266,3 +268,119 @@ def test_a_followers_log_rings_a_doorbell_nobody_sleeps_on(follower: Any) -> Non
     agent.context.native_append_position = False  # the module reports itself: its log wakes it as before
     host._channel_tag = aeron.next_correlation_id()
     assert "doorbell-id" not in ChannelUri.parse(host._add_log_subscription().channel).params
+
+
+def test_a_steady_follower_commits_from_the_native_thread(follower: Any) -> None:
+    """Once steady, a follower's commit comes from the commit thread: the
+    leader's CommitPositions and the log's client messages are its, the agent
+    takes in what it did each cycle, applies itself whatever else the log
+    holds (a timer here), and halts it for an election."""
+    agent, aeron = follower
+    agent.state = ConsensusModuleState.ACTIVE
+    agent.role = ClusterRole.FOLLOWER
+    agent.leader_member_id = 0
+    agent.leadership_term_id = 3
+    agent.log_recording_id, agent.log_session_id, agent._archive_id = 5, 77, 9
+    rec_pos = aeron.add_counter(
+        RECORDING_POSITION_TYPE_ID, "rec-pos stand-in", recording_position_key(5, 77, "stand-in", 9)
+    )
+    me = find_member(agent.members, agent.member_id)
+    to_me = ChannelUri.parse(agent.context.consensus_channel).with_param("endpoint", me.consensus_endpoint)
+    from_leader = aeron.add_exclusive_publication(str(to_me), agent.context.consensus_stream_id)
+    wait_for(lambda: from_leader.is_connected, 10, "the leader's publication to this member")
+
+    def commit_position(position: int, term: int = 3) -> None:
+        buffer = bytearray(64)
+        length = codecs.CommitPositionEncoder.encode(
+            buffer, 0, leadership_term_id=term, log_position=position, leader_member_id=0
+        )
+        wait_for(lambda: from_leader.offer(bytes(buffer[:length])) > 0, 10, "the leader's offer")
+
+    log = aeron.add_exclusive_publication(LOG, LOG_STREAM)
+    image = wait_for(
+        lambda: aeron.add_subscription(LOG, LOG_STREAM).image_by_session_id(log.session_id), 10, "the log image"
+    )
+
+    def append(message: bytes) -> int:
+        assert log.offer(message) > 0
+        return log.position
+
+    positions = [append(session_message_frame(3, 1, 5) + b"order") for _ in range(2)]
+    rec_pos.set(positions[1])
+    agent.host.is_log_joined = True
+    agent.on_log_image(image)
+    now_ns = time.monotonic_ns()
+    agent._slow_tick_deadline_ns = now_ns + 3_600_000_000_000  # (no archive here to tick)
+    agent._time_of_last_leader_message_ns = now_ns
+    agent.do_work(now_ns)
+    thread = agent._leader_commit
+    assert thread is not None and thread.is_armed_as_follower and thread.log_image is image
+    reader = aeron.counters_reader
+    commit_pos = agent.commit_position_counter.id
+
+    # The leader commits: commit-pos moves with no cycle of the agent.
+    commit_position(positions[1])
+    wait_for(lambda: reader.counter_value(commit_pos) == positions[1], 10, "the thread to commit")
+    assert agent.commit_position == 0  # the agent has not looked yet
+    agent.do_work(now_ns)
+    assert (agent.notified_commit_position, agent.log_position, agent.commit_position) == (positions[1],) * 3
+    assert agent._time_of_last_leader_message_ns > now_ns
+    assert thread.is_armed_as_follower
+    # The log and the consensus stream are the thread's: nothing for the agent to wake for.
+    assert not agent.has_work()
+
+    # A timer in the log: the thread stops before it; the agent's next cycle
+    # takes the log back, applies it (the timer is no longer scheduled) and
+    # the client message behind it, and arms the thread again.
+    agent.timers.schedule(44, 1 << 60)
+    timer = bytearray(64)
+    length = codecs.TimerEventEncoder.encode(timer, 0, leadership_term_id=3, correlation_id=44, timestamp=6)
+    end = append(session_message_frame(3, 1, 7) + b"order")
+    end_of_timer = append(bytes(timer[:length]))
+    end = append(session_message_frame(3, 1, 8) + b"order")
+    rec_pos.set(end)
+    commit_position(end)
+    wait_for(lambda: thread.state().status == NEEDS_AGENT, 10, "the thread to hand the timer back")
+    assert reader.counter_value(commit_pos) < end_of_timer
+    agent.do_work(now_ns)
+    assert 44 not in agent.timers
+    assert agent.commit_position == reader.counter_value(commit_pos) == end
+    assert thread.is_armed_as_follower and thread.state().status == RUNNING
+
+    # A CommitPosition of a newer term: handed back to the agent, whose
+    # election answers it (the decision is what is checked here); an election
+    # halts the thread.
+    newer_terms: list[int] = []
+    agent.on_commit_position = lambda term, position, leader: newer_terms.append(term)  # type: ignore[method-assign]
+    commit_position(end, term=4)
+    wait_for(lambda: thread.state().status == NEEDS_AGENT, 10, "the thread to hand the newer term back")
+    agent.do_work(now_ns)
+    assert newer_terms == [4]
+    agent.start_election("a test's")
+    assert not thread.is_armed and thread.state().status == COMMIT_IDLE
+    assert image.position == end
+
+
+def test_without_the_follower_commit_thread_the_module_applies_the_log(start_driver: Any, tmp_path: Path) -> None:
+    """--agent-follower-commit: the thread is never armed as a follower's."""
+    aeron = start_driver().connect()
+    agent = bare_member_agent(aeron, tmp_path, native_follower_commit=False)
+    try:
+        positions = follow_timer_events(agent, aeron, 2)
+        agent.state = ConsensusModuleState.ACTIVE
+        agent.role = ClusterRole.FOLLOWER
+        agent.leader_member_id = 0
+        agent.log_recording_id, agent.log_session_id, agent._archive_id = 5, 77, 9
+        rec_pos = aeron.add_counter(
+            RECORDING_POSITION_TYPE_ID, "rec-pos stand-in", recording_position_key(5, 77, "stand-in", 9)
+        )
+        rec_pos.set(positions[1])
+        now_ns = time.monotonic_ns()
+        agent._slow_tick_deadline_ns = now_ns + 3_600_000_000_000
+        agent._time_of_last_leader_message_ns = now_ns
+        agent.do_work(now_ns)
+        assert agent._leader_commit is not None and not agent._leader_commit.is_armed
+        assert agent.commit_position == positions[1]  # applied by the agent
+    finally:
+        agent.close()
+        aeron.close()

@@ -195,12 +195,26 @@ def test_a_steady_leader_commits_from_the_native_thread(leader: Any) -> None:
 
 
 def test_without_the_thread_the_module_commits_itself(start_driver: Any, tmp_path: Path) -> None:
-    """--agent-commit: no thread, and the consensus stream rings the module."""
+    """--agent-commit: a steady leader commits in its duty cycle (the thread,
+    there for a follower's commit, is never armed as a leader's); with
+    --agent-follower-commit as well there is no thread, and the consensus
+    stream rings the module."""
     aeron = start_driver().connect()
-    agent = bare_member_agent(aeron, tmp_path, native_commit=False)
     try:
-        assert agent._leader_commit is None
-        assert "doorbell-id" not in ChannelUri.parse(agent._consensus_subscription.channel).params
+        agent = bare_member_agent(aeron, tmp_path / "leader", native_commit=False)
+        try:
+            now_ns = time.monotonic_ns()
+            make_leader(agent, aeron, now_ns)
+            agent.do_work(now_ns)
+            assert agent._leader_commit is not None and not agent._leader_commit.is_armed
+            assert agent._leader_commit_armed_for is None
+        finally:
+            agent.close()
+        agent = bare_member_agent(aeron, tmp_path / "neither", native_commit=False, native_follower_commit=False)
+        try:
+            assert agent._leader_commit is None
+            assert "doorbell-id" not in ChannelUri.parse(agent._consensus_subscription.channel).params
+        finally:
+            agent.close()
     finally:
-        agent.close()
         aeron.close()

@@ -72,6 +72,7 @@ def follower(manager: CountersManager, archive_id: int = LIVE_ARCHIVE_ID) -> Con
     agent._watched_recording_counter_id = NULL_VALUE
     agent._own_recording_watched = True
     agent._leader_commit_armed_for = agent._append_position_armed_for = None  # no native threads armed
+    agent._follower_commit_armed_for = None
     agent._leader_ingress_armed = False
     agent._counter_watch = None
     agent.log_recording_id = RECORDING_ID

@@ -20,12 +20,14 @@ from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.leader_commit import (
     IDLE,
+    LOG_MESSAGE,
     NEEDS_AGENT,
     OTHER_MESSAGE,
     RUNNING,
     ArmedFollower,
-    LeaderCommitThread,
+    CommitThread,
 )
+from fulmar.consensus.protocol import session_message_frame
 from fulmar.reader_doorbells import CounterWatch
 from fulmar.subscription import Subscription
 
@@ -38,8 +40,8 @@ NULL_POSITION = -1
 
 
 @pytest.fixture
-def thread(aeron: Aeron) -> Iterator[LeaderCommitThread]:
-    commit_thread = LeaderCommitThread(aeron, aeron.conductor.doorbell_id)
+def thread(aeron: Aeron) -> Iterator[CommitThread]:
+    commit_thread = CommitThread(aeron, aeron.conductor.doorbell_id)
     try:
         yield commit_thread
     finally:
@@ -73,7 +75,7 @@ class Leader:
     """A leader's surroundings: the consensus subscription, a publication from
     each follower, the counters, and the streams to the followers."""
 
-    def __init__(self, aeron: Aeron, thread: LeaderCommitThread, follower_ids: tuple[int, ...] = (1, 2)) -> None:
+    def __init__(self, aeron: Aeron, thread: CommitThread, follower_ids: tuple[int, ...] = (1, 2)) -> None:
         self.aeron = aeron
         self.thread = thread
         self.subscription = aeron.add_subscription(f"{IPC}|doorbell-id={thread.doorbell_id}", CONSENSUS_STREAM)
@@ -142,9 +144,7 @@ def watchers(aeron: Aeron, counter_id: int) -> list[int]:
     return CounterWatch(aeron.conductor.cnc.counters_values, 0).watchers(counter_id)
 
 
-def test_a_quorum_of_recorded_positions_commits_and_each_follower_is_told(
-    aeron: Aeron, thread: LeaderCommitThread
-) -> None:
+def test_a_quorum_of_recorded_positions_commits_and_each_follower_is_told(aeron: Aeron, thread: CommitThread) -> None:
     leader = Leader(aeron, thread)
     leader.record(1024)
     leader.arm()
@@ -190,7 +190,7 @@ def test_a_quorum_of_recorded_positions_commits_and_each_follower_is_told(
 
 
 def test_reports_of_another_term_or_member_are_passed_over_and_other_messages_handed_back(
-    aeron: Aeron, thread: LeaderCommitThread
+    aeron: Aeron, thread: CommitThread
 ) -> None:
     leader = Leader(aeron, thread)
     leader.record(8192)
@@ -236,7 +236,7 @@ def test_reports_of_another_term_or_member_are_passed_over_and_other_messages_ha
     assert read == [codecs.CanvassPositionEncoder.TEMPLATE_ID, codecs.AppendPositionEncoder.TEMPLATE_ID]
 
 
-def test_an_idle_thread_passes_each_ring_on_to_the_agent(aeron: Aeron, thread: LeaderCommitThread) -> None:
+def test_an_idle_thread_passes_each_ring_on_to_the_agent(aeron: Aeron, thread: CommitThread) -> None:
     """A follower's or candidate's consensus stream names the thread's doorbell
     too: nothing of it may wait for the agent's idle timeout."""
     leader = Leader(aeron, thread, follower_ids=(1,))
@@ -251,7 +251,7 @@ def test_an_idle_thread_passes_each_ring_on_to_the_agent(aeron: Aeron, thread: L
     assert leader.subscription.images[0].position == 0  # the thread read nothing
 
 
-def test_no_commit_before_an_entry_of_the_term(aeron: Aeron, thread: LeaderCommitThread) -> None:
+def test_no_commit_before_an_entry_of_the_term(aeron: Aeron, thread: CommitThread) -> None:
     """Raft's rule: the commit must pass the term's base position."""
     leader = Leader(aeron, thread)
     leader.record(4096)
@@ -265,7 +265,7 @@ def test_no_commit_before_an_entry_of_the_term(aeron: Aeron, thread: LeaderCommi
     wait_for(lambda: leader.commit() == 4160, 10, "the first entry of the term to commit")
 
 
-def test_a_heartbeat_repeats_the_commit_position(aeron: Aeron, thread: LeaderCommitThread) -> None:
+def test_a_heartbeat_repeats_the_commit_position(aeron: Aeron, thread: CommitThread) -> None:
     leader = Leader(aeron, thread)
     leader.record(512)
     leader.arm(position_1=512, commit_position=512, sent_position=512)
@@ -275,7 +275,7 @@ def test_a_heartbeat_repeats_the_commit_position(aeron: Aeron, thread: LeaderCom
     assert thread.state().sent_time_ns > 0
 
 
-def test_a_rec_pos_counter_that_is_not_the_armed_one_hands_back(aeron: Aeron, thread: LeaderCommitThread) -> None:
+def test_a_rec_pos_counter_that_is_not_the_armed_one_hands_back(aeron: Aeron, thread: CommitThread) -> None:
     leader = Leader(aeron, thread)
     agent_doorbell = aeron.conductor.data_doorbell
     token = agent_doorbell.prepare()
@@ -288,7 +288,7 @@ def test_a_rec_pos_counter_that_is_not_the_armed_one_hands_back(aeron: Aeron, th
     assert thread.counts()["commit_positions_sent"] == 0
 
 
-def test_an_arming_the_thread_cannot_use_is_refused(aeron: Aeron, thread: LeaderCommitThread) -> None:
+def test_an_arming_the_thread_cannot_use_is_refused(aeron: Aeron, thread: CommitThread) -> None:
     leader = Leader(aeron, thread, follower_ids=(1,))
     leader.arm()
     good = ffi.new("fulmar_leader_commit_arm_t *", thread._arm[0])
@@ -311,4 +311,211 @@ def test_an_arming_the_thread_cannot_use_is_refused(aeron: Aeron, thread: Leader
     bad.images[0].term_length = 65536 + 32  # not a power of two
     assert lib.fulmar_leader_commit_arm(handle, bad) == -1
     assert lib.fulmar_leader_commit_arm(handle, good) == 0
+    lib.fulmar_leader_commit_halt(handle)
+
+
+# ---------------------------------------------------------------- a follower's
+
+
+LOG_STREAM = 100
+LEADER_OF_FOLLOWER = 2  # the leader the follower's thread is armed with
+
+
+class Follower:
+    """A follower's surroundings: its consensus subscription (an exclusive
+    publication stands in for the leader's to it), the leader's log and this
+    member's image of it, and counters for its rec-pos and commit-pos."""
+
+    def __init__(self, aeron: Aeron, thread: CommitThread) -> None:
+        self.aeron = aeron
+        self.thread = thread
+        self.subscription = aeron.add_subscription(f"{IPC}|doorbell-id={thread.doorbell_id}", CONSENSUS_STREAM)
+        self.from_leader = aeron.add_exclusive_publication(IPC, CONSENSUS_STREAM)
+        wait_for(lambda: len(self.subscription.images) == 1, 10, "an image of the leader's publication")
+        self.log = aeron.add_exclusive_publication(IPC, LOG_STREAM)
+        self.log_subscription = aeron.add_subscription(IPC, LOG_STREAM)
+        self.log_image = wait_for(
+            lambda: self.log_subscription.image_by_session_id(self.log.session_id), 10, "the log image"
+        )
+        self.rec_pos = aeron.add_counter(STAND_IN_TYPE_ID, "rec-pos stand-in")
+        self.commit_pos = aeron.add_counter(STAND_IN_TYPE_ID, "commit-pos stand-in")
+
+    def arm(self, **fields: int) -> None:
+        self.thread.arm_follower(
+            self.subscription.images,
+            self.log_image,
+            leadership_term_id=TERM,
+            leader_member_id=LEADER_OF_FOLLOWER,
+            notified_commit_position=fields.pop("notified", 0),
+            commit_position=fields.pop("commit_position", 0),
+            leader_time_ns=0,
+            recording_position_id=self.rec_pos.id,
+            recording_position_registration_id=self.rec_pos.registration_id,
+            commit_position_id=self.commit_pos.id,
+        )
+        assert not fields, fields
+
+    def append(self, message: bytes) -> int:
+        """The leader's log: the position after ``message``."""
+        wait_for(lambda: self.log.offer(message) > 0, 10, "the log's offer")
+        return self.log.position
+
+    def client_message(self, session_id: int, payload: bytes = b"order") -> int:
+        return self.append(session_message_frame(TERM, session_id, 1_700_000_000_000) + payload)
+
+    def record(self, position: int) -> None:
+        self.rec_pos.set(position)
+        self.aeron.conductor.ring_counter_watchers(self.rec_pos.id)
+
+    def commit_position(self, position: int, term: int = TERM, leader: int = LEADER_OF_FOLLOWER) -> None:
+        """A CommitPosition from the leader (naming ``leader`` and ``term`` in it)."""
+        message = bytearray(codecs.HEADER_LENGTH + codecs.CommitPositionEncoder.BLOCK_LENGTH)
+        length = codecs.CommitPositionEncoder.encode(
+            message, 0, leadership_term_id=term, log_position=position, leader_member_id=leader
+        )
+        wait_for(lambda: self.from_leader.offer(bytes(message[:length])) > 0, 10, "the leader's offer")
+
+    def commit(self) -> int:
+        return self.aeron.counters_reader.counter_value(self.commit_pos.id)
+
+
+def test_a_follower_commits_the_client_messages_its_leader_committed_and_it_recorded(
+    aeron: Aeron, thread: CommitThread
+) -> None:
+    follower = Follower(aeron, thread)
+    positions = [follower.client_message(session_id) for session_id in (1, 2, 1)]
+    follower.arm()
+    assert thread.is_armed_as_follower and thread.follower_state().status == RUNNING
+    # commit-pos's watchers (the services) are rung when it moves.
+    assert aeron.conductor.counter_watch().watch(follower.commit_pos.id)
+    services = aeron.conductor.data_doorbell
+    token = services.prepare()
+    before_ns = time.monotonic_ns()
+
+    # Committed by the leader but not yet recorded here: nothing to apply, and
+    # the recording is watched.
+    follower.commit_position(positions[1])
+    wait_for(lambda: thread.follower_state().notified_commit_position == positions[1], 10, "the CommitPosition")
+    wait_for(lambda: thread.doorbell_id in watchers(aeron, follower.rec_pos.id), 10, "the thread to watch rec-pos")
+    assert follower.commit() == 0
+    # The archive records all three: the commit moves to the notified position, no further.
+    follower.record(positions[2])
+    wait_for(lambda: follower.commit() == positions[1], 10, "commit-pos to move to the notified position")
+    assert services.wait(token, 10_000_000_000), "commit-pos's watchers were not rung"
+    wait_for(lambda: thread.doorbell_id not in watchers(aeron, follower.rec_pos.id), 10, "rec-pos left alone")
+    follower.commit_position(positions[2])
+    wait_for(lambda: follower.commit() == positions[2], 10, "commit-pos to move to the end")
+
+    state = thread.follower_state()
+    assert (state.status, state.notified_commit_position, state.commit_position, state.log_position) == (
+        RUNNING,
+        positions[2],
+        positions[2],
+        positions[2],
+    )
+    assert before_ns <= state.leader_time_ns <= time.monotonic_ns()
+    assert aeron.counters_reader.counter_value(follower.log_image.subscriber_position_id) == positions[2]
+    counts = thread.counts()
+    assert (counts["commit_positions_read"], counts["log_messages"], counts["commits"]) == (2, 3, 2)
+
+    halted = thread.halt_follower()
+    assert halted is not None and halted.status == IDLE
+    assert follower.log_image.position == positions[2]  # the agent reads on from there
+    assert [image.position for image in follower.subscription.images] == list(state.image_positions)
+    assert not thread.is_armed
+
+
+def test_a_follower_reads_no_message_past_the_commit(aeron: Aeron, thread: CommitThread) -> None:
+    """Not even one that starts before the notified position: a commit
+    position inside a message (no leader sends one) takes none of it."""
+    follower = Follower(aeron, thread)
+    positions = [follower.client_message(session_id) for session_id in (1, 2)]
+    follower.record(positions[1])
+    follower.arm(notified=positions[0] + 32)
+    wait_for(lambda: follower.commit() == positions[0], 10, "the first message to be committed")
+    assert thread.follower_state().log_position == positions[0]
+    follower.commit_position(positions[1])
+    wait_for(lambda: follower.commit() == positions[1], 10, "the second message to be committed")
+
+
+def test_a_follower_passes_over_old_commit_positions_and_hands_back_a_newer_term(
+    aeron: Aeron, thread: CommitThread
+) -> None:
+    follower = Follower(aeron, thread)
+    end = follower.client_message(1)
+    follower.record(end)
+    follower.arm()
+    follower.commit_position(end, term=TERM - 1)  # an old term's
+    follower.commit_position(end, leader=LEADER_OF_FOLLOWER + 1)  # not the leader it follows
+    wait_for(lambda: thread.counts()["commit_positions_read"] == 2, 10, "both read")
+    assert thread.follower_state().notified_commit_position == 0
+    assert follower.commit() == 0
+
+    agent_doorbell = aeron.conductor.data_doorbell
+    token = agent_doorbell.prepare()
+    follower.commit_position(end, term=TERM + 1)  # a newer term: the agent's election
+    assert agent_doorbell.wait(token, 10_000_000_000), "the agent was not rung"
+    wait_for(lambda: thread.follower_state().status == NEEDS_AGENT, 10, "the thread to hand back")
+    assert thread.follower_state().reason == OTHER_MESSAGE
+    assert follower.commit() == 0
+    thread.halt_follower()
+    image = follower.subscription.images[0]
+    terms: list[int] = []
+
+    def on_fragment(buffer: memoryview, offset: int, length: int, header: Any) -> None:
+        terms.append(struct.unpack_from("<q", buffer, offset + codecs.HEADER_LENGTH)[0])
+
+    wait_for(lambda: image.poll(on_fragment, 10) > 0 or bool(terms), 10, "the agent to read what was left")
+    assert terms == [TERM + 1]
+
+
+def test_a_follower_hands_back_any_log_entry_but_a_client_message(aeron: Aeron, thread: CommitThread) -> None:
+    """Only a client's message (a session id that is not negative) is the
+    thread's: a timer, a service's message, a session's opening, a fragment
+    are the module's to apply, and commit-pos stops before them."""
+    timer = bytearray(64)
+    length = codecs.TimerEventEncoder.encode(timer, 0, leadership_term_id=TERM, correlation_id=5, timestamp=9)
+    entries = (
+        ("a timer", bytes(timer[:length])),
+        ("a service's message", session_message_frame(TERM, -3, 9) + b"to the cluster"),
+        ("a fragmented message", session_message_frame(TERM, 1, 9) + bytes(3_000)),
+    )
+    for what, entry in entries:
+        follower = Follower(aeron, thread)
+        before = follower.client_message(4)
+        end = follower.append(entry)
+        after = follower.client_message(4)
+        follower.record(after)
+        follower.arm(notified=after)
+        wait_for(lambda: thread.follower_state().status == NEEDS_AGENT, 10, f"{what} to be handed back")
+        state = thread.follower_state()
+        assert (state.reason, state.log_position, follower.commit()) == (LOG_MESSAGE, before, before), what
+        assert thread.halt_follower() is not None
+        assert follower.log_image.position == before < end, what
+        for closable in (follower.subscription, follower.from_leader, follower.log, follower.log_subscription):
+            closable.close()
+
+
+def test_a_follower_arming_the_thread_cannot_use_is_refused(aeron: Aeron, thread: CommitThread) -> None:
+    follower = Follower(aeron, thread)
+    follower.arm()
+    good = ffi.new("fulmar_follower_commit_arm_t *", thread._follower_arm[0])
+    thread.halt_follower()
+    handle = thread._handle
+    for field, value in (
+        ("image_count", int(lib.FULMAR_LEADER_COMMIT_MAX_IMAGES) + 1),
+        ("log_position_offset", good.commit_position_length - 4),
+        ("cluster_session_id_offset", 8 + good.session_message_block_length - 4),
+        ("recording_position_id", 1 << 30),
+        ("commit_position_id", -1),
+    ):
+        bad = ffi.new("fulmar_follower_commit_arm_t *", good[0])
+        setattr(bad, field, value)
+        assert lib.fulmar_leader_commit_arm_follower(handle, bad) == -1, field
+        assert thread.state().status == IDLE
+    bad = ffi.new("fulmar_follower_commit_arm_t *", good[0])
+    bad.log.log = ffi.NULL
+    assert lib.fulmar_leader_commit_arm_follower(handle, bad) == -1
+    assert lib.fulmar_leader_commit_arm_follower(handle, good) == 0
+    assert lib.fulmar_leader_commit_send_now(handle, 0) == -1  # a leader's heartbeat: not a follower's thread
     lib.fulmar_leader_commit_halt(handle)

@@ -1,5 +1,5 @@
-/* A leader consensus module's commit thread; see leader_commit.h for what it
- * does and what it leaves to the agent. */
+/* A consensus module's commit thread, a leader's or a follower's; see
+ * leader_commit.h for what it does and what it leaves to the agent. */
 #define _GNU_SOURCE
 #include "_common.h"
 #include "_doorbell.h"
@@ -16,8 +16,10 @@
 /* Where Aeron keeps a counter's registration id in its value record. */
 #define REGISTRATION_ID_OFFSET 8
 /* An SBE message header: blockLength, templateId, schemaId, version (u16 each). */
+#define SBE_BLOCK_LENGTH_OFFSET 0
 #define SBE_TEMPLATE_ID_OFFSET 2
 #define SBE_SCHEMA_ID_OFFSET 4
+#define SBE_HEADER_LENGTH 8
 /* The thread is woken by its doorbell for everything it does; the timeout
  * only bounds a lost ring. */
 #define IDLE_WAIT_NS (100 * 1000 * 1000LL)
@@ -25,6 +27,9 @@
  * ring just after a timeout cannot be told from it): a long sleep, so the
  * agent is not woken for nothing more than once in a while. */
 #define RELAY_WAIT_NS (10 * 1000 * 1000 * 1000LL)
+/* Whose thread it is while RUNNING. */
+#define MODE_LEADER 0
+#define MODE_FOLLOWER 1
 
 struct fulmar_leader_commit_stct
 {
@@ -39,7 +44,10 @@ struct fulmar_leader_commit_stct
     int32_t send_now;                /* a heartbeat asked for */
     int64_t send_now_since_ns;       /* unless one was sent at or after this time */
     int32_t recording_watched;       /* this thread's doorbell is among rec-pos's watchers */
+    int32_t mode;                    /* MODE_LEADER (arm) or MODE_FOLLOWER (follower_arm) */
+    int32_t recording_position_id;   /* the rec-pos the arming named, either mode */
     fulmar_leader_commit_arm_t arm;
+    fulmar_follower_commit_arm_t follower_arm;
     fulmar_leader_commit_state_t state;
 };
 
@@ -62,7 +70,7 @@ static void watch_recording(fulmar_leader_commit_t *thread, int32_t wanted)
     {
         return;
     }
-    const int32_t counter_id = thread->arm.recording_position_id;
+    const int32_t counter_id = thread->recording_position_id;
     if (wanted)
     {
         if (fulmar_counter_watch(thread->values, thread->values_length, counter_id, thread->doorbell_id) < 0)
@@ -77,20 +85,24 @@ static void watch_recording(fulmar_leader_commit_t *thread, int32_t wanted)
     thread->recording_watched = wanted;
 }
 
-static int32_t is_append_position(const fulmar_leader_commit_arm_t *arm, const char *message, int32_t length)
+static int32_t is_message(const char *message, int32_t length, int32_t min_length, int32_t schema_id, int32_t template_id)
 {
-    return length >= arm->append_position_length &&
-        fa_read_u16(message + SBE_TEMPLATE_ID_OFFSET) == (uint16_t)arm->append_position_template_id &&
-        fa_read_u16(message + SBE_SCHEMA_ID_OFFSET) == (uint16_t)arm->schema_id;
+    return length >= min_length && fa_read_u16(message + SBE_TEMPLATE_ID_OFFSET) == (uint16_t)template_id &&
+        fa_read_u16(message + SBE_SCHEMA_ID_OFFSET) == (uint16_t)schema_id;
 }
 
-static void on_append_position(fulmar_leader_commit_t *thread, const char *message, int64_t now_ns)
+/* A leader's: an AppendPosition is read (1), anything else is not (0). */
+static int32_t take_append_position(fulmar_leader_commit_t *thread, const char *message, int32_t length, int64_t now_ns)
 {
     const fulmar_leader_commit_arm_t *arm = &thread->arm;
+    if (!is_message(message, length, arm->append_position_length, arm->schema_id, arm->append_position_template_id))
+    {
+        return 0;
+    }
     thread->state.append_positions++;
     if (fa_read_i64(message + arm->leadership_term_id_offset) != arm->leadership_term_id)
     {
-        return;  /* another term's: the agent, as a steady leader, passes it over too */
+        return 1;  /* another term's: the agent, as a steady leader, passes it over too */
     }
     const int32_t member_id = fa_read_i32(message + arm->follower_member_id_offset);
     const int64_t position = fa_read_i64(message + arm->log_position_offset);
@@ -103,16 +115,49 @@ static void on_append_position(fulmar_leader_commit_t *thread, const char *messa
                 thread->state.follower_positions[i] = position;
             }
             thread->state.follower_times_ns[i] = now_ns;
-            return;
+            return 1;
         }
     }
+    return 1;
 }
 
-/* With the lock held: reads image i's AppendPositions from where it was
- * left.  Returns the messages read; stops (NEEDS_AGENT) before anything else. */
-static int32_t walk_image(fulmar_leader_commit_t *thread, int32_t i, int64_t now_ns)
+/* A follower's: a CommitPosition is read (1) unless it is of a newer term,
+ * which the agent's election answers; anything else is not (0). */
+static int32_t take_commit_position(fulmar_leader_commit_t *thread, const char *message, int32_t length, int64_t now_ns)
 {
-    const fulmar_leader_commit_image_t *image = &thread->arm.images[i];
+    const fulmar_follower_commit_arm_t *arm = &thread->follower_arm;
+    if (!is_message(message, length, arm->commit_position_length, arm->schema_id, arm->commit_position_template_id))
+    {
+        return 0;
+    }
+    const int64_t term = fa_read_i64(message + arm->leadership_term_id_offset);
+    if (term > arm->leadership_term_id)
+    {
+        return 0;
+    }
+    thread->state.commit_positions_read++;
+    if (term == arm->leadership_term_id && fa_read_i32(message + arm->leader_member_id_offset) == arm->leader_member_id)
+    {
+        const int64_t position = fa_read_i64(message + arm->log_position_offset);
+        if (position > thread->state.notified_commit_position)
+        {
+            thread->state.notified_commit_position = position;
+        }
+        thread->state.leader_time_ns = now_ns;
+    }
+    return 1;  /* (an older term's, or another member's: passed over, as the agent does) */
+}
+
+typedef int32_t (*take_message_t)(fulmar_leader_commit_t *thread, const char *message, int32_t length, int64_t now_ns);
+
+/* With the lock held: reads the messages of consensus image i (one of
+ * images) that take accepts, from where it was left.  Returns the messages
+ * read; stops (NEEDS_AGENT) before anything else. */
+static int32_t walk_image(
+    fulmar_leader_commit_t *thread, const fulmar_leader_commit_image_t *images, int32_t i, int64_t now_ns,
+    take_message_t take)
+{
+    const fulmar_leader_commit_image_t *image = &images[i];
     const int32_t term_length = image->term_length;
     const int32_t bits = __builtin_ctz((unsigned)term_length);
     const int64_t start = thread->state.image_positions[i];
@@ -136,14 +181,12 @@ static int32_t walk_image(fulmar_leader_commit_t *thread, int32_t i, int64_t now
         }
         if (FULMAR_FRAME_TYPE_DATA == type)
         {
-            const char *message = frame + FULMAR_HEADER_LENGTH;
             if ((uint8_t)frame[5] != FULMAR_FLAG_UNFRAGMENTED ||
-                !is_append_position(&thread->arm, message, frame_length - FULMAR_HEADER_LENGTH))
+                !take(thread, frame + FULMAR_HEADER_LENGTH, frame_length - FULMAR_HEADER_LENGTH, now_ns))
             {
                 needs_agent(thread, FULMAR_LEADER_COMMIT_OTHER_MESSAGE);
                 break;  /* left for the agent, unread */
             }
-            on_append_position(thread, message, now_ns);
             read++;
         }
         position += FULMAR_ALIGN(frame_length, FULMAR_FRAME_ALIGNMENT);
@@ -207,6 +250,22 @@ static void send_commit_position(fulmar_leader_commit_t *thread, int64_t now_ns)
     thread->send_now = 0;
 }
 
+/* This member's rec-pos into recorded; 0 (and NEEDS_AGENT) when the counter
+ * is no longer the armed one. */
+static int32_t read_recorded(fulmar_leader_commit_t *thread, int32_t counter_id, int64_t registration_id, int64_t *recorded)
+{
+    const char *record = thread->values + (int64_t)counter_id * FULMAR_COUNTER_LENGTH;
+    *recorded = fa_load_i64(record);
+    /* Read after the value: a counter freed and reused between the two reads
+     * shows a new registration id, and its value is not used. */
+    if (fa_load_i64(record + REGISTRATION_ID_OFFSET) != registration_id)
+    {
+        needs_agent(thread, FULMAR_LEADER_COMMIT_RECORDING_GONE);
+        return 0;
+    }
+    return 1;
+}
+
 /* With the lock held: the followers' reports, the commit they allow, and the
  * CommitPositions.  Returns the work done. */
 static int32_t commit_work(fulmar_leader_commit_t *thread)
@@ -220,15 +279,11 @@ static int32_t commit_work(fulmar_leader_commit_t *thread)
     int32_t work = 0;
     for (int32_t i = 0; i < arm->image_count && FULMAR_LEADER_COMMIT_RUNNING == thread->state.status; i++)
     {
-        work += walk_image(thread, i, now_ns);
+        work += walk_image(thread, arm->images, i, now_ns, take_append_position);
     }
-    const char *record = thread->values + (int64_t)arm->recording_position_id * FULMAR_COUNTER_LENGTH;
-    const int64_t recorded = fa_load_i64(record);
-    /* Read after the value: a counter freed and reused between the two reads
-     * shows a new registration id, and its value is not used. */
-    if (fa_load_i64(record + REGISTRATION_ID_OFFSET) != arm->recording_position_registration_id)
+    int64_t recorded;
+    if (!read_recorded(thread, arm->recording_position_id, arm->recording_position_registration_id, &recorded))
     {
-        needs_agent(thread, FULMAR_LEADER_COMMIT_RECORDING_GONE);
         return work;
     }
     int64_t positions[FULMAR_LEADER_COMMIT_MAX_FOLLOWERS + 1];
@@ -267,6 +322,102 @@ static int32_t commit_work(fulmar_leader_commit_t *thread)
     return work;
 }
 
+/* With the lock held: a follower's log, read up to limit across client
+ * messages and padding.  Returns the messages read; stops (NEEDS_AGENT)
+ * before any other entry. */
+static int32_t walk_log(fulmar_leader_commit_t *thread, int64_t limit)
+{
+    const fulmar_follower_commit_arm_t *arm = &thread->follower_arm;
+    const fulmar_leader_commit_image_t *image = &arm->log;
+    const int32_t term_length = image->term_length;
+    const int32_t bits = __builtin_ctz((unsigned)term_length);
+    const int32_t session_message_length = SBE_HEADER_LENGTH + arm->session_message_block_length;
+    const int64_t start = thread->state.log_position;
+    int64_t position = start;
+    int32_t read = 0;
+    while (position < limit)
+    {
+        const int32_t term_offset = (int32_t)(position & (term_length - 1));
+        const char *frame = image->log + (position >> bits) % FULMAR_PARTITION_COUNT * term_length + term_offset;
+        const int32_t frame_length = fa_load_i32(frame);
+        if (frame_length <= 0)
+        {
+            break;  /* not in the image yet */
+        }
+        const int16_t type = fa_read_i16(frame + 6);
+        if (frame_length < FULMAR_HEADER_LENGTH || frame_length > term_length - term_offset ||
+            (FULMAR_FRAME_TYPE_DATA != type && FULMAR_FRAME_TYPE_PAD != type))
+        {
+            needs_agent(thread, FULMAR_LEADER_COMMIT_BAD_FRAME);
+            break;
+        }
+        const int64_t next = position + FULMAR_ALIGN(frame_length, FULMAR_FRAME_ALIGNMENT);
+        if (next > limit)
+        {
+            break;  /* (the commit is a frame's end: never seen, but never read past either) */
+        }
+        if (FULMAR_FRAME_TYPE_DATA == type)
+        {
+            const char *message = frame + FULMAR_HEADER_LENGTH;
+            if ((uint8_t)frame[5] != FULMAR_FLAG_UNFRAGMENTED ||
+                !is_message(message, frame_length - FULMAR_HEADER_LENGTH, session_message_length, arm->schema_id,
+                    arm->session_message_template_id) ||
+                fa_read_u16(message + SBE_BLOCK_LENGTH_OFFSET) != (uint16_t)arm->session_message_block_length ||
+                fa_read_i64(message + arm->cluster_session_id_offset) < 0)
+            {
+                needs_agent(thread, FULMAR_LEADER_COMMIT_LOG_MESSAGE);
+                break;  /* the agent applies it */
+            }
+            read++;
+        }
+        position = next;
+    }
+    if (position != start)
+    {
+        thread->state.log_position = position;
+        thread->state.log_messages += read;
+        fa_store_i64(thread->values + (int64_t)image->subscriber_position_id * FULMAR_COUNTER_LENGTH, position);
+    }
+    return read;
+}
+
+/* With the lock held: the leader's CommitPositions, the log up to what they
+ * and this member's recording allow, and commit-pos.  Returns the work done. */
+static int32_t follower_work(fulmar_leader_commit_t *thread)
+{
+    if (FULMAR_LEADER_COMMIT_RUNNING != thread->state.status)
+    {
+        return 0;
+    }
+    const fulmar_follower_commit_arm_t *arm = &thread->follower_arm;
+    const int64_t now_ns = monotonic_ns();
+    int32_t work = 0;
+    for (int32_t i = 0; i < arm->image_count && FULMAR_LEADER_COMMIT_RUNNING == thread->state.status; i++)
+    {
+        work += walk_image(thread, arm->images, i, now_ns, take_commit_position);
+    }
+    int64_t recorded;
+    if (FULMAR_LEADER_COMMIT_RUNNING != thread->state.status ||
+        !read_recorded(thread, arm->recording_position_id, arm->recording_position_registration_id, &recorded))
+    {
+        return work;
+    }
+    const int64_t notified = thread->state.notified_commit_position;
+    /* Past this member's recording only the archive's next ring lets the log on. */
+    watch_recording(thread, notified > recorded);
+    work += walk_log(thread, notified < recorded ? notified : recorded);
+    if (thread->state.log_position > thread->state.commit_position)
+    {
+        thread->state.commit_position = thread->state.log_position;
+        thread->state.commits++;
+        fa_store_i64(thread->values + (int64_t)arm->commit_position_id * FULMAR_COUNTER_LENGTH,
+            thread->state.commit_position);
+        fulmar_counter_ring_watchers(thread->values, thread->values_length, arm->commit_position_id);
+        work++;
+    }
+    return work;
+}
+
 static int32_t is_running(void *argument)
 {
     return FULMAR_LEADER_COMMIT_RUNNING == ((fulmar_leader_commit_t *)argument)->state.status;
@@ -274,7 +425,8 @@ static int32_t is_running(void *argument)
 
 static int32_t look(void *argument)
 {
-    return commit_work((fulmar_leader_commit_t *)argument);
+    fulmar_leader_commit_t *thread = argument;
+    return MODE_FOLLOWER == thread->mode ? follower_work(thread) : commit_work(thread);
 }
 
 static void *run(void *argument)
@@ -344,6 +496,13 @@ static int32_t fits(int32_t offset, int32_t width, int32_t length)
     return offset >= 0 && offset + width <= length;
 }
 
+static int32_t is_usable_image(const fulmar_leader_commit_image_t *image, int64_t counters)
+{
+    return NULL != image->log && image->term_length > 0 && 0 == (image->term_length & (image->term_length - 1)) &&
+        image->subscriber_position_id >= 0 && image->subscriber_position_id < counters && image->position >= 0 &&
+        0 == (image->position & (FULMAR_FRAME_ALIGNMENT - 1));
+}
+
 int32_t fulmar_leader_commit_arm(fulmar_leader_commit_t *thread, const fulmar_leader_commit_arm_t *arm)
 {
     const int64_t counters = thread->values_length / FULMAR_COUNTER_LENGTH;
@@ -361,10 +520,7 @@ int32_t fulmar_leader_commit_arm(fulmar_leader_commit_t *thread, const fulmar_le
     }
     for (int32_t i = 0; i < arm->image_count; i++)
     {
-        const fulmar_leader_commit_image_t *image = &arm->images[i];
-        if (NULL == image->log || image->term_length <= 0 || (image->term_length & (image->term_length - 1)) ||
-            image->subscriber_position_id < 0 || image->subscriber_position_id >= counters ||
-            image->position < 0 || (image->position & (FULMAR_FRAME_ALIGNMENT - 1)))
+        if (!is_usable_image(&arm->images[i], counters))
         {
             return -1;
         }
@@ -377,6 +533,8 @@ int32_t fulmar_leader_commit_arm(fulmar_leader_commit_t *thread, const fulmar_le
         }
     }
     pthread_mutex_lock(&thread->lock);
+    thread->mode = MODE_LEADER;
+    thread->recording_position_id = arm->recording_position_id;
     thread->arm = *arm;
     fulmar_leader_commit_state_t *state = &thread->state;
     for (int32_t i = 0; i < arm->follower_count; i++)
@@ -407,6 +565,54 @@ int32_t fulmar_leader_commit_arm(fulmar_leader_commit_t *thread, const fulmar_le
     return 0;
 }
 
+int32_t fulmar_leader_commit_arm_follower(fulmar_leader_commit_t *thread, const fulmar_follower_commit_arm_t *arm)
+{
+    const int64_t counters = thread->values_length / FULMAR_COUNTER_LENGTH;
+    if (arm->image_count < 0 || arm->image_count > FULMAR_LEADER_COMMIT_MAX_IMAGES ||
+        arm->commit_position_length < SBE_SCHEMA_ID_OFFSET + 2 ||
+        !fits(arm->leadership_term_id_offset, 8, arm->commit_position_length) ||
+        !fits(arm->log_position_offset, 8, arm->commit_position_length) ||
+        !fits(arm->leader_member_id_offset, 4, arm->commit_position_length) ||
+        arm->session_message_block_length < 0 ||
+        !fits(arm->cluster_session_id_offset, 8, SBE_HEADER_LENGTH + arm->session_message_block_length) ||
+        !is_usable_image(&arm->log, counters) || arm->recording_position_id < 0 ||
+        arm->recording_position_id >= counters || arm->commit_position_id < 0 || arm->commit_position_id >= counters)
+    {
+        return -1;
+    }
+    for (int32_t i = 0; i < arm->image_count; i++)
+    {
+        if (!is_usable_image(&arm->images[i], counters))
+        {
+            return -1;
+        }
+    }
+    pthread_mutex_lock(&thread->lock);
+    thread->mode = MODE_FOLLOWER;
+    thread->recording_position_id = arm->recording_position_id;
+    thread->follower_arm = *arm;
+    fulmar_leader_commit_state_t *state = &thread->state;
+    for (int32_t i = 0; i < arm->image_count; i++)
+    {
+        state->image_positions[i] = arm->images[i].position;
+    }
+    state->status = FULMAR_LEADER_COMMIT_RUNNING;
+    state->reason = 0;
+    state->last_failure = 0;
+    state->follower_count = 0;
+    state->image_count = arm->image_count;
+    state->notified_commit_position = arm->notified_commit_position;
+    state->commit_position = arm->commit_position;
+    state->leader_time_ns = arm->leader_time_ns;
+    state->log_position = arm->log.position;
+    thread->send_now = 0;
+    thread->recording_watched = 0;
+    pthread_mutex_unlock(&thread->lock);
+    /* A CommitPosition may have landed already: the thread looks at once. */
+    fulmar_doorbell_ring(thread->values, thread->doorbell_offset);
+    return 0;
+}
+
 void fulmar_leader_commit_halt(fulmar_leader_commit_t *thread)
 {
     pthread_mutex_lock(&thread->lock);
@@ -422,7 +628,7 @@ void fulmar_leader_commit_halt(fulmar_leader_commit_t *thread)
 int32_t fulmar_leader_commit_send_now(fulmar_leader_commit_t *thread, int64_t since_ns)
 {
     pthread_mutex_lock(&thread->lock);
-    const int32_t running = FULMAR_LEADER_COMMIT_RUNNING == thread->state.status;
+    const int32_t running = FULMAR_LEADER_COMMIT_RUNNING == thread->state.status && MODE_LEADER == thread->mode;
     if (running)
     {
         thread->send_now = 1;

@@ -1,7 +1,9 @@
-/* A leader consensus module's commit thread: reads the followers'
+/* A consensus module's commit thread.  On a leader it reads the followers'
  * AppendPositions, moves commit-pos once a quorum has recorded, and tells
- * the followers the new commit position, without waking the module's Python
- * agent.
+ * the followers the new commit position; on a follower it reads the leader's
+ * CommitPositions and the log, and moves commit-pos; both without waking the
+ * module's Python agent.  (The follower's side is described after the
+ * leader's.)
  *
  * On a leader the commit path runs: a follower's AppendPosition lands in the
  * module's consensus subscription, the module takes the quorum position of
@@ -43,7 +45,38 @@
  * followers (from the times here), the sweep of uncommitted state, and the
  * heartbeat, a CommitPosition a heartbeat interval after the last, which it
  * asks of this thread (send_now).  After halt returns the thread touches
- * none of the images, writers or counters again. */
+ * none of the images, writers or counters again.
+ *
+ * On a follower the same subscription brings the leader's CommitPositions,
+ * one after each commit and one a heartbeat interval after the last.  The
+ * agent reads each, raises the commit position it was notified of, reads
+ * the log up to min(notified, its own recording) and moves commit-pos to
+ * what it has read, so that its services, which read the log up to
+ * commit-pos, never apply an entry before their module has.  That is two
+ * wake-ups per commit (the relay and the Python agent) on each follower, on
+ * two shared cores, while the leader's service and driver answer the
+ * client.  Armed by arm_follower (a steady, ACTIVE follower), the thread
+ * does it:
+ *  - a CommitPosition of the armed term and leader raises the notified
+ *    position and the time the leader was last heard from; one of an older
+ *    term or of another member is passed over, as the agent does; one of a
+ *    newer term, or any other message, is handed back (NEEDS_AGENT,
+ *    OTHER_MESSAGE): the agent starts an election or reads it;
+ *  - the log is read up to min(notified, rec-pos) across client session
+ *    messages (unfragmented, the session message header's schema, template
+ *    and block length, a session id that is not negative) and padding.  The
+ *    agent does nothing with those but note the session's activity, which
+ *    only a leader's session timeouts read, and which a new leader resets
+ *    for every session.  Any other entry (a session opened or closed, a
+ *    timer, a service's message, a cluster action, a new term, a fragment)
+ *    stops the read before it and is handed back (LOG_MESSAGE): the agent
+ *    applies it itself;
+ *  - commit-pos moves to what was read, and its watchers are rung;
+ *  - rec-pos is watched only while the notified position is past it.
+ * The agent takes the notified position, the leader's time, the log's
+ * position and the commit from the state at the start of each cycle, and
+ * halts the thread for anything else (an election, a hand-back, a new or
+ * lost image). */
 
 #define FULMAR_LEADER_COMMIT_IDLE 0
 #define FULMAR_LEADER_COMMIT_RUNNING 1
@@ -56,6 +89,7 @@
 #define FULMAR_LEADER_COMMIT_BAD_FRAME 2       /* a frame length or type no reader accepts */
 #define FULMAR_LEADER_COMMIT_RECORDING_GONE 3  /* rec-pos's registration id changed */
 #define FULMAR_LEADER_COMMIT_PUBLICATION 4     /* a writer was CLOSED or past its maximum position */
+#define FULMAR_LEADER_COMMIT_LOG_MESSAGE 5     /* a follower's log holds an entry other than a client's message */
 
 typedef struct fulmar_leader_commit_stct fulmar_leader_commit_t;
 
@@ -105,6 +139,33 @@ typedef struct
 
 typedef struct
 {
+    int32_t image_count;
+    fulmar_leader_commit_image_t images[FULMAR_LEADER_COMMIT_MAX_IMAGES];  /* the consensus subscription's */
+    fulmar_leader_commit_image_t log;        /* the log's image, read up to the commit */
+    int64_t leadership_term_id;
+    int32_t leader_member_id;
+    int64_t notified_commit_position;        /* what the leader said so far */
+    int64_t commit_position;                 /* commit-pos so far (the log's position: all read is committed) */
+    int64_t leader_time_ns;                  /* when the leader was last heard from (CLOCK_MONOTONIC) */
+    int32_t recording_position_id;           /* this member's rec-pos of the log */
+    int64_t recording_position_registration_id;
+    int32_t commit_position_id;
+    int32_t schema_id;                       /* the cluster's: consensus and log messages alike */
+    /* The CommitPosition: its template, the shortest message holding the
+     * fields below, and their offsets from the message's first byte. */
+    int32_t commit_position_template_id;
+    int32_t commit_position_length;
+    int32_t leadership_term_id_offset;
+    int32_t log_position_offset;
+    int32_t leader_member_id_offset;
+    /* The SessionMessageHeader that heads a client's message in the log. */
+    int32_t session_message_template_id;
+    int32_t session_message_block_length;
+    int32_t cluster_session_id_offset;       /* from the message's first byte */
+} fulmar_follower_commit_arm_t;
+
+typedef struct
+{
     int32_t status;                          /* FULMAR_LEADER_COMMIT_* */
     int32_t reason;                          /* NEEDS_AGENT: why */
     int32_t last_failure;                    /* the code of the last refused offer, 0 for none */
@@ -121,6 +182,12 @@ typedef struct
     int64_t commit_positions_sent;           /* CommitPositions appended, all in all */
     int64_t refused;                         /* offers refused, all in all */
     int64_t relayed;                         /* rings passed on to the agent, all in all */
+    /* A follower's (arm_follower). */
+    int64_t notified_commit_position;
+    int64_t leader_time_ns;
+    int64_t log_position;
+    int64_t commit_positions_read;           /* CommitPositions read, all in all */
+    int64_t log_messages;                    /* client messages of the log read, all in all */
 } fulmar_leader_commit_state_t;
 
 /* Starts the thread, IDLE (NULL and errno when it cannot).  The doorbells
@@ -133,12 +200,14 @@ void fulmar_leader_commit_stop(fulmar_leader_commit_t *thread);
  * outside the capacities, a message or field offsets that do not fit, a
  * counter id outside the counters, or an image or writer with no log. */
 int32_t fulmar_leader_commit_arm(fulmar_leader_commit_t *thread, const fulmar_leader_commit_arm_t *arm);
+/* RUNNING from now as a follower's thread; -1 (and nothing changes) as arm. */
+int32_t fulmar_leader_commit_arm_follower(fulmar_leader_commit_t *thread, const fulmar_follower_commit_arm_t *arm);
 /* IDLE from now (the state keeps the positions reached); the thread is done
  * with the images, writers and counters when this returns. */
 void fulmar_leader_commit_halt(fulmar_leader_commit_t *thread);
 /* Send the commit position once more to every follower (a heartbeat),
  * unless the thread sent it at or after since_ns (CLOCK_MONOTONIC: the
- * agent's look that found the heartbeat due); -1 unless RUNNING. */
+ * agent's look that found the heartbeat due); -1 unless RUNNING as a leader's. */
 int32_t fulmar_leader_commit_send_now(fulmar_leader_commit_t *thread, int64_t since_ns);
 void fulmar_leader_commit_state(fulmar_leader_commit_t *thread, fulmar_leader_commit_state_t *state);
 /* The status alone: the agent's look before it sleeps (a hand-back's ring
