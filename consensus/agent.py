@@ -3291,6 +3291,7 @@ class ConsensusModuleAgent:
             self._append_position_armed_for = None
         if self._leader_commit is not None:
             self._halt_leader_commit()
+            self.halt_follower_commit()
             self._leader_commit.close()
             self._leader_commit = None
         if self._leader_ingress is not None:
