@@ -335,8 +335,6 @@ class ConsensusModuleAgent:
         self.ingress: Subscription | None = None
         # A refused ingress registration is tried again from the slow tick, backing off to a second.
         self._ingress_backoff = RetryBackoff(initial_ns=context.slow_tick_interval_ns, max_ns=1_000_000_000)
-        if not self.is_multi_member:
-            self.ingress = aeron.add_subscription(context.ingress_channel, context.ingress_stream_id)
         # Exclusive, as in Aeron: a dead process's publication on the same stream (until
         # the driver times it out) is not shared with, nor can it block, this one.
         self.service_proxy = ServiceProxy(
@@ -424,6 +422,13 @@ class ConsensusModuleAgent:
             self.election = MemberElection(self, is_startup=True)
         else:
             self.election = SingleNodeElection(self)
+            if context.native_commit:
+                # A single member commits its own recording: the thread, woken
+                # by rec-pos, moves commit-pos without a wake-up of this agent.
+                self._start_commit_thread()
+            # A member alone has no election to wait for: its ingress opens now
+            # (through the ingress thread's doorbell, as a leader's of several).
+            self.ingress = aeron.add_subscription(self._ingress_channel(), context.ingress_stream_id)
         self._set_state(ConsensusModuleState.INIT)
 
     def _counter(self, type_id: int, label: str, key: bytes) -> Counter:
@@ -646,7 +651,7 @@ class ConsensusModuleAgent:
             if self.election is not None:
                 return work  # stepped down (a newer term or no quorum of followers)
         else:
-            work += self._update_commit_position()
+            work += self._update_single_member_commit()
         work += self._check_snapshot_and_termination(now_ns)
         return work
 
@@ -727,6 +732,15 @@ class ConsensusModuleAgent:
         if self.log_recording_id != NULL_VALUE and self.log_session_id != NULL_VALUE:
             self._recording_position_counter_id = counter_id = self._find_recording_position_counter()
         return counter_id
+
+    def _update_single_member_commit(self) -> int:
+        """The armed commit thread commits what the archive records (its state
+        was taken at the cycle's start); else this agent does, woken by rec-pos."""
+        if self._leader_commit_armed_for is not None or self._arm_leader_commit():
+            self.read_append_position()
+            return 0
+        self._watch_own_recording(True)
+        return self._update_commit_position()
 
     def _update_commit_position(self) -> int:
         """A single member's quorum is itself: what its archive has recorded is committed."""
@@ -1996,14 +2010,10 @@ class ConsensusModuleAgent:
         base = ChannelUri.parse(context.consensus_channel)
         me = find_member(self.members, self.member_id)
         channel = base.with_param("endpoint", me.consensus_endpoint)
-        if context.native_commit or context.native_follower_commit:
-            try:
-                self._leader_commit = CommitThread(self.aeron, self._watches().doorbell_id)
-            except (OSError, FulmarError) as error:
-                self._error(f"the commit thread: {error}; this module commits itself")
-            else:
-                # What lands rings the thread; it passes the ring on while not armed.
-                channel = channel.with_param("doorbell-id", str(self._leader_commit.doorbell_id))
+        if (context.native_commit or context.native_follower_commit) and self._start_commit_thread():
+            assert self._leader_commit is not None
+            # What lands rings the thread; it passes the ring on while not armed.
+            channel = channel.with_param("doorbell-id", str(self._leader_commit.doorbell_id))
         self._consensus_subscription = self.aeron.add_subscription(
             str(channel),
             context.consensus_stream_id,
@@ -2051,6 +2061,14 @@ class ConsensusModuleAgent:
             app_version=context.app_version,
             state_counter=self.election_state_counter,
         )
+
+    def _start_commit_thread(self) -> bool:
+        try:
+            self._leader_commit = CommitThread(self.aeron, self._watches().doorbell_id)
+        except (OSError, FulmarError) as error:
+            self._error(f"the commit thread: {error}; this module commits itself")
+            return False
+        return True
 
     def start_election(self, reason: str) -> None:
         self._halt_append_position_sender()
@@ -2248,11 +2266,13 @@ class ConsensusModuleAgent:
             )
         try:
             thread.arm(
-                self._consensus_subscription.images,
+                # (A single member has no consensus stream, no followers, and
+                # no term rule: all it records is committed.)
+                self._consensus_subscription.images if self.is_multi_member else (),
                 followers,
                 leadership_term_id=self.leadership_term_id,
                 leader_member_id=self.member_id,
-                term_base_log_position=self.term_base_log_position,
+                term_base_log_position=self.term_base_log_position if self.is_multi_member else NULL_POSITION,
                 commit_position=self.commit_position,
                 sent_position=self._last_commit_position_sent,
                 sent_time_ns=self._time_of_last_commit_position_sent_ns,
@@ -2674,6 +2694,19 @@ class ConsensusModuleAgent:
         recorded each time in the same words (the distinct error log counts them)."""
         if self.ingress is not None:
             return 0
+        channel = self._ingress_channel()
+        try:
+            self.ingress = self.aeron.add_subscription(channel, self.context.ingress_stream_id)
+        except FulmarError as error:
+            self._ingress_backoff.on_failure(now_ns)
+            self._error(f"cannot open the ingress {self.context.ingress_channel}: {error}")
+            return 0
+        self._ingress_backoff.on_success()
+        return 1
+
+    def _ingress_channel(self) -> str:
+        """The ingress channel, naming the ingress thread's doorbell when there
+        is one (started here the first time)."""
         channel = self.context.ingress_channel
         if self.context.native_ingress and self.epoch_ms is clock.epoch_ms:
             if self._leader_ingress is None:
@@ -2686,14 +2719,7 @@ class ConsensusModuleAgent:
                 channel = str(
                     ChannelUri.parse(channel).with_param("doorbell-id", str(self._leader_ingress.doorbell_id))
                 )
-        try:
-            self.ingress = self.aeron.add_subscription(channel, self.context.ingress_stream_id)
-        except FulmarError as error:
-            self._ingress_backoff.on_failure(now_ns)
-            self._error(f"cannot open the ingress {self.context.ingress_channel}: {error}")
-            return 0
-        self._ingress_backoff.on_success()
-        return 1
+        return channel
 
     def arm_leader_ingress(self) -> None:
         """Before this agent sleeps: hand the ingress to the native thread if

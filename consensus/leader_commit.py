@@ -121,10 +121,11 @@ class CommitThread:
         self.follower_ids: tuple[int, ...] = ()
         self._publications: tuple[Publication, ...] = ()
         self.log_image: Image | None = None  # a follower's
+        self._armed_as_leader = False
 
     @property
     def is_armed(self) -> bool:
-        return bool(self.follower_ids) or self.log_image is not None
+        return self._armed_as_leader or self.log_image is not None
 
     @property
     def is_armed_as_follower(self) -> bool:
@@ -146,11 +147,13 @@ class CommitThread:
         commit_position_id: int,
     ) -> None:
         """Commit from now on.  The images are read from their positions now:
-        the agent must not poll them until it halts the thread."""
+        the agent must not poll them until it halts the thread.  With no
+        followers (and no images) it is a single member's: its own
+        recording is committed as it is made."""
         self.halt()
-        if not followers or len(followers) > MAX_FOLLOWERS or len(images) > MAX_IMAGES:
+        if len(followers) > MAX_FOLLOWERS or len(images) > MAX_IMAGES:
             raise ValueError(
-                f"the commit thread takes 1-{MAX_FOLLOWERS} followers and up to {MAX_IMAGES} images, "
+                f"the commit thread takes up to {MAX_FOLLOWERS} followers and {MAX_IMAGES} images, "
                 f"not {len(followers)} and {len(images)}"
             )
         length = codecs.CommitPositionEncoder.encode(
@@ -195,6 +198,7 @@ class CommitThread:
             )
         self.images = tuple(images)
         self.follower_ids = tuple(follower.member_id for follower in followers)
+        self._armed_as_leader = True
         self._publications = tuple(follower.publication for follower in followers)
 
     def arm_follower(
@@ -250,7 +254,7 @@ class CommitThread:
     def halt(self) -> CommitState | None:
         """Halt the thread; its final state (None if it was not armed as a
         leader's).  The images' readers take the positions the thread reached."""
-        if self._handle is None or not self.follower_ids:
+        if self._handle is None or not self._armed_as_leader:
             self.halt_follower()
             return None
         lib.fulmar_leader_commit_halt(self._handle)
@@ -259,6 +263,7 @@ class CommitThread:
         self.images = ()
         self.follower_ids = ()
         self._publications = ()
+        self._armed_as_leader = False
         return state
 
     def halt_follower(self) -> FollowerCommitState | None:

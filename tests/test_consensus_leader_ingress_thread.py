@@ -28,6 +28,7 @@ from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ConsensusModuleState
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionState
+from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.leader_ingress import NEEDS_AGENT, RUNNING
 from fulmar.subscription import Subscription
 
@@ -189,6 +190,36 @@ def test_without_the_thread_the_module_appends_the_ingress_itself(start_driver: 
                 agent.connect_ingress(time.monotonic_ns())
                 assert agent._leader_ingress is None
                 assert "doorbell-id" not in ChannelUri.parse(agent.ingress.channel).params  # type: ignore[union-attr]
+            finally:
+                agent.close()
+    finally:
+        aeron.close()
+
+
+def test_a_single_member_opens_its_ingress_through_the_thread(start_driver: Any, tmp_path: Path) -> None:
+    """A member alone opens its ingress at once (no election to wait for), and
+    it too names the ingress thread's doorbell, and starts the commit thread
+    that commits its own recording: its round trip has no wake-up of the
+    Python module.  Switched off, neither thread."""
+    aeron = start_driver().connect()
+    try:
+        for native in (True, False):
+            context = ConsensusModuleContext(
+                cluster_dir=tmp_path / str(native),
+                ingress_channel="aeron:udp?endpoint=127.0.0.1:0",
+                native_ingress=native,
+                native_commit=native,
+            )
+            agent = ConsensusModuleAgent(context, aeron, archive=None, recording_log=None)  # type: ignore[arg-type]
+            try:
+                assert not agent.is_multi_member and agent.ingress is not None
+                doorbell = ChannelUri.parse(agent.ingress.channel).params.get("doorbell-id")
+                if native:
+                    assert agent._leader_ingress is not None and agent._leader_commit is not None
+                    assert doorbell == str(agent._leader_ingress.doorbell_id)
+                else:
+                    assert agent._leader_ingress is None and agent._leader_commit is None
+                    assert doorbell is None
             finally:
                 agent.close()
     finally:

@@ -275,6 +275,43 @@ def test_a_heartbeat_repeats_the_commit_position(aeron: Aeron, thread: CommitThr
     assert thread.state().sent_time_ns > 0
 
 
+def test_a_single_member_commits_its_own_recording_as_it_is_made(aeron: Aeron, thread: CommitThread) -> None:
+    """No followers and no images: a single member's quorum is itself, and no
+    term rule holds it (the agent arms it with NULL_POSITION as the base)."""
+    rec_pos = aeron.add_counter(STAND_IN_TYPE_ID, "rec-pos stand-in")
+    commit_pos = aeron.add_counter(STAND_IN_TYPE_ID, "commit-pos stand-in")
+    rec_pos.set(256)
+    thread.arm(
+        (),
+        (),
+        leadership_term_id=TERM,
+        leader_member_id=LEADER,
+        term_base_log_position=NULL_POSITION,
+        commit_position=0,
+        sent_position=NULL_POSITION,
+        sent_time_ns=0,
+        recording_position_id=rec_pos.id,
+        recording_position_registration_id=rec_pos.registration_id,
+        commit_position_id=commit_pos.id,
+    )
+    assert thread.is_armed and not thread.is_armed_as_follower
+
+    def committed(position: int) -> bool:
+        return aeron.counters_reader.counter_value(commit_pos.id) == position
+
+    wait_for(lambda: committed(256), 10, "what was recorded before the arming to be committed")
+    # rec-pos is watched for good: each recording wakes the thread.
+    wait_for(lambda: thread.doorbell_id in watchers(aeron, rec_pos.id), 10, "the thread to watch rec-pos")
+    for position in (1024, 4096):
+        rec_pos.set(position)
+        aeron.conductor.ring_counter_watchers(rec_pos.id)
+        wait_for(lambda: committed(position), 10, f"the recording to {position} to be committed")
+    counts = thread.counts()
+    assert (counts["commits"], counts["commit_positions_sent"], counts["refused"]) == (3, 0, 0)
+    assert thread.halt() is not None and not thread.is_armed
+    assert thread.doorbell_id not in watchers(aeron, rec_pos.id)
+
+
 def test_a_rec_pos_counter_that_is_not_the_armed_one_hands_back(aeron: Aeron, thread: CommitThread) -> None:
     leader = Leader(aeron, thread)
     agent_doorbell = aeron.conductor.data_doorbell
@@ -295,7 +332,7 @@ def test_an_arming_the_thread_cannot_use_is_refused(aeron: Aeron, thread: Commit
     thread.halt()
     handle = thread._handle
     for field, value in (
-        ("follower_count", 0),
+        ("follower_count", -1),
         ("follower_count", int(lib.FULMAR_LEADER_COMMIT_MAX_FOLLOWERS) + 1),
         ("image_count", int(lib.FULMAR_LEADER_COMMIT_MAX_IMAGES) + 1),
         ("position_offset", good.message_length - 4),  # the position would end past the message

@@ -506,7 +506,7 @@ static int32_t is_usable_image(const fulmar_leader_commit_image_t *image, int64_
 int32_t fulmar_leader_commit_arm(fulmar_leader_commit_t *thread, const fulmar_leader_commit_arm_t *arm)
 {
     const int64_t counters = thread->values_length / FULMAR_COUNTER_LENGTH;
-    if (arm->image_count < 0 || arm->image_count > FULMAR_LEADER_COMMIT_MAX_IMAGES || arm->follower_count < 1 ||
+    if (arm->image_count < 0 || arm->image_count > FULMAR_LEADER_COMMIT_MAX_IMAGES || arm->follower_count < 0 ||
         arm->follower_count > FULMAR_LEADER_COMMIT_MAX_FOLLOWERS || arm->message_length <= 0 ||
         arm->message_length > FULMAR_LEADER_COMMIT_MESSAGE_CAPACITY ||
         !fits(arm->position_offset, 8, arm->message_length) ||

@@ -196,7 +196,9 @@ fulmar_leader_commit_t *fulmar_leader_commit_start(
     char *counters_values, int64_t values_length, int32_t doorbell_id, int32_t agent_doorbell_id);
 /* Stops and joins the thread and frees it. */
 void fulmar_leader_commit_stop(fulmar_leader_commit_t *thread);
-/* RUNNING from now, with what arm holds; -1 (and nothing changes) for counts
+/* RUNNING from now, with what arm holds (no followers: a single member, whose
+ * own recording is its quorum: rec-pos is then always watched, and no
+ * CommitPosition goes anywhere); -1 (and nothing changes) for counts
  * outside the capacities, a message or field offsets that do not fit, a
  * counter id outside the counters, or an image or writer with no log. */
 int32_t fulmar_leader_commit_arm(fulmar_leader_commit_t *thread, const fulmar_leader_commit_arm_t *arm);
