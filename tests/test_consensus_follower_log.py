@@ -68,6 +68,19 @@ def follow_timer_events(agent: ConsensusModuleAgent, aeron: Aeron, count: int) -
     return positions
 
 
+def make_steady_follower(agent: ConsensusModuleAgent, aeron: Aeron) -> Any:
+    """Member 1, an ACTIVE follower of member 0 in term 3, with a stand-in
+    for its log recording's rec-pos counter (returned)."""
+    agent.state = ConsensusModuleState.ACTIVE
+    agent.role = ClusterRole.FOLLOWER
+    agent.leader_member_id = 0
+    agent.leadership_term_id = 3
+    agent.log_recording_id, agent.log_session_id, agent._archive_id = 5, 77, 9
+    return aeron.add_counter(
+        RECORDING_POSITION_TYPE_ID, "rec-pos stand-in", recording_position_key(5, 77, "stand-in", 9)
+    )
+
+
 def test_the_follower_module_reads_the_log_before_commit_pos_moves(follower: Any) -> None:
     agent, aeron = follower
     publication = aeron.add_exclusive_publication(LOG, LOG_STREAM)
@@ -192,14 +205,7 @@ def test_a_steady_follower_hands_its_reports_to_the_native_thread(follower: Any)
     for the heartbeat, watches the recording only while a commit waits on it,
     and takes the reports back when an election starts."""
     agent, aeron = follower
-    agent.state = ConsensusModuleState.ACTIVE
-    agent.role = ClusterRole.FOLLOWER
-    agent.leader_member_id = 0
-    agent.leadership_term_id = 3
-    agent.log_recording_id, agent.log_session_id, agent._archive_id = 5, 77, 9
-    rec_pos = aeron.add_counter(
-        RECORDING_POSITION_TYPE_ID, "rec-pos stand-in", recording_position_key(5, 77, "stand-in", 9)
-    )
+    rec_pos = make_steady_follower(agent, aeron)
     leader = find_member(agent.members, 0)
     to_leader = ChannelUri.parse(agent.context.consensus_channel).with_param("endpoint", leader.consensus_endpoint)
     at_leader = aeron.add_subscription(str(to_leader), agent.context.consensus_stream_id)
@@ -276,14 +282,7 @@ def test_a_steady_follower_commits_from_the_native_thread(follower: Any) -> None
     takes in what it did each cycle, applies itself whatever else the log
     holds (a timer here), and halts it for an election."""
     agent, aeron = follower
-    agent.state = ConsensusModuleState.ACTIVE
-    agent.role = ClusterRole.FOLLOWER
-    agent.leader_member_id = 0
-    agent.leadership_term_id = 3
-    agent.log_recording_id, agent.log_session_id, agent._archive_id = 5, 77, 9
-    rec_pos = aeron.add_counter(
-        RECORDING_POSITION_TYPE_ID, "rec-pos stand-in", recording_position_key(5, 77, "stand-in", 9)
-    )
+    rec_pos = make_steady_follower(agent, aeron)
     me = find_member(agent.members, agent.member_id)
     to_me = ChannelUri.parse(agent.context.consensus_channel).with_param("endpoint", me.consensus_endpoint)
     from_leader = aeron.add_exclusive_publication(str(to_me), agent.context.consensus_stream_id)
@@ -367,13 +366,7 @@ def test_without_the_follower_commit_thread_the_module_applies_the_log(start_dri
     agent = bare_member_agent(aeron, tmp_path, native_follower_commit=False)
     try:
         positions = follow_timer_events(agent, aeron, 2)
-        agent.state = ConsensusModuleState.ACTIVE
-        agent.role = ClusterRole.FOLLOWER
-        agent.leader_member_id = 0
-        agent.log_recording_id, agent.log_session_id, agent._archive_id = 5, 77, 9
-        rec_pos = aeron.add_counter(
-            RECORDING_POSITION_TYPE_ID, "rec-pos stand-in", recording_position_key(5, 77, "stand-in", 9)
-        )
+        rec_pos = make_steady_follower(agent, aeron)
         rec_pos.set(positions[1])
         now_ns = time.monotonic_ns()
         agent._slow_tick_deadline_ns = now_ns + 3_600_000_000_000

@@ -368,7 +368,11 @@ class Follower:
         self.thread = thread
         self.subscription = aeron.add_subscription(f"{IPC}|doorbell-id={thread.doorbell_id}", CONSENSUS_STREAM)
         self.from_leader = aeron.add_exclusive_publication(IPC, CONSENSUS_STREAM)
-        wait_for(lambda: len(self.subscription.images) == 1, 10, "an image of the leader's publication")
+        wait_for(
+            lambda: self.subscription.image_by_session_id(self.from_leader.session_id),
+            10,
+            "an image of the leader's publication",
+        )
         self.log = aeron.add_exclusive_publication(IPC, LOG_STREAM)
         self.log_subscription = aeron.add_subscription(IPC, LOG_STREAM)
         self.log_image = wait_for(
@@ -496,7 +500,8 @@ def test_a_follower_passes_over_old_commit_positions_and_hands_back_a_newer_term
     assert thread.follower_state().reason == OTHER_MESSAGE
     assert follower.commit() == 0
     thread.halt_follower()
-    image = follower.subscription.images[0]
+    image = follower.subscription.image_by_session_id(follower.from_leader.session_id)
+    assert image is not None
     terms: list[int] = []
 
     def on_fragment(buffer: memoryview, offset: int, length: int, header: Any) -> None:
