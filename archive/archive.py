@@ -138,7 +138,12 @@ class Archive:
                 next_mark_ms = now_ms + context.mark_file_update_interval_ms
             if self.aeron.is_closed:
                 break  # the driver went away: nothing more can be recorded or replayed
-            idle.max_wait_ns = context.busy_idle_max_wait_ns if conductor.is_busy else context.idle_max_wait_ns
+            if conductor.is_busy:
+                idle.max_wait_ns = context.busy_idle_max_wait_ns
+            elif conductor.has_pending_control_sessions:
+                idle.max_wait_ns = context.pending_idle_max_wait_ns
+            else:
+                idle.max_wait_ns = context.idle_max_wait_ns
             idle.idle(work)
 
     def close(self) -> None:

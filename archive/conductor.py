@@ -203,6 +203,16 @@ class ArchiveConductor:
         pressure lifting, files to read): the idle strategy sleeps less."""
         return bool(self.replays) or bool(self.replications)
 
+    @property
+    def has_pending_control_sessions(self) -> bool:
+        """A control session whose progress no doorbell announces: its response
+        publication still connecting, responses held back by back pressure, a
+        listing under way.  The idle strategy keeps a short pace meanwhile."""
+        return any(
+            not session.is_connected or session.queued_responses or session.active_listing is not None
+            for session in self.control_sessions.values()
+        )
+
     def close(self) -> None:
         for recording in list(self.recordings.values()):
             recording.abort()

@@ -47,10 +47,14 @@ class ArchiveContext:
     mark_file_liveness_timeout_ms: int = 10_000
     # The most bytes one recording or replay moves per duty cycle.
     block_length: int = 1024 * 1024
-    # Longest sleep between duty cycles (woken sooner by data and commands);
-    # shorter while replays wait on back pressure, which rings no doorbell.
-    idle_max_wait_ns: int = 10_000_000
+    # Longest sleep between duty cycles (woken sooner by data, commands and
+    # the recorder thread; its periodic work, the mark file and the driver's
+    # keepalive, is in seconds); shorter while replays or replications wait on
+    # back pressure or files, and while a control session connects or is held
+    # back, none of which rings a doorbell.
+    idle_max_wait_ns: int = 100_000_000
     busy_idle_max_wait_ns: int = 200_000
+    pending_idle_max_wait_ns: int = 10_000_000
     # Blocks of live recordings are written by a native thread that the
     # recorded stream wakes, not by the agent (archive/recorder.py).  Off: the
     # agent writes them, woken by the stream like by any other.

@@ -213,6 +213,7 @@ class ConsensusModuleAgent:
         # and closed, never in the log, so never given a client session id.
         self.pending_backup_sessions: list[ClusterSession] = []
         self.rejected_backup_sessions: list[ClusterSession] = []
+        self._session_events_pending = False  # an OK or NewLeaderEvent still to send (_check_sessions)
         self._next_backup_session_id = BACKUP_SESSION_ID_FIRST
         self.timers = TimerService()
         self.pending_service_messages: deque[tuple[int, bytes]] = deque()
@@ -573,14 +574,33 @@ class ConsensusModuleAgent:
         return self.epoch_ms()
 
     def idle_wait_ns(self, max_wait_ns: int) -> int:
-        """How long an idle module may sleep: ``max_wait_ns``, or less when a
-        cluster timer falls due sooner (timers fire on the module's clock) or
-        the election must act at a moment of its own (its nomination)."""
+        """How long an idle module may sleep.
+
+        A steady module with nothing of its own in progress sleeps up to
+        ``max_wait_ns``, or until its own next duty: the leader's
+        CommitPosition heartbeat, the follower's AppendPosition heartbeat or
+        the end of its leader's heartbeat timeout; what arrives rings it
+        sooner.  Anything in progress that a ring does not announce (an
+        election, a snapshot, a client's session being opened or answered, a
+        follower catching up, an ingress to reconnect) keeps the slow tick's
+        pace.  A cluster timer that falls due sooner (timers fire on the
+        module's clock) or the election's own moment (its nomination) ends the
+        sleep then."""
+        now_ns = self._now_ns
+        if self.is_steady() and not self._has_slow_tick_work():
+            wait_ns = max_wait_ns
+            if self.is_multi_member:
+                # (Once due, at the slow tick's pace: a heartbeat the thread
+                # could not send yet must not make the module spin.)
+                due_ns = self._next_heartbeat_duty_ns() - now_ns
+                wait_ns = min(wait_ns, max(due_ns, self.context.slow_tick_interval_ns))
+        else:
+            wait_ns = min(max_wait_ns, self.context.slow_tick_interval_ns)
         election = self.election
         if election is not None:
             wake_ns = election.wake_deadline_ns()
             if wake_ns is not None:
-                return max(1, min(max_wait_ns, wake_ns - self._now_ns))
+                return max(1, min(wait_ns, wake_ns - now_ns))
         deadline = self.timers.next_deadline()
         if (
             deadline is None
@@ -590,8 +610,38 @@ class ConsensusModuleAgent:
         ):
             # Only an ACTIVE leader fires timers: an overdue one would otherwise
             # make every idle wait 1 ns (a suspended leader spinning).
-            return max_wait_ns
-        return max(1, min(max_wait_ns, (deadline - self.cluster_time()) * 1_000_000))
+            return max(1, wait_ns)
+        return max(1, min(wait_ns, (deadline - self.cluster_time()) * 1_000_000))
+
+    def _has_slow_tick_work(self) -> bool:
+        """Work the slow tick does that nothing rings for: sessions still being
+        opened, redirected, rejected or told of their open or a new leader, an
+        ingress to reconnect, a follower catching up from this leader."""
+        if (
+            self.pending_sessions
+            or self.pending_backup_sessions
+            or self.redirect_sessions
+            or self.rejected_sessions
+            or self.rejected_backup_sessions
+            or (self._session_events_pending and self.role is ClusterRole.LEADER)
+            or self.ingress is None
+        ):
+            return True
+        return any(follower.catchup_replay_session_id != NULL_VALUE for follower in self._followers.values())
+
+    def _next_heartbeat_duty_ns(self) -> int:
+        """When a steady member of several must act on its own clock: a leader
+        sends its CommitPosition heartbeat, a follower its AppendPosition
+        heartbeat, or starts an election once its leader is silent for the
+        heartbeat timeout.  (The native threads' send times are taken at each
+        cycle's start: one sent since makes this early, never late.)"""
+        interval_ns = self.context.leader_heartbeat_interval_ns
+        if self.role is ClusterRole.LEADER:
+            return self._time_of_last_commit_position_sent_ns + interval_ns
+        return min(
+            self._time_of_last_append_position_sent_ns + interval_ns,
+            self._time_of_last_leader_message_ns + self.context.leader_heartbeat_timeout_ns,
+        )
 
     def _slow_tick_work(self, now_ns: int) -> int:
         work = self.aeron.do_work(now_ns)
@@ -1301,6 +1351,7 @@ class ConsensusModuleAgent:
                     session.opened_log_position = self.log_publisher.position
                     session.time_of_last_activity(now_ns)
                     session.has_open_event_pending = True
+                    self._session_events_pending = True
                     self.pending_sessions.remove(session)
                     self.sessions[session.id] = session
                     self.sessions_counter.set(len(self.sessions))
@@ -1317,6 +1368,9 @@ class ConsensusModuleAgent:
     def _check_sessions(self, now_ns: int) -> int:
         work = 0
         timeout = self.context.session_timeout_ns
+        # Set again below by a session whose event still waits (its egress not
+        # yet connected, or back pressured): the module keeps the slow tick's pace.
+        self._session_events_pending = False
         for session in list(self.sessions.values()):
             if session.state is not ClusterSessionState.OPEN:
                 continue
@@ -1341,6 +1395,8 @@ class ConsensusModuleAgent:
             if session.has_new_leader_event_pending and session.publication is not None:
                 if self._send_new_leader_event(session):
                     session.has_new_leader_event_pending = False
+            if session.has_open_event_pending or session.has_new_leader_event_pending:
+                self._session_events_pending = True
         return work
 
     def _send_new_leader_event(self, session: ClusterSession) -> bool:
@@ -1715,6 +1771,7 @@ class ConsensusModuleAgent:
                     self._error(f"cannot reconnect session {session.id}: {error}")
                     continue
                 session.has_new_leader_event_pending = True
+                self._session_events_pending = True
             session.time_of_last_activity(self._now_ns)
 
     # ------------------------------------------------------- toggles, snapshot
@@ -3288,6 +3345,7 @@ class ConsensusModuleAgent:
             self.on_election_complete()
             for session in self.sessions.values():
                 session.has_new_leader_event_pending = True  # a new term: clients learn its id
+                self._session_events_pending = True
         else:
             self.term_base_log_position = self.election.election.term_base_log_position
             self.election = None

@@ -54,10 +54,14 @@ class ConsensusModuleContext:
     # leading without answering (Aeron's service heartbeat timeout, 10 s).
     service_heartbeat_timeout_ns: int = 10_000_000_000
     cycle_threshold_ns: int = 1_000_000_000
-    # Longest idle sleep: the data doorbell wakes the module for ingress,
-    # consensus messages and recording progress; cluster timers due sooner
-    # shorten it (see ConsensusModuleAgent.idle_wait_ns).
-    idle_max_wait_ns: int = 10_000_000
+    # Longest idle sleep of a steady module: the data doorbell wakes it for
+    # ingress, consensus messages and recording progress, and its own duties
+    # (heartbeats, the leader's timeout, cluster timers) shorten it; while
+    # anything no ring announces is under way (an election, a session being
+    # opened) it keeps the slow tick's pace (ConsensusModuleAgent.idle_wait_ns).
+    # Its other periodic work (session timeouts, the mark file, the driver's
+    # keepalive, a CLI's control toggle) is in seconds, or waits this long.
+    idle_max_wait_ns: int = 100_000_000
     # A steady follower reports its archive's recording to the leader from a
     # native thread that the recording wakes, not from the module's duty
     # cycle (consensus/append_position_sender.py).  Off: the module reports.

@@ -178,12 +178,13 @@ def copy_snapshot_and_log(
         backup_response_timeout_ns=PEER_ARCHIVE_TIMEOUT_NS,
         cool_down_interval_ns=200_000_000,
         encoded_credentials=_credentials(context),
-        idle_max_wait_ns=context.idle_max_wait_ns,
+        # (The backup's pace: it polls peers and replications that no ring announces.)
+        idle_max_wait_ns=context.slow_tick_interval_ns,
     )
     agent = ClusterBackupAgent(
         backup_context, aeron, archive, recording_log, record_error, lambda text: log_event(f"snapshot join: {text}")
     )
-    idle = DoorbellIdleStrategy(aeron.conductor.data_doorbell, context.idle_max_wait_ns)
+    idle = DoorbellIdleStrategy(aeron.conductor.data_doorbell, context.slow_tick_interval_ns)
     progress: tuple[object, ...] = ()
     deadline_ns = time.monotonic_ns() + timeout_ns
     try:

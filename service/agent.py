@@ -288,6 +288,15 @@ class ClusteredServiceAgent:
             return False
         return self.aeron.counters_reader.counter_value(self._commit_counter_id) > image.position
 
+    def idle_wait_ns(self, max_wait_ns: int) -> int:
+        """How long the idle container may sleep: ``max_wait_ns`` while it
+        follows its log, the slow tick's pace while a join (its image, a retry
+        after a refusal) or its termination is awaited, or while commit-pos
+        has no watcher slot for it (commits are then noticed by the wait)."""
+        if self._active_log is not None or self._termination_position != NULL_POSITION or not self._commit_watched:
+            return min(max_wait_ns, self.context.slow_tick_interval_ns)
+        return max_wait_ns
+
     def do_work(self, now_ns: int) -> int:
         work = self._from_module.poll(self._control_assembler.on_fragment, 16)
         if self._active_log is not None and self._log_image is None and self._join_retry.may_attempt(now_ns):

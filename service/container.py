@@ -122,9 +122,8 @@ class ServiceContainer:
     def run(self) -> str:
         agent = self.agent
         ring_deferred = self.aeron.ring_deferred
-        idle = DoorbellIdleStrategy(
-            self.aeron.conductor.data_doorbell, self.context.idle_max_wait_ns, has_work=agent.has_work
-        )
+        max_wait_ns = self.context.idle_max_wait_ns
+        idle = DoorbellIdleStrategy(self.aeron.conductor.data_doorbell, max_wait_ns, has_work=agent.has_work)
         agent.idle_strategy = idle
         next_slow_ns = 0
         next_mark_ms = 0
@@ -149,7 +148,7 @@ class ServiceContainer:
                 # A new image (the log to join) now, not at the next slow tick.
                 work += self.aeron.do_work(now_ns)
             if now_ns >= next_slow_ns:
-                next_slow_ns = now_ns + 10_000_000
+                next_slow_ns = now_ns + self.context.slow_tick_interval_ns
                 work += self.aeron.do_work(now_ns)
                 now_ms = epoch_ms()
                 if now_ms >= next_mark_ms:
@@ -166,6 +165,8 @@ class ServiceContainer:
                     next_module_check_ns = now_ns + 1_000_000_000
                     if not _consensus_module_alive(Path(self.context.cluster_dir), agent.consensus_module_pid):
                         return "the consensus module went away"
+            if not work:
+                idle.max_wait_ns = agent.idle_wait_ns(max_wait_ns)
             idle.idle(work)
         return f"terminated at log position {agent.log_position}"
 

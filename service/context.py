@@ -27,7 +27,14 @@ class ServiceContext:
     archive_control_channel: str = archive_protocol.LOCAL_CONTROL_CHANNEL
     archive_control_stream_id: int = archive_protocol.CONTROL_STREAM_ID
     archive_response_stream_id: int = 130  # plus the service id
-    # Longest idle sleep: the consensus module rings the data doorbell when
-    # the commit position moves, and the driver when messages arrive.
-    idle_max_wait_ns: int = 10_000_000
+    # Longest idle sleep once the service follows its log: the consensus
+    # module rings the data doorbell when the commit position moves, and the
+    # driver when control messages or an image arrive.  The container's own
+    # periodic work (the driver's keepalive, the mark file, the module's
+    # liveness) is in seconds; a service's do_background_work runs on every
+    # duty cycle, so at least this often.  While a log is being joined, a
+    # termination awaited or commits are not rung, the container keeps its
+    # slow tick's pace (ClusteredServiceAgent.idle_wait_ns).
+    idle_max_wait_ns: int = 100_000_000
+    slow_tick_interval_ns: int = 10_000_000
     mark_file_liveness_timeout_ms: int = 10_000

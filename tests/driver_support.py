@@ -87,6 +87,22 @@ class DriverProcess:
         return stop_process(self.process, 10)
 
 
+def main_thread_wakes(pid: int) -> int:
+    """How often the process's main thread (where each fulmar agent runs its
+    duty cycle) has gone to sleep and woken so far: its voluntary context
+    switches, one per sleep that ended (on a doorbell, a timer, a socket)."""
+    status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def main_thread_wakes_per_second(pids: dict[str, int], window_s: float) -> dict[str, float]:
+    """Each process's main-thread wake-ups per second over a window of ``window_s``
+    (a rate needs a window: the one fixed sleep a test may take)."""
+    before = {name: main_thread_wakes(pid) for name, pid in pids.items()}
+    time.sleep(window_s)
+    return {name: (main_thread_wakes(pid) - before[name]) / window_s for name, pid in pids.items()}
+
+
 def kill_process(process: subprocess.Popen[Any]) -> None:
     """SIGKILL, and reap."""
     if process.poll() is None:

@@ -25,15 +25,24 @@ from typing import Any
 
 import pytest
 from archive_support import ArchiveProcess
-from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
+from driver_support import (
+    DriverProcess,
+    free_udp_port,
+    main_thread_wakes_per_second,
+    new_driver_dir,
+    remove_driver_dir,
+    wait_for,
+)
 
 from fulmar.aeron import Aeron
 from fulmar.cli import archive_tool
+from fulmar.archive import protocol as archive_protocol
 from fulmar.archive.client import (
     NULL_LENGTH,
     NULL_POSITION,
     NULL_VALUE,
     AeronArchive,
+    ArchiveProxy,
     ArchiveResponseError,
     RecordingSignal,
     RecordingSignalEvent,
@@ -1153,3 +1162,26 @@ def test_a_corrupt_segment_ends_a_replay_with_a_clear_error(system: System) -> N
     subscription.close()
     # The archive still serves.
     assert client.get_stop_position(recording_id) == publisher.position
+
+
+def test_an_idle_archive_sleeps_long_and_keeps_a_short_pace_while_a_control_session_connects(system: System) -> None:
+    """Idle, the archive sleeps until a request, a recording or its recorder
+    thread rings it, or its idle wait (100 ms) ends.  A control session whose
+    response publication has yet to connect rings nothing when it does, so
+    while one waits the archive keeps a 10 ms pace, and answers the connect
+    within that."""
+    system.start_driver()
+    archive = system.start_archive()
+    aeron = system.driver.connect()
+    system.aerons.append(aeron)
+    requests = system.publication(aeron, archive_protocol.LOCAL_CONTROL_CHANNEL, archive_protocol.CONTROL_STREAM_ID)
+    wait_for(lambda: requests.is_connected, 10, "the archive's control request subscription")
+    pid = {"archive": archive.process.pid}
+    idle = main_thread_wakes_per_second(pid, 1.0)["archive"]
+    assert idle < 30, idle
+
+    # Nobody subscribes to this response stream: the session waits for its
+    # publication to connect, up to the archive's connect timeout (5 s).
+    assert ArchiveProxy(requests).connect("aeron:ipc?term-length=64k", 4321, correlation_id=1)
+    connecting = main_thread_wakes_per_second(pid, 1.0)["archive"]
+    assert connecting > 50, (idle, connecting)
