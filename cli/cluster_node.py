@@ -279,7 +279,8 @@ def stop_gate(directories: Sequence[str], timeout_ns: int, name: str) -> StopGat
     "--idle-max-wait",
     type=Duration(min_ns=1_000),
     default=format_duration(_DEFAULTS.idle_max_wait_ns),
-    help="The longest an idle driver sleeps with nothing in flight (unless a client or a datagram wakes it).",
+    help="The longest an idle driver's data plane sleeps with nothing in flight (unless a client or a "
+    "datagram wakes it); its conductor sleeps up to 100 ms.",
 )
 @click.option(
     "--idle-strategy",

@@ -195,20 +195,22 @@ class DriverConductor:
 
     def idle_wait_ns(self) -> int:
         """How long the conductor may sleep when a duty cycle found nothing:
-        the timer interval while a closed publication drains (its subscribers
-        are told promptly), until the first linger ends, else the idle wait.
-        Commands and the data plane's events ring it sooner."""
-        wait_ns = max(self.context.timer_interval_ns, self.context.idle_max_wait_ns)
+        the timer interval while a closed publication drains or an image at
+        its end of stream waits to be read (their subscribers are told
+        promptly once they have read it), until the first linger ends, else
+        its idle wait.  Commands and the data plane's events ring it sooner."""
+        timer_interval_ns = self.context.timer_interval_ns
+        wait_ns = max(timer_interval_ns, self.context.conductor_idle_max_wait_ns)
         for publication in self.publications:
             if publication.state is PublicationState.DRAINING:
-                return self.context.timer_interval_ns
+                return timer_interval_ns
             if publication.state is PublicationState.LINGER:
-                wait_ns = min(
-                    wait_ns, max(publication.linger_deadline_ns - self._now_ns, self.context.timer_interval_ns)
-                )
+                wait_ns = min(wait_ns, max(publication.linger_deadline_ns - self._now_ns, timer_interval_ns))
         for image in self.images:
             if image.status is PublicationState.LINGER:
-                wait_ns = min(wait_ns, max(image.linger_deadline_ns - self._now_ns, self.context.timer_interval_ns))
+                wait_ns = min(wait_ns, max(image.linger_deadline_ns - self._now_ns, timer_interval_ns))
+            elif image.status is PublicationState.ACTIVE and image.receive_status().is_end_of_stream:
+                return timer_interval_ns
         return wait_ns
 
     def _invalid_packet(self, message: str) -> None:

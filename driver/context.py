@@ -48,11 +48,17 @@ class DriverContext:
     # and an idle driver wakes at least this often while anything is in
     # flight (a reader behind its publication, a gap to NAK, a retransmit).
     timer_interval_ns: int = 1_000_000
-    # With nothing in flight an idle driver sleeps up to this long unless a
-    # client or a datagram rings it: its timers (heartbeats every 100 ms,
-    # status messages every 200 ms, liveness in seconds) tolerate that, and
-    # a dozen idle processes on two cores stop waking a thousand times a second.
+    # With nothing in flight the idle data plane sleeps up to this long
+    # unless a client or a datagram rings it: its timers (heartbeats every
+    # 100 ms, status messages every 200 ms) tolerate that, and a dozen idle
+    # processes on two cores stop waking a thousand times a second.
     idle_max_wait_ns: int = 20_000_000
+    # The conductor (Python: commands, liveness, lingering resources) sleeps
+    # up to this long when idle: commands and the data plane's events ring
+    # it, and its timers are in seconds.  It keeps the timer interval while a
+    # closed publication drains or an image that reached its end of stream
+    # waits for its subscribers to read it (their reading rings nobody).
+    conductor_idle_max_wait_ns: int = 100_000_000
     # A new UDP publication sends SETUP again after this long while no
     # receiver has answered, doubling up to Aeron's 100 ms setup timeout: a
     # receiver that subscribes a moment after the publication (a follower

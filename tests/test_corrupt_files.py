@@ -502,8 +502,9 @@ def test_a_member_with_a_damaged_log_refuses_then_is_wiped_and_catches_up() -> N
         assert position is not None
         wait_for_commit(cluster, [0, 1, 2], position, 60)
         member = next(m for m in range(3) if m != leader.member)
-        cluster.kill_member(member)
         segment = log_segment(cluster.archive_dir(member), cluster.cluster_dir(member))
+        wait_until_recorded_in_catalog(cluster.archive_dir(member), segment, b'"value7"')
+        cluster.kill_member(member)
         frame_position = damage_frame(segment, "payload")
 
         for kind in ("driver", "archive"):

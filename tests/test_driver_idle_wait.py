@@ -3,8 +3,9 @@ sends, receives and moves publishers' limits) wakes every timer interval
 while a reader is behind (a publication's subscriber, an image's: their
 progress rings nobody, and limits and status messages must follow it), and
 sleeps until its next deadline, at most the idle wait, once every reader has
-caught up.  The conductor sleeps the idle wait unless a closed publication is
-draining or something lingers.
+caught up.  The conductor sleeps its own idle wait unless a closed
+publication is draining, an image at its end of stream waits to be read, or
+something lingers.
 
 The driver runs in this process, its conductor's duty cycle on a thread of
 the test's, so that ``idle_wait_ns`` can be read between cycles (under the
@@ -26,9 +27,11 @@ from fulmar.aeron import Aeron
 from fulmar.cnc import CncLayout
 from fulmar.driver.context import DriverContext
 from fulmar.driver.media_driver import MediaDriver
+from fulmar.driver.ipc_publication import PublicationState
 
 TIMER_INTERVAL_NS = 1_000_000
 IDLE_MAX_WAIT_NS = 25_000_000
+CONDUCTOR_IDLE_MAX_WAIT_NS = 60_000_000
 
 
 class DrivenDriver:
@@ -39,6 +42,7 @@ class DrivenDriver:
             directory=directory,
             timer_interval_ns=TIMER_INTERVAL_NS,
             idle_max_wait_ns=IDLE_MAX_WAIT_NS,
+            conductor_idle_max_wait_ns=CONDUCTOR_IDLE_MAX_WAIT_NS,
             cnc_layout=CncLayout.sized(256 * 1024, 256 * 1024, 256 * 1024, 64 * 1024),
         )
         self.driver = MediaDriver.launch(context)
@@ -103,12 +107,12 @@ def test_the_data_plane_keeps_its_timer_pace_while_an_ipc_reader_is_behind(drive
         subscription = aeron.add_subscription("aeron:ipc?term-length=64k", 7)
         wait_for(lambda: publication.is_connected, 10, "the IPC publication connected")
         wait_for(lambda: driven.data_plane_wait_ns() > TIMER_INTERVAL_NS, 10, "a long sleep with nothing in flight")
-        assert driven.idle_wait_ns_after_cycles() == IDLE_MAX_WAIT_NS
+        assert driven.idle_wait_ns_after_cycles() == CONDUCTOR_IDLE_MAX_WAIT_NS
 
         wait_for(lambda: publication.offer(b"x" * 100) > 0, 10, "an offer accepted")
         # Unread: the publisher limit will have to move, so the data plane keeps its timer pace.
         assert 0 < driven.data_plane_wait_ns() <= TIMER_INTERVAL_NS
-        assert driven.idle_wait_ns_after_cycles() == IDLE_MAX_WAIT_NS  # not the conductor's business
+        assert driven.idle_wait_ns_after_cycles() == CONDUCTOR_IDLE_MAX_WAIT_NS  # not the conductor's business
 
         _drain(subscription, 1)
         wait_for(lambda: driven.data_plane_wait_ns() > TIMER_INTERVAL_NS, 10, "a long sleep once read")
@@ -143,7 +147,7 @@ def test_a_draining_publication_keeps_the_conductor_on_its_timer_interval(driven
         subscription = aeron.add_subscription("aeron:ipc?term-length=64k", 11)
         wait_for(lambda: publication.is_connected, 10, "the IPC publication connected")
         wait_for(lambda: publication.offer(b"z" * 100) > 0, 10, "an offer accepted")
-        assert driven.idle_wait_ns_after_cycles() == IDLE_MAX_WAIT_NS
+        assert driven.idle_wait_ns_after_cycles() == CONDUCTOR_IDLE_MAX_WAIT_NS
         publication.close()
         # Its subscriber has yet to read to the end: it hears promptly once it has.
         wait_for(lambda: driven.idle_wait_ns_after_cycles() == TIMER_INTERVAL_NS, 10, "the timer pace while draining")
@@ -152,12 +156,43 @@ def test_a_draining_publication_keeps_the_conductor_on_its_timer_interval(driven
         wait_for(lambda: driven.idle_wait_ns_after_cycles() > TIMER_INTERVAL_NS, 10, "a long sleep once drained")
 
 
+def test_an_image_at_its_end_of_stream_keeps_the_conductor_on_its_timer_interval_until_read(
+    driven: DrivenDriver,
+) -> None:
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k"
+    conductor = driven.driver.conductor
+    with Aeron.connect(driven.driver.directory) as aeron:
+        subscription = aeron.add_subscription(channel, 13)
+        publication = aeron.add_publication(channel, 13)
+        wait_for(lambda: publication.is_connected and subscription.is_connected, 10, "the UDP stream connected")
+        wait_for(lambda: publication.offer(b"w" * 100) > 0, 10, "an offer accepted")
+        publication.close()
+
+        def lingering_publication_and_ended_image() -> bool:
+            with driven.lock:
+                return all(p.state is PublicationState.LINGER for p in conductor.publications) and all(
+                    image.receive_status().is_end_of_stream for image in conductor.images
+                )
+
+        # The closed publication has sent all it had and its end of stream: it
+        # lingers (up to 5 s: that alone would allow a long sleep).  The image
+        # holds the end of stream, unread.
+        wait_for(lingering_publication_and_ended_image, 10, "the publication drained and its image ended")
+        assert driven.idle_wait_ns_after_cycles() == TIMER_INTERVAL_NS
+        # Read to its end, the image becomes unavailable at the next timer, then lingers.
+        _drain(subscription, 1)
+        wait_for(lambda: not subscription.is_connected, 10, "the image unavailable once read")
+        assert driven.idle_wait_ns_after_cycles() > TIMER_INTERVAL_NS
+
+
 def test_the_idle_wait_is_never_shorter_than_the_timer_interval() -> None:
     directory = new_driver_dir()
     context = DriverContext(
         directory=directory,
         timer_interval_ns=5_000_000,
         idle_max_wait_ns=1_000_000,
+        conductor_idle_max_wait_ns=1_000_000,
         cnc_layout=CncLayout.sized(64 * 1024, 64 * 1024, 64 * 1024, 64 * 1024),
     )
     driver = MediaDriver.launch(context)
