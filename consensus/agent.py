@@ -3345,6 +3345,7 @@ class ConsensusModuleAgent:
             self.on_election_complete()
             for session in self.sessions.values():
                 session.has_new_leader_event_pending = True  # a new term: clients learn its id
+            if self.sessions:
                 self._session_events_pending = True
         else:
             self.term_base_log_position = self.election.election.term_base_log_position

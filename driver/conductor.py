@@ -195,11 +195,14 @@ class DriverConductor:
 
     def idle_wait_ns(self) -> int:
         """How long the conductor may sleep when a duty cycle found nothing:
-        the timer interval while a closed publication drains or an image at
-        its end of stream waits to be read (their subscribers are told
-        promptly once they have read it), until the first linger ends, else
-        its idle wait.  Commands and the data plane's events ring it sooner."""
+        the timer interval while a closed publication drains (its subscribers
+        are told promptly), the data plane's idle wait while an image at its
+        end of stream waits to be read (a subscriber that never reads keeps
+        it so until the image times out: no faster than the conductor's pace
+        before its own idle wait), until the first linger ends, else its
+        idle wait.  Commands and the data plane's events ring it sooner."""
         timer_interval_ns = self.context.timer_interval_ns
+        ended_image_wait_ns = max(timer_interval_ns, self.context.idle_max_wait_ns)
         wait_ns = max(timer_interval_ns, self.context.conductor_idle_max_wait_ns)
         for publication in self.publications:
             if publication.state is PublicationState.DRAINING:
@@ -209,8 +212,12 @@ class DriverConductor:
         for image in self.images:
             if image.status is PublicationState.LINGER:
                 wait_ns = min(wait_ns, max(image.linger_deadline_ns - self._now_ns, timer_interval_ns))
-            elif image.status is PublicationState.ACTIVE and image.receive_status().is_end_of_stream:
-                return timer_interval_ns
+            elif (
+                wait_ns > ended_image_wait_ns
+                and image.status is PublicationState.ACTIVE
+                and image.receive_status().is_end_of_stream
+            ):
+                wait_ns = ended_image_wait_ns
         return wait_ns
 
     def _invalid_packet(self, message: str) -> None:

@@ -56,8 +56,9 @@ class DriverContext:
     # The conductor (Python: commands, liveness, lingering resources) sleeps
     # up to this long when idle: commands and the data plane's events ring
     # it, and its timers are in seconds.  It keeps the timer interval while a
-    # closed publication drains or an image that reached its end of stream
-    # waits for its subscribers to read it (their reading rings nobody).
+    # closed publication drains, and the data plane's idle wait while an image
+    # that reached its end of stream waits for its subscribers to read it
+    # (their reading rings nobody).
     conductor_idle_max_wait_ns: int = 100_000_000
     # A new UDP publication sends SETUP again after this long while no
     # receiver has answered, doubling up to Aeron's 100 ms setup timeout: a
