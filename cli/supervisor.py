@@ -34,7 +34,7 @@ Supervision
 -----------
 
 Each process writes its output to ``<log_dir>/<name>.log``.  The supervisor
-polls them with psutil once per duty cycle (100 ms, every wait bounded).
+waits for their exits on pidfds, waking at least once per duty cycle (100 ms).
 When one dies unexpectedly it says which, how (exit code or signal) and the
 last lines of its log, stops the others in order and exits 1.  SIGINT,
 SIGTERM or SIGHUP stop the node in order: SIGTERM to the consensus module
@@ -73,8 +73,10 @@ import ctypes
 import functools
 import getpass
 import importlib
+import math
 import os
 import random
+import select
 import signal
 import socket
 import subprocess
@@ -1156,6 +1158,7 @@ class Child:
         self.popen: subprocess.Popen[bytes] | None = None
         self.process: psutil.Process | None = None
         self.returncode: int | None = None
+        self.exit_fd: int | None = None  # a pidfd, readable once it exits (None: polled instead)
         self.killed = False  # the supervisor had to SIGKILL it
         self._start_offset = 0
 
@@ -1198,6 +1201,7 @@ class Child:
                 close_fds=True,
             )
         self.process = psutil.Process(self.popen.pid)
+        self.exit_fd = _exit_fd(self.popen.pid)
 
     def output(self) -> str:
         try:
@@ -1215,21 +1219,25 @@ class Child:
         return self.spec.ready_text in self.output()
 
     def poll(self) -> int | None:
-        """The exit code once it exited (reaped here, through psutil), else None."""
-        if self.returncode is not None or self.process is None:
+        """The exit code once it exited (reaped here), else None.  One waitpid
+        through the Popen: psutil's wait(timeout=0) costs a pidfd, a poll and
+        an exception per call, and the idle supervisor asks each child every cycle."""
+        if self.returncode is not None or self.popen is None:
             return self.returncode
-        try:
-            code = self.process.wait(timeout=0)
-        except psutil.TimeoutExpired:
-            return None
-        self._exited(code)
+        code = self.popen.poll()
+        if code is not None:
+            self._exited(code)
         return self.returncode
 
     def _exited(self, code: int | None) -> None:
-        # psutil reaped it: tell the Popen object, which would otherwise try again.
+        # Reaped (by the Popen, or by psutil's wait_procs where there is no
+        # pidfd): the Popen object must know, or it would try again.
         self.returncode = int(code) if code is not None else 0
         if self.popen is not None:
             self.popen.returncode = self.returncode
+        if self.exit_fd is not None:
+            fd, self.exit_fd = self.exit_fd, None
+            os.close(fd)
 
     @property
     def alive(self) -> bool:
@@ -1249,6 +1257,46 @@ class Child:
             self.send(signal.SIGKILL)
 
 
+def _exit_fd(pid: int) -> int | None:
+    """A pidfd for the child ``pid``, or None where the system has none (not
+    Linux, or a kernel before 5.3): its exit is then polled for."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        fd: int = pidfd_open(pid)
+    except OSError:
+        return None
+    return fd
+
+
+def wait_for_exit(children: Iterable[Child], timeout_s: float) -> None:
+    """Sleep up to ``timeout_s`` or until one of ``children`` exits, and reap
+    the ones that did.  One poll() over all their pidfds (Python's descriptors
+    are close-on-exec: no child inherits another's): any child's exit wakes it
+    at once, and an idle supervisor wakes once per duty cycle.  (psutil's
+    wait_procs waits on one child at a time: the local cluster's supervisor
+    woke twice as often, for three times the CPU.)"""
+    alive = [child for child in children if child.alive]
+    if not alive:
+        return
+    fds = [child.exit_fd for child in alive]
+    if any(fd is None for fd in fds):
+        processes = {child.process: child for child in alive if child.process is not None}
+        gone, _ = psutil.wait_procs(list(processes), timeout=timeout_s)
+        for process in gone:
+            processes[process]._exited(getattr(process, "returncode", None))
+        return
+    poller = select.poll()
+    by_fd = {}
+    for child in alive:
+        assert child.exit_fd is not None
+        by_fd[child.exit_fd] = child
+        poller.register(child.exit_fd, select.POLLIN)
+    for fd, _ in poller.poll(max(0, math.ceil(timeout_s * 1000))):
+        by_fd[fd].poll()
+
+
 def wait_all(
     children: Iterable[Child], timeout_s: float, interrupted: Callable[[], bool] = lambda: False
 ) -> list[Child]:
@@ -1258,12 +1306,7 @@ def wait_all(
         alive = [child for child in children if child.alive]
         if not alive or time.monotonic() >= deadline or interrupted():
             return alive
-        processes = [child.process for child in alive if child.process is not None]
-        gone, _ = psutil.wait_procs(processes, timeout=min(DUTY_CYCLE_S, max(0.0, deadline - time.monotonic())))
-        for process in gone:
-            for child in alive:
-                if child.process is process:
-                    child._exited(getattr(process, "returncode", None))
+        wait_for_exit(alive, min(DUTY_CYCLE_S, max(0.0, deadline - time.monotonic())))
 
 
 def _write_line(stream: TextIO, line: str) -> None:
@@ -1458,10 +1501,7 @@ class Supervisor:
         return None
 
     def _first_dead(self, timeout_s: float) -> Child | None:
-        processes = {child.process: child for child in self.children if child.process is not None and child.alive}
-        gone, _ = psutil.wait_procs(list(processes), timeout=timeout_s)
-        for process in gone:
-            processes[process]._exited(getattr(process, "returncode", None))
+        wait_for_exit([child for child in self.children if child.started], timeout_s)
         return self.dead_child()
 
     def _death_text(self, child: Child, when: str = "") -> str:
@@ -1683,18 +1723,11 @@ class LocalClusterSupervisor:
 
     def _wait(self, timeout_s: float) -> None:
         """Sleep up to ``timeout_s``, waking when any process of a running node exits."""
-        watched = {
-            child.process: child
-            for node in self.running
-            for child in node.children
-            if child.process is not None and child.alive
-        }
-        if not watched:
+        watched = [child for node in self.running for child in node.children if child.started]
+        if not any(child.returncode is None for child in watched):
             time.sleep(timeout_s)
             return
-        gone, _ = psutil.wait_procs(list(watched), timeout=timeout_s)
-        for process in gone:
-            watched[process]._exited(getattr(process, "returncode", None))
+        wait_for_exit(watched, timeout_s)
 
     def _stop_on_request(self) -> int:
         name = signal.Signals(self._signals.first_signum or signal.SIGTERM).name

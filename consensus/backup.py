@@ -140,7 +140,10 @@ class ClusterBackupContext:
     backup_progress_timeout_ns: int = 10_000_000_000
     cool_down_interval_ns: int = 1_000_000_000
     encoded_credentials: bytes = b""
-    idle_max_wait_ns: int = 10_000_000
+    # The longest an idle backup sleeps while BACKING_UP (its archive records
+    # the live log; what it does itself is seconds apart); in every other
+    # state it keeps the slow tick's pace (SLOW_TICK_INTERVAL_NS).
+    idle_max_wait_ns: int = 100_000_000
     mark_file_liveness_timeout_ms: int = 10_000
     # Testing hook: called with each state change (old, new).
     on_state_change: Callable[[ClusterBackupState, ClusterBackupState], None] | None = field(default=None, repr=False)
@@ -307,6 +310,18 @@ class ClusterBackupAgent:
             self._set_state(ClusterBackupState.RESET_BACKUP)
             work += 1
         return work
+
+    def idle_wait_ns(self, max_wait_ns: int, now_ms: int) -> int:
+        """How long the idle backup may sleep.  BACKING_UP: up to ``max_wait_ns``
+        or until its next query, whichever is sooner (the live log's position
+        is mirrored into its counter at that pace).  Any other state, or a query
+        overdue: the slow tick's pace, for the answers, replications and
+        recording signals it is waiting on, which no ring announces."""
+        slow = min(max_wait_ns, SLOW_TICK_INTERVAL_NS)
+        if self.state is not ClusterBackupState.BACKING_UP:
+            return slow
+        until_query_ns = (self.next_query_deadline_counter.get() - now_ms) * 1_000_000
+        return max(slow, min(max_wait_ns, until_query_ns))
 
     def _slow_tick(self) -> int:
         work = self.aeron.do_work(self._now_ns)
@@ -953,6 +968,8 @@ class ClusterBackup:
                 next_mark_ms = now_ms + 1000
             if self.aeron.is_closed:
                 raise ClusterBackupError("the media driver went away")
+            if not work:
+                idle.max_wait_ns = agent.idle_wait_ns(self.context.idle_max_wait_ns, now_ms)
             idle.idle(work)
         return "stopped on request"
 

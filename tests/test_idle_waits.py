@@ -7,7 +7,8 @@ module still wakes for its own duties (its heartbeat, its leader's timeout, a
 cluster timer), and keeps the slow tick's pace (10 ms) while something no
 ring announces is under way: an election, a session being opened or told of
 an event, a follower catching up, an ingress to reconnect.  A service keeps
-that pace while it joins a log or awaits its termination.  (At the old
+that pace while it joins a log or awaits its termination; a ClusterBackup
+keeps it in every state but BACKING_UP.  (At the old
 10 ms pace, an idle three-member cluster's Python agents woke about a
 thousand times a second between them, and under a ping load those wake-ups
 took the two cores from the round trip.)
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent
+from fulmar.consensus.backup import SLOW_TICK_INTERVAL_NS, ClusterBackupAgent, ClusterBackupState
 from fulmar.consensus.cluster_session import ClusterSessionState
 from fulmar.service.agent import NULL_POSITION, ClusteredServiceAgent
 from fulmar.service.context import ServiceContext
@@ -136,3 +138,20 @@ def test_a_service_sleeps_long_while_it_follows_its_log_and_keeps_the_slow_tick_
     assert service_wait(_active_log=object()) == slow  # a log to join: its image, or a retry
     assert service_wait(_termination_position=4096) == slow
     assert service_wait(_commit_watched=False) == slow  # commits are then noticed by the wait
+
+
+def backup_wait(state: ClusterBackupState, next_query_ms: int, now_ms: int) -> int:
+    """The idle wait of a backup in ``state`` whose next query is due at ``next_query_ms``."""
+    agent = SimpleNamespace(state=state, next_query_deadline_counter=SimpleNamespace(get=lambda: next_query_ms))
+    return ClusterBackupAgent.idle_wait_ns(agent, MAX_WAIT, now_ms)  # type: ignore[arg-type]
+
+
+def test_a_backup_sleeps_long_only_while_backing_up_and_wakes_for_its_next_query() -> None:
+    now_ms = 1_700_000_000_000
+    assert backup_wait(ClusterBackupState.BACKING_UP, now_ms + 5_000, now_ms) == MAX_WAIT
+    assert backup_wait(ClusterBackupState.BACKING_UP, now_ms + 30, now_ms) == 30 * MS
+    # Overdue (not yet sent): the slow tick's pace, never a spin.
+    assert backup_wait(ClusterBackupState.BACKING_UP, now_ms - 1_000, now_ms) == SLOW_TICK_INTERVAL_NS
+    for state in ClusterBackupState:
+        if state is not ClusterBackupState.BACKING_UP:
+            assert backup_wait(state, now_ms + 5_000, now_ms) == SLOW_TICK_INTERVAL_NS, state.name
