@@ -185,6 +185,7 @@ class CommitThread:
         arm.schema_id = codecs.SCHEMA_ID
         arm.append_position_template_id = codecs.AppendPositionDecoder.TEMPLATE_ID
         arm.append_position_length = _APPEND_POSITION_LENGTH
+        arm.append_position_block_length = codecs.AppendPositionDecoder.BLOCK_LENGTH
         arm.leadership_term_id_offset = _TERM_OFFSET
         arm.log_position_offset = _APPEND_POSITION_OFFSET
         arm.follower_member_id_offset = _MEMBER_OFFSET
@@ -237,6 +238,7 @@ class CommitThread:
         arm.schema_id = codecs.SCHEMA_ID
         arm.commit_position_template_id = codecs.CommitPositionDecoder.TEMPLATE_ID
         arm.commit_position_length = _COMMIT_POSITION_LENGTH
+        arm.commit_position_block_length = codecs.CommitPositionDecoder.BLOCK_LENGTH
         arm.leadership_term_id_offset = _COMMIT_TERM_OFFSET
         arm.log_position_offset = _COMMIT_POSITION_OFFSET
         arm.leader_member_id_offset = _COMMIT_LEADER_OFFSET

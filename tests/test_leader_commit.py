@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from driver_support import wait_for
+from fulmar.codecs.errors import CodecError
 from fulmar._native import ffi, lib
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
@@ -234,6 +235,52 @@ def test_reports_of_another_term_or_member_are_passed_over_and_other_messages_ha
 
     wait_for(read_on, 10, "the agent to read what the thread left")
     assert read == [codecs.CanvassPositionEncoder.TEMPLATE_ID, codecs.AppendPositionEncoder.TEMPLATE_ID]
+
+
+def with_block_length(message: bytes, block_length: int) -> bytes:
+    """The message with its SBE header's block length replaced."""
+    edited = bytearray(message)
+    struct.pack_into("<H", edited, 0, block_length)
+    return bytes(edited)
+
+
+def append_position(term: int, position: int, member: int) -> bytes:
+    message = bytearray(codecs.HEADER_LENGTH + codecs.AppendPositionEncoder.BLOCK_LENGTH)
+    length = codecs.AppendPositionEncoder.encode(
+        message, 0, leadership_term_id=term, log_position=position, follower_member_id=member, flags=0
+    )
+    return bytes(message[:length])
+
+
+# A block length past the message's end, one short of its last field (the
+# agent's decoder refuses both), and a longer one of a newer version in a
+# message that holds it (the decoder's to read: its extension rule).
+OFF_BLOCK_LENGTHS = [(60_000, False), (codecs.AppendPositionEncoder.BLOCK_LENGTH - 1, False), (29, True)]
+
+
+@pytest.mark.parametrize("block_length, decodable", OFF_BLOCK_LENGTHS)
+def test_a_report_whose_block_length_is_not_the_schemas_is_handed_back_to_the_agent(
+    aeron: Aeron, thread: CommitThread, block_length: int, decodable: bool
+) -> None:
+    """Read here, an AppendPosition with a forged block length passed for a
+    report and never reached the agent, which counts and logs malformed
+    consensus messages (a stranger's image on the consensus stream)."""
+    leader = Leader(aeron, thread)
+    leader.record(8192)
+    leader.arm(sent_position=0)
+    message = with_block_length(append_position(TERM, 4096, 1), block_length)
+    if decodable:
+        message += bytes(codecs.HEADER_LENGTH + block_length - len(message))
+        assert codecs.decode(message, 0, len(message)).log_position == 4096
+    else:
+        with pytest.raises(CodecError):
+            codecs.decode(message, 0, len(message))
+    leader.offer(1, message)
+    wait_for(lambda: thread.state().status == NEEDS_AGENT, 10, "the thread to hand back")
+    assert thread.state().reason == OTHER_MESSAGE
+    assert thread.counts()["append_positions"] == 0
+    assert thread.state().follower_positions == (0, 0)
+    assert leader.commit() == 0
 
 
 def test_an_idle_thread_passes_each_ring_on_to_the_agent(aeron: Aeron, thread: CommitThread) -> None:
@@ -509,6 +556,32 @@ def test_a_follower_passes_over_old_commit_positions_and_hands_back_a_newer_term
 
     wait_for(lambda: image.poll(on_fragment, 10) > 0 or bool(terms), 10, "the agent to read what was left")
     assert terms == [TERM + 1]
+
+
+@pytest.mark.parametrize("block_length, decodable", [(60_000, False), (19, False), (28, True)])
+def test_a_follower_hands_back_a_commit_position_whose_block_length_is_not_the_schemas(
+    aeron: Aeron, thread: CommitThread, block_length: int, decodable: bool
+) -> None:
+    follower = Follower(aeron, thread)
+    end = follower.client_message(1)
+    follower.record(end)
+    follower.arm()
+    message = bytearray(codecs.HEADER_LENGTH + codecs.CommitPositionEncoder.BLOCK_LENGTH)
+    length = codecs.CommitPositionEncoder.encode(
+        message, 0, leadership_term_id=TERM, log_position=end, leader_member_id=LEADER_OF_FOLLOWER
+    )
+    forged = with_block_length(bytes(message[:length]), block_length)
+    if decodable:
+        forged += bytes(codecs.HEADER_LENGTH + block_length - len(forged))
+        assert codecs.decode(forged, 0, len(forged)).log_position == end
+    else:
+        with pytest.raises(CodecError):
+            codecs.decode(forged, 0, len(forged))
+    wait_for(lambda: follower.from_leader.offer(forged) > 0, 10, "the leader's offer")
+    wait_for(lambda: thread.follower_state().status == NEEDS_AGENT, 10, "the thread to hand back")
+    assert thread.follower_state().reason == OTHER_MESSAGE
+    assert thread.follower_state().notified_commit_position == 0
+    assert follower.commit() == 0
 
 
 def test_a_follower_hands_back_any_log_entry_but_a_client_message(aeron: Aeron, thread: CommitThread) -> None:

@@ -85,9 +85,18 @@ static void watch_recording(fulmar_leader_commit_t *thread, int32_t wanted)
     thread->recording_watched = wanted;
 }
 
-static int32_t is_message(const char *message, int32_t length, int32_t min_length, int32_t schema_id, int32_t template_id)
+/* Whether the thread may read the message itself.  Its header must give the
+ * schema's own block length, within the message: one whose block length runs
+ * past its end, or stops short of a field, is malformed to the agent's decoder,
+ * which counts and logs it; one of another version is the decoder's to read.
+ * Read here, either would pass for a report and never reach the agent. */
+static int32_t is_message(
+    const char *message, int32_t length, int32_t min_length, int32_t block_length, int32_t schema_id,
+    int32_t template_id)
 {
-    return length >= min_length && fa_read_u16(message + SBE_TEMPLATE_ID_OFFSET) == (uint16_t)template_id &&
+    return length >= min_length && length >= SBE_HEADER_LENGTH + block_length &&
+        fa_read_u16(message + SBE_BLOCK_LENGTH_OFFSET) == (uint16_t)block_length &&
+        fa_read_u16(message + SBE_TEMPLATE_ID_OFFSET) == (uint16_t)template_id &&
         fa_read_u16(message + SBE_SCHEMA_ID_OFFSET) == (uint16_t)schema_id;
 }
 
@@ -95,7 +104,9 @@ static int32_t is_message(const char *message, int32_t length, int32_t min_lengt
 static int32_t take_append_position(fulmar_leader_commit_t *thread, const char *message, int32_t length, int64_t now_ns)
 {
     const fulmar_leader_commit_arm_t *arm = &thread->arm;
-    if (!is_message(message, length, arm->append_position_length, arm->schema_id, arm->append_position_template_id))
+    if (!is_message(
+            message, length, arm->append_position_length, arm->append_position_block_length, arm->schema_id,
+            arm->append_position_template_id))
     {
         return 0;
     }
@@ -126,7 +137,9 @@ static int32_t take_append_position(fulmar_leader_commit_t *thread, const char *
 static int32_t take_commit_position(fulmar_leader_commit_t *thread, const char *message, int32_t length, int64_t now_ns)
 {
     const fulmar_follower_commit_arm_t *arm = &thread->follower_arm;
-    if (!is_message(message, length, arm->commit_position_length, arm->schema_id, arm->commit_position_template_id))
+    if (!is_message(
+            message, length, arm->commit_position_length, arm->commit_position_block_length, arm->schema_id,
+            arm->commit_position_template_id))
     {
         return 0;
     }
@@ -360,9 +373,8 @@ static int32_t walk_log(fulmar_leader_commit_t *thread, int64_t limit)
         {
             const char *message = frame + FULMAR_HEADER_LENGTH;
             if ((uint8_t)frame[5] != FULMAR_FLAG_UNFRAGMENTED ||
-                !is_message(message, frame_length - FULMAR_HEADER_LENGTH, session_message_length, arm->schema_id,
-                    arm->session_message_template_id) ||
-                fa_read_u16(message + SBE_BLOCK_LENGTH_OFFSET) != (uint16_t)arm->session_message_block_length ||
+                !is_message(message, frame_length - FULMAR_HEADER_LENGTH, session_message_length,
+                    arm->session_message_block_length, arm->schema_id, arm->session_message_template_id) ||
                 fa_read_i64(message + arm->cluster_session_id_offset) < 0)
             {
                 needs_agent(thread, FULMAR_LEADER_COMMIT_LOG_MESSAGE);
@@ -513,7 +525,9 @@ int32_t fulmar_leader_commit_arm(fulmar_leader_commit_t *thread, const fulmar_le
         !fits(arm->leadership_term_id_offset, 8, arm->append_position_length) ||
         !fits(arm->log_position_offset, 8, arm->append_position_length) ||
         !fits(arm->follower_member_id_offset, 4, arm->append_position_length) ||
-        arm->append_position_length < SBE_SCHEMA_ID_OFFSET + 2 || arm->recording_position_id < 0 ||
+        arm->append_position_length < SBE_SCHEMA_ID_OFFSET + 2 ||
+        SBE_HEADER_LENGTH + arm->append_position_block_length < arm->append_position_length ||
+        arm->append_position_block_length > UINT16_MAX || arm->recording_position_id < 0 ||
         arm->recording_position_id >= counters || arm->commit_position_id < 0 || arm->commit_position_id >= counters)
     {
         return -1;
@@ -570,6 +584,8 @@ int32_t fulmar_leader_commit_arm_follower(fulmar_leader_commit_t *thread, const 
     const int64_t counters = thread->values_length / FULMAR_COUNTER_LENGTH;
     if (arm->image_count < 0 || arm->image_count > FULMAR_LEADER_COMMIT_MAX_IMAGES ||
         arm->commit_position_length < SBE_SCHEMA_ID_OFFSET + 2 ||
+        SBE_HEADER_LENGTH + arm->commit_position_block_length < arm->commit_position_length ||
+        arm->commit_position_block_length > UINT16_MAX ||
         !fits(arm->leadership_term_id_offset, 8, arm->commit_position_length) ||
         !fits(arm->log_position_offset, 8, arm->commit_position_length) ||
         !fits(arm->leader_member_id_offset, 4, arm->commit_position_length) ||

@@ -128,6 +128,7 @@ typedef struct
     int32_t schema_id;
     int32_t append_position_template_id;
     int32_t append_position_length;          /* the shortest message holding every field below */
+    int32_t append_position_block_length;    /* its SBE block length: a message with any other goes to the agent */
     int32_t leadership_term_id_offset;
     int32_t log_position_offset;
     int32_t follower_member_id_offset;
@@ -155,6 +156,7 @@ typedef struct
      * fields below, and their offsets from the message's first byte. */
     int32_t commit_position_template_id;
     int32_t commit_position_length;
+    int32_t commit_position_block_length;    /* a message with any other goes to the agent */
     int32_t leadership_term_id_offset;
     int32_t log_position_offset;
     int32_t leader_member_id_offset;
