@@ -805,6 +805,14 @@ def consensus(
 @click.option("--member-id", type=int, default=0)
 @click.option("--cluster-id", type=int, default=0)
 @click.option("--archive-control-channel", default=_CM_DEFAULTS.archive_control_channel)
+@click.option(
+    "--follower-apply-interval",
+    type=Duration(),
+    default=format_duration(ServiceContext.follower_apply_interval_ns),
+    help="While this member does not lead, apply what is committed at most this often once caught up "
+    "(each pass takes all of it): a follower's service answers no client, and its wake-up at every commit "
+    "takes a core from the leader's service.  0s: on every commit.",
+)
 def service(
     cluster_dir: str,
     driver_dir: str | None,
@@ -813,6 +821,7 @@ def service(
     member_id: int,
     cluster_id: int,
     archive_control_channel: str,
+    follower_apply_interval: int,
 ) -> None:
     """Run a clustered service container with the given service in the foreground."""
     log_lines.identify(f"service {service_id}", member_id)
@@ -824,6 +833,7 @@ def service(
         cluster_id=cluster_id,
         service_name=service_name,
         archive_control_channel=archive_control_channel,
+        follower_apply_interval_ns=follower_apply_interval,
     )
 
     def announce(container: ServiceContainer) -> None:

@@ -328,6 +328,10 @@ def _node_options() -> list[Option]:
     ]
 
 
+# The [service] keys the node itself reads (the rest mirror ``cluster-node service``).
+_SERVICE_PLACES = {("service", "service"), ("service", "count")}
+
+
 def _service_options() -> list[Option]:
     return [
         Option(
@@ -382,6 +386,7 @@ def build_options(commands: Mapping[str, click.Command]) -> list[Option]:
     for section in ("driver", "archive", "consensus"):
         options.extend(_mirrored_options(section, commands[section]))
     options.extend(_service_options())
+    options.extend(_mirrored_options("service", commands["service"]))
     return options
 
 
@@ -531,6 +536,7 @@ class NodeConfig:
                 "--service-id",
                 str(service_id),
                 *identity,
+                *mirrored("service"),
             ]
             if archive_control is not None:
                 args += ["--archive-control-channel", str(archive_control)]
@@ -562,19 +568,21 @@ class NodeConfig:
         if self.cpu_policy != DEFAULT_CPU_POLICY:
             node["cpu_policy"] = self.cpu_policy
         lines += [f"{key} = {_toml_value(value)}" for key, value in node.items()]
-        for section in ("driver", "archive", "consensus"):
+        for section in ("driver", "archive", "consensus", "service"):
             entries = [
                 (key, value)
                 for (s, key), value in self.values.items()
                 if s == section and not self.options[(s, key)].secret
             ]
-            if entries:
+            if section == "service":
+                lines += ["", "[service]", f"service = {_toml_value(self.service)}", f"count = {self.service_count}"]
+            elif entries:
                 lines += ["", f"[{section}]"]
-                for key, value in entries:
-                    option = self.options[(section, key)]
-                    shown = value if option.is_flag or isinstance(value, str) else option.text(value)
-                    lines.append(f"{key} = {_toml_value(shown)}")
-        lines += ["", "[service]", f"service = {_toml_value(self.service)}", f"count = {self.service_count}", ""]
+            for key, value in entries:
+                option = self.options[(section, key)]
+                shown = value if option.is_flag or isinstance(value, str) else option.text(value)
+                lines.append(f"{key} = {_toml_value(shown)}")
+        lines.append("")
         return "\n".join(lines)
 
 
@@ -669,7 +677,8 @@ def resolve_config(
         where = f" in {config_path}" if config_path else ""
         raise ConfigError(f'no service to run: set [service] service = "module:Class"{where} or pass --service')
     ingress = resolved.get(("consensus", "ingress_channel"), by_place[("consensus", "ingress_channel")].default_text)
-    values = {place: value for place, value in resolved.items() if place[0] in ("driver", "archive", "consensus")}
+    # What the processes take on their command lines: all but [node] and the service to run.
+    values = {place: value for place, value in resolved.items() if place[0] != "node" and place not in _SERVICE_PLACES}
     return NodeConfig(
         member_id=member_id,
         cluster_id=int(resolved.get(("node", "cluster_id"), 0)),

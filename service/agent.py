@@ -154,6 +154,7 @@ class ClusteredServiceAgent:
         self.member_id = context.member_id
         self.consensus_module_pid: int | None = None  # the module this service follows (found at start)
         self.role = Role.FOLLOWER
+        self.log_applied_ns = 0  # (time.monotonic_ns) when a duty cycle last applied log
         self.leadership_term_id = protocol.NULL_VALUE
         self.time = 0
         self.log_position = 0
@@ -313,9 +314,22 @@ class ClusteredServiceAgent:
                 self._join_retry.on_failure(now_ns)
             else:
                 self._join_retry.on_success()
-        work += self._poll_log()
-        work += self.service.do_background_work(now_ns)
+        applied = self._poll_log()
+        if applied:
+            self.log_applied_ns = now_ns
+        work += applied + self.service.do_background_work(now_ns)
         return work
+
+    def pause_ns(self, now_ns: int) -> int:
+        """How long a container with nothing to do waits before it may be
+        rung again: a service that does not lead applied log less than its
+        follower apply interval ago waits out the rest (a ring meanwhile
+        finds nobody asleep on the doorbell, and costs its module no wake-up
+        call); any other waits on its doorbell at once (0)."""
+        interval = self.context.follower_apply_interval_ns
+        if interval <= 0 or self.role is Role.LEADER:
+            return 0
+        return max(0, self.log_applied_ns + interval - now_ns)
 
     def _on_control_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         try:

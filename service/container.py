@@ -166,6 +166,10 @@ class ServiceContainer:
                     if not _consensus_module_alive(Path(self.context.cluster_dir), agent.consensus_module_pid):
                         return "the consensus module went away"
             if not work:
+                pause_ns = agent.pause_ns(now_ns)
+                if pause_ns:
+                    idle.pause(pause_ns)  # a follower's: the commits meanwhile are taken together
+                    continue
                 idle.max_wait_ns = agent.idle_wait_ns(max_wait_ns)
             idle.idle(work)
         return f"terminated at log position {agent.log_position}"

@@ -249,6 +249,7 @@ class LocalCluster:
         extra_consensus_args: Sequence[str] = FAST_ELECTION_ARGS,
         extra_archive_args: Sequence[str] = (),
         extra_driver_args: Sequence[str] = (),
+        extra_service_args: Sequence[str] = (),
         ready_timeout_s: float = 60,
     ) -> None:
         self.size = members
@@ -257,6 +258,7 @@ class LocalCluster:
         self.extra_consensus_args = list(extra_consensus_args)
         self.extra_archive_args = list(extra_archive_args)
         self.extra_driver_args = list(extra_driver_args)
+        self.extra_service_args = list(extra_service_args)
         self.ready_timeout_s = ready_timeout_s
         self.ports = supervisor.allocate_local_ports(members)
         self.cluster_members = supervisor.local_members_string(self.ports)
@@ -347,6 +349,7 @@ class LocalCluster:
                 self.service_name,
                 "--member-id",
                 str(member),
+                *self.extra_service_args,
             ]
         raise ValueError(f"no process kind {kind!r} (kinds: {', '.join(KINDS)})")
 
