@@ -809,9 +809,9 @@ def consensus(
     "--follower-apply-interval",
     type=Duration(),
     default=format_duration(ServiceContext.follower_apply_interval_ns),
-    help="While this member does not lead, apply what is committed at most this often once caught up "
-    "(each pass takes all of it): a follower's service answers no client, and its wake-up at every commit "
-    "takes a core from the leader's service.  0s: on every commit.",
+    help="While this member does not lead and commits come faster than this, apply what is committed once "
+    "per interval (each pass takes all of it): a follower's service answers no client, and its wake-up at "
+    "every commit takes a core from the leader's service.  0s: at every commit.",
 )
 def service(
     cluster_dir: str,

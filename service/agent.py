@@ -155,6 +155,7 @@ class ClusteredServiceAgent:
         self.consensus_module_pid: int | None = None  # the module this service follows (found at start)
         self.role = Role.FOLLOWER
         self.log_applied_ns = 0  # (time.monotonic_ns) when a duty cycle last applied log
+        self._batching_commits = False  # see pause_ns
         self.leadership_term_id = protocol.NULL_VALUE
         self.time = 0
         self.log_position = 0
@@ -316,20 +317,29 @@ class ClusteredServiceAgent:
                 self._join_retry.on_success()
         applied = self._poll_log()
         if applied:
+            if now_ns - self.log_applied_ns < self.context.follower_apply_interval_ns:
+                self._batching_commits = True  # commits come faster than the interval
             self.log_applied_ns = now_ns
         work += applied + self.service.do_background_work(now_ns)
         return work
 
     def pause_ns(self, now_ns: int) -> int:
-        """How long a container with nothing to do waits before it may be
-        rung again: a service that does not lead applied log less than its
-        follower apply interval ago waits out the rest (a ring meanwhile
-        finds nobody asleep on the doorbell, and costs its module no wake-up
-        call); any other waits on its doorbell at once (0)."""
-        interval = self.context.follower_apply_interval_ns
-        if interval <= 0 or self.role is Role.LEADER:
+        """How long a container with nothing to do sleeps off its doorbell
+        before it waits on it again.  A service that does not lead, once
+        commits come faster than its follower apply interval, waits out the
+        rest of the interval after each pass (a commit's ring meanwhile finds
+        nobody asleep, and costs its module no wake-up call), and goes back
+        to its doorbell after a pass that found nothing; one whose commits
+        come slower waits on its doorbell at once (0), as any leader's does:
+        a pause after each of them would only add a wake-up."""
+        if not self._batching_commits:
             return 0
-        return max(0, self.log_applied_ns + interval - now_ns)
+        if self.role is not Role.LEADER:
+            remaining = self.log_applied_ns + self.context.follower_apply_interval_ns - now_ns
+            if remaining > 0:
+                return remaining
+        self._batching_commits = False
+        return 0
 
     def _on_control_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         try:

@@ -37,12 +37,13 @@ class ServiceContext:
     # slow tick's pace (ClusteredServiceAgent.idle_wait_ns).
     idle_max_wait_ns: int = 100_000_000
     slow_tick_interval_ns: int = 10_000_000
-    # A service that does not lead applies what is committed at most this
-    # often once it has caught up: no client waits on a follower's service,
-    # and on a few shared cores its wake-up at every commit takes a core from
-    # the leader's service and driver, which answer the client at that moment.
-    # It still takes all that is committed on each pass, so it never falls
-    # behind; its module's control messages (a new log, a snapshot, the
-    # termination) wait at most this long.  0: on every commit.
+    # A service that does not lead, while commits come faster than this,
+    # applies what is committed once per interval (ClusteredServiceAgent.
+    # pause_ns): no client waits on a follower's service, and on a few shared
+    # cores its wake-up at every commit takes a core from the leader's service
+    # and driver, which answer the client at that moment.  Each pass takes all
+    # that is committed, so it never falls behind; commits that come slower
+    # are applied as each comes; its module's control messages (a new log, a
+    # snapshot, the termination) wait at most this long.  0: at every commit.
     follower_apply_interval_ns: int = 2_000_000
     mark_file_liveness_timeout_ms: int = 10_000

@@ -1,10 +1,11 @@
-"""A service that does not lead applies what is committed at most once per
-follower apply interval once it has caught up (``cluster-node service
---follower-apply-interval``, 2 ms by default): no client waits on a
+"""A service that does not lead, while commits come faster than its follower
+apply interval (``cluster-node service --follower-apply-interval``, 2 ms by
+default), applies what is committed once per interval: no client waits on a
 follower's service, and on a few shared cores its wake-up at every commit
 takes a core from the leader's service and driver, which answer the client
-at that moment.  The leader's service still applies each commit as it comes.
-(The rest of the suite, chaos included, runs with the default interval.)"""
+at that moment.  Commits that come slower are applied as each comes, with
+one wake-up each, as the leader's service applies all of them.  (The rest
+of the suite, chaos included, runs with the default interval.)"""
 
 from __future__ import annotations
 
@@ -32,6 +33,22 @@ def test_a_followers_service_takes_the_commits_together_and_the_leaders_each_as_
             service = cluster.process(member, "service")
             assert service is not None
             pids[member] = service.process.pid
+
+        # Commits slower than the interval: each applied as it comes, one
+        # wake-up each (a pause after each would be a second).
+        time.sleep(2 * INTERVAL_MS / 1000)  # (the one fixed sleep: past any interval from the warm-up)
+        before = {member: main_thread_wakes(pid) for member, pid in pids.items()}
+        spaced = 25
+        for sequence in range(spaced):
+            payload = b"spaced %d" % sequence
+            assert client.request(payload, 20) == payload
+            time.sleep(2 * INTERVAL_MS / 1000)
+        wakes = {member: main_thread_wakes(pid) - before[member] for member, pid in pids.items()}
+        for member in pids:
+            if member != leader:
+                assert spaced / 2 <= wakes[member] <= 1.5 * spaced, (member, wakes, spaced)
+
+        # Commits faster than the interval.
         before = {member: main_thread_wakes(pid) for member, pid in pids.items()}
         started = time.monotonic()
         round_trips = 0
