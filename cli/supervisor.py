@@ -1289,19 +1289,16 @@ def wait_for_exit(children: Iterable[Child], timeout_s: float) -> None:
     alive = [child for child in children if child.alive]
     if not alive:
         return
-    fds = [child.exit_fd for child in alive]
-    if any(fd is None for fd in fds):
+    by_fd = {fd: child for child in alive if (fd := child.exit_fd) is not None}
+    if len(by_fd) < len(alive):
         processes = {child.process: child for child in alive if child.process is not None}
         gone, _ = psutil.wait_procs(list(processes), timeout=timeout_s)
         for process in gone:
             processes[process]._exited(getattr(process, "returncode", None))
         return
     poller = select.poll()
-    by_fd = {}
-    for child in alive:
-        assert child.exit_fd is not None
-        by_fd[child.exit_fd] = child
-        poller.register(child.exit_fd, select.POLLIN)
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
     for fd, _ in poller.poll(max(0, math.ceil(timeout_s * 1000))):
         by_fd[fd].poll()
 
