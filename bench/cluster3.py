@@ -214,7 +214,9 @@ class LocalCluster:
     client driver; every process reaped and every directory removed by
     ``close`` whatever state it is in."""
 
-    def __init__(self, extra_args: Sequence[str] = (), service: str = SERVICE) -> None:
+    def __init__(
+        self, extra_args: Sequence[str] = (), service: str = SERVICE, client_driver_args: Sequence[str] = ()
+    ) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster3-", dir=DISK_PARENT))
         self.client_driver_dir = Path(tempfile.mkdtemp(prefix="fulmar-bench-cluster3-", dir=SHM_PARENT)) / "client"
         self.ingress_channel = "aeron:udp"
@@ -245,7 +247,7 @@ class LocalCluster:
             for member in range(MEMBERS):
                 self._read_pids(self.local, member)
             self.client_driver = NodeProcess(
-                ["driver", "--dir", str(self.client_driver_dir)],
+                ["driver", "--dir", str(self.client_driver_dir), *client_driver_args],
                 "serving",
                 self.base / "client-driver.log",
                 ready=self._client_driver_ready,

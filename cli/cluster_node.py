@@ -283,6 +283,14 @@ def stop_gate(directories: Sequence[str], timeout_ns: int, name: str) -> StopGat
     "datagram wakes it); its conductor sleeps up to 100 ms.",
 )
 @click.option(
+    "--data-plane-spin",
+    type=Duration(),
+    default=format_duration(_DEFAULTS.data_plane_spin_ns),
+    help="After work, how long the driver's data plane keeps polling before it sleeps: a reply that "
+    "comes meanwhile costs no wake-up, but the poll holds a core (for machines with cores to spare). "
+    "0s: it sleeps at once.",
+)
+@click.option(
     "--idle-strategy",
     type=IdleStrategyName(),
     default=_DEFAULTS.idle_strategy,
@@ -330,6 +338,7 @@ def driver(
     publication_linger: int,
     timer_interval: int,
     idle_max_wait: int,
+    data_plane_spin: int,
     idle_strategy: str,
     terminate_token: str | None,
     keep_files: bool,
@@ -371,6 +380,7 @@ def driver(
         publication_linger_timeout_ns=publication_linger,
         timer_interval_ns=timer_interval,
         idle_max_wait_ns=idle_max_wait,
+        data_plane_spin_ns=data_plane_spin,
         idle_strategy=idle_strategy,
         terminate_token=None if terminate_token is None else terminate_token.encode("utf-8"),
         delete_dir_on_shutdown=not keep_files,

@@ -53,6 +53,12 @@ class DriverContext:
     # 100 ms, status messages every 200 ms) tolerate that, and a dozen idle
     # processes on two cores stop waking a thousand times a second.
     idle_max_wait_ns: int = 20_000_000
+    # After a duty cycle that did work, the data plane polls on for this long
+    # before it sleeps (0: it sleeps at once).  A round trip's next datagram or
+    # offer often comes within tens of microseconds, and a poll is cheaper than
+    # a wake-up; but the poll holds a core, so it is for machines with cores to
+    # spare: off by default.
+    data_plane_spin_ns: int = 0
     # The conductor (Python: commands, liveness, lingering resources) sleeps
     # up to this long when idle: commands and the data plane's events ring
     # it, and its timers are in seconds.  It keeps the timer interval while a

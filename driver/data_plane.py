@@ -196,6 +196,7 @@ class DataPlane:
         idle_max_wait_ns: int,
         prompt_interval_ns: int,
         loss_seed: int,
+        spin_ns: int = 0,
     ) -> None:
         config = ffi.new("fulmar_dp_config_t *")
         config.counters_values = counters_values.address
@@ -205,6 +206,7 @@ class DataPlane:
         config.data_doorbell_fd = fifo_fd
         config.idle_max_wait_ns = idle_max_wait_ns
         config.prompt_interval_ns = prompt_interval_ns
+        config.spin_ns = spin_ns
         config.loss_seed = loss_seed & (2**64 - 1)
         # The mappings the thread writes to must outlive it.
         self._keep = (counters_values, conductor_doorbell, data_doorbell)

@@ -40,7 +40,7 @@ DATA_DOORBELL = 8
 class Harness:
     """A data plane over a private counters buffer and doorbells, with its FIFO."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, spin_ns: int = 0) -> None:
         self.values = AtomicBuffer(mmap.mmap(-1, COUNTERS * COUNTER_LENGTH))
         self.bells = AtomicBuffer(mmap.mmap(-1, 64))
         self.conductor_doorbell = Doorbell(self.bells, CONDUCTOR_DOORBELL)
@@ -57,6 +57,7 @@ class Harness:
             20_000_000,
             1_000_000,
             7,
+            spin_ns,
         )
 
     def counter(self, counter_id: int) -> int:
@@ -153,6 +154,28 @@ def test_a_ring_wakes_the_sleeping_thread(harness: Harness) -> None:
     before = plane.stats().duty_cycles
     wait_for(lambda: harness.data_doorbell.ring(), 5, "a ring that finds the thread asleep")
     wait_for(lambda: plane.stats().duty_cycles > before, 5, "a duty cycle after the ring")
+
+
+def test_a_spinning_data_plane_polls_on_after_work_and_then_sleeps(tmp_path: Path, sockets: list[UdpTransport]) -> None:
+    harness = Harness(tmp_path, spin_ns=1_000_000_000)
+    try:
+        plane = harness.plane
+        wait_for(lambda: plane.stats().sleeps >= 1, 5, "the data plane asleep: no spinning before any work")
+        receiving = open_socket(sockets)
+        plane.add_receive_endpoint(8, 1234, None, None, False, "receive")
+        plane.set_transport(8, 0, receiving.fileno())
+        invalid = harness.counter(SystemCounter.INVALID_PACKETS)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            sender.sendto(b"\x00" * 5, ("127.0.0.1", receiving.local_address[1]))  # work: a datagram read
+        wait_for(lambda: harness.counter(SystemCounter.INVALID_PACKETS) == invalid + 1, 5, "the datagram read")
+        after_work = plane.stats()
+        # Asleep it would cycle once per 20 ms (its idle wait): a thousand
+        # cycles within the one-second window are polls, not wake-ups.
+        wait_for(lambda: plane.stats().duty_cycles >= after_work.duty_cycles + 1000, 5, "polling on after the work")
+        assert plane.stats().sleeps == after_work.sleeps
+        wait_for(lambda: plane.stats().sleeps > after_work.sleeps, 5, "asleep again once the window passed")
+    finally:
+        harness.close()
 
 
 def setup_frame(session_id: int, stream_id: int, term_length: int = 64 * 1024, term_offset: int = 0) -> bytes:

@@ -196,6 +196,7 @@ struct dp_image_stct
 struct fulmar_dp_stct
 {
     pthread_mutex_t lock;
+    int32_t conductor_waiting;      /* the conductor's calls waiting for the lock (atomic): the thread lets them go first */
     pthread_t thread;
     int32_t stop;
     int32_t epoll_fd;

@@ -5,6 +5,7 @@
 #include "_dataplane.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -411,14 +412,30 @@ static void note_readable(fulmar_dp_t *dp, const struct epoll_event *ready, int 
     }
 }
 
+/* The conductor's calls take the lock through here.  The thread lets go of
+ * it and takes it again within nanoseconds between duty cycles (while it has
+ * work, and while it spins), so a caller woken when it let go would mostly
+ * find it taken again: the count makes the thread wait for them instead. */
+static void conductor_lock(fulmar_dp_t *dp)
+{
+    __atomic_add_fetch(&dp->conductor_waiting, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&dp->lock);
+    __atomic_sub_fetch(&dp->conductor_waiting, 1, __ATOMIC_SEQ_CST);
+}
+
 static void *run(void *argument)
 {
     fulmar_dp_t *dp = argument;
     struct epoll_event ready[DP_EPOLL_EVENTS];
     char *doorbell = dp->config.data_doorbell;
+    int64_t spin_until_ns = 0;
 
     for (;;)
     {
+        while (__atomic_load_n(&dp->conductor_waiting, __ATOMIC_SEQ_CST) > 0)
+        {
+            sched_yield();  /* a conductor's call goes first (conductor_lock) */
+        }
         pthread_mutex_lock(&dp->lock);
         if (dp->stop)
         {
@@ -432,10 +449,23 @@ static void *run(void *argument)
         dp->readable_fresh = 0;
         const int32_t work = duty_cycle(dp);
         const int64_t deadline_ns = dp->next_deadline_ns;
+        const int64_t cycle_ns = dp->now_ns;
         pthread_mutex_unlock(&dp->lock);
         if (work > 0)
         {
+            spin_until_ns = cycle_ns + dp->config.spin_ns;
             continue;   /* more may be waiting: each cycle takes a bounded batch */
+        }
+        if (cycle_ns < spin_until_ns)
+        {
+            /* Spinning (opt-in): the answer to what was just sent or
+             * delivered often comes within microseconds, and a poll costs
+             * less than the wake-up a sleep would need.  The doorbell's word
+             * says awake meanwhile, so publishers skip the FIFO's write.
+             * Each poll yields first: a process woken onto this core (under
+             * SCHED_BATCH it would not preempt) runs before the next one. */
+            sched_yield();
+            continue;
         }
 
         if (NULL != doorbell)
@@ -566,7 +596,7 @@ void fulmar_dp_stop(fulmar_dp_t *dp)
     {
         return;
     }
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     dp->stop = 1;
     pthread_mutex_unlock(&dp->lock);
     wake(dp);
@@ -686,7 +716,7 @@ int32_t fulmar_dp_add_send_endpoint(
         return FULMAR_DP_INVALID;
     }
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     if (find_send_endpoint(dp, endpoint_id) >= 0 || find_receive_endpoint(dp, endpoint_id) >= 0)
     {
         result = FULMAR_DP_EXISTS;
@@ -714,7 +744,7 @@ int32_t fulmar_dp_add_send_endpoint(
 int32_t fulmar_dp_add_destination(fulmar_dp_t *dp, int64_t endpoint_id, const fulmar_udp_address_t *destination)
 {
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     const int32_t index = find_send_endpoint(dp, endpoint_id);
     if (index < 0)
     {
@@ -753,7 +783,7 @@ int32_t fulmar_dp_add_destination(fulmar_dp_t *dp, int64_t endpoint_id, const fu
 int32_t fulmar_dp_remove_destination(fulmar_dp_t *dp, int64_t endpoint_id, const fulmar_udp_address_t *destination)
 {
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     const int32_t index = find_send_endpoint(dp, endpoint_id);
     if (index < 0)
     {
@@ -785,7 +815,7 @@ int32_t fulmar_dp_add_receive_endpoint(
     const fulmar_udp_address_t *control, int32_t is_manual, const char *name)
 {
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     if (find_send_endpoint(dp, endpoint_id) >= 0 || find_receive_endpoint(dp, endpoint_id) >= 0)
     {
         result = FULMAR_DP_EXISTS;
@@ -816,7 +846,7 @@ int32_t fulmar_dp_set_transport(fulmar_dp_t *dp, int64_t endpoint_id, int32_t tr
         return FULMAR_DP_FULL;
     }
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     const int32_t index = find_receive_endpoint(dp, endpoint_id);
     if (index < 0)
     {
@@ -854,7 +884,7 @@ int32_t fulmar_dp_set_streams(fulmar_dp_t *dp, int64_t endpoint_id, const int32_
         return FULMAR_DP_FULL;
     }
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     const int32_t index = find_receive_endpoint(dp, endpoint_id);
     if (index < 0)
     {
@@ -873,7 +903,7 @@ int32_t fulmar_dp_set_streams(fulmar_dp_t *dp, int64_t endpoint_id, const int32_
 int32_t fulmar_dp_remove_endpoint(fulmar_dp_t *dp, int64_t endpoint_id)
 {
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     int32_t index;
     if ((index = find_send_endpoint(dp, endpoint_id)) >= 0)
     {
@@ -922,7 +952,7 @@ int32_t fulmar_dp_remove_endpoint(fulmar_dp_t *dp, int64_t endpoint_id)
 int32_t fulmar_dp_add_network_publication(fulmar_dp_t *dp, const fulmar_dp_network_publication_t *config)
 {
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     const int32_t endpoint_index = find_send_endpoint(dp, config->endpoint_id);
     if (endpoint_index < 0)
     {
@@ -963,7 +993,7 @@ int32_t fulmar_dp_add_ipc_publication(
         return FULMAR_DP_INVALID;
     }
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     if (id_taken(dp, registration_id))
     {
         result = FULMAR_DP_EXISTS;
@@ -1004,7 +1034,7 @@ int32_t fulmar_dp_add_ipc_publication(
 int32_t fulmar_dp_add_image(fulmar_dp_t *dp, const fulmar_dp_image_t *config)
 {
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     const int32_t endpoint_index = find_receive_endpoint(dp, config->endpoint_id);
     if (endpoint_index < 0)
     {
@@ -1080,7 +1110,7 @@ int32_t fulmar_dp_set_readers(
         memcpy(replacement.doorbell_ids, doorbell_ids, sizeof(int32_t) * (size_t)doorbell_count);
     }
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     dp_readers_t *readers = readers_of(dp, id);
     if (NULL == readers)
     {
@@ -1114,7 +1144,7 @@ int32_t fulmar_dp_set_readers(
 int32_t fulmar_dp_close_publication(fulmar_dp_t *dp, int64_t registration_id)
 {
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     int32_t index;
     if ((index = find_network_publication(dp, registration_id)) >= 0)
     {
@@ -1143,7 +1173,7 @@ int32_t fulmar_dp_close_publication(fulmar_dp_t *dp, int64_t registration_id)
 int32_t fulmar_dp_trigger_setup(fulmar_dp_t *dp, int64_t registration_id)
 {
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     const int32_t index = find_network_publication(dp, registration_id);
     if (index < 0)
     {
@@ -1163,7 +1193,7 @@ int32_t fulmar_dp_trigger_setup(fulmar_dp_t *dp, int64_t registration_id)
 int32_t fulmar_dp_remove(fulmar_dp_t *dp, int64_t id)
 {
     int32_t result = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     int32_t index;
     if ((index = find_network_publication(dp, id)) >= 0)
     {
@@ -1198,7 +1228,7 @@ int32_t fulmar_dp_publication_status(fulmar_dp_t *dp, int64_t registration_id, f
 {
     int32_t result = 0;
     memset(status, 0, sizeof(*status));
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     int32_t index;
     if ((index = find_network_publication(dp, registration_id)) >= 0)
     {
@@ -1229,7 +1259,7 @@ int32_t fulmar_dp_image_status(fulmar_dp_t *dp, int64_t correlation_id, fulmar_d
 {
     int32_t result = 0;
     memset(status, 0, sizeof(*status));
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     const int32_t index = find_image(dp, correlation_id);
     if (index < 0)
     {
@@ -1249,14 +1279,14 @@ int32_t fulmar_dp_image_status(fulmar_dp_t *dp, int64_t correlation_id, fulmar_d
 
 void fulmar_dp_stats(fulmar_dp_t *dp, fulmar_dp_stats_t *stats)
 {
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     *stats = dp->stats;
     pthread_mutex_unlock(&dp->lock);
 }
 
 int32_t fulmar_dp_has_events(fulmar_dp_t *dp)
 {
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     const int32_t waiting = dp->event_count > 0;
     pthread_mutex_unlock(&dp->lock);
     return waiting;
@@ -1265,7 +1295,7 @@ int32_t fulmar_dp_has_events(fulmar_dp_t *dp)
 int32_t fulmar_dp_poll_events(fulmar_dp_t *dp, fulmar_dp_event_t *events, int32_t max, int64_t *dropped)
 {
     int32_t taken = 0;
-    pthread_mutex_lock(&dp->lock);
+    conductor_lock(dp);
     while (taken < max && dp->event_count > 0)
     {
         events[taken++] = dp->events[dp->event_head];

@@ -55,6 +55,7 @@ typedef struct fulmar_dp_config_stct
     int32_t reserved;
     int64_t idle_max_wait_ns;       /* the longest sleep when nothing is due */
     int64_t prompt_interval_ns;     /* the sleep while readers are behind their writers */
+    int64_t spin_ns;                /* after a cycle with work, how long the thread polls on before it sleeps (0: never) */
     uint64_t loss_seed;             /* seeds the loss injector's two generators */
 }
 fulmar_dp_config_t;
