@@ -30,6 +30,7 @@ from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ConsensusM
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionState
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.leader_ingress import NEEDS_AGENT, RUNNING
+from fulmar.driver.counters import RECEIVER_POSITION_TYPE_ID
 from fulmar.subscription import Subscription
 
 TERM = 5
@@ -84,8 +85,17 @@ class Leader:
         self.logged: list[tuple[int, int, bytes]] = []
         self.timestamps: list[int] = []
 
-    def send(self, message: bytes) -> None:
+    def send(self, message: bytes) -> int:
+        """Offers ``message`` as the client; the client's position after it."""
         wait_for(lambda: self.client.offer(message) > 0, 10, "the client's offer")
+        return self.client.position
+
+    def wait_received(self, position: int) -> None:
+        """Until the ingress image holds everything the client sent up to ``position``."""
+        (image,) = self.agent.ingress.images  # type: ignore[union-attr]
+        counters = self.aeron.counters_reader
+        counter_id = counters.find_by_type_and_registration(RECEIVER_POSITION_TYPE_ID, image.correlation_id)
+        wait_for(lambda: counters.counter_value(counter_id) >= position, 10, f"the ingress image up to {position}")
 
     def read_log(self, count: int) -> list[tuple[int, int, bytes]]:
         """The first ``count`` log messages: (template id, session, what follows a session header)."""
@@ -146,9 +156,12 @@ def test_a_message_the_thread_does_not_take_is_the_agents_in_its_next_cycle(lead
     agent.arm_leader_ingress()
     invalid_before = agent.invalid_requests_counter.get()
     leader.send(encoded(codecs.SessionCloseRequestEncoder, leadership_term_id=TERM, cluster_session_id=SESSION))
-    leader.send(session_message(b"after the close"))
+    sent = leader.send(session_message(b"after the close"))
     wait_for(lambda: thread.status() == NEEDS_AGENT, 10, "the thread to hand back")
     assert agent.has_work()  # (its ring may have come while the agent was awake)
+    # The second message may land after the thread handed back (its own
+    # datagram, on a busy machine): the agent's cycle reads what has landed.
+    leader.wait_received(sent)
 
     agent.do_work(leader.now_ns)  # the agent reads both itself
     assert SESSION not in agent.sessions
