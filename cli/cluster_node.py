@@ -43,6 +43,7 @@ from fulmar.cnc import (
     RING_BUFFER_TRAILER_LENGTH,
     CncLayout,
 )
+from fulmar.channel_uri import INT32_MAX
 from fulmar.counters import COUNTER_LENGTH
 from fulmar.driver.context import DriverContext
 from fulmar.driver.counters import SystemCounter
@@ -263,6 +264,26 @@ def stop_gate(directories: Sequence[str], timeout_ns: int, name: str) -> StopGat
     help="Maximum frame length of IPC publications (a channel's mtu overrides it).",
 )
 @click.option(
+    "--socket-rcvbuf",
+    type=Size(0, INT32_MAX),
+    default=format_size(_DEFAULTS.socket_rcvbuf),
+    help="SO_RCVBUF of UDP sockets (a channel's so-rcvbuf overrides it; 0: the OS default). "
+    "It must hold the receiver window; the OS grants at most net.core.rmem_max.",
+)
+@click.option(
+    "--socket-sndbuf",
+    type=Size(0, INT32_MAX),
+    default=format_size(_DEFAULTS.socket_sndbuf),
+    help="SO_SNDBUF of UDP sockets (a channel's so-sndbuf overrides it; 0: the OS default).",
+)
+@click.option(
+    "--rcv-initial-window-length",
+    type=Size(HEADER_LENGTH + FRAME_ALIGNMENT, INT32_MAX),
+    default=format_size(_DEFAULTS.initial_window_length),
+    help="How far a sender may run ahead of this driver's subscribers on a UDP stream (a channel's "
+    "rcv-wnd overrides it; at most half a term).",
+)
+@click.option(
     "--publication-linger",
     type=Duration(),
     default=format_duration(_DEFAULTS.publication_linger_timeout_ns),
@@ -335,6 +356,9 @@ def driver(
     client_process_check: bool,
     ipc_term_length: int,
     ipc_mtu: int,
+    socket_rcvbuf: int,
+    socket_sndbuf: int,
+    rcv_initial_window_length: int,
     publication_linger: int,
     timer_interval: int,
     idle_max_wait: int,
@@ -377,6 +401,9 @@ def driver(
         client_process_check=client_process_check,
         ipc_term_length=ipc_term_length,
         ipc_mtu=ipc_mtu,
+        socket_rcvbuf=socket_rcvbuf,
+        socket_sndbuf=socket_sndbuf,
+        initial_window_length=rcv_initial_window_length,
         publication_linger_timeout_ns=publication_linger,
         timer_interval_ns=timer_interval,
         idle_max_wait_ns=idle_max_wait,

@@ -53,7 +53,7 @@ from fulmar.driver.network_publication import NetworkPublication
 from fulmar.driver.publication_image import PublicationImage
 from fulmar.driver.receive_channel_endpoint import ReceiveChannelEndpoint
 from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
-from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress, UdpTransport
+from fulmar.driver.udp_transport import ChannelEndpointError, OsBufferLengths, UdpAddress, UdpTransport
 from fulmar.permissions import make_directory
 from fulmar.reader_doorbells import CLIENT_DOORBELL_TYPE_ID, THREAD_DOORBELL_TYPE_ID, LogReaders, client_doorbell
 
@@ -112,8 +112,12 @@ class DriverConductor:
         data_plane: DataPlane,
         epoch_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         ring_doorbell: Callable[[], object] = lambda: None,
+        os_buffers: OsBufferLengths | None = None,
     ) -> None:
         self.context = context
+        # What the OS gives sockets' buffers (see MediaDriver.launch): checked
+        # against windows and MTUs, and written into UDP log buffers.
+        self.os_buffers = os_buffers or OsBufferLengths.probe(context.socket_rcvbuf, context.socket_sndbuf)
         self.to_driver = ManyToOneRingBuffer(cnc.to_driver)
         self.to_clients = BroadcastTransmitter(cnc.to_clients)
         self.counters = counters
@@ -360,6 +364,10 @@ class DriverConductor:
         if uri.is_spy:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"channel '{channel}': a publication cannot be a spy")
         session_id = self._session_id_filter(uri)
+        if uri.is_udp:
+            existing = self.send_endpoints.get(self._endpoint_key(uri))
+            if existing is not None:
+                self._check_same_socket_lengths(uri, channel, existing)
         publication = None
         kind = NetworkPublication if uri.is_udp else IpcPublication
         if not exclusive:
@@ -525,13 +533,23 @@ class DriverConductor:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, str(error)) from None
         endpoint_key = self._endpoint_key(uri)
         endpoint = self.send_endpoints.get(endpoint_key)
+        rcvbuf, sndbuf = (
+            self._socket_lengths(uri) if endpoint is None else (endpoint.socket_rcvbuf, endpoint.socket_sndbuf)
+        )
+        try:
+            self._check_mtu_fits(channel, log.mtu, sndbuf)
+        except ControlProtocolError:
+            discard_log()
+            raise
         if endpoint is None:
             try:
-                endpoint = SendChannelEndpoint(self._new_endpoint_id(), uri, self.data_plane)
+                endpoint = SendChannelEndpoint(self._new_endpoint_id(), uri, self.data_plane, rcvbuf, sndbuf)
             except ChannelEndpointError as error:
                 discard_log()
                 raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
             self.send_endpoints[endpoint_key] = endpoint
+            self._check_granted(channel, endpoint.transport, rcvbuf, sndbuf)
+        self._write_socket_lengths(log, endpoint.channel, 0)
         counters = self.counters
         limit = counters.new_counter(f"pub-lmt: {suffix}", PUBLISHER_LIMIT_TYPE_ID, key, registration_id)
         position = counters.new_counter(f"pub-pos: {suffix}", PUBLISHER_POSITION_TYPE_ID, key, registration_id)
@@ -657,15 +675,22 @@ class DriverConductor:
 
     def _receive_endpoint(self, uri: ChannelUri, channel: str, registration_id: int) -> ReceiveChannelEndpoint:
         """The receive endpoint a UDP subscription uses: an open one it names
-        (by channel tag or by address), else a new one."""
+        (by channel tag or by address), else a new one.  Its socket must hold
+        the window the subscription's channel asks for (as Aeron's driver
+        checks), and a shared socket cannot take other buffer lengths."""
+        window = uri.receiver_window_length() or self.context.initial_window_length
         endpoint = self._find_receive_endpoint(uri, channel)
         if endpoint is not None:
+            self._check_same_socket_lengths(uri, channel, endpoint)
+            self._check_window_fits(channel, window, endpoint.socket_rcvbuf)
             return endpoint
+        rcvbuf, sndbuf = self._socket_lengths(uri)
+        self._check_window_fits(channel, window, rcvbuf)
         # An untagged multi-destination subscription owns its endpoint: its
         # destinations are its own.  A tagged one is found by its tag, not its key.
         key = f"mds:{registration_id}" if uri.control_mode() == "manual" else self._endpoint_key(uri)
         try:
-            endpoint = ReceiveChannelEndpoint(self._new_endpoint_id(), uri, self.data_plane)
+            endpoint = ReceiveChannelEndpoint(self._new_endpoint_id(), uri, self.data_plane, rcvbuf, sndbuf)
         except ChannelEndpointError as error:
             raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
         self.receive_endpoints[key] = endpoint
@@ -727,7 +752,77 @@ class DriverConductor:
                 f"channel '{channel}': tag {endpoint.tag} names '{opened}', whose endpoint or control differs",
             )
 
+    # ------------------------------------------------- sockets' buffer lengths
+
+    def _socket_lengths(self, uri: ChannelUri) -> tuple[int, int]:
+        """SO_RCVBUF and SO_SNDBUF a new endpoint's sockets ask for: the
+        channel's so-rcvbuf / so-sndbuf, else the driver's (0: the OS default)."""
+        context = self.context
+        return uri.socket_rcvbuf_length() or context.socket_rcvbuf, uri.socket_sndbuf_length() or context.socket_sndbuf
+
+    def _check_same_socket_lengths(
+        self, uri: ChannelUri, channel: str, endpoint: ReceiveChannelEndpoint | SendChannelEndpoint
+    ) -> None:
+        """A channel that shares an open endpoint's socket cannot ask for other
+        buffer lengths than the socket has (Aeron refuses it too)."""
+        for name, wanted, existing in (
+            ("so-rcvbuf", uri.socket_rcvbuf_length(), endpoint.socket_rcvbuf),
+            ("so-sndbuf", uri.socket_sndbuf_length(), endpoint.socket_sndbuf),
+        ):
+            if wanted is not None and wanted != existing:
+                has = "the OS default" if existing == 0 else str(existing)
+                raise ControlProtocolError(
+                    ErrorCode.INVALID_CHANNEL,
+                    f"channel '{channel}': {name}={wanted} does not match the {has} of the open endpoint it "
+                    f"shares ('{endpoint.channel}')",
+                )
+
+    def _check_window_fits(self, channel: str, window: int, rcvbuf: int) -> None:
+        """A receiver window larger than its socket's buffer lets a sender
+        send more than the socket can hold while the data plane is busy."""
+        limit = rcvbuf or self.os_buffers.default_rcvbuf
+        if window > limit:
+            which = f"so-rcvbuf {rcvbuf}" if rcvbuf else f"the OS default SO_RCVBUF {limit}"
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL,
+                f"channel '{channel}': receiver window (rcv-wnd) {window} is larger than {which}; "
+                "raise so-rcvbuf or lower rcv-wnd",
+            )
+
+    def _check_mtu_fits(self, channel: str, mtu: int, sndbuf: int) -> None:
+        limit = sndbuf or self.os_buffers.default_sndbuf
+        if mtu > limit:
+            which = f"so-sndbuf {sndbuf}" if sndbuf else f"the OS default SO_SNDBUF {limit}"
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL, f"channel '{channel}': mtu {mtu} is larger than {which}; raise so-sndbuf"
+            )
+
+    def _check_granted(self, channel: str, transport: UdpTransport, rcvbuf: int, sndbuf: int) -> None:
+        """Say so in the error log when the OS granted a socket less than it
+        was asked for (capped at net.core.rmem_max / wmem_max)."""
+        for name, wanted, granted, limit in (
+            ("SO_RCVBUF", rcvbuf, transport.so_rcvbuf, "net.core.rmem_max"),
+            ("SO_SNDBUF", sndbuf, transport.so_sndbuf, "net.core.wmem_max"),
+        ):
+            if wanted and granted < wanted:
+                self.record_error(
+                    f"channel '{channel}': {name} {wanted} asked for, the OS granted {granted}; raise {limit}"
+                )
+
+    def _write_socket_lengths(self, log: LogBuffers, endpoint_channel: ChannelUri, receiver_window: int) -> None:
+        os_buffers = self.os_buffers
+        log.write_socket_lengths(
+            receiver_window,
+            endpoint_channel.socket_sndbuf_length() or 0,
+            os_buffers.default_sndbuf,
+            os_buffers.max_sndbuf,
+            endpoint_channel.socket_rcvbuf_length() or 0,
+            os_buffers.default_rcvbuf,
+            os_buffers.max_rcvbuf,
+        )
+
     def _on_transport_bound(self, endpoint: ReceiveChannelEndpoint, transport: UdpTransport) -> None:
+        self._check_granted(str(endpoint.channel), transport, endpoint.socket_rcvbuf, endpoint.socket_sndbuf)
         status, addresses = self.channel_status[id(endpoint)]
         host, port = transport.local_address[:2]
         text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -777,8 +872,18 @@ class DriverConductor:
                 "which no subscription here takes"
             )
             return
-        correlation_id = self.to_driver.next_correlation_id()
         context = self.context
+        # The window this receiver grants: its endpoint's channel's rcv-wnd,
+        # else the driver's (the data plane takes at most half a term of it).
+        # A sender whose datagrams would not fit in it could never send one.
+        window = endpoint.channel.receiver_window_length() or context.initial_window_length
+        if setup.mtu_length > window:
+            self._invalid_packet(
+                f"SETUP from {source} for session {setup.session_id} stream {setup.stream_id}: "
+                f"mtu {setup.mtu_length} is larger than the receiver window {window}"
+            )
+            return
+        correlation_id = self.to_driver.next_correlation_id()
         make_directory(context.images_dir)
         try:
             log = LogBuffers.create(
@@ -812,6 +917,7 @@ class DriverConductor:
                 position,
                 self.data_plane,
                 context.image_liveness_timeout_ns,
+                window,
             )
         except DataPlaneError as error:
             # A term offset or active term the log cannot hold: the new log
@@ -823,6 +929,7 @@ class DriverConductor:
             path.unlink(missing_ok=True)
             self._invalid_packet(f"SETUP from {source}: {error}")
             return
+        self._write_socket_lengths(log, endpoint.channel, window)
         image.readers = LogReaders(log, self.counters.values_buffer)
         endpoint.images[(setup.session_id, setup.stream_id)] = image
         self.images.append(image)

@@ -35,6 +35,21 @@ class DriverContext:
     ipc_term_length: int = 64 * 1024 * 1024
     ipc_mtu: int = 1408
     ipc_publication_term_window_length: int = 0  # 0: half the term length
+    # UDP sockets' buffers (a channel's so-rcvbuf / so-sndbuf override them;
+    # 0: the OS default).  Aeron's driver asks for 128 KiB each.  fulmar asks
+    # for more to receive: the kernel charges every queued datagram its whole
+    # buffer (about 1.2 KiB for a 350-byte one on loopback), so a receiver
+    # window of 128 KiB in small datagrams overflows the OS default of 208 KiB
+    # while two busy cores keep the data plane from reading (hundreds of drops
+    # per 20,000-message echo run, each a NAK and a retransmit later).  The
+    # kernel caps what it grants at net.core.rmem_max / wmem_max; the driver
+    # says so at start when it gets less.
+    socket_rcvbuf: int = 2 * 1024 * 1024
+    socket_sndbuf: int = 0
+    # The window a receiver grants a sender beyond what its subscribers have
+    # read (a channel's rcv-wnd overrides it), at most half a term: Aeron's
+    # aeron.rcv.initial.window.length.  It must fit in so-rcvbuf.
+    initial_window_length: int = 128 * 1024
     # A network image whose sender has been silent this long goes unavailable.
     image_liveness_timeout_ns: int = 10_000_000_000
     # A log whose slowest reader is stuck this long on a frame that was

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from fulmar.stop_signals import StopGate, StopKind, StopSignalHandlers, StopSign
 from fulmar.driver.conductor import DriverConductor
 from fulmar.driver.context import DriverContext
 from fulmar.driver.data_plane import DataPlane
+from fulmar.driver.udp_transport import OsBufferLengths
 
 
 class DriverAlreadyActiveError(FulmarError):
@@ -41,6 +43,37 @@ class DriverAlreadyActiveError(FulmarError):
 
 class DriverDirectoryError(FulmarError):
     """The directory cannot be a driver's: not a directory, or it holds other files."""
+
+
+class DriverConfigurationError(FulmarError):
+    """Settings the driver cannot run with (a window its sockets cannot hold)."""
+
+
+def check_socket_buffers(context: DriverContext) -> OsBufferLengths:
+    """What the OS gives the driver's sockets (as Aeron's driver checks at
+    start): a warning on stderr when it grants less than asked, and an error
+    when the receiver window or the MTU would not fit what it grants."""
+    buffers = OsBufferLengths.probe(context.socket_rcvbuf, context.socket_sndbuf)
+    for name, wanted, granted, limit in (
+        ("SO_RCVBUF", context.socket_rcvbuf, buffers.max_rcvbuf, "net.core.rmem_max"),
+        ("SO_SNDBUF", context.socket_sndbuf, buffers.max_sndbuf, "net.core.wmem_max"),
+    ):
+        if wanted > granted:
+            print(
+                f"fulmar driver: WARNING: {name} {wanted} asked for, the OS granted {granted}; raise {limit}",
+                file=sys.stderr,
+                flush=True,
+            )
+    if context.initial_window_length > buffers.max_rcvbuf:
+        raise DriverConfigurationError(
+            f"the receiver window {context.initial_window_length} is larger than the {buffers.max_rcvbuf} bytes "
+            "of SO_RCVBUF the OS grants: lower the window or raise the socket buffer (and net.core.rmem_max)"
+        )
+    if context.ipc_mtu > buffers.max_sndbuf:
+        raise DriverConfigurationError(
+            f"the MTU {context.ipc_mtu} is larger than the {buffers.max_sndbuf} bytes of SO_SNDBUF the OS grants"
+        )
+    return buffers
 
 
 # What a driver directory holds; a directory with anything else is not reclaimed.
@@ -111,6 +144,7 @@ class MediaDriver:
         if pid is not None:
             raise DriverAlreadyActiveError(f"a media driver (pid {pid}) is already active in {directory}")
         check_reclaimable(directory)
+        os_buffers = check_socket_buffers(context)
         if directory.exists():
             shutil.rmtree(directory)  # a dead driver's leftovers
         make_directory(directory)  # owner-only, or the file group's (fulmar.permissions)
@@ -140,7 +174,7 @@ class MediaDriver:
             cnc.close()
             raise
         conductor = DriverConductor(
-            context, cnc, counters, error_log, data_plane, epoch_ms, cnc.clients_doorbell().ring
+            context, cnc, counters, error_log, data_plane, epoch_ms, cnc.clients_doorbell().ring, os_buffers
         )
         conductor.on_start()
         cnc.signal_ready()

@@ -42,6 +42,7 @@ class PublicationImage:
         receiver_position: AtomicCounter,
         data_plane: DataPlane,
         image_liveness_timeout_ns: int,
+        initial_window_length: int = INITIAL_WINDOW_LENGTH_DEFAULT,
     ) -> None:
         """Raises DataPlaneError when the SETUP's position does not fit the log."""
         self.correlation_id = correlation_id
@@ -74,7 +75,7 @@ class PublicationImage:
             transport_index=transport_index,
             receiver_hwm_id=receiver_hwm.id,
             receiver_position_id=receiver_position.id,
-            initial_window_length=INITIAL_WINDOW_LENGTH_DEFAULT,
+            initial_window_length=initial_window_length,
             status_message_timeout_ns=STATUS_MESSAGE_TIMEOUT_DEFAULT_NS,
             image_liveness_timeout_ns=image_liveness_timeout_ns,
         )

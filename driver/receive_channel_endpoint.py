@@ -22,10 +22,20 @@ if TYPE_CHECKING:
 
 
 class ReceiveChannelEndpoint:
-    def __init__(self, endpoint_id: int, channel: ChannelUri, data_plane: DataPlane) -> None:
+    def __init__(
+        self,
+        endpoint_id: int,
+        channel: ChannelUri,
+        data_plane: DataPlane,
+        socket_rcvbuf: int = 0,
+        socket_sndbuf: int = 0,
+    ) -> None:
         self.id = endpoint_id
         self.channel = channel
         self._data_plane = data_plane
+        # What its sockets ask the OS for (0: its default); every transport the same.
+        self.socket_rcvbuf = socket_rcvbuf
+        self.socket_sndbuf = socket_sndbuf
         # A multi-destination subscription (control-mode=manual) receives on
         # every transport its client adds; any other on its one endpoint.
         self.is_manual = channel.control_mode() == "manual"
@@ -62,7 +72,9 @@ class ReceiveChannelEndpoint:
                 f"channel '{self.channel}': at most {MAX_TRANSPORTS} receive destinations (transports) per subscription"
             )
         # The data plane receives on the socket itself: one slot is all this object maps.
-        transport = UdpTransport.open((host, port), receive_batch=1)
+        transport = UdpTransport.open(
+            (host, port), so_rcvbuf=self.socket_rcvbuf, so_sndbuf=self.socket_sndbuf, receive_batch=1
+        )
         try:
             self._data_plane.set_transport(self.id, len(self.transports), transport.fileno())
         except DataPlaneError as error:

@@ -28,10 +28,20 @@ class SendChannelEndpoint:
     receiver whose status messages arrive there; ``control-mode=manual``
     sends to the destinations clients add and remove."""
 
-    def __init__(self, endpoint_id: int, channel: ChannelUri, data_plane: DataPlane) -> None:
+    def __init__(
+        self,
+        endpoint_id: int,
+        channel: ChannelUri,
+        data_plane: DataPlane,
+        socket_rcvbuf: int = 0,
+        socket_sndbuf: int = 0,
+    ) -> None:
         self.id = endpoint_id
         self.channel = channel
         self._data_plane = data_plane
+        # What its socket asks the OS for (0: its default).
+        self.socket_rcvbuf = socket_rcvbuf
+        self.socket_sndbuf = socket_sndbuf
         endpoint = channel.endpoint()
         control = channel.control()
         mode = channel.control_mode()
@@ -56,7 +66,7 @@ class SendChannelEndpoint:
             else:
                 bind = ("::" if ":" in destination.host else "0.0.0.0", 0)
         # The data plane receives on the socket itself: one slot is all this object maps.
-        self.transport = UdpTransport.open(bind, receive_batch=1)
+        self.transport = UdpTransport.open(bind, so_rcvbuf=socket_rcvbuf, so_sndbuf=socket_sndbuf, receive_batch=1)
         if self.is_manual:
             control_mode = CONTROL_MANUAL
         elif self.is_dynamic:

@@ -25,6 +25,7 @@ import socket
 import struct
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeAlias
 
@@ -210,6 +211,38 @@ class ReceivedBatch:
         if source.family not in (socket.AF_INET, socket.AF_INET6):
             raise ChannelEndpointError(f"datagram {index} has no IP source address (family {source.family})")
         return native_address(source)
+
+
+@dataclass(frozen=True)
+class OsBufferLengths:
+    """What the OS gives a UDP socket's buffers: its defaults, and what it
+    grants when the driver's own lengths are asked for (at most
+    net.core.rmem_max / wmem_max).  Linux reports twice what it was asked
+    (room for its bookkeeping); like Aeron's driver, these are the lengths
+    as the OS reports them, and a log buffer's metadata carries them."""
+
+    default_rcvbuf: int
+    default_sndbuf: int
+    max_rcvbuf: int
+    max_sndbuf: int
+
+    @classmethod
+    def probe(cls, rcvbuf: int, sndbuf: int) -> OsBufferLengths:
+        """Read the defaults off a fresh socket, then ask it for ``rcvbuf`` and
+        ``sndbuf`` (0: not asked, the default stands) and read what it got."""
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            default_rcvbuf = probe.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            default_sndbuf = probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            if rcvbuf > 0:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            if sndbuf > 0:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+            return cls(
+                default_rcvbuf,
+                default_sndbuf,
+                probe.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+                probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+            )
 
 
 class UdpTransport:

@@ -45,6 +45,12 @@ TERM_LENGTH_OFFSET = 276
 PAGE_SIZE_OFFSET = 280
 PUBLICATION_WINDOW_LENGTH_OFFSET = 284
 RECEIVER_WINDOW_LENGTH_OFFSET = 288
+SOCKET_SNDBUF_LENGTH_OFFSET = 292
+OS_DEFAULT_SOCKET_SNDBUF_LENGTH_OFFSET = 296
+OS_MAX_SOCKET_SNDBUF_LENGTH_OFFSET = 300
+SOCKET_RCVBUF_LENGTH_OFFSET = 304
+OS_DEFAULT_SOCKET_RCVBUF_LENGTH_OFFSET = 308
+OS_MAX_SOCKET_RCVBUF_LENGTH_OFFSET = 312
 DEFAULT_FRAME_HEADER_OFFSET = 320
 ENTITY_TAG_OFFSET = 448
 RESPONSE_CORRELATION_ID_OFFSET = 456
@@ -250,6 +256,29 @@ class LogBuffers:
             meta.put_int64(TERM_TAIL_COUNTERS_OFFSET + 8 * other, pack_tail(term_id + step - PARTITION_COUNT, 0))
         meta.put_int32_ordered(ACTIVE_TERM_COUNT_OFFSET, term_count)
         self.clean_position = compute_position(term_id, term_offset, self.position_bits_to_shift, self.initial_term_id)
+
+    def write_socket_lengths(
+        self,
+        receiver_window_length: int,
+        socket_sndbuf: int,
+        os_default_sndbuf: int,
+        os_max_sndbuf: int,
+        socket_rcvbuf: int,
+        os_default_rcvbuf: int,
+        os_max_rcvbuf: int,
+    ) -> None:
+        """A UDP stream's buffer lengths, where Aeron's driver puts them for
+        its clients to read: the receiver window (an image's), the channel's
+        so-sndbuf / so-rcvbuf (0 when it names none) and what the OS gives a
+        socket by default and at most."""
+        meta = self.metadata
+        meta.put_int32(RECEIVER_WINDOW_LENGTH_OFFSET, receiver_window_length)
+        meta.put_int32(SOCKET_SNDBUF_LENGTH_OFFSET, socket_sndbuf)
+        meta.put_int32(OS_DEFAULT_SOCKET_SNDBUF_LENGTH_OFFSET, os_default_sndbuf)
+        meta.put_int32(OS_MAX_SOCKET_SNDBUF_LENGTH_OFFSET, os_max_sndbuf)
+        meta.put_int32(SOCKET_RCVBUF_LENGTH_OFFSET, socket_rcvbuf)
+        meta.put_int32(OS_DEFAULT_SOCKET_RCVBUF_LENGTH_OFFSET, os_default_rcvbuf)
+        meta.put_int32(OS_MAX_SOCKET_RCVBUF_LENGTH_OFFSET, os_max_rcvbuf)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> LogBuffers:
