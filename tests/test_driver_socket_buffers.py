@@ -17,7 +17,7 @@ import pytest
 from driver_support import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron, RegistrationError
-from fulmar.cnc import CncFile
+from fulmar.cnc import CncError, CncFile
 from fulmar.counters import CountersReader
 from fulmar.driver.context import DriverContext
 from fulmar.driver.counters import SystemCounter
@@ -240,6 +240,5 @@ def _serving(directory: Path) -> bool:
     try:
         with CncFile.open(directory) as cnc:
             return cnc.pid > 0
-    except Exception:
+    except CncError:
         return False
-
