@@ -548,7 +548,7 @@ class DriverConductor:
                 discard_log()
                 raise ControlProtocolError(ErrorCode.CHANNEL_ENDPOINT_ERROR, f"channel '{channel}': {error}") from None
             self.send_endpoints[endpoint_key] = endpoint
-            self._check_granted(channel, endpoint.transport, rcvbuf, sndbuf)
+            self._check_granted(channel, endpoint.transport, uri)
         self._write_socket_lengths(log, endpoint.channel, 0)
         counters = self.counters
         limit = counters.new_counter(f"pub-lmt: {suffix}", PUBLISHER_LIMIT_TYPE_ID, key, registration_id)
@@ -797,12 +797,13 @@ class DriverConductor:
                 ErrorCode.INVALID_CHANNEL, f"channel '{channel}': mtu {mtu} is larger than {which}; raise so-sndbuf"
             )
 
-    def _check_granted(self, channel: str, transport: UdpTransport, rcvbuf: int, sndbuf: int) -> None:
-        """Say so in the error log when the OS granted a socket less than it
-        was asked for (capped at net.core.rmem_max / wmem_max)."""
+    def _check_granted(self, channel: str, transport: UdpTransport, uri: ChannelUri) -> None:
+        """Say so in the error log when the OS granted a socket less than its
+        channel's so-rcvbuf / so-sndbuf asked for (capped at net.core.rmem_max
+        / wmem_max).  The driver's own lengths are checked once, at its start."""
         for name, wanted, granted, limit in (
-            ("SO_RCVBUF", rcvbuf, transport.so_rcvbuf, "net.core.rmem_max"),
-            ("SO_SNDBUF", sndbuf, transport.so_sndbuf, "net.core.wmem_max"),
+            ("SO_RCVBUF", uri.socket_rcvbuf_length(), transport.so_rcvbuf, "net.core.rmem_max"),
+            ("SO_SNDBUF", uri.socket_sndbuf_length(), transport.so_sndbuf, "net.core.wmem_max"),
         ):
             if wanted and granted < wanted:
                 self.record_error(
@@ -822,7 +823,7 @@ class DriverConductor:
         )
 
     def _on_transport_bound(self, endpoint: ReceiveChannelEndpoint, transport: UdpTransport) -> None:
-        self._check_granted(str(endpoint.channel), transport, endpoint.socket_rcvbuf, endpoint.socket_sndbuf)
+        self._check_granted(str(endpoint.channel), transport, endpoint.channel)
         status, addresses = self.channel_status[id(endpoint)]
         host, port = transport.local_address[:2]
         text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

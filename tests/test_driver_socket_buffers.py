@@ -22,6 +22,7 @@ from fulmar.counters import CountersReader
 from fulmar.driver.context import DriverContext
 from fulmar.driver.counters import SystemCounter
 from fulmar.driver.media_driver import DriverConfigurationError, MediaDriver
+from fulmar.error_log import read_error_log
 from fulmar.frames import FrameType, decode_status_message, encode_setup, frame_type_of
 from fulmar.logbuffer import (
     OS_DEFAULT_SOCKET_RCVBUF_LENGTH_OFFSET,
@@ -242,3 +243,53 @@ def _serving(directory: Path) -> bool:
             return cnc.pid > 0
     except CncError:
         return False
+
+
+def beyond_the_os_cap() -> int:
+    """A buffer length the OS will not grant: more than twice net.core.rmem_max
+    (Linux grants at most rmem_max, reported doubled)."""
+    cap = granted(2**31 - 1)  # what the largest request gets
+    wanted = 2 * cap
+    if wanted > 2**31 - 1:
+        pytest.skip(f"the OS grants {cap} bytes: no channel length is beyond its cap")
+    return wanted
+
+
+def test_a_channel_length_the_os_does_not_grant_is_named_in_the_error_log(start_driver) -> None:
+    wanted = beyond_the_os_cap()
+    driver = start_driver()
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}|so-rcvbuf={wanted}"
+    with driver.connect() as aeron:
+        aeron.add_subscription(channel, STREAM)
+
+        def logged() -> list[str]:
+            with CncFile.open(driver.directory) as cnc:
+                return [e.text for e in read_error_log(cnc.error_log) if "SO_RCVBUF" in e.text]
+
+        texts = wait_for(logged, 10, "the error log to name the short buffer")
+        assert texts == [
+            f"channel '{channel}': SO_RCVBUF {wanted} asked for, the OS granted {granted(wanted)}; "
+            "raise net.core.rmem_max"
+        ]
+
+
+def test_a_driver_the_os_grants_less_than_it_asks_says_so_and_starts() -> None:
+    wanted = beyond_the_os_cap()
+    directory = new_driver_dir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fulmar.cli.cluster_node", "driver", "--dir", str(directory),
+         "--socket-rcvbuf", str(wanted)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: _serving(directory), 20, "the driver to serve")
+    finally:
+        process.terminate()
+        try:
+            _, stderr = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, stderr = process.communicate(timeout=10)
+        remove_driver_dir(directory)
+    assert f"WARNING: SO_RCVBUF {wanted} asked for, the OS granted {granted(wanted)}; raise net.core.rmem_max" in stderr
