@@ -110,14 +110,14 @@ class DriverConductor:
         counters: CountersManager,
         error_log: DistinctErrorLog,
         data_plane: DataPlane,
+        os_buffers: OsBufferLengths,
         epoch_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         ring_doorbell: Callable[[], object] = lambda: None,
-        os_buffers: OsBufferLengths | None = None,
     ) -> None:
         self.context = context
         # What the OS gives sockets' buffers (see MediaDriver.launch): checked
         # against windows and MTUs, and written into UDP log buffers.
-        self.os_buffers = os_buffers or OsBufferLengths.probe(context.socket_rcvbuf, context.socket_sndbuf)
+        self.os_buffers = os_buffers
         self.to_driver = ManyToOneRingBuffer(cnc.to_driver)
         self.to_clients = BroadcastTransmitter(cnc.to_clients)
         self.counters = counters

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from fulmar.cnc import DEFAULT_CLIENT_LIVENESS_TIMEOUT_NS, CncLayout
 
+from fulmar.driver.data_plane import INITIAL_WINDOW_LENGTH_DEFAULT
+
 
 def default_driver_dir() -> Path:
     """``/dev/shm/fulmar-<user>`` (Aeron's ``/dev/shm/aeron-<user>`` convention)."""
@@ -49,7 +51,7 @@ class DriverContext:
     # The window a receiver grants a sender beyond what its subscribers have
     # read (a channel's rcv-wnd overrides it), at most half a term: Aeron's
     # aeron.rcv.initial.window.length.  It must fit in so-rcvbuf.
-    initial_window_length: int = 128 * 1024
+    initial_window_length: int = INITIAL_WINDOW_LENGTH_DEFAULT
     # A network image whose sender has been silent this long goes unavailable.
     image_liveness_timeout_ns: int = 10_000_000_000
     # A log whose slowest reader is stuck this long on a frame that was

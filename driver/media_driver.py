@@ -174,7 +174,7 @@ class MediaDriver:
             cnc.close()
             raise
         conductor = DriverConductor(
-            context, cnc, counters, error_log, data_plane, epoch_ms, cnc.clients_doorbell().ring, os_buffers
+            context, cnc, counters, error_log, data_plane, os_buffers, epoch_ms, cnc.clients_doorbell().ring
         )
         conductor.on_start()
         cnc.signal_ready()

@@ -13,7 +13,6 @@ from fulmar.logbuffer import LogBuffers
 from fulmar.reader_doorbells import LogReaders
 
 from fulmar.driver.data_plane import (
-    INITIAL_WINDOW_LENGTH_DEFAULT,
     STATUS_MESSAGE_TIMEOUT_DEFAULT_NS,
     DataPlane,
     ImageStatus,
@@ -42,7 +41,7 @@ class PublicationImage:
         receiver_position: AtomicCounter,
         data_plane: DataPlane,
         image_liveness_timeout_ns: int,
-        initial_window_length: int = INITIAL_WINDOW_LENGTH_DEFAULT,
+        initial_window_length: int,
     ) -> None:
         """Raises DataPlaneError when the SETUP's position does not fit the log."""
         self.correlation_id = correlation_id

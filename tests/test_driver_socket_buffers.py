@@ -11,6 +11,8 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -210,16 +212,43 @@ def test_a_driver_whose_window_its_sockets_cannot_hold_does_not_start() -> None:
         remove_driver_dir(directory)
 
 
-def test_the_cli_takes_the_drivers_lengths() -> None:
+@contextmanager
+def cli_driver(*options: str) -> Iterator[tuple[Path, list[str]]]:
+    """``cluster-node driver`` with ``options`` in a new directory, once it
+    serves: its directory, and a list that holds its stderr afterwards, when
+    it has been stopped (killed if need be) and its directory removed."""
     directory = new_driver_dir()
-    port = free_udp_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "fulmar.cli.cluster_node", "driver", "--dir", str(directory),
-         "--socket-rcvbuf", "640k", "--rcv-initial-window-length", "80k"],
+        [sys.executable, "-m", "fulmar.cli.cluster_node", "driver", "--dir", str(directory), *options],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    stderr: list[str] = []
+
+    def serving() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"cluster-node driver exited with {process.returncode}")
+        try:
+            with CncFile.open(directory) as cnc:
+                return cnc.pid == process.pid
+        except CncError:
+            return False
+
     try:
-        wait_for(lambda: (directory / "cnc.dat").exists() and _serving(directory), 20, "the CLI's driver")
+        wait_for(serving, 20, "cluster-node driver to serve")
+        yield directory, stderr
+    finally:
+        process.terminate()
+        try:
+            stderr.append(process.communicate(timeout=10)[1])
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stderr.append(process.communicate(timeout=10)[1])
+        remove_driver_dir(directory)
+
+
+def test_the_cli_takes_the_drivers_lengths() -> None:
+    port = free_udp_port()
+    with cli_driver("--socket-rcvbuf", "640k", "--rcv-initial-window-length", "80k") as (directory, _):
         with Aeron.connect(directory) as aeron:
             aeron.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
             if shutil.which("ss"):
@@ -227,22 +256,6 @@ def test_the_cli_takes_the_drivers_lengths() -> None:
             sender, window = setup_and_read_status(port)
             sender.close()
             assert window == 80 * 1024
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-        remove_driver_dir(directory)
-
-
-def _serving(directory: Path) -> bool:
-    try:
-        with CncFile.open(directory) as cnc:
-            return cnc.pid > 0
-    except CncError:
-        return False
 
 
 def beyond_the_os_cap() -> int:
@@ -276,20 +289,7 @@ def test_a_channel_length_the_os_does_not_grant_is_named_in_the_error_log(start_
 
 def test_a_driver_the_os_grants_less_than_it_asks_says_so_and_starts() -> None:
     wanted = beyond_the_os_cap()
-    directory = new_driver_dir()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fulmar.cli.cluster_node", "driver", "--dir", str(directory),
-         "--socket-rcvbuf", str(wanted)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        wait_for(lambda: _serving(directory), 20, "the driver to serve")
-    finally:
-        process.terminate()
-        try:
-            _, stderr = process.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            _, stderr = process.communicate(timeout=10)
-        remove_driver_dir(directory)
-    assert f"WARNING: SO_RCVBUF {wanted} asked for, the OS granted {granted(wanted)}; raise net.core.rmem_max" in stderr
+    with cli_driver("--socket-rcvbuf", str(wanted)) as (_, stderr):
+        pass  # it serves
+    warning = f"WARNING: SO_RCVBUF {wanted} asked for, the OS granted {granted(wanted)}; raise net.core.rmem_max"
+    assert warning in stderr[0]
