@@ -27,8 +27,8 @@ class ReceiveChannelEndpoint:
         endpoint_id: int,
         channel: ChannelUri,
         data_plane: DataPlane,
-        socket_rcvbuf: int = 0,
-        socket_sndbuf: int = 0,
+        socket_rcvbuf: int,
+        socket_sndbuf: int,
     ) -> None:
         self.id = endpoint_id
         self.channel = channel

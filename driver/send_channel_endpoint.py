@@ -33,8 +33,8 @@ class SendChannelEndpoint:
         endpoint_id: int,
         channel: ChannelUri,
         data_plane: DataPlane,
-        socket_rcvbuf: int = 0,
-        socket_sndbuf: int = 0,
+        socket_rcvbuf: int,
+        socket_sndbuf: int,
     ) -> None:
         self.id = endpoint_id
         self.channel = channel

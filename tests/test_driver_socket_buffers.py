@@ -11,15 +11,14 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from driver_support import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
+from test_cli import running_driver, stop
 
 from fulmar.aeron import Aeron, RegistrationError
-from fulmar.cnc import CncError, CncFile
+from fulmar.cnc import CncFile
 from fulmar.counters import CountersReader
 from fulmar.driver.context import DriverContext
 from fulmar.driver.counters import SystemCounter
@@ -212,50 +211,20 @@ def test_a_driver_whose_window_its_sockets_cannot_hold_does_not_start() -> None:
         remove_driver_dir(directory)
 
 
-@contextmanager
-def cli_driver(*options: str) -> Iterator[tuple[Path, list[str]]]:
-    """``cluster-node driver`` with ``options`` in a new directory, once it
-    serves: its directory, and a list that holds its stderr afterwards, when
-    it has been stopped (killed if need be) and its directory removed."""
-    directory = new_driver_dir()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fulmar.cli.cluster_node", "driver", "--dir", str(directory), *options],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    stderr: list[str] = []
-
-    def serving() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"cluster-node driver exited with {process.returncode}")
-        try:
-            with CncFile.open(directory) as cnc:
-                return cnc.pid == process.pid
-        except CncError:
-            return False
-
-    try:
-        wait_for(serving, 20, "cluster-node driver to serve")
-        yield directory, stderr
-    finally:
-        process.terminate()
-        try:
-            stderr.append(process.communicate(timeout=10)[1])
-        except subprocess.TimeoutExpired:
-            process.kill()
-            stderr.append(process.communicate(timeout=10)[1])
-        remove_driver_dir(directory)
-
-
 def test_the_cli_takes_the_drivers_lengths() -> None:
     port = free_udp_port()
-    with cli_driver("--socket-rcvbuf", "640k", "--rcv-initial-window-length", "80k") as (directory, _):
-        with Aeron.connect(directory) as aeron:
-            aeron.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
-            if shutil.which("ss"):
-                assert socket_rcvbuf_of_port(port) == granted(640 * 1024)
-            sender, window = setup_and_read_status(port)
-            sender.close()
-            assert window == 80 * 1024
+    directory = new_driver_dir()
+    try:
+        with running_driver(directory, "--socket-rcvbuf", "640k", "--rcv-initial-window-length", "80k"):
+            with Aeron.connect(directory) as aeron:
+                aeron.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+                if shutil.which("ss"):
+                    assert socket_rcvbuf_of_port(port) == granted(640 * 1024)
+                sender, window = setup_and_read_status(port)
+                sender.close()
+                assert window == 80 * 1024
+    finally:
+        remove_driver_dir(directory)
 
 
 def beyond_the_os_cap() -> int:
@@ -289,7 +258,11 @@ def test_a_channel_length_the_os_does_not_grant_is_named_in_the_error_log(start_
 
 def test_a_driver_the_os_grants_less_than_it_asks_says_so_and_starts() -> None:
     wanted = beyond_the_os_cap()
-    with cli_driver("--socket-rcvbuf", str(wanted)) as (_, stderr):
-        pass  # it serves
+    directory = new_driver_dir()
+    try:
+        with running_driver(directory, "--socket-rcvbuf", str(wanted)) as process:  # it serves
+            _, _, stderr = stop(process)
+    finally:
+        remove_driver_dir(directory)
     warning = f"WARNING: SO_RCVBUF {wanted} asked for, the OS granted {granted(wanted)}; raise net.core.rmem_max"
-    assert warning in stderr[0]
+    assert warning in stderr
