@@ -2886,7 +2886,13 @@ class ConsensusModuleAgent:
 
     def join_log_as_leader(self, leadership_term_id: int, term_base_log_position: int) -> None:
         """Record the log publication (through a spy), note the term, and let the
-        services follow it; nothing is appended before they do."""
+        services follow it; nothing is appended before they do.
+
+        The term is the election's again: LEADER_REPLAY ran the old terms'
+        NewLeadershipTermEvents through ``_on_log_message``, which left the
+        last replayed term here, and the event this leader appends next (and
+        every message of the term) carries this field (Aeron's joinLogAsLeader)."""
+        self.set_leadership_term_id(leadership_term_id)
         recorded = self.leader_spy_channel().removeprefix("aeron-spy:")
         if self.log_recording_id != NULL_VALUE:
             subscription_id = self.archive.extend_recording(

@@ -24,6 +24,7 @@ from fulmar.counters import CountersReader
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.errors import FulmarError
+from fulmar.frames import FrameType
 
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 LEADER = 2
@@ -113,11 +114,9 @@ def wait_for_commit(cluster: LocalCluster, members: list[int], position: int, ti
 # ----------------------------------------------------------------------------- logs
 
 
-def log_frames(cluster: LocalCluster, member: int, limit: int, start: int = 0) -> list[tuple[int, int, bytes]]:
-    """(type, flags, payload) of each frame of the member's log recording from
-    ``start`` (a frame boundary) up to ``limit``: what every member must hold
-    alike (session ids differ where a term was replicated or caught up from a
-    replay)."""
+def _recorded_frames(cluster: LocalCluster, member: int, limit: int, start: int) -> list[tuple[int, int, int, bytes]]:
+    """(log position, flags, type, payload) of each frame of the member's log
+    recording from ``start`` (a frame boundary) up to ``limit``."""
     log = RecordingLog.open(cluster.cluster_dir(member), create=False)
     try:
         recording_id = log.find_last_term_recording_id()
@@ -136,9 +135,30 @@ def log_frames(cluster: LocalCluster, member: int, limit: int, start: int = 0) -
     while position < limit:
         length, _, flags, frame_type, _, _ = _FRAME.unpack_from(data, position - first)
         assert length > 0, f"member {member}: no frame at {position} (limit {limit})"
-        frames.append((frame_type, flags, data[position - first + 32 : position - first + length]))
+        frames.append((position, flags, frame_type, data[position - first + 32 : position - first + length]))
         position += (length + 31) & ~31
     return frames
+
+
+def log_frames(cluster: LocalCluster, member: int, limit: int, start: int = 0) -> list[tuple[int, int, bytes]]:
+    """(type, flags, payload) of each frame of the member's log recording from
+    ``start`` (a frame boundary) up to ``limit``: what every member must hold
+    alike (session ids differ where a term was replicated or caught up from a
+    replay)."""
+    return [
+        (frame_type, flags, payload)
+        for _, flags, frame_type, payload in _recorded_frames(cluster, member, limit, start)
+    ]
+
+
+def log_messages(cluster: LocalCluster, member: int, limit: int, start: int = 0) -> list[tuple[int, bytes]]:
+    """(log position, payload) of each data frame of the member's log from
+    ``start`` up to ``limit`` (padding left out)."""
+    return [
+        (position, payload)
+        for position, _, frame_type, payload in _recorded_frames(cluster, member, limit, start)
+        if frame_type == FrameType.DATA
+    ]
 
 
 def assert_same_logs(cluster: LocalCluster, members: list[int], limit: int) -> None:

@@ -1,0 +1,130 @@
+"""A whole cluster stopped and started again from its files (issue "Trusted
+on every path", item 1).
+
+Three members take writes, the leader's consensus module is killed (a new
+leader in term 1), the killed module comes back, more writes, then every
+process of every member stops with SIGTERM (a member of several takes no
+snapshot on its own stop) and the whole cluster starts again.  The new
+leader replays the old terms' NewLeadershipTermEvents in LEADER_REPLAY
+before it appends its own; that replay must not leave the old term in the
+agent, or the event appended for the new term carries the old one and every
+follower that applies it drops back to it (a spurious second election).
+
+What is checked, and what each check catches:
+- every member ends in the elected term and ran exactly one election since
+  the restart (a follower dragged back to the old term starts another);
+- in every member's log, each NewLeadershipTermEvent carries the term whose
+  range of the recording log holds it, and terms rise along the log (the
+  old term written into the new term's log);
+- the members' logs are the same up to the commit position, and every
+  acknowledged write reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from cluster_support import KEY_VALUE_SERVICE, LocalCluster
+from fulmar.codecs.generated import cluster as codecs
+from fulmar.consensus.recording_log import RecordingLog
+from multi_node_support import (
+    assert_same_logs,
+    log_messages,
+    member_view,
+    wait_for_commit,
+    wait_for_elections_closed,
+    wait_for_leader,
+)
+
+ELECTION_COMPLETE = re.compile(r"election complete: (LEADER|FOLLOWER) of term (\d+)")
+
+
+def put_all(cluster: LocalCluster, keys: range) -> None:
+    client = cluster.connect_client()
+    try:
+        for key in keys:
+            reply = json.loads(client.request(json.dumps({"op": "put", "key": f"k{key}", "value": key}).encode(), 20))
+            assert reply["ok"], reply
+    finally:
+        client.close()
+        cluster.clients.remove(client)
+
+
+def new_leadership_term_events(cluster: LocalCluster, member: int, limit: int) -> list[tuple[int, int, int]]:
+    """(log position, leadershipTermId, termBaseLogPosition) of every
+    NewLeadershipTermEvent in the member's recorded log up to ``limit``."""
+    events = []
+    for position, payload in log_messages(cluster, member, limit):
+        header = codecs.read_header(payload, 0, len(payload))
+        if header.template_id == codecs.NewLeadershipTermEventEncoder.TEMPLATE_ID:
+            event = codecs.decode(payload, 0, len(payload))
+            events.append((position, event.leadership_term_id, event.term_base_log_position))
+    return events
+
+
+def recorded_terms(cluster: LocalCluster, member: int) -> list[tuple[int, int]]:
+    log = RecordingLog.open(cluster.cluster_dir(member), create=False)
+    try:
+        return sorted((e.leadership_term_id, e.term_base_log_position) for e in log.entries if e.is_valid_term)
+    finally:
+        log.close()
+
+
+def elections_completed(cluster: LocalCluster, member: int, since: int) -> list[tuple[str, int]]:
+    text = cluster.log_path(member, "consensus").read_text(errors="replace")[since:]
+    return [(role, int(term)) for role, term in ELECTION_COMPLETE.findall(text)]
+
+
+def test_a_whole_cluster_restarted_stays_in_its_new_term_with_one_election() -> None:
+    with LocalCluster(3, KEY_VALUE_SERVICE) as cluster:
+        cluster.start()
+        first = wait_for_leader(cluster, 60)
+        put_all(cluster, range(0, 100))
+        cluster.kill_process(first.member, "consensus")
+        second = wait_for_leader(cluster, 30, not_member=first.member, min_term=first.leadership_term_id + 1)
+        # Its node restarts the rest of it with it (its service followed the dead module).
+        cluster.kill_process(first.member, "service")
+        cluster.start_member(first.member)
+        put_all(cluster, range(100, 200))
+        position = member_view(cluster, second.member).commit_position
+        assert position is not None
+        wait_for_commit(cluster, [0, 1, 2], position, 60)
+
+        # Every process of every member stops (SIGTERM: no snapshot), the
+        # modules and services first, as a node's supervisor stops them.
+        for kind in ("service", "consensus", "archive", "driver"):
+            for member in range(3):
+                cluster.stop_process(member, kind)
+        log_sizes = [cluster.log_path(m, "consensus").stat().st_size for m in range(3)]
+        cluster.start()
+        third = wait_for_leader(cluster, 60, min_term=second.leadership_term_id + 1)
+        wait_for_elections_closed(cluster, 60)
+        put_all(cluster, range(200, 210))  # the new term serves (and its event is committed)
+        final = member_view(cluster, third.member).commit_position
+        assert final is not None
+        wait_for_commit(cluster, [0, 1, 2], final, 60)
+
+        for member in range(3):
+            view = member_view(cluster, member)
+            assert view.leadership_term_id == third.leadership_term_id, view
+            completed = elections_completed(cluster, member, log_sizes[member])
+            assert [term for _, term in completed] == [third.leadership_term_id], (
+                f"member {member} after the restart: {completed}"
+            )
+            terms = recorded_terms(cluster, member)
+            events = new_leadership_term_events(cluster, member, final)
+            assert [term for _, term, _ in events] == sorted({t for t, _ in terms}), (member, events, terms)
+            for position_of_event, term, base in events:
+                holding = [t for t, b in terms if b <= position_of_event]
+                assert holding and holding[-1] == term, (
+                    f"member {member}: the NewLeadershipTermEvent at {position_of_event} carries term {term}, "
+                    f"the recording log puts that position in term {holding[-1] if holding else None}"
+                )
+                assert base == dict(terms)[term], (member, position_of_event, term, base, terms)
+        assert_same_logs(cluster, [0, 1, 2], final)
+
+        client = cluster.connect_client()
+        for key in (0, 99, 100, 199, 209):
+            reply = json.loads(client.request(json.dumps({"op": "get", "key": f"k{key}"}).encode(), 20))
+            assert reply["value"] == key, reply
