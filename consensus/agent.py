@@ -70,6 +70,7 @@ from fulmar.consensus.protocol import (
     CLUSTER_ACTION_FLAGS_STANDBY_SNAPSHOT,
     CLUSTER_SCHEMA_ID,
     CLUSTER_SCHEMA_VERSION,
+    NULL_MEMBER_ID,
     NULL_POSITION,
     NULL_VALUE,
     SESSION_MESSAGE_BLOCK_LENGTH,
@@ -227,7 +228,6 @@ class ConsensusModuleAgent:
         self._recent_acks: deque[tuple[int, Any]] = deque(maxlen=256)
         self._expected_ack_id = 0
         self._pending_ingress: deque[bytes] = deque()
-        self._ingress_control_only = False  # suspended: session messages wait in the ingress
         self._authenticator = context.authenticator
         # The services sleep until commit-pos moves: they watch it (fulmar.reader_doorbells).
         self._ring_counter_watchers = aeron.conductor.ring_counter_watchers
@@ -280,6 +280,10 @@ class ConsensusModuleAgent:
         self.leader_member_id = NULL_VALUE
         self.notified_commit_position = 0
         self._time_of_last_leader_message_ns = 0
+        # When a leader of this member's term or a newer one was last heard
+        # (Aeron's timeOfLastLeaderUpdateNs): the election's canvass gives a
+        # leader heard lately the heartbeat timeout to answer before standing.
+        self.time_of_last_leader_update_ns = 0
         self._time_of_last_append_position_sent_ns = 0
         self._last_append_position_sent = NULL_POSITION
         # A steady follower's AppendPositions come from a native thread
@@ -427,6 +431,11 @@ class ConsensusModuleAgent:
                 # A single member commits its own recording: the thread, woken
                 # by rec-pos, moves commit-pos without a wake-up of this agent.
                 self._start_commit_thread()
+            if self.members:
+                # A cluster of one named in a members string still has a
+                # consensus endpoint: a ClusterBackup, a heartbeat or a standby
+                # snapshot reaches the member there (seed 000).
+                self._open_lone_consensus_stream()
             # A member alone has no election to wait for: its ingress opens now
             # (through the ingress thread's doorbell, as a leader's of several).
             self.ingress = aeron.add_subscription(self._ingress_channel(), context.ingress_stream_id)
@@ -465,10 +474,9 @@ class ConsensusModuleAgent:
         work += self._poll_services()
         if self._leader_commit_armed_for is not None:
             work += self._take_leader_commit()
-        if (
-            self.consensus_adapter is not None
-            and self._leader_commit_armed_for is None
-            and self._follower_commit_armed_for is None
+        if self.consensus_adapter is not None and (
+            not self.is_multi_member  # (a lone member's commit thread reads no consensus stream)
+            or (self._leader_commit_armed_for is None and self._follower_commit_armed_for is None)
         ):
             work += self.consensus_adapter.poll()
         if self.election is not None and self.is_multi_member:
@@ -511,7 +519,10 @@ class ConsensusModuleAgent:
             return True
         if ingress is not None:
             if not self._leader_ingress_armed:
-                if ingress.is_data_available():
+                # (A leader that is not ACTIVE leaves its ingress unread: what
+                # waits there is no work until it is again.)
+                reads_ingress = self.role is not ClusterRole.LEADER or self.state is ConsensusModuleState.ACTIVE
+                if reads_ingress and ingress.is_data_available():
                     return True
             else:
                 # The armed thread reads the ingress, and rings when it gives back.
@@ -533,9 +544,8 @@ class ConsensusModuleAgent:
         ):
             return True
         if (
-            self.is_multi_member
-            and self._leader_commit_armed_for is None
-            and not follower_commit_armed
+            self.consensus_adapter is not None
+            and (not self.is_multi_member or (self._leader_commit_armed_for is None and not follower_commit_armed))
             and self._consensus_subscription.is_data_available()
         ):
             return True
@@ -690,11 +700,12 @@ class ConsensusModuleAgent:
     def _leader_work(self, now_ns: int) -> int:
         work = 0
         if self.state is ConsensusModuleState.ACTIVE:
+            # Only an active leader reads its ingress (Aeron's consensusWork):
+            # suspended, or in a snapshot or a stop, every client message,
+            # connects and closes too, waits in the ingress in its order.
             work += self.timers.poll(self.cluster_time(), self._on_timer_expired)
             work += self._append_pending_service_messages()
             work += self._poll_ingress()
-        elif self.state is ConsensusModuleState.SUSPENDED:
-            work += self._poll_ingress(session_control_only=True)
         if self.is_multi_member:
             work += self._check_follower_snapshot()  # (one replayed in its election)
             work += self._update_quorum_commit_position(now_ns)
@@ -809,8 +820,7 @@ class ConsensusModuleAgent:
 
     # ----------------------------------------------------------------- ingress
 
-    def _poll_ingress(self, session_control_only: bool = False) -> int:
-        self._ingress_control_only = session_control_only
+    def _poll_ingress(self) -> int:
         work = 0
         while self._pending_ingress:
             message = self._pending_ingress[0]
@@ -841,8 +851,8 @@ class ConsensusModuleAgent:
         view = messages.view
         offsets = messages.message_offsets
         lengths = messages.message_lengths
-        if self._pending_ingress or self._ingress_control_only or self.role is not ClusterRole.LEADER:
-            # What waits goes first; a suspended leader keeps them; a follower's are not for it.
+        if self._pending_ingress or self.role is not ClusterRole.LEADER:
+            # What waits goes first; a follower's are not for it.
             for offset, length in zip(offsets, lengths):
                 self._take_ingress(view, offset, length)
             return
@@ -935,8 +945,6 @@ class ConsensusModuleAgent:
             ):
                 if self.role is not ClusterRole.LEADER:
                     return True  # not for a follower
-                if self._ingress_control_only:
-                    return False  # suspended: messages wait in the ingress
                 return self._on_ingress_session_message(term_id, session_id, buffer, offset, length)
         try:
             header = codecs.read_header(buffer, offset, length)
@@ -952,8 +960,6 @@ class ConsensusModuleAgent:
                 self.invalid_requests_counter.increment()
             return True
         if template == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
-            if self._ingress_control_only:
-                return False  # suspended: messages wait in the ingress
             try:
                 session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
             except CodecError:
@@ -1257,7 +1263,7 @@ class ConsensusModuleAgent:
             for snapshot in self.recording_log.latest_snapshot_set(self.context.service_count)
         ]
         leader = self.leader_member_id if self.is_multi_member else self.member_id
-        members = encode_cluster_members(self.members) if self.is_multi_member else ""
+        members = encode_cluster_members(self.members) if self.members else ""
         return self._egress.backup_response(
             publication,
             session.correlation_id,
@@ -1710,6 +1716,14 @@ class ConsensusModuleAgent:
         context = self.context
         leadership_term_id = self.leadership_term_id + 1
         channel = ChannelUri.parse(context.log_channel)
+        # A UDP log channel (one member configured as the members of a
+        # larger cluster are) has no followers to send to: a manual-control
+        # publication with no destination, recorded and read through spies
+        # (which the publication counts as its receivers: ssc).
+        is_udp = channel.media == "udp"
+        if is_udp:
+            params = {k: v for k, v in channel.params.items() if k not in ("endpoint", "control", "control-mode")}
+            channel = ChannelUri("udp", {**params, "control-mode": "manual", "ssc": "true"})
         if self.log_recording_id != NULL_VALUE:
             descriptor = self.archive.list_recording(self.log_recording_id)
             if descriptor is None:
@@ -1732,7 +1746,10 @@ class ConsensusModuleAgent:
         # log publication (until the driver times it out) must not be recorded.
         # Auto stop: the recording subscription goes with this publication, so
         # the next term (or run) can extend the recording again.
-        recorded = str(ChannelUri.parse(context.log_channel).with_param("session-id", publication.session_id))
+        if is_udp:
+            recorded = self.leader_spy_channel().removeprefix("aeron-spy:")
+        else:
+            recorded = str(ChannelUri.parse(context.log_channel).with_param("session-id", publication.session_id))
         if self.log_recording_id != NULL_VALUE:
             self.archive.extend_recording(
                 self.log_recording_id, recorded, context.log_stream_id, SourceLocation.LOCAL, auto_stop=True
@@ -1753,6 +1770,9 @@ class ConsensusModuleAgent:
         self.role_counter.set(ClusterRole.LEADER)
 
     def live_log_channel(self) -> str:
+        """Where a lone member's services read its log (IPC, or a spy of its UDP log)."""
+        if ChannelUri.parse(self.context.log_channel).media == "udp":
+            return self.leader_spy_channel()
         return str(ChannelUri.parse(self.context.log_channel).with_param("session-id", self.log_session_id))
 
     def on_election_complete(self) -> None:
@@ -2086,6 +2106,21 @@ class ConsensusModuleAgent:
         self.consensus_publisher = ConsensusPublisher(self._consensus_publications)
         self.consensus_adapter = ConsensusAdapter(
             self, self._consensus_subscription, error_handler=lambda text: self._error(f"consensus stream: {text}")
+        )
+
+    def _open_lone_consensus_stream(self) -> None:
+        """Stream 108 of a cluster of one: a subscription at its consensus
+        endpoint whose arrivals ring this agent's own doorbell (its commit
+        thread, if any, reads no consensus stream), decoded for the tools'
+        requests only."""
+        context = self.context
+        me = find_member(self.members, self.member_id)
+        channel = ChannelUri.parse(context.consensus_channel).with_param("endpoint", me.consensus_endpoint)
+        self._consensus_subscription = self.aeron.add_subscription(str(channel), context.consensus_stream_id)
+        self.consensus_adapter = ConsensusAdapter(
+            LoneMemberConsensusListener(self),
+            self._consensus_subscription,
+            error_handler=lambda text: self._error(f"consensus stream: {text}"),
         )
 
     def new_election(self, is_startup: bool) -> Any:
@@ -2441,6 +2476,10 @@ class ConsensusModuleAgent:
             self._error(f"snapshot at log position {log_position} failed: {type(error).__name__}: {error}")
             recording_id = NULL_VALUE
         self._follower_snapshot = (log_position, ack_id, recording_id)
+        if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
+            # Seen as the leader's is (cluster-tool, metrics) until its
+            # services have taken theirs too (Aeron's onReplayClusterAction).
+            self._set_state(ConsensusModuleState.SNAPSHOT)
 
     def _check_follower_snapshot(self) -> int:
         pending = self._follower_snapshot
@@ -2451,6 +2490,8 @@ class ConsensusModuleAgent:
         if acks is None:
             return 0
         self._follower_snapshot = None
+        if self.state is ConsensusModuleState.SNAPSHOT:
+            self._set_state(self.running_state)  # (not a stop that came meanwhile)
         if recording_id == NULL_VALUE:
             return 1
         self._record_snapshot(position, recording_id, acks)
@@ -2581,6 +2622,7 @@ class ConsensusModuleAgent:
             self.notified_commit_position = state.notified_commit_position
         if state.leader_time_ns > self._time_of_last_leader_message_ns:
             self._time_of_last_leader_message_ns = state.leader_time_ns
+            self.time_of_last_leader_update_ns = max(self.time_of_last_leader_update_ns, state.leader_time_ns)
         if state.log_position > self.log_position:
             self.log_position = state.log_position
         if state.commit_position > self.commit_position:
@@ -3169,6 +3211,8 @@ class ConsensusModuleAgent:
         app_version: int,
         is_startup: bool,
     ) -> None:
+        if leadership_term_id >= self.leadership_term_id:
+            self.time_of_last_leader_update_ns = self._now_ns
         election = self._inner_election()
         if election is None:
             if leadership_term_id > self.leadership_term_id:
@@ -3209,6 +3253,8 @@ class ConsensusModuleAgent:
                 follower.time_of_last_append_position_ns = self._now_ns
 
     def on_commit_position(self, leadership_term_id: int, log_position: int, leader_member_id: int) -> None:
+        if leadership_term_id >= self.leadership_term_id:
+            self.time_of_last_leader_update_ns = self._now_ns
         election = self._inner_election()
         if election is None and leadership_term_id > self.leadership_term_id:
             self.start_election(f"member {leader_member_id} commits in a newer term {leadership_term_id}")
@@ -3414,6 +3460,97 @@ _INGRESS_HANDLERS: dict[int, Callable[[ConsensusModuleAgent, Any], bool]] = {
     codecs.ChallengeResponseEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_challenge_response,
     codecs.AdminRequestEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_admin_request,
 }
+
+
+class LoneMemberConsensusListener:
+    """What a cluster of one hears on its consensus stream.  No other member
+    talks there, but the tools that are not members do: a ClusterBackup's
+    BackupQuery, a HeartbeatRequest, a StandbySnapshot, and their answers to
+    a challenge; those go to the agent.  A member's message (a canvass, a
+    vote, a leader's word) is someone's mistake, or a stranger's: counted as
+    an invalid request and reported, never the start of an election."""
+
+    def __init__(self, agent: ConsensusModuleAgent) -> None:
+        self.agent = agent
+        self.on_backup_query = agent.on_backup_query
+        self.on_heartbeat_request = agent.on_heartbeat_request
+        self.on_standby_snapshot = agent.on_standby_snapshot
+        self.on_consensus_challenge_response = agent.on_consensus_challenge_response
+
+    def _refuse(self, message: str, member_id: int) -> None:
+        self.agent.invalid_requests_counter.increment()
+        self.agent.report_error(f"consensus stream: a {message} from member {member_id} refused: this member is alone")
+
+    def on_canvass_position(
+        self,
+        log_leadership_term_id: int,
+        log_position: int,
+        leadership_term_id: int,
+        follower_member_id: int,
+        protocol_version: int,
+    ) -> None:
+        self._refuse("CanvassPosition", follower_member_id)
+
+    def on_request_vote(
+        self,
+        log_leadership_term_id: int,
+        log_position: int,
+        candidate_term_id: int,
+        candidate_member_id: int,
+        protocol_version: int,
+    ) -> None:
+        self._refuse("RequestVote", candidate_member_id)
+
+    def on_vote(
+        self,
+        candidate_term_id: int,
+        log_leadership_term_id: int,
+        log_position: int,
+        candidate_member_id: int,
+        follower_member_id: int,
+        vote: bool,
+    ) -> None:
+        self._refuse("Vote", follower_member_id)
+
+    def on_new_leadership_term(
+        self,
+        log_leadership_term_id: int,
+        next_leadership_term_id: int,
+        next_term_base_log_position: int,
+        next_log_position: int,
+        leadership_term_id: int,
+        term_base_log_position: int,
+        log_position: int,
+        leader_recording_id: int,
+        timestamp: int,
+        leader_member_id: int,
+        log_session_id: int,
+        app_version: int,
+        is_startup: bool,
+    ) -> None:
+        self._refuse("NewLeadershipTerm", leader_member_id)
+
+    def on_append_position(
+        self, leadership_term_id: int, log_position: int, follower_member_id: int, flags: int
+    ) -> None:
+        self._refuse("AppendPosition", follower_member_id)
+
+    def on_commit_position(self, leadership_term_id: int, log_position: int, leader_member_id: int) -> None:
+        self._refuse("CommitPosition", leader_member_id)
+
+    def on_catchup_position(
+        self, leadership_term_id: int, log_position: int, follower_member_id: int, catchup_endpoint: str
+    ) -> None:
+        self._refuse("CatchupPosition", follower_member_id)
+
+    def on_stop_catchup(self, leadership_term_id: int, follower_member_id: int) -> None:
+        self._refuse("StopCatchup", follower_member_id)
+
+    def on_termination_position(self, leadership_term_id: int, log_position: int) -> None:
+        self._refuse("TerminationPosition", NULL_MEMBER_ID)
+
+    def on_termination_ack(self, leadership_term_id: int, log_position: int, member_id: int) -> None:
+        self._refuse("TerminationAck", member_id)
 
 
 class LogReplay:

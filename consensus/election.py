@@ -27,10 +27,14 @@ Rules beyond the seed, chosen for safety and written down here:
   leader's own archive holds (Aeron's updateLeaderPosition).
 * A member remembers its vote: a repeated RequestVote from the same candidate
   for the same term gets the same answer (the network may duplicate), and a
-  member never follows a leader of a term lower than one it has voted in.
-* A NewLeadershipTerm whose ``nextLeadershipTermId`` is ``NULL_VALUE`` says
-  "the leader's log has no entry for your last term": the follower drops that
-  whole term (its entries cannot have been committed) and canvasses again.
+  member never follows a leader of a term lower than one it followed or may
+  have voted in for another member (its own candidacy does not bar it).
+* A NewLeadershipTerm whose ``nextLeadershipTermId`` is ``NULL_VALUE`` while
+  its ``logLeadershipTermId`` (the follower's last term) is older than the
+  leader's term says "the leader's log has no entry for your last term": the
+  follower drops that whole term (its entries cannot have been committed) and
+  canvasses again.  (Aeron's leaders send ``NULL_VALUE`` only to a follower
+  whose log is in the current term, meaning "no next term".)
 * A follower never completes its election without the log it needs: the log
   subscription, the catchup destination and the live log destination are each
   set up before the state that needs them moves on (the host retries a refused
@@ -69,6 +73,19 @@ _FOLLOWER_ALIGNED_STATES = frozenset(
         ElectionState.FOLLOWER_LOG_INIT,
         ElectionState.FOLLOWER_LOG_AWAIT,
         ElectionState.FOLLOWER_READY,
+    }
+)
+
+
+# Where a member answers a RequestVote with its vote (Aeron's rule): elsewhere
+# it leads, follows or is still setting up, and only says no to a candidate
+# whose log is behind its own.
+_VOTING_STATES = frozenset(
+    {
+        ElectionState.CANVASS,
+        ElectionState.NOMINATE,
+        ElectionState.CANDIDATE_BALLOT,
+        ElectionState.FOLLOWER_BALLOT,
     }
 )
 
@@ -214,6 +231,11 @@ class ElectionHost(Protocol):
         """The node's commit position (the leader publishes it in CommitPosition)."""
         ...
 
+    def time_of_last_leader_update_ns(self) -> int:
+        """When the node last heard a leader of its term or a newer one
+        (NewLeadershipTerm or CommitPosition; 0 if never)."""
+        ...
+
     def processed_position(self) -> int:
         """Where the node and its services have processed the log to (snapshot or earlier replay)."""
         ...
@@ -356,14 +378,16 @@ def next_term_for(
     The next term is the first term of the leader's log after the follower's,
     the current term included even before it is recorded.  ``nextLogPosition``
     is ``NULL_POSITION`` for the current term (still growing).  The follower's
-    own term being the current one gives ``(leadership_term_id, NULL_POSITION,
-    NULL_POSITION)``; a term the leader's log does not have gives
-    ``(NULL_VALUE, NULL_POSITION, NULL_POSITION)``.
+    own term being the current one gives ``(NULL_VALUE, NULL_POSITION,
+    NULL_POSITION)``: no next term (what an Aeron leader sends then); an older
+    term the leader's log does not have gives the same ``NULL_VALUE`` beside
+    ``logLeadershipTermId`` older than the current term, which an Aeron leader
+    never sends: this leader's "your last term was never mine".
     """
     terms = [e for e in entries if e.leadership_term_id < leadership_term_id]
     terms.append(TermEntry(leadership_term_id, term_base_log_position, NULL_POSITION))
     if follower_log_leadership_term_id == leadership_term_id:
-        return leadership_term_id, NULL_POSITION, NULL_POSITION
+        return NULL_VALUE, NULL_POSITION, NULL_POSITION
     index = -1
     if follower_log_leadership_term_id != NULL_VALUE:
         found = [i for i, e in enumerate(terms) if e.leadership_term_id == follower_log_leadership_term_id]
@@ -465,6 +489,9 @@ class Election:
         self.leader_log_position = NULL_POSITION
         self.is_leader_startup = False
         self.notified_commit_position = NULL_POSITION
+        # What this leader last told its followers is committed, and when.
+        self.published_commit_position = NULL_POSITION
+        self.commit_published_ns = 0
         self.catchup_join_position = NULL_POSITION
         self.replication_leadership_term_id = NULL_VALUE
         self.replication_term_base_log_position = NULL_POSITION
@@ -477,6 +504,12 @@ class Election:
         self.catchup_requested_ns = 0
         self.joined_log = False
         self.voted_for: tuple[int, int] | None = None  # (candidate term, candidate) of our FOR vote
+        # The highest term in which this member may have voted for another
+        # member: it never follows a leader of a lower term than that.  A
+        # candidate term it stood in itself does not count (a leader of a
+        # lower term that answers it may be followed, as Aeron's members do);
+        # one persisted before a restart might be either, so it counts.
+        self.highest_term_voted_for_another = candidate_term_id
 
         self.state_value = ElectionState.INIT
         self.state_change_ns = 0
@@ -563,6 +596,7 @@ class Election:
             self.term_base_log_position = self.append_position
             self.leader_log_position = self.append_position
             self.is_leader_startup = self.is_startup
+            self.published_commit_position = NULL_POSITION
             for member in self.members.values():
                 member.append_term_id = NULL_VALUE
                 member.append_position = NULL_POSITION
@@ -579,10 +613,12 @@ class Election:
                 member.new_leadership_term_due = True
             host.start_replay(host.processed_position(), self.append_position)
         elif new == ElectionState.FOLLOWER_LOG_REPLICATION:
+            host.on_role_change(ClusterRole.FOLLOWER)  # (a candidate that heard a leader follows it)
             self.replication = host.replicate(
                 self.leader_member_id, self.leader_recording_id, self.replication_stop_position
             )
         elif new == ElectionState.FOLLOWER_REPLAY:
+            host.on_role_change(ClusterRole.FOLLOWER)
             host.start_replay(host.processed_position(), self.append_position)
 
     def _refresh_log(self) -> None:
@@ -616,16 +652,21 @@ class Election:
         me.log_position = self.append_position
         me.leadership_term_id = self.leadership_term_id
         me.canvassed = True
-        timeout = (
-            self.timeouts.startup_canvass_timeout_ns if self.is_extended_canvass else self.timeouts.election_timeout_ns
-        )
+        # Aeron's deadline: at start-up the extended canvass (the others may
+        # still be starting); after that the leader heartbeat timeout from the
+        # node's last word from a leader, so a member that heard a leader
+        # lately gives it that long to answer before standing itself.
+        if self.is_extended_canvass:
+            deadline_ns = self.state_change_ns + self.timeouts.startup_canvass_timeout_ns
+        else:
+            deadline_ns = self.host.time_of_last_leader_update_ns() + self.timeouts.leader_heartbeat_timeout_ns
         if self.appointed_leader_id == self.member_id:
             if self._is_quorum_candidate():
                 self.nomination_deadline_ns = now_ns
                 self.state(ElectionState.NOMINATE, now_ns, "appointed leader")
                 return work + 1
             return work
-        if self._is_unanimous_candidate() or (self._is_quorum_candidate() and now_ns >= self.state_change_ns + timeout):
+        if self._is_unanimous_candidate() or (self._is_quorum_candidate() and now_ns >= deadline_ns):
             self.nomination_deadline_ns = now_ns + self.random.randrange(max(1, self.timeouts.election_timeout_ns >> 1))
             self.state(ElectionState.NOMINATE, now_ns, "possible candidate")
             return work + 1
@@ -648,19 +689,18 @@ class Election:
         return self._publish_canvass_on_interval(now_ns)
 
     def candidate_ballot(self, now_ns: int) -> int:
-        votes_for = sum(
-            1 for m in self.members.values() if m.candidate_term_id == self.candidate_term_id and m.vote is True
-        )
-        # Seed 001: "in a 3 node cluster, it only needs one more vote to win" --
-        # a majority of FOR votes in this term makes the one leader of the term.
-        if votes_for == len(self.members):
+        # Aeron's rule: a candidate leads at once when every member voted for
+        # it; otherwise it waits out the election timeout, then leads with a
+        # quorum of votes for it and none against (a member whose log is
+        # newer says no), or canvasses again.
+        if self._is_unanimous_leader():
             self.state(ElectionState.LEADER_LOG_REPLICATION, now_ns, "unanimous vote")
             return 1
-        if votes_for >= self.quorum:
-            self.state(ElectionState.LEADER_LOG_REPLICATION, now_ns, "quorum vote")
-            return 1
         if now_ns >= self.state_change_ns + self.timeouts.election_timeout_ns:
-            self.state(ElectionState.CANVASS, now_ns, "election timeout")
+            if self._is_quorum_leader():
+                self.state(ElectionState.LEADER_LOG_REPLICATION, now_ns, "quorum vote at the election timeout")
+            else:
+                self.state(ElectionState.CANVASS, now_ns, "election timeout")
             return 1
         work = 0
         for member_id in self.others:
@@ -686,14 +726,14 @@ class Election:
         return 0
 
     def leader_log_replication(self, now_ns: int) -> int:
-        work = self._leader_heartbeats(now_ns)
+        work = self._leader_heartbeats(now_ns) + self._publish_quorum_commit_position(now_ns)
         if self._quorum_reached(self.append_position):
             self.state(ElectionState.LEADER_REPLAY, now_ns, "quorum at the leader's log position")
             return work + 1
         return work + self._check_leader_timeout(now_ns)
 
     def leader_replay(self, now_ns: int) -> int:
-        work = self._leader_heartbeats(now_ns)
+        work = self._leader_heartbeats(now_ns) + self._publish_quorum_commit_position(now_ns)
         if self.host.replay_done():
             self.state(ElectionState.LEADER_INIT, now_ns, "log replayed")
             return work + 1
@@ -707,10 +747,13 @@ class Election:
 
     def leader_ready(self, now_ns: int) -> int:
         work = self._leader_heartbeats(now_ns)
-        if self._quorum_reached(self.append_position):
-            if self.host.append_new_leadership_term_event(
-                self.leadership_term_id, self.append_position, now_ns // 1_000_000
-            ):
+        # Aeron's rule: every member that voted in this leader's ballot has
+        # joined the log at its position, or, once the leader heartbeat
+        # timeout has passed, a quorum has.
+        position = self.append_position
+        timed_out = now_ns >= self.state_change_ns + self.timeouts.leader_heartbeat_timeout_ns
+        if self._voters_reached(position) or (timed_out and self._quorum_reached(position)):
+            if self.host.append_new_leadership_term_event(self.leadership_term_id, position, now_ns // 1_000_000):
                 self.state(ElectionState.CLOSED, now_ns, "followers ready")
                 self.host.election_complete(ClusterRole.LEADER, self.member_id, self.leadership_term_id)
                 return work + 1
@@ -885,6 +928,73 @@ class Election:
             )
         return 1
 
+    def _is_unanimous_leader(self) -> bool:
+        """Every member voted for this candidate in its term."""
+        return all(m.candidate_term_id == self.candidate_term_id and m.vote is True for m in self.members.values())
+
+    def _is_quorum_leader(self) -> bool:
+        """A quorum voted for this candidate in its term and nobody against."""
+        votes_for = 0
+        for member in self.members.values():
+            if member.candidate_term_id == self.candidate_term_id:
+                if member.vote is False:
+                    return False
+                if member.vote is True:
+                    votes_for += 1
+        return votes_for >= self.quorum
+
+    def _voters_reached(self, position: int) -> bool:
+        """Every member that voted in this leader's ballot (for or against)
+        reported ``position`` in this term (Aeron's hasVotersAtPosition; a
+        member that never answered, down say, is not waited for)."""
+        for member_id in self.others:
+            member = self.members[member_id]
+            if member.vote is not None and not (
+                member.append_term_id == self.leadership_term_id and member.append_position >= position
+            ):
+                return False
+        return True
+
+    def _quorum_position(self) -> int:
+        """The highest position a quorum holds in this term, this leader
+        included (followers count only once they report in this term, after
+        the NewLeadershipTerm check that truncates what the leader lacks)."""
+        positions = [self.append_position] + [
+            member.append_position
+            for member_id, member in self.members.items()
+            if member_id != self.member_id and member.append_term_id == self.leadership_term_id
+        ]
+        if len(positions) < self.quorum:
+            return NULL_POSITION
+        positions.sort(reverse=True)
+        return min(positions[self.quorum - 1], self.append_position)
+
+    def _publish_quorum_commit_position(self, now_ns: int) -> int:
+        """Before its log is joined (LEADER_LOG_REPLICATION, LEADER_REPLAY) the
+        leader tells the followers the quorum's position as the commit
+        position, as soon as it rises and else on the heartbeat interval
+        (Aeron's publishCommitPositionOnInterval): a follower catching up or
+        replicating learns what it may apply without waiting for the leader's
+        own commit, which only moves once the log is joined."""
+        position = self._quorum_position()
+        if position == NULL_POSITION:
+            return 0
+        if position < self.published_commit_position or (
+            position == self.published_commit_position
+            and now_ns < self.commit_published_ns + self.timeouts.leader_heartbeat_interval_ns
+        ):
+            return 0
+        self.published_commit_position = position
+        self.commit_published_ns = now_ns
+        for member_id in self.others:
+            self.publisher.commit_position(
+                member_id,
+                leadership_term_id=self.leadership_term_id,
+                log_position=position,
+                leader_member_id=self.member_id,
+            )
+        return 1
+
     def _quorum_reached(self, position: int) -> bool:
         count = 1  # the leader itself
         for member_id in self.others:
@@ -895,7 +1005,9 @@ class Election:
 
     def _leader_heartbeats(self, now_ns: int) -> int:
         """NewLeadershipTerm to each follower (on the heartbeat interval, or at once when a
-        canvassing follower is due an answer) and CommitPosition to all."""
+        canvassing follower is due an answer); in LEADER_READY, with the log
+        joined, the node's commit position to all on the interval (before,
+        ``_publish_quorum_commit_position`` tells them the quorum's)."""
         interval_due = now_ns >= self.last_heartbeat_ns + self.timeouts.leader_heartbeat_interval_ns
         work = 0
         for member_id in self.others:
@@ -912,6 +1024,7 @@ class Election:
                 work += 1
         if interval_due:
             self.last_heartbeat_ns = now_ns
+        if interval_due and self.state_value == ElectionState.LEADER_READY:
             commit = self.host.commit_position()
             for member_id in self.others:
                 self.publisher.commit_position(
@@ -992,7 +1105,13 @@ class Election:
             self.host.notify_commit_position(min(self.notified_commit_position, self.host.append_position()))
 
     def _accepts_term(self, leadership_term_id: int) -> bool:
-        return leadership_term_id >= self.leadership_term_id and leadership_term_id >= self.candidate_term_id
+        """Raft's rule, as narrow as safety needs: never follow a leader of a
+        term lower than one this member followed or may have voted in for
+        another member.  (A quorum that voted for a leader of a higher term
+        then never also follows a lower one, so the two cannot both commit.)"""
+        return (
+            leadership_term_id >= self.leadership_term_id and leadership_term_id >= self.highest_term_voted_for_another
+        )
 
     # ------------------------------------------------------------------ handlers (record facts)
 
@@ -1037,15 +1156,24 @@ class Election:
         if candidate_term_id <= self.leadership_term_id or candidate_term_id <= self.candidate_term_id:
             self._place_vote(candidate_term_id, candidate_member_id, False)
             return
+        if compare_log(self.log_leadership_term_id, self.append_position, log_leadership_term_id, log_position) > 0:
+            # The candidate's log is behind: no, and this member will not vote
+            # in that term again.  A leader tells the candidate where its log
+            # stands (Aeron's onRequestVote), so that it can follow instead.
+            self.candidate_term_id = candidate_term_id
+            self.host.persist_candidate_term_id(candidate_term_id)
+            self._place_vote(candidate_term_id, candidate_member_id, False)
+            if self.state_value in _LEADER_STATES:
+                self.send_new_leadership_term(candidate_member_id, log_leadership_term_id, self.now_ns)
+            return
+        if self.state_value not in _VOTING_STATES:
+            return  # a member already following or leading does not vote (Aeron's rule)
         self.candidate_term_id = candidate_term_id
         self.host.persist_candidate_term_id(candidate_term_id)
-        if compare_log(self.log_leadership_term_id, self.append_position, log_leadership_term_id, log_position) > 0:
-            self._place_vote(candidate_term_id, candidate_member_id, False)
-            self.state(ElectionState.CANVASS, self.now_ns, "candidate's log is behind")
-        else:
-            self.voted_for = (candidate_term_id, candidate_member_id)
-            self._place_vote(candidate_term_id, candidate_member_id, True)
-            self.state(ElectionState.FOLLOWER_BALLOT, self.now_ns, "voted for a candidate")
+        self.voted_for = (candidate_term_id, candidate_member_id)
+        self.highest_term_voted_for_another = max(self.highest_term_voted_for_another, candidate_term_id)
+        self._place_vote(candidate_term_id, candidate_member_id, True)
+        self.state(ElectionState.FOLLOWER_BALLOT, self.now_ns, "voted for a candidate")
 
     def _place_vote(self, candidate_term_id: int, candidate_member_id: int, vote: bool) -> None:
         self.publisher.place_vote(
@@ -1112,12 +1240,15 @@ class Election:
                 self.state(ElectionState.CANVASS, now_ns, "a newer leader")
             else:
                 return
-        if self.state_value not in (
-            ElectionState.CANVASS,
-            ElectionState.NOMINATE,
-            ElectionState.CANDIDATE_BALLOT,
-            ElectionState.FOLLOWER_BALLOT,
-        ):
+        # Aeron's rule: a canvassing member takes a leader's word; one in a
+        # ballot only that of the leader of the ballot's term (NOMINATE waits
+        # for its deadline).
+        if self.state_value == ElectionState.CANVASS:
+            pass
+        elif self.state_value in (ElectionState.CANDIDATE_BALLOT, ElectionState.FOLLOWER_BALLOT):
+            if leadership_term_id != self.candidate_term_id:
+                return
+        else:
             return
         if not self._accepts_term(leadership_term_id):
             return
@@ -1125,8 +1256,11 @@ class Election:
             if self.state_value != ElectionState.CANVASS:
                 self.state(ElectionState.CANVASS, now_ns, "NewLeadershipTerm for another log term")
             return
-        if next_leadership_term_id == NULL_VALUE:
-            # The leader's log has no entry of our last term: none of it was committed.
+        if next_leadership_term_id == NULL_VALUE and log_leadership_term_id != leadership_term_id:
+            # (With our log in the leader's term, NULL_VALUE is Aeron's "no next
+            # term": nothing to truncate or replicate.  Otherwise it is this
+            # leader's answer that its log has no entry of our last term, which
+            # an Aeron leader never sends.)  None of that term was committed.
             entries = self.host.term_entries()
             if entries and entries[-1].leadership_term_id == log_leadership_term_id:
                 self.host.truncate_log_to(entries[-1].term_base_log_position)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from fulmar.archive.client import RecordingSignal, RecordingSignalEvent, SourceLocation
 from fulmar.archive.protocol import CONTROL_STREAM_ID
 from fulmar.channel_uri import ChannelUri
-from fulmar.consensus.agent import ClusterRole, LogReplay
+from fulmar.consensus.agent import ClusterRole, ControlToggle, LogReplay
 from fulmar.consensus.cluster_member import find_member
 from fulmar.consensus.election import ElectionError, TermEntry
 from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE
@@ -157,6 +157,9 @@ class NodeElectionHost:
     def commit_position(self) -> int:
         return self.agent.commit_position
 
+    def time_of_last_leader_update_ns(self) -> int:
+        return self.agent.time_of_last_leader_update_ns
+
     def processed_position(self) -> int:
         return self.agent.log_position
 
@@ -270,6 +273,11 @@ class NodeElectionHost:
         agent.step_down()
         self.close_follower_log()
         agent.stop_log_recording()
+        # Nobody may operate the cluster through this member until it leads
+        # again (Aeron's prepareForNewLeadership): cluster-tool sees INACTIVE
+        # and says an election is under way, rather than set a toggle that the
+        # election would drop.
+        agent.control_toggle.set(ControlToggle.INACTIVE)
 
     def create_log_publication(self, leadership_term_id: int, log_position: int) -> int:
         return self.agent.create_leader_log_publication(log_position)

@@ -182,6 +182,7 @@ class SimNode:
         self.role = ClusterRole.FOLLOWER
         self.leadership_term_id = self.terms[-1][0] if self.terms else NULL_VALUE
         self.leader_id = NULL_MEMBER_ID
+        self.last_leader_update_ns = 0  # any leader of this term or a newer one (the canvass deadline)
         self.commit = 0
         self.notified_commit = 0
         self.processed = 0
@@ -363,6 +364,9 @@ class SimNode:
 
     def log_recording_id(self) -> int:
         return 0
+
+    def time_of_last_leader_update_ns(self) -> int:
+        return self.last_leader_update_ns
 
     def commit_position(self) -> int:
         return self.commit
@@ -588,6 +592,8 @@ class SimNode:
         app_version: int,
         is_startup: bool,
     ) -> None:
+        if leadership_term_id >= self.leadership_term_id:
+            self.last_leader_update_ns = self.sim.now_ns
         if self.election is None:
             if leadership_term_id > self.leadership_term_id:
                 self.start_election(self.sim.now_ns, "NewLeadershipTerm for a newer term")
@@ -631,6 +637,8 @@ class SimNode:
                 )
 
     def on_commit_position(self, leadership_term_id: int, log_position: int, leader_member_id: int) -> None:
+        if leadership_term_id >= self.leadership_term_id:
+            self.last_leader_update_ns = self.sim.now_ns
         if self.election is not None:
             self.election.on_commit_position(leadership_term_id, log_position, leader_member_id)
         elif leadership_term_id > self.leadership_term_id:

@@ -248,3 +248,41 @@ def test_cluster_node_backup_names_what_its_configuration_lacks(tmp_path: Path) 
     assert result.exit_code == 2 and "give --config FILE or --local BASE" in result.output
     result = CliRunner().invoke(cluster_node.backup, ["--local", str(tmp_path)])
     assert result.exit_code == 2 and "no local cluster's configuration" in result.output
+
+
+def test_a_backup_of_a_cluster_of_one_retrieves_its_snapshot_and_follows_its_log() -> None:
+    """A cluster of one named in a members string has a consensus endpoint
+    too: its BackupQuery is answered there (it opened no consensus stream,
+    so the backup waited forever), and the backup then holds its log."""
+    with LocalCluster(1, COUNTER_SERVICE) as single:
+        single.start()
+        wait_for_leader(single, 30)
+        workload = CounterWorkload(single).start()
+        backup: Backup | None = None
+        try:
+            workload.wait_for_acks(100, 30)
+            print(cluster_commands.cluster_operate(single.base, "snapshot", 30))
+            workload.wait_for_acks(50, 30)
+            backup = Backup(single)
+            wait_for(
+                lambda: backup.counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID) == ClusterBackupState.BACKING_UP,
+                30,
+                f"the backup to be BACKING_UP: {backup.output()[-2000:]}",
+            )
+            assert backup.counter(CLUSTER_BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID) == 1
+            workload.wait_for_acks(50, 30)
+        finally:
+            workload.stop()
+        try:
+            assert backup is not None
+            position = member_view(single, 0).commit_position
+            assert position is not None
+            wait_for(
+                lambda: backup.counter(CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID) >= position,
+                30,
+                f"the backup's live log to reach {position}: {backup.output()[-3000:]}",
+            )
+            assert backup_log(backup, position) == log_frames(single, 0, position)
+        finally:
+            if backup is not None:
+                backup.close()

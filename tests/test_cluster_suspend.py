@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import signal
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -561,14 +562,35 @@ def suspend_with_a_held_increment(cluster: SingleNodeCluster) -> Replies:
 
 
 def resume_and_check(cluster: SingleNodeCluster) -> None:
-    """Still SUSPENDED after the restart, input waits until ``cluster-tool resume``."""
+    """Still SUSPENDED after the restart, input waits until ``cluster-tool
+    resume``: a client's connect too (a suspended leader leaves its ingress
+    unread, as Aeron's does), so the session opens only after the resume."""
     counters = wait_for_election(cluster)
     assert counters["module_state_name"] == "SUSPENDED", counters
-    replies = Replies(connect_single(cluster))
+    sessions = counters["sessions"]  # (the log's: a close held before the restart never reached it)
+    connected: list[Replies] = []
+    failed: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            connected.append(Replies(connect_single(cluster)))
+        except BaseException as error:  # noqa: BLE001 - reported by the test thread
+            failed.append(error)
+
+    connector = threading.Thread(target=connect, daemon=True)
+    connector.start()
+    try:
+        connector.join(HOLD_S)
+        assert connector.is_alive() and not connected, f"a session opened while suspended: {connected or failed}"
+        assert counters_of(cluster.base)["sessions"] == sessions
+        result = tool("resume", "--dir", str(cluster.base))
+        assert result.exit_code == 0, result.output
+    finally:
+        # (Its client must be done with the driver before the cluster closes it.)
+        connector.join(TIMEOUT_S)
+    assert connected, f"no session after the resume: {failed}"
+    replies = connected[0]
     replies.send(b"+")
-    replies.assert_held()
-    result = tool("resume", "--dir", str(cluster.base))
-    assert result.exit_code == 0, result.output
     replies.poll_for(10, until=1)
     # The increment held before the restart died with the process that held it.
     assert [value for value, _ in replies.values] == [2]

@@ -60,6 +60,7 @@ class FakeHost:
         self.candidate_term_id = NULL_VALUE
         self.role = ClusterRole.FOLLOWER
         self.completed: tuple[Any, ...] | None = None
+        self.last_leader_update_ns = 0  # when the node last heard a leader (the canvass deadline)
 
     def term_entries(self) -> list[TermEntry]:
         out = []
@@ -76,6 +77,9 @@ class FakeHost:
 
     def commit_position(self) -> int:
         return self.commit
+
+    def time_of_last_leader_update_ns(self) -> int:
+        return self.last_leader_update_ns
 
     def processed_position(self) -> int:
         return 0
@@ -281,7 +285,14 @@ def test_canvass_nominate_candidate_ballot_leader() -> None:
     assert election.state_value == ElectionState.CANDIDATE_BALLOT  # its own vote alone is no majority
     election.on_vote(1, 0, 1024, 0, 1, True)
     election.do_work(now + 2)
-    # Seed 001: one more vote makes a majority of three, and the election is won at once.
+    # One more vote makes a majority of three (seed 001), but Aeron's candidate
+    # leads at once only on every vote: with member 2 silent it waits out the
+    # election timeout, then leads with the quorum (no vote against).
+    assert election.state_value == ElectionState.CANDIDATE_BALLOT
+    ballot_started = election.nomination_deadline_ns
+    election.do_work(ballot_started + TIMEOUTS.election_timeout_ns - 1)
+    assert election.state_value == ElectionState.CANDIDATE_BALLOT
+    election.do_work(ballot_started + TIMEOUTS.election_timeout_ns)
     assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
     assert host.named("create_log_publication") == [("create_log_publication", 1, 1024)]
     assert host.role == ClusterRole.LEADER
@@ -337,14 +348,18 @@ def test_unanimous_votes_win_at_once_and_leader_runs_to_closed() -> None:
     assert {to for to, _ in nlt} == {1, 2}
     assert nlt[0][1]["leadership_term_id"] == 1 and nlt[0][1]["term_base_log_position"] == 1024
     assert nlt[0][1]["log_session_id"] == 77
-    assert publisher.named("commit_position")
-    # Votes' positions do not count: a quorum must report AppendPosition in the new term.
+    # Votes' positions do not count: a quorum must report AppendPosition in the new term
+    # (so no commit position to tell either).
+    assert publisher.named("commit_position") == []
     assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
     election.on_append_position(0, 1024, 1, 0)  # an older term: ignored
     election.do_work(now + 3)
     assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
     election.on_append_position(1, 1024, 1, 0)
     election.do_work(now + 4)
+    # The quorum's position is told as the commit position at once (Aeron's
+    # publishCommitPositionOnInterval), then LEADER_REPLAY.
+    assert {(to, f["log_position"]) for to, f in publisher.named("commit_position")} == {(1, 1024), (2, 1024)}
     assert election.state_value == ElectionState.LEADER_REPLAY
     assert host.named("start_replay") == [("start_replay", 0, 1024)]
     election.do_work(now + 5)
@@ -356,9 +371,95 @@ def test_unanimous_votes_win_at_once_and_leader_runs_to_closed() -> None:
     assert election.state_value == ElectionState.LEADER_READY  # positions were reset in LEADER_REPLAY
     election.on_append_position(1, 1024, 2, 0)
     election.do_work(now + 8)
+    # A quorum, but Aeron's leader waits for every member that voted (member 1 too).
+    assert election.state_value == ElectionState.LEADER_READY
+    election.on_append_position(1, 1024, 1, 0)
+    election.do_work(now + 9)
     assert election.state_value == ElectionState.CLOSED
     assert host.named("append_new_leadership_term_event") == [("append_new_leadership_term_event", 1, 1024)]
     assert host.completed == (ClusterRole.LEADER, 0, 1)
+
+
+def _to_leader_ready(election: Election, host: FakeHost, voters: tuple[int, ...]) -> int:
+    """Member 0 of three through its ballot (``voters`` vote for it) and
+    LEADER_LOG_REPLICATION and LEADER_REPLAY, to LEADER_READY; the time."""
+    to_canvass(election)
+    election.on_canvass_position(0, 1024, 0, 1, 0)
+    election.on_canvass_position(0, 1024, 0, 2, 0)
+    election.do_work(1)
+    now = election.nomination_deadline_ns
+    election.do_work(now)
+    for voter in voters:
+        election.on_vote(1, 0, 1024, 0, voter, True)
+    now += TIMEOUTS.election_timeout_ns  # (unanimity leads at once, a quorum at the timeout)
+    election.do_work(now)
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    for voter in voters:
+        election.on_append_position(1, 1024, voter, 0)
+    for step in range(1, 4):
+        election.do_work(now + step)
+    assert election.state_value == ElectionState.LEADER_READY
+    return now + 3
+
+
+def test_a_leader_ready_waits_for_every_voter_or_a_quorum_after_the_heartbeat_timeout() -> None:
+    """Aeron's LEADER_READY: every member that voted has reported the leader's
+    position in its term; failing that, a quorum once the leader heartbeat
+    timeout has passed (a voter that died since must not hold the cluster
+    for good), counting only AppendPositions of the new term."""
+    election, host, _ = make(host=FakeHost([(0, 0)], append=1024))
+    ready_at = _to_leader_ready(election, host, voters=(1, 2))
+    election.on_append_position(1, 1024, 1, 0)  # member 2, which voted too, is silent now
+    election.do_work(ready_at + TIMEOUTS.leader_heartbeat_timeout_ns - 10)
+    assert election.state_value == ElectionState.LEADER_READY
+    election.do_work(ready_at + TIMEOUTS.leader_heartbeat_timeout_ns)
+    assert election.state_value == ElectionState.CLOSED
+
+
+def test_a_replaying_leader_tells_the_quorum_position_not_its_own_commit() -> None:
+    """Aeron's LEADER_LOG_REPLICATION and LEADER_REPLAY: the commit position
+    the followers hear is the quorum's position in the new term, sent as soon
+    as it rises (a follower catching up applies it) and again on the
+    heartbeat interval; not the node's own commit position, which lags until
+    the leader has replayed and joined its log."""
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=2048))
+    host.commit = 512  # the node's own, behind
+    to_canvass(election)
+    election.on_canvass_position(0, 2048, 0, 1, 0)
+    election.on_canvass_position(0, 1024, 0, 2, 0)
+    election.do_work(1)
+    now = election.nomination_deadline_ns
+    election.do_work(now)
+    election.on_vote(1, 0, 2048, 0, 1, True)
+    election.on_vote(1, 0, 1024, 0, 2, True)
+    election.do_work(now + 1)
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    election.on_append_position(1, 1024, 2, 0)  # member 2, replicated to 1024
+    election.do_work(now + 2)
+    assert {(to, f["log_position"]) for to, f in publisher.named("commit_position")} == {(1, 1024), (2, 1024)}
+    publisher.clear()
+    election.on_append_position(1, 2048, 1, 0)
+    host.replay_finished = False
+    election.do_work(now + 3)  # the quorum reaches 2048: told at once, then LEADER_REPLAY
+    assert {(to, f["log_position"]) for to, f in publisher.named("commit_position")} == {(1, 2048), (2, 2048)}
+    assert election.state_value == ElectionState.LEADER_REPLAY
+    publisher.clear()
+    election.do_work(now + 4)
+    assert publisher.named("commit_position") == []  # reports start afresh in LEADER_REPLAY
+    election.on_append_position(1, 2048, 1, 0)
+    election.do_work(now + 5)
+    assert publisher.named("commit_position") == []  # unchanged: not again before the interval
+    election.do_work(now + 3 + TIMEOUTS.leader_heartbeat_interval_ns)
+    assert {f["log_position"] for _, f in publisher.named("commit_position")} == {2048}
+    assert election.state_value == ElectionState.LEADER_REPLAY
+
+
+def test_a_leader_ready_does_not_wait_for_a_member_that_never_voted() -> None:
+    election, host, _ = make(host=FakeHost([(0, 0)], append=1024))
+    ready_at = _to_leader_ready(election, host, voters=(1,))  # member 2 down during the ballot
+    election.on_append_position(1, 1024, 1, 0)
+    election.do_work(ready_at + 1)
+    assert election.state_value == ElectionState.CLOSED
 
 
 def test_not_a_candidate_when_another_log_is_better() -> None:
@@ -370,13 +471,32 @@ def test_not_a_candidate_when_another_log_is_better() -> None:
     assert election.state_value == ElectionState.CANVASS
 
 
-def test_quorum_candidate_waits_for_the_canvass_timeout() -> None:
-    election, host, publisher = make(host=FakeHost([(0, 0)], append=512))
-    to_canvass(election)
+def test_quorum_candidate_waits_a_heartbeat_timeout_from_the_last_word_of_a_leader() -> None:
+    """Aeron's canvass deadline outside start-up: a member that heard a leader
+    (NewLeadershipTerm or CommitPosition) gives it the leader heartbeat
+    timeout from then, not from entering CANVASS, before it stands with a
+    quorum's view (every member's view makes it stand at once)."""
+    host = FakeHost([(0, 0)], append=512)
+    heard_ns = 30 * S
+    host.last_leader_update_ns = heard_ns
+    election, host, publisher = make(host=host)
+    entered_ns = heard_ns + 2 * S  # the node's election began later (its log disconnected, say)
+    to_canvass(election, entered_ns)
     election.on_canvass_position(0, 256, 0, 1, 0)  # member 2 silent
-    election.do_work(TIMEOUTS.election_timeout_ns - 1)
+    election.do_work(entered_ns + TIMEOUTS.election_timeout_ns)
     assert election.state_value == ElectionState.CANVASS
-    election.do_work(TIMEOUTS.election_timeout_ns)
+    election.do_work(heard_ns + TIMEOUTS.leader_heartbeat_timeout_ns - 1)
+    assert election.state_value == ElectionState.CANVASS
+    election.do_work(heard_ns + TIMEOUTS.leader_heartbeat_timeout_ns)
+    assert election.state_value == ElectionState.NOMINATE
+
+
+def test_a_member_that_never_heard_a_leader_stands_with_a_quorum_at_once() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=512))
+    start = 20 * S  # no leader heard: the deadline (0 + the heartbeat timeout) is past
+    to_canvass(election, start)
+    election.on_canvass_position(0, 256, 0, 1, 0)
+    election.do_work(start + 1)
     assert election.state_value == ElectionState.NOMINATE
 
 
@@ -1027,7 +1147,7 @@ def test_leader_answers_a_canvass_about_an_old_term_as_in_seed_001() -> None:
     entries = [TermEntry(0, 0, B), TermEntry(1, B, C), TermEntry(2, C, NULL_POSITION)]
     assert next_term_for(entries, 0, 2, C) == (1, B, C)
     assert next_term_for(entries, 1, 2, C) == (2, C, NULL_POSITION)
-    assert next_term_for(entries, 2, 2, C) == (2, NULL_POSITION, NULL_POSITION)
+    assert next_term_for(entries, 2, 2, C) == (NULL_VALUE, NULL_POSITION, NULL_POSITION)  # Aeron: no next term
     assert next_term_for(entries[:2], 0, 3, C) == (1, B, C)  # term 3 not recorded yet
     assert next_term_for(entries, 7, 9, D) == (NULL_VALUE, NULL_POSITION, NULL_POSITION)
     assert next_term_for(entries, NULL_VALUE, 2, C) == (0, 0, B)
@@ -1069,20 +1189,156 @@ def test_leader_in_election_answers_canvass_with_a_tailored_new_leadership_term(
     ) == (2, C, C, 1)
 
 
-def test_leader_in_election_steps_down_for_a_newer_leader() -> None:
-    election, host, publisher = make(host=FakeHost([(0, 0)], append=0))
+def _leading_in_election(append: int = 0) -> tuple[Election, FakeHost, RecordingPublisher]:
+    """Member 0 of three in LEADER_LOG_REPLICATION of term 1 (both others voted for it)."""
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=append))
     to_canvass(election)
-    election.on_canvass_position(0, 0, 0, 1, 0)
-    election.on_canvass_position(0, 0, 0, 2, 0)
+    election.on_canvass_position(0, append, 0, 1, 0)
+    election.on_canvass_position(0, append, 0, 2, 0)
     election.do_work(1)
     election.do_work(election.nomination_deadline_ns)
-    election.on_vote(1, 0, 0, 0, 1, True)
-    election.on_vote(1, 0, 0, 0, 2, True)
+    election.on_vote(1, 0, append, 0, 1, True)
+    election.on_vote(1, 0, append, 0, 2, True)
     election.do_work(election.nomination_deadline_ns + 1)
     assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
-    election.on_request_vote(0, 0, 2, 2, 0)
+    return election, host, publisher
+
+
+def test_a_leader_in_its_election_does_not_vote() -> None:
+    """Aeron votes only in CANVASS, NOMINATE and the two ballots: a member
+    that leads (or follows) in its election neither votes for a candidate of
+    a newer term nor steps down for it (the candidate times out, canvasses,
+    and hears this leader)."""
+    election, host, publisher = _leading_in_election()
+    publisher.clear()
+    election.on_request_vote(0, 0, 2, 2, 0)  # member 2 stands in term 2 with the same log
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    assert publisher.named("place_vote") == []
+    assert ("prepare_for_election",) not in host.calls[-1:]
+
+
+def test_a_leader_answers_a_lagging_candidate_with_where_its_log_stands() -> None:
+    """Aeron's onRequestVote: a candidate whose log is behind gets a vote
+    against, the member will not vote in that term again, and a leader sends
+    the candidate a NewLeadershipTerm so that it can follow; the leader keeps
+    its election."""
+    election, host, publisher = _leading_in_election(append=1024)
+    publisher.clear()
+    election.on_request_vote(0, 512, 5, 2, 0)
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+    votes = publisher.named("place_vote")
+    assert votes == [(2, dict(votes[0][1], vote=False))] and votes[0][1]["candidate_term_id"] == 5
+    assert election.candidate_term_id == 5 and host.candidate_term_id == 5
+    answers = publisher.named("new_leadership_term")
+    assert [to for to, _ in answers] == [2]
+    assert (answers[0][1]["log_leadership_term_id"], answers[0][1]["leadership_term_id"]) == (0, 1)
+
+
+def test_a_follower_in_its_election_says_no_to_a_lagging_candidate_and_stays() -> None:
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=1024))
+    to_canvass(election)
+    new_leadership_term(
+        election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1, base=1024, pos=1024
+    )
+    host.replay_finished = False
+    assert election.state_value == ElectionState.FOLLOWER_REPLAY
+    publisher.clear()
+    election.on_request_vote(0, 512, 2, 2, 0)  # behind: no
+    election.on_request_vote(0, 2048, 3, 2, 0)  # ahead, but this member follows: no vote at all
+    assert election.state_value == ElectionState.FOLLOWER_REPLAY
+    assert [f["vote"] for _, f in publisher.named("place_vote")] == [False]
+    assert publisher.named("new_leadership_term") == []  # (only a leader answers with one)
+
+
+def test_a_lagging_candidate_follows_the_leader_of_a_lower_term_after_its_ballot() -> None:
+    """The candidate's own term (1) is above the leader's (0), but it voted
+    for nobody else in it: once its ballot times out it canvasses and
+    follows the leader that answered it (Aeron's CANVASS takes a leader's
+    word); in the ballot it takes only a leader of the ballot's term."""
+    election, host, publisher = make(member_id=2, host=FakeHost([(0, 0)], append=512))
+    start = 20 * S  # no leader heard for longer than the heartbeat timeout
+    to_canvass(election, start)
+    election.on_canvass_position(0, 256, 0, 0, 0)
+    election.do_work(start + 1)
+    election.do_work(election.nomination_deadline_ns)
+    assert election.state_value == ElectionState.CANDIDATE_BALLOT and election.candidate_term_id == 1
+    election.on_vote(1, 0, 1024, 2, 0, False)  # member 0's log is ahead
+    new_leadership_term(
+        election,
+        log_term=0,
+        next_term=NULL_VALUE,
+        next_base=NULL_POSITION,
+        next_pos=NULL_POSITION,
+        term=0,
+        base=0,
+        pos=1024,
+        leader=0,
+    )
+    assert election.state_value == ElectionState.CANDIDATE_BALLOT  # not the ballot's term: ignored
+    election.do_work(election.nomination_deadline_ns + TIMEOUTS.election_timeout_ns)
+    assert election.state_value == ElectionState.CANVASS  # a vote against: no quorum leader
+    new_leadership_term(
+        election,
+        log_term=0,
+        next_term=NULL_VALUE,  # what an Aeron leader sends a follower in its term: no next term
+        next_base=NULL_POSITION,
+        next_pos=NULL_POSITION,
+        term=0,
+        base=0,
+        pos=1024,
+        leader=0,
+    )
+    assert election.state_value == ElectionState.FOLLOWER_REPLAY
+    assert host.named("truncate_log_to") == []  # (not read as "the leader lacks your last term")
+    assert election.leader_member_id == 0 and host.role == ClusterRole.FOLLOWER
+
+
+def test_a_member_that_voted_for_another_never_follows_a_lower_term() -> None:
+    """Raft's rule, kept: having voted for member 1 in term 3, this member
+    does not follow a leader of term 2 (a quorum that voted in term 3 and a
+    leader of term 2 could otherwise both commit)."""
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=512))
+    to_canvass(election)
+    election.on_request_vote(0, 512, 3, 1, 0)
     assert election.state_value == ElectionState.FOLLOWER_BALLOT
-    assert ("prepare_for_election",) in host.calls
+    election.do_work(TIMEOUTS.election_timeout_ns)
+    assert election.state_value == ElectionState.CANVASS
+    new_leadership_term(
+        election, log_term=0, next_term=2, next_base=512, next_pos=NULL_POSITION, term=2, base=512, pos=512, leader=2
+    )
+    assert election.state_value == ElectionState.CANVASS
+    new_leadership_term(
+        election, log_term=0, next_term=3, next_base=512, next_pos=NULL_POSITION, term=3, base=512, pos=512, leader=1
+    )
+    assert election.state_value == ElectionState.FOLLOWER_REPLAY
+
+
+def test_a_member_votes_only_while_canvassing_nominating_or_in_a_ballot() -> None:
+    for state_name in ("CANVASS", "NOMINATE", "CANDIDATE_BALLOT", "FOLLOWER_BALLOT"):
+        election, host, publisher = make(host=FakeHost([(0, 0)], append=512))
+        to_canvass(election)
+        election.state(ElectionState[state_name], 1)
+        election.on_request_vote(0, 512, 4, 1, 0)
+        assert [f["vote"] for _, f in publisher.named("place_vote")] == [True], state_name
+        assert election.state_value == ElectionState.FOLLOWER_BALLOT, state_name
+
+
+def test_a_candidate_that_hears_a_leader_is_a_follower_through_replay() -> None:
+    """The role counter says FOLLOWER from FOLLOWER_REPLAY (and FOLLOWER_LOG_REPLICATION)
+    on, as Aeron's election sets it, not CANDIDATE until the election closes."""
+    election, host, publisher = make(host=FakeHost([(0, 0)], append=1024))
+    to_canvass(election)
+    election.on_canvass_position(0, 1024, 0, 1, 0)
+    election.on_canvass_position(0, 1024, 0, 2, 0)
+    election.do_work(1)
+    election.do_work(election.nomination_deadline_ns)
+    assert host.role == ClusterRole.CANDIDATE
+    host.replay_finished = False
+    new_leadership_term(
+        election, log_term=0, next_term=1, next_base=1024, next_pos=NULL_POSITION, term=1, base=1024, pos=1024
+    )
+    assert election.state_value == ElectionState.FOLLOWER_REPLAY
+    assert host.role == ClusterRole.FOLLOWER
 
 
 def test_leader_in_election_gives_up_without_a_quorum() -> None:
