@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import importlib
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fulmar.aeron import Aeron
+from fulmar.aeron import Aeron, Counter
 from fulmar.archive.client import AeronArchive
 from fulmar.clock import epoch_ms
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
+from fulmar.consensus.protocol import CLUSTERED_SERVICE_ERROR_COUNT_TYPE_ID
 from fulmar.consensus.mark_file import ClusterMarkFile
 from fulmar.errors import FulmarError
 from fulmar.idle import DoorbellIdleStrategy
@@ -65,12 +67,14 @@ class ServiceContainer:
         aeron: Aeron,
         archive: AeronArchive,
         mark_file: ClusterMarkFile,
+        error_counter: Counter,
         agent: ClusteredServiceAgent,
     ) -> None:
         self.context = context
         self.aeron = aeron
         self.archive = archive
         self.mark_file = mark_file
+        self.error_counter = error_counter
         self.agent = agent
         self._stop = threading.Event()
         self._closed = False
@@ -81,7 +85,7 @@ class ServiceContainer:
         cluster_dir = Path(context.cluster_dir)
         make_directory(cluster_dir)
         aeron = Aeron.connect(context.driver_dir, use_conductor_thread=False)
-        mark_file = archive = None
+        mark_file = archive = error_counter = None
         try:
             mark_file = ClusterMarkFile.create(
                 cluster_dir,
@@ -105,16 +109,24 @@ class ServiceContainer:
                 control_response_channel="aeron:ipc?term-length=64k",
                 control_response_stream_id=context.archive_response_stream_id + context.service_id,
             )
-            agent = ClusteredServiceAgent(context, aeron, archive, service, mark_file.error_log(epoch_ms).record)
+            # Aeron's "Cluster Container Errors" counter (keyed by cluster and service id).
+            error_counter = aeron.add_counter(
+                CLUSTERED_SERVICE_ERROR_COUNT_TYPE_ID,
+                f"Cluster Container Errors - clusterId={context.cluster_id} serviceId={context.service_id}",
+                struct.pack("<ii", context.cluster_id, context.service_id),
+            )
+            agent = ClusteredServiceAgent(
+                context, aeron, archive, service, _counted(mark_file.error_log(epoch_ms).record, error_counter)
+            )
             agent.start()
             mark_file.signal_ready()
         except BaseException:
-            for resource in (archive, mark_file):
+            for resource in (error_counter, archive, mark_file):
                 if resource is not None:
                     resource.close()
             aeron.close()
             raise
-        return cls(context, aeron, archive, mark_file, agent)
+        return cls(context, aeron, archive, mark_file, error_counter, agent)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -180,10 +192,22 @@ class ServiceContainer:
         self._closed = True
         try:
             self.agent.close()
+            self.error_counter.close()
             self.archive.close()
         finally:
             self.mark_file.close()
             self.aeron.close()
+
+
+def _counted(record_error: Callable[[str], bool], counter: Counter) -> Callable[[str], bool]:
+    """``record_error`` that also counts each error, as Aeron's CountedErrorHandler
+    does: every error the container records, its service's exceptions included."""
+
+    def record(text: str) -> bool:
+        counter.increment()
+        return record_error(text)
+
+    return record
 
 
 def _consensus_module_alive(cluster_dir: Path, pid: int | None = None) -> bool:
