@@ -37,10 +37,6 @@ class ServiceLoadError(FulmarError):
     """The service named as module:Class cannot be loaded."""
 
 
-class ServiceFailedError(FulmarError):
-    """The user's service raised while applying the log."""
-
-
 def load_service(name: str) -> ClusteredService:
     module_name, colon, class_name = name.partition(":")
     if not colon or not module_name or not class_name:
@@ -147,14 +143,10 @@ class ServiceContainer:
             except FulmarError:
                 raise
             except Exception as error:
-                # The service cannot skip a committed message (every member
-                # must apply the same log), so it stops, saying where and why.
-                text = (
-                    f"service {self.context.service_id} failed at log position {agent.log_position}: "
-                    f"{type(error).__name__}: {error}"
-                )
-                agent.record_error(text)
-                raise ServiceFailedError(text) from error
+                # The service's own exceptions are handled where it is called
+                # (agent.errors): this is a fault of the container itself, which
+                # cannot know what it left undone of the log; it stops, saying where.
+                agent.errors.fail("the container's duty cycle", error, agent.log_position, "a fault of the container")
             ring_deferred()  # the egress readers, once for all the replies of this cycle
             if now_ns < next_slow_ns and self.aeron.conductor.has_driver_news():
                 # A new image (the log to join) now, not at the next slow tick.
