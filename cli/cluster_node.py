@@ -36,6 +36,7 @@ from fulmar.consensus.mark_file import ClusterMarkFileActiveError
 from fulmar.consensus.mark_file import live_owner_pid as live_cluster_component_pid
 from fulmar.service.container import ServiceContainer, run_service_container
 from fulmar.service.context import ServiceContext
+from fulmar.service.errors import ON_SERVICE_ERROR_CHOICES
 from fulmar.cnc import (
     BROADCAST_TRAILER_LENGTH,
     DEFAULT_TO_CLIENTS_CAPACITY,
@@ -850,6 +851,15 @@ def consensus(
     "per interval (each pass takes all of it): a follower's service answers no client, and its wake-up at "
     "every commit takes a core from the leader's service.  0s: at every commit.",
 )
+@click.option(
+    "--on-service-error",
+    type=click.Choice(ON_SERVICE_ERROR_CHOICES),
+    default=ServiceContext.on_service_error,
+    help="What an exception from the service's callbacks does: continue (its traceback goes to the service's "
+    "log and error log (cluster-tool errors), it is counted, and the container goes on with the next message, "
+    "as every member does: the request that raised gets no reply) or stop (the service fails at that log "
+    "position).  An exception from on_start or on_take_snapshot always stops the service.",
+)
 def service(
     cluster_dir: str,
     driver_dir: str | None,
@@ -859,6 +869,7 @@ def service(
     cluster_id: int,
     archive_control_channel: str,
     follower_apply_interval: int,
+    on_service_error: str,
 ) -> None:
     """Run a clustered service container with the given service in the foreground."""
     log_lines.identify(f"service {service_id}", member_id)
@@ -871,6 +882,7 @@ def service(
         service_name=service_name,
         archive_control_channel=archive_control_channel,
         follower_apply_interval_ns=follower_apply_interval,
+        on_service_error=on_service_error,
     )
 
     def announce(container: ServiceContainer) -> None:

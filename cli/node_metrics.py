@@ -350,6 +350,11 @@ def _cluster_labels(key: bytes, label: str) -> Labels:
     return {"cluster_id": str(_INT32.unpack_from(key)[0])}
 
 
+def _service_labels(key: bytes, label: str) -> Labels:
+    cluster_id, service_id = _TWO_INT32.unpack_from(key)
+    return {"cluster_id": str(cluster_id), "service_id": str(service_id)}
+
+
 def _follower_labels(key: bytes, label: str) -> Labels:
     cluster_id, follower_id = _TWO_INT32.unpack_from(key)
     return {"cluster_id": str(cluster_id), "follower_member_id": str(follower_id)}
@@ -578,6 +583,12 @@ COUNTER_KINDS: dict[int, CounterKind] = {
         "counter",
         "Errors the consensus module recorded (cluster-tool errors has the text).",
         _cluster_labels,
+    ),
+    cluster_protocol.CLUSTERED_SERVICE_ERROR_COUNT_TYPE_ID: CounterKind(
+        "cluster_service_errors",
+        "counter",
+        "Errors a service container recorded, its service's exceptions included (cluster-tool errors has the text).",
+        _service_labels,
     ),
     cluster_protocol.CLUSTER_MAX_CYCLE_TIME_TYPE_ID: CounterKind(
         "cluster_max_cycle_time_seconds",

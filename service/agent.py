@@ -48,6 +48,7 @@ from fulmar.log_writer import ADMIN_ACTION
 from fulmar.retry import RetryBackoff
 from fulmar.service.clustered_service import ClientSession, CloseReason, ClusteredService, Role
 from fulmar.service.context import ServiceContext
+from fulmar.service.errors import ServiceErrorHandler
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron
@@ -150,6 +151,8 @@ class ClusteredServiceAgent:
         self.archive = archive
         self.service = service
         self.record_error = record_error
+        # Every exception of the service's callbacks goes through it (on_service_error).
+        self.errors = ServiceErrorHandler(context.service_id, context.on_service_error, record_error)
         self.service_id = context.service_id
         self.member_id = context.member_id
         self.consensus_module_pid: int | None = None  # the module this service follows (found at start)
@@ -206,7 +209,13 @@ class ClusteredServiceAgent:
         snapshot = None
         if self.service_id < len(snapshot_ids) and snapshot_ids[self.service_id] != protocol.NULL_VALUE:
             snapshot = self._load_snapshot(snapshot_ids[self.service_id])
-        self.service.on_start(self, snapshot)
+        try:
+            self.service.on_start(self, snapshot)
+        except Exception as error:
+            # Whatever on_service_error says: a service that did not start, or
+            # did not load its snapshot, holds a state the log does not continue
+            # from, and would apply the rest of it differently from the others.
+            self.errors.fail("on_start", error, log_position, "a service that did not start cannot go on")
         self._ack(log_position)
 
     def _await_consensus_module(self, deadline: float) -> None:
@@ -320,7 +329,12 @@ class ClusteredServiceAgent:
             if now_ns - self.log_applied_ns < self.context.follower_apply_interval_ns:
                 self._batching_commits = True  # commits come faster than the interval
             self.log_applied_ns = now_ns
-        work += applied + self.service.do_background_work(now_ns)
+        try:
+            work += applied + self.service.do_background_work(now_ns)
+        except Exception as error:
+            # Not from the log (it must not change replicated state): going on is safe.
+            self.errors.on_callback_error("do_background_work", error, self.log_position)
+            work += applied
         return work
 
     def pause_ns(self, now_ns: int) -> int:
@@ -398,7 +412,10 @@ class ClusteredServiceAgent:
     def _set_role(self, role: Role) -> None:
         if role is not self.role:
             self.role = role
-            self.service.on_role_change(role)
+            try:
+                self.service.on_role_change(role)
+            except Exception as error:
+                self.errors.on_callback_error("on_role_change", error, self.log_position)
 
     def _poll_log(self) -> int:
         image = self._log_image
@@ -429,7 +446,10 @@ class ClusteredServiceAgent:
 
     def _check_termination(self) -> int:
         if self._termination_position != NULL_POSITION and self.log_position >= self._termination_position:
-            self.service.on_terminate(self)
+            try:
+                self.service.on_terminate(self)
+            except Exception as error:
+                self.errors.on_callback_error("on_terminate", error, self.log_position)
             self._ack(self._termination_position)
             self.terminated = True
             self._termination_position = NULL_POSITION
@@ -440,7 +460,8 @@ class ClusteredServiceAgent:
 
     def _on_log_session_messages(self, messages: SessionMessages) -> None:
         """The hot path: a run of client (and service) messages, each handed
-        to the service with its session, as ``_on_log_message`` would."""
+        to the service with its session, as ``_on_log_message`` would.  A
+        message whose handler raises is the only one of the run it costs."""
         on_session_message = self.service.on_session_message
         sessions = self.sessions
         view = messages.view
@@ -451,13 +472,16 @@ class ClusteredServiceAgent:
         for i, session_id in enumerate(messages.session_ids):
             self.log_position = end_positions[i]
             timestamp = self.time = timestamps[i]
-            on_session_message(
-                sessions.get(session_id),
-                timestamp,
-                view,
-                offsets[i] + _SESSION_HEADER_LENGTH,
-                lengths[i] - _SESSION_HEADER_LENGTH,
-            )
+            try:
+                on_session_message(
+                    sessions.get(session_id),
+                    timestamp,
+                    view,
+                    offsets[i] + _SESSION_HEADER_LENGTH,
+                    lengths[i] - _SESSION_HEADER_LENGTH,
+                )
+            except Exception as error:
+                self.errors.on_callback_error("on_session_message", error, self.log_position)
 
     def _on_log_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
         self.log_position = header.position
@@ -472,13 +496,7 @@ class ClusteredServiceAgent:
                 and block_length == SESSION_MESSAGE_BLOCK_LENGTH
             ):
                 self.time = timestamp
-                self.service.on_session_message(
-                    self.sessions.get(session_id),
-                    timestamp,
-                    buffer,
-                    offset + _SESSION_HEADER_LENGTH,
-                    length - _SESSION_HEADER_LENGTH,
-                )
+                self._session_message(self.sessions.get(session_id), timestamp, buffer, offset, length)
                 return
         try:
             message_header = codecs.read_header(buffer, offset, length)
@@ -486,13 +504,7 @@ class ClusteredServiceAgent:
                 session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
                 self.time = session_header.timestamp
                 session = self.sessions.get(session_header.cluster_session_id)
-                self.service.on_session_message(
-                    session,
-                    session_header.timestamp,
-                    buffer,
-                    offset + _SESSION_HEADER_LENGTH,
-                    length - _SESSION_HEADER_LENGTH,
-                )
+                self._session_message(session, session_header.timestamp, buffer, offset, length)
                 return
             message = codecs.decode(buffer, offset, length)
         except CodecError as error:
@@ -510,16 +522,25 @@ class ClusteredServiceAgent:
             self.sessions[session.id] = session
             if self.role is Role.LEADER:
                 session.connect(self.aeron)
-            self.service.on_session_open(session, message.timestamp)
+            try:
+                self.service.on_session_open(session, message.timestamp)
+            except Exception as error:
+                self.errors.on_callback_error("on_session_open", error, self.log_position)
         elif isinstance(message, codecs.SessionCloseEventDecoder):
             self.time = message.timestamp
             closed = self.sessions.pop(message.cluster_session_id, None)
             if closed is not None:
                 closed.disconnect()
-                self.service.on_session_close(closed, message.timestamp, CloseReason(message.close_reason_raw))
+                try:
+                    self.service.on_session_close(closed, message.timestamp, CloseReason(message.close_reason_raw))
+                except Exception as error:
+                    self.errors.on_callback_error("on_session_close", error, self.log_position)
         elif isinstance(message, codecs.TimerEventDecoder):
             self.time = message.timestamp
-            self.service.on_timer_event(message.correlation_id, message.timestamp)
+            try:
+                self.service.on_timer_event(message.correlation_id, message.timestamp)
+            except Exception as error:
+                self.errors.on_callback_error("on_timer_event", error, self.log_position)
         elif isinstance(message, codecs.ClusterActionRequestDecoder):
             self.time = message.timestamp
             # Seed 004: a SNAPSHOT flagged for standby members is not this
@@ -533,15 +554,29 @@ class ClusteredServiceAgent:
         elif isinstance(message, codecs.NewLeadershipTermEventDecoder):
             self.time = message.timestamp
             self.leadership_term_id = message.leadership_term_id
-            self.service.on_new_leadership_term_event(
-                message.leadership_term_id,
-                message.log_position,
-                message.timestamp,
-                message.term_base_log_position,
-                message.leader_member_id,
-                message.log_session_id,
-                message.app_version,
+            try:
+                self.service.on_new_leadership_term_event(
+                    message.leadership_term_id,
+                    message.log_position,
+                    message.timestamp,
+                    message.term_base_log_position,
+                    message.leader_member_id,
+                    message.log_session_id,
+                    message.app_version,
+                )
+            except Exception as error:
+                self.errors.on_callback_error("on_new_leadership_term_event", error, self.log_position)
+
+    def _session_message(
+        self, session: ClientSession | None, timestamp: int, buffer: memoryview, offset: int, length: int
+    ) -> None:
+        """The message of the session header at ``offset`` to the service."""
+        try:
+            self.service.on_session_message(
+                session, timestamp, buffer, offset + _SESSION_HEADER_LENGTH, length - _SESSION_HEADER_LENGTH
             )
+        except Exception as error:
+            self.errors.on_callback_error("on_session_message", error, self.log_position)
 
     def _take_snapshot(self, log_position: int, leadership_term_id: int) -> int:
         writer = SnapshotWriter(
@@ -556,7 +591,13 @@ class ClusteredServiceAgent:
                 response_channel=session.response_channel,
                 encoded_principal=session.encoded_principal,
             )
-        self.service.on_take_snapshot(writer)
+        try:
+            self.service.on_take_snapshot(writer)
+        except Exception as error:
+            # Whatever on_service_error says: a snapshot without all of the
+            # state would be loaded later as if it were whole, and the member
+            # (or one that copies it) would then differ from the others.
+            self.errors.fail("on_take_snapshot", error, log_position, "a snapshot must hold the whole state")
         writer.marker(SERVICE_SNAPSHOT_TYPE_ID, log_position, leadership_term_id, codecs.SnapshotMark.END)
         return writer.close()
 

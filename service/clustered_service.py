@@ -5,6 +5,10 @@ it with the committed log, in log order, on every member: sessions opening and
 closing, their messages, timers firing, snapshots to take.  It must be
 deterministic: the same log gives the same state and the same replies, so use
 ``cluster.time`` (the log's timestamps), never the wall clock.
+
+A callback that raises costs its message, on every member alike (by default:
+see ``fulmar.service.errors``): raise before changing anything, so the
+members' states stay equal.
 """
 
 from __future__ import annotations

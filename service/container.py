@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import importlib
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fulmar.aeron import Aeron
+from fulmar.aeron import Aeron, Counter
 from fulmar.archive.client import AeronArchive
 from fulmar.clock import epoch_ms
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
+from fulmar.consensus.protocol import CLUSTERED_SERVICE_ERROR_COUNT_TYPE_ID
 from fulmar.consensus.mark_file import ClusterMarkFile
 from fulmar.errors import FulmarError
 from fulmar.idle import DoorbellIdleStrategy
@@ -33,10 +35,6 @@ from fulmar.stop_signals import StopKind, StopSignalHandlers, StopSignals
 
 class ServiceLoadError(FulmarError):
     """The service named as module:Class cannot be loaded."""
-
-
-class ServiceFailedError(FulmarError):
-    """The user's service raised while applying the log."""
 
 
 def load_service(name: str) -> ClusteredService:
@@ -65,12 +63,14 @@ class ServiceContainer:
         aeron: Aeron,
         archive: AeronArchive,
         mark_file: ClusterMarkFile,
+        error_counter: Counter,
         agent: ClusteredServiceAgent,
     ) -> None:
         self.context = context
         self.aeron = aeron
         self.archive = archive
         self.mark_file = mark_file
+        self.error_counter = error_counter
         self.agent = agent
         self._stop = threading.Event()
         self._closed = False
@@ -81,7 +81,7 @@ class ServiceContainer:
         cluster_dir = Path(context.cluster_dir)
         make_directory(cluster_dir)
         aeron = Aeron.connect(context.driver_dir, use_conductor_thread=False)
-        mark_file = archive = None
+        mark_file = archive = error_counter = None
         try:
             mark_file = ClusterMarkFile.create(
                 cluster_dir,
@@ -105,16 +105,24 @@ class ServiceContainer:
                 control_response_channel="aeron:ipc?term-length=64k",
                 control_response_stream_id=context.archive_response_stream_id + context.service_id,
             )
-            agent = ClusteredServiceAgent(context, aeron, archive, service, mark_file.error_log(epoch_ms).record)
+            # Aeron's "Cluster Container Errors" counter (keyed by cluster and service id).
+            error_counter = aeron.add_counter(
+                CLUSTERED_SERVICE_ERROR_COUNT_TYPE_ID,
+                f"Cluster Container Errors - clusterId={context.cluster_id} serviceId={context.service_id}",
+                struct.pack("<ii", context.cluster_id, context.service_id),
+            )
+            agent = ClusteredServiceAgent(
+                context, aeron, archive, service, _counted(mark_file.error_log(epoch_ms).record, error_counter)
+            )
             agent.start()
             mark_file.signal_ready()
         except BaseException:
-            for resource in (archive, mark_file):
+            for resource in (error_counter, archive, mark_file):
                 if resource is not None:
                     resource.close()
             aeron.close()
             raise
-        return cls(context, aeron, archive, mark_file, agent)
+        return cls(context, aeron, archive, mark_file, error_counter, agent)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -135,14 +143,10 @@ class ServiceContainer:
             except FulmarError:
                 raise
             except Exception as error:
-                # The service cannot skip a committed message (every member
-                # must apply the same log), so it stops, saying where and why.
-                text = (
-                    f"service {self.context.service_id} failed at log position {agent.log_position}: "
-                    f"{type(error).__name__}: {error}"
-                )
-                agent.record_error(text)
-                raise ServiceFailedError(text) from error
+                # The service's own exceptions are handled where it is called
+                # (agent.errors): this is a fault of the container itself, which
+                # cannot know what it left undone of the log; it stops, saying where.
+                agent.errors.fail("the container's duty cycle", error, agent.log_position, "a fault of the container")
             ring_deferred()  # the egress readers, once for all the replies of this cycle
             if now_ns < next_slow_ns and self.aeron.conductor.has_driver_news():
                 # A new image (the log to join) now, not at the next slow tick.
@@ -180,10 +184,22 @@ class ServiceContainer:
         self._closed = True
         try:
             self.agent.close()
+            self.error_counter.close()
             self.archive.close()
         finally:
             self.mark_file.close()
             self.aeron.close()
+
+
+def _counted(record_error: Callable[[str], bool], counter: Counter) -> Callable[[str], bool]:
+    """``record_error`` that also counts each error, as Aeron's CountedErrorHandler
+    does: every error the container records, its service's exceptions included."""
+
+    def record(text: str) -> bool:
+        counter.increment()
+        return record_error(text)
+
+    return record
 
 
 def _consensus_module_alive(cluster_dir: Path, pid: int | None = None) -> bool:

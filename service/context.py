@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fulmar.archive import protocol as archive_protocol
 from fulmar.consensus import protocol
+from fulmar.service.errors import ON_SERVICE_ERROR_CONTINUE
 
 
 @dataclass
@@ -47,3 +48,8 @@ class ServiceContext:
     # snapshot, the termination) wait at most this long.  0: at every commit.
     follower_apply_interval_ns: int = 2_000_000
     mark_file_liveness_timeout_ms: int = 10_000
+    # What an exception from the service's callbacks does (service/errors.py):
+    # "continue" (recorded, counted, and the container goes on with the next
+    # message, on every member alike) or "stop" (the service fails there);
+    # the container's ServiceErrorHandler refuses any other value.
+    on_service_error: str = ON_SERVICE_ERROR_CONTINUE

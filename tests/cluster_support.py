@@ -85,10 +85,16 @@ class NodeProcess:
 
 class SingleNodeCluster:
     def __init__(
-        self, service: str, *, extra_consensus_args: tuple[str, ...] = (), driver_options: dict[str, Any] | None = None
+        self,
+        service: str,
+        *,
+        extra_consensus_args: tuple[str, ...] = (),
+        extra_service_args: tuple[str, ...] = (),
+        driver_options: dict[str, Any] | None = None,
     ) -> None:
         self.service_name = service
         self.extra_consensus_args = extra_consensus_args
+        self.extra_service_args = extra_service_args
         self.driver_options = driver_options or {}  # DriverProcess options (e.g. a bigger cnc layout)
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-cluster-"))
         self.driver_dir = new_driver_dir()
@@ -140,6 +146,7 @@ class SingleNodeCluster:
                 str(self.driver_dir),
                 "--service",
                 self.service_name,
+                *self.extra_service_args,
             ],
             "service 0 (",
             self.base / "service.log",

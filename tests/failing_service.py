@@ -1,9 +1,19 @@
-"""A service that fails on purpose (loaded by a test's service container
-through PYTHONPATH): b"boom" raises, anything else is echoed."""
+"""Services that fail on purpose (loaded by a test's service container
+through PYTHONPATH): b"boom" raises.  ``FailingService`` echoes anything
+else; ``FailingKeyValueService`` is the key-value sample otherwise;
+``FailsToStart`` and ``FailsToSnapshot`` raise in on_start and
+on_take_snapshot."""
 
 from __future__ import annotations
 
-from fulmar.service.clustered_service import ClientSession, ClusteredService
+from fulmar.service.clustered_service import (
+    ClientSession,
+    Cluster,
+    ClusteredService,
+    SnapshotImage,
+    SnapshotPublication,
+)
+from fulmar.service.samples import KeyValueService
 
 
 class FailingService(ClusteredService):
@@ -15,3 +25,25 @@ class FailingService(ClusteredService):
             raise RuntimeError("the service was asked to fail")
         if session is not None:
             session.offer(payload)
+
+
+class FailingKeyValueService(KeyValueService):
+    """Raises on b"boom" before it changes anything, as a handler that raises
+    must: every member skips that message alike, and their stores stay equal."""
+
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, buffer: memoryview, offset: int, length: int
+    ) -> None:
+        if bytes(buffer[offset : offset + length]) == b"boom":
+            raise ValueError("a request this service cannot handle")
+        super().on_session_message(session, timestamp, buffer, offset, length)
+
+
+class FailsToStart(ClusteredService):
+    def on_start(self, cluster: Cluster, snapshot: SnapshotImage | None) -> None:
+        raise RuntimeError("the service cannot start")
+
+
+class FailsToSnapshot(FailingService):
+    def on_take_snapshot(self, publication: SnapshotPublication) -> None:
+        raise RuntimeError("the service cannot write its snapshot")

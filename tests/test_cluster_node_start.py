@@ -411,6 +411,10 @@ def test_local_sizes_other_than_one_three_five_are_refused() -> None:
         ({"service": {"service": "fulmar.service.samples:Nope"}}, "module fulmar.service.samples has no Nope"),
         ({"service": {"service": "fulmar.nowhere:X"}}, "cannot import fulmar.nowhere"),
         ({"service": {"service": "fulmar.aeron:Aeron"}}, "Aeron is not a ClusteredService subclass"),
+        (
+            {"service": {"on_service_error": "ignore"}},
+            "[service] on_service_error = 'ignore': 'ignore' is not one of 'continue', 'stop'",
+        ),
         ({"consensus": {"ingress_channel": "aeron:udp?endpoint=127.0.0.1:0"}}, "clients need a fixed one"),
         (
             {"consensus": {"ingress_channel": "aeron:bogus"}},
@@ -492,6 +496,29 @@ def test_flags_override_the_file_and_the_environment_overrides_defaults(tmp_path
     bare = write_config(tmp_path / "bare.toml", driver_dir, 9999)
     bare.write_text(bare.read_text().replace(f'driver_dir = "{driver_dir}"', ""))
     assert supervisor.resolve_config(options, {}, bare, env=env).driver_dir == Path("/dev/shm/from-env")
+
+
+def test_the_service_error_setting_reaches_the_service(tmp_path: Path, driver_dir: Path) -> None:
+    """``[service] on_service_error`` (and ``--service-on-service-error``,
+    which beats it) is passed to each service container as its own
+    ``--on-service-error``; unset, the container's default holds."""
+    options = supervisor.build_options(
+        {name: getattr(cluster_node, name) for name in ("driver", "archive", "consensus", "service")}
+    )
+    config = write_config(
+        tmp_path / "node.toml", driver_dir, 9999, service={"service": KV, "count": 2, "on_service_error": "stop"}
+    )
+
+    def service_args(flags: dict[str, Any]) -> list[list[str]]:
+        specs = supervisor.resolve_config(options, flags, config, env={}).child_specs()
+        return [spec.args for spec in specs if spec.log_name.startswith("service")]
+
+    for args in service_args({}):
+        assert args[args.index("--on-service-error") + 1] == "stop", args
+    for args in service_args({"service_on_service_error": "continue"}):
+        assert args[args.index("--on-service-error") + 1] == "continue", args
+    config.write_text(config.read_text().replace('on_service_error = "stop"\n', ""))
+    assert all("--on-service-error" not in args for args in service_args({}))
 
 
 def test_a_flag_from_the_environment_reads_as_the_process_reads_it(tmp_path: Path, driver_dir: Path) -> None:

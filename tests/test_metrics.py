@@ -420,7 +420,7 @@ def test_every_counter_appears_newest_registration_wins_and_health_names_what_is
 ) -> None:
     """A node of which only the driver runs: its counters are served (an
     unknown type as fulmar_counter with its type id and label, a cluster
-    counter by its name with the cluster id of its key), two counters of one
+    counter by its name with the ids of its key), two counters of one
     series give the newer one's value, and /health is 503 naming the
     processes that do not run."""
     cluster_dir = tmp_path / "cluster"
@@ -436,7 +436,15 @@ def test_every_counter_appears_newest_registration_wins_and_health_names_what_is
         older.set(1)
         newer = aeron.add_counter(protocol.CLUSTER_SESSIONS_TYPE_ID, "Cluster sessions - clusterId=7", key)
         newer.set(2)
+        # Keyed by cluster and service id, as each service container allocates it.
+        service_errors = aeron.add_counter(
+            protocol.CLUSTERED_SERVICE_ERROR_COUNT_TYPE_ID,
+            "Cluster Container Errors - clusterId=7 serviceId=2",
+            struct.pack("<ii", 7, 2),
+        )
+        service_errors.set(3)
         families = scrape(server.url)
+        assert sample_value(families, "fulmar_cluster_service_errors", cluster_id="7", service_id="2") == 3
         assert sample_value(families, "fulmar_counter", type_id="4242", label="a counter of its own") == 17
         assert sample_value(families, "fulmar_cluster_sessions", cluster_id="7") == 2
         assert sample_value(families, "fulmar_process_up", process="media driver") == 1
