@@ -1,20 +1,33 @@
-"""The log checker (fulmar.analytics.log_verify): its functions on synthetic inputs."""
+"""``cluster-tool verify-log`` (fulmar.analytics.log_verify): the checker's
+functions on synthetic inputs, then the command on the logs a real 3-member
+cluster recorded (tests/analytics_support.py: traffic, a snapshot, the leader
+killed so that a second term begins, an orderly stop), as recorded and with
+each invariant broken in a copy of one member's files."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
+from click.testing import CliRunner
 
-from log_reference import HEADER_LENGTH, PAD, write_messages
+from analytics_support import RecordedLog, record_counter_cluster
+from cluster_support import copy_sparse
+from log_reference import BEGIN, DATA, END, FRAME, HEADER_LENGTH, PAD, write_messages
+from fulmar.analytics.log_decoder import read_log
 from fulmar.analytics.log_verify import (
     CHECK_AGREEMENT,
     CHECK_LOG_DAMAGED,
     CHECK_RECORDING_LOG,
     CHECK_TERM_EVENT,
     CHECK_TERM_ORDER,
+    MemberFiles,
     MemberLog,
     MessageTermCheck,
     RecordedBytes,
@@ -27,16 +40,25 @@ from fulmar.analytics.log_verify import (
     commit_evidence,
     first_difference,
     term_ranges,
+    verify_members,
 )
-from fulmar.archive.catalog import NULL_POSITION, RecordingDescriptor
-from fulmar.archive.segment import segment_file_name
+from fulmar.archive.catalog import NULL_POSITION, Catalog, RecordingDescriptor
+from fulmar.archive.segment import segment_file_base_position, segment_file_name
+from fulmar.cli import cluster_tool
+from fulmar.cli.verify_log_commands import EXIT_UNREADABLE, EXIT_VIOLATIONS
 from fulmar.codecs.generated import cluster as codecs
-from fulmar.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, Entry
+from fulmar.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, Entry, decode_entries
+from fulmar.logbuffer import to_int32
 
 NLTE = codecs.NewLeadershipTermEventDecoder.TEMPLATE_ID
 SESSION_MESSAGE = codecs.SessionMessageHeaderDecoder.TEMPLATE_ID
 TIMER = codecs.TimerEventDecoder.TEMPLATE_ID
 SCHEMA = codecs.SCHEMA_ID
+# Where a message's fields start in its first frame: the frame header, then the SBE header.
+MESSAGE_BODY = HEADER_LENGTH + codecs.HEADER_LENGTH
+TERM_BASE_FIELD = 24  # NewLeadershipTermEvent.termBaseLogPosition (leadershipTermId is at 0 in every log message)
+ENTRY_RECORDING_ID, ENTRY_TERM_BASE, ENTRY_LOG_POSITION = 0, 16, 24  # recording.log record fields
+I64 = struct.Struct("<q")
 
 
 # ----------------------------------------------------------------------------- synthetic inputs
@@ -306,3 +328,239 @@ def test_the_byte_comparison_passes_over_what_is_not_the_logs_content(tmp_path: 
     finally:
         a.close()
         b.close()
+
+
+# ----------------------------------------------------------------------------- a real cluster's logs
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordedLog]:
+    base = tmp_path_factory.mktemp("verify-log")
+    try:
+        yield record_counter_cluster(base, increments=30)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def base(recorded: RecordedLog, tmp_path: Path) -> Path:
+    """A copy of the recorded members' files for one test to break."""
+    copy = tmp_path / "cluster"
+    shutil.copytree(recorded.base, copy, copy_function=copy_sparse)
+    return copy
+
+
+def verify(base: Path) -> tuple[int, str, dict[str, Any]]:
+    """verify-log on ``base``: exit code, text output, JSON document."""
+    text = CliRunner().invoke(cluster_tool.main, ["verify-log", "--dir", str(base)])
+    document = CliRunner().invoke(cluster_tool.main, ["verify-log", "--dir", str(base), "--json"])
+    assert text.exit_code == document.exit_code, (text.output, document.output)
+    return text.exit_code, text.output, json.loads(document.output)
+
+
+def violations_of(document: dict[str, Any]) -> set[tuple[str, str, str | None, int | None]]:
+    return {(v["check"], v["member"], v["other_member"], v["position"]) for v in document["violations"]}
+
+
+def recording_of(base: Path, member: int) -> RecordingDescriptor:
+    entries = decode_entries((base / f"node{member}" / "cluster" / "recording.log").read_bytes()).entries
+    recording_id = next(e.recording_id for e in entries if e.is_valid_term)
+    catalog = Catalog.open_read_only(base / f"node{member}" / "archive")
+    try:
+        descriptor = catalog.descriptor(recording_id)
+    finally:
+        catalog.close()
+    assert descriptor is not None
+    return descriptor
+
+
+def messages_of(base: Path, member: int, message_type: str) -> list[dict[str, Any]]:
+    archive = base / f"node{member}" / "archive"
+    return [row for batch in read_log(str(archive), {"messageTypes": message_type}) for row in batch.to_pylist()]
+
+
+def patch_log(base: Path, member: int, position: int, data: bytes) -> None:
+    """Overwrite bytes of a member's log recording at a log position."""
+    d = recording_of(base, member)
+    segment_base = segment_file_base_position(d.start_position, position, d.term_buffer_length, d.segment_file_length)
+    with open(base / f"node{member}" / "archive" / segment_file_name(d.recording_id, segment_base), "r+b") as file:
+        file.seek(position - segment_base)
+        file.write(data)
+
+
+def recording_log_entries(base: Path, member: int) -> list[Entry]:
+    return decode_entries((base / f"node{member}" / "cluster" / "recording.log").read_bytes()).entries
+
+
+def patch_entry(base: Path, member: int, entry: Entry, field_offset: int, value: int) -> None:
+    with open(base / f"node{member}" / "cluster" / "recording.log", "r+b") as file:
+        file.seek(entry.file_offset + field_offset)
+        file.write(I64.pack(value))
+
+
+def test_a_stopped_cluster_after_a_failover_passes(recorded: RecordedLog, base: Path) -> None:
+    code, output, document = verify(base)
+    assert code == 0, output
+    assert document["ok"] and document["violations"] == [] and document["unreadable"] == []
+    terms = [term_id for term_id, _ in recorded.terms]
+    assert len(set(terms)) >= 2, f"the scenario made one term only: {recorded.terms}"
+    for m in range(3):
+        assert f"node{m}: log recording" in output
+    members = {m["member"]: m for m in document["members"]}
+    assert sorted(members) == ["node0", "node1", "node2"]
+    for log in members.values():
+        assert [t["leadership_term_id"] for t in log["terms"]] == sorted(set(terms))
+        assert len(log["term_events"]) == len(set(terms))
+        assert log["end_position"] >= recorded.commit_position
+    # Every pair compared over the whole log (its two terms are the same on every member).
+    assert len(document["comparisons"]) == 3
+    for comparison in document["comparisons"]:
+        assert comparison["bytes_compared"] == members["node0"]["end_position"], comparison
+    assert f"{terms[-1]}@" in output and "ok: every check passed" in output
+
+
+def test_a_term_event_carrying_the_previous_term(base: Path) -> None:
+    """The whole-cluster restart bug, written into one member's log: the
+    event that opens the second term carries the first term's id."""
+    events = messages_of(base, 1, "NewLeadershipTermEvent")
+    first, second = events[0], events[-1]
+    position = second["log_position"]
+    patch_log(base, 1, position + MESSAGE_BODY, I64.pack(first["leadership_term_id"]))
+    code, output, document = verify(base)
+    assert code == EXIT_VIOLATIONS, output
+    found = violations_of(document)
+    assert (CHECK_TERM_EVENT, "node1", None, position) in found
+    assert (CHECK_TERM_ORDER, "node1", None, position) in found
+    assert (CHECK_AGREEMENT, "node0", "node1", position) in found
+    assert (CHECK_AGREEMENT, "node1", "node2", position) in found
+    assert not [v for v in found if v[0] != CHECK_AGREEMENT and v[1] != "node1"], found
+    assert f"node1 at {position}" in output
+
+
+def test_a_term_event_with_another_base(base: Path) -> None:
+    position = messages_of(base, 2, "NewLeadershipTermEvent")[-1]["log_position"]
+    patch_log(base, 2, position + MESSAGE_BODY + TERM_BASE_FIELD, I64.pack(position + 4096))
+    code, output, document = verify(base)
+    assert code == EXIT_VIOLATIONS, output
+    assert (CHECK_TERM_EVENT, "node2", None, position) in violations_of(document)
+
+
+def test_a_client_message_changed_in_the_committed_prefix(recorded: RecordedLog, base: Path) -> None:
+    """One byte of one client message on one member, below every member's
+    snapshot (so committed): the byte comparison alone sees it."""
+    committed = min(recorded.snapshot_positions(m)[-1] for m in range(3))
+    message = [r for r in messages_of(base, 2, "SessionMessageHeader") if r["next_position"] <= committed][10]
+    position = message["log_position"]
+    patch_log(base, 2, position + HEADER_LENGTH + 32, bytes([message["payload"][0] ^ 0xFF]))
+    code, output, document = verify(base)
+    assert code == EXIT_VIOLATIONS, output
+    assert violations_of(document) == {
+        (CHECK_AGREEMENT, "node0", "node2", position),
+        (CHECK_AGREEMENT, "node1", "node2", position),
+    }
+    assert "committed on both" in output
+
+
+def test_a_client_message_carrying_another_term(base: Path) -> None:
+    events = messages_of(base, 0, "NewLeadershipTermEvent")
+    later = [r for r in messages_of(base, 0, "SessionMessageHeader") if r["log_position"] > events[-1]["log_position"]]
+    position = later[3]["log_position"]
+    patch_log(base, 0, position + MESSAGE_BODY, I64.pack(events[0]["leadership_term_id"]))
+    code, output, document = verify(base)
+    assert code == EXIT_VIOLATIONS, output
+    assert (CHECK_TERM_ORDER, "node0", None, position) in violations_of(document)
+
+
+def test_a_recording_log_term_with_a_wrong_base(base: Path) -> None:
+    """node0's recording.log says its last term begins one message later
+    than it does: the log's event then lies in the term before, the term
+    opens with another message, and the members disagree on its base."""
+    entries = recording_log_entries(base, 0)
+    terms = sorted((e for e in entries if e.is_valid_term), key=lambda e: e.leadership_term_id)
+    last = terms[-1]
+    event_position = last.term_base_log_position
+    wrong = next(
+        r["log_position"] for r in messages_of(base, 0, "SessionMessageHeader") if r["log_position"] > event_position
+    )
+    patch_entry(base, 0, last, ENTRY_TERM_BASE, wrong)
+    code, output, document = verify(base)
+    assert code == EXIT_VIOLATIONS, output
+    found = violations_of(document)
+    assert (CHECK_TERM_EVENT, "node0", None, event_position) in found  # its event is in the term before
+    assert (CHECK_TERM_EVENT, "node0", None, wrong) in found  # the term opens with a client message
+    assert (CHECK_AGREEMENT, "node0", "node1", event_position) in found  # the other members' base
+    if terms[-2].log_position != NULL_POSITION:  # consecutive term ids: the term before ends at the old base
+        assert (CHECK_RECORDING_LOG, "node0", None, event_position) in found
+
+
+def test_a_snapshot_entry_beyond_the_log(base: Path) -> None:
+    entries = recording_log_entries(base, 2)
+    end = recording_of(base, 2).stop_position
+    module_snapshot = next(e for e in entries if e.is_valid_snapshot and e.service_id == -1)
+    patch_entry(base, 2, module_snapshot, ENTRY_LOG_POSITION, end + 4096)
+    code, output, document = verify(base)
+    assert code == EXIT_VIOLATIONS, output
+    assert (CHECK_RECORDING_LOG, "node2", None, end + 4096) in violations_of(document)
+
+
+def test_a_recording_log_that_names_a_snapshot_recording(base: Path) -> None:
+    entries = recording_log_entries(base, 1)
+    snapshot_recording = next(e.recording_id for e in entries if e.is_valid_snapshot)
+    for e in entries:
+        if e.entry_type == ENTRY_TYPE_TERM:
+            patch_entry(base, 1, e, ENTRY_RECORDING_ID, snapshot_recording)
+    code, output, document = verify(base)
+    assert code == EXIT_VIOLATIONS, output
+    assert (CHECK_RECORDING_LOG, "node1", None, None) in violations_of(document)
+    assert "stream 107" in output
+    # The other two are still checked against each other.
+    assert [c["members"] for c in document["comparisons"]] == [["node0", "node2"]]
+
+
+def test_a_member_without_its_archive(base: Path) -> None:
+    shutil.rmtree(base / "node2" / "archive")
+    code, output, document = verify(base)
+    assert code == EXIT_UNREADABLE, output
+    assert document["violations"] == []
+    assert [u["member"] for u in document["unreadable"]] == ["node2"]
+    assert "UNREADABLE node2" in output and "archive" in output
+    # The other two are checked as ever.
+    assert [c["members"] for c in document["comparisons"]] == [["node0", "node1"]]
+    assert document["comparisons"][0]["bytes_compared"] > 0
+
+
+def test_an_open_recording_with_a_torn_last_frame(base: Path) -> None:
+    """node1's log recording as an archive that died while recording leaves
+    it: open (no stop position), a recorded position behind its end, and a
+    torn frame after the last whole one (a header, its payload never
+    written).  Not a violation: it is read to its last complete frame, as
+    the archive's recovery would; with the archive running, to the recorded
+    position."""
+    d = recording_of(base, 1)
+    end = d.stop_position
+    events = messages_of(base, 1, "NewLeadershipTermEvent")
+    recorded = events[-1]["next_position"]
+    catalog = Catalog.open(base / "node1" / "archive", create=False)
+    try:
+        catalog.update_stop_position(d.recording_id, NULL_POSITION)
+        catalog.update_recorded_position(d.recording_id, recorded)
+    finally:
+        catalog.close()
+    # A plausible header (its term, offset and stream), the session id field
+    # not the checksum of what follows (nothing: the payload was never written).
+    term_id = to_int32(d.initial_term_id + end // d.term_buffer_length)
+    torn = FRAME.pack(HEADER_LENGTH + 64, 0, BEGIN | END, DATA, end % d.term_buffer_length, 99, d.stream_id, term_id, 0)
+    patch_log(base, 1, end, torn)
+    code, output, document = verify(base)
+    assert code == 0, output
+    assert "node1: log recording" in output and "is open" in output
+    node1 = next(m for m in document["members"] if m["member"] == "node1")
+    assert node1["end_position"] == end and not node1["stopped"]
+    # With its archive running, only what its writes are known to have reached is read.
+    members = [
+        MemberFiles(f"node{m}", base / f"node{m}" / "cluster", base / f"node{m}" / "archive", archive_running=m == 1)
+        for m in range(3)
+    ]
+    result = verify_members(members)
+    assert result.ok, [v.text() for v in result.violations]
+    assert next(m for m in result.members if m.name == "node1").end_position == recorded
