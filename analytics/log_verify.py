@@ -93,7 +93,7 @@ from typing import Any
 import numpy as np
 
 from fulmar._native import ffi, lib
-from fulmar.archive.catalog import NULL_POSITION, Catalog, RecordingDescriptor
+from fulmar.archive.catalog import CATALOG_FILE_NAME, NULL_POSITION, Catalog, RecordingDescriptor
 from fulmar.archive.errors import ArchiveError, describe_os_error
 from fulmar.archive.segment import scan_complete_frames, segment_file_base_position, segment_file_name
 from fulmar.codecs.generated import cluster as codecs
@@ -990,8 +990,10 @@ def read_member(files: MemberFiles, log_stream_id: int) -> tuple[MemberLog | Non
     notes = [f"{name}: recording.log has a torn end (left as it is): {torn_tail}"] if torn_tail else []
     try:
         catalog = Catalog.open_read_only(files.archive_dir)
-    except (ArchiveError, CodecError, ValueError) as error:
-        raise _Unreadable(f"{files.archive_dir}: the catalog cannot be read: {error}") from None
+    except ArchiveError as error:  # it names the catalog and what is wrong
+        raise _Unreadable(str(error)) from None
+    except (CodecError, ValueError) as error:
+        raise _Unreadable(f"{files.archive_dir / CATALOG_FILE_NAME}: corrupt catalog: {error}") from None
     try:
         descriptors = log_recordings(catalog.recordings(), log_stream_id)
         terms, violations = term_ranges(name, entries)

@@ -7,6 +7,7 @@ each invariant broken in a copy of one member's files."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from collections.abc import Iterator
@@ -517,16 +518,49 @@ def test_a_recording_log_that_names_a_snapshot_recording(base: Path) -> None:
     assert [c["members"] for c in document["comparisons"]] == [["node0", "node2"]]
 
 
-def test_a_member_without_its_archive(base: Path) -> None:
-    shutil.rmtree(base / "node2" / "archive")
+def remove_archive(node: Path) -> str:
+    shutil.rmtree(node / "archive")
+    return str(node / "archive")
+
+
+def corrupt_catalog(node: Path) -> str:
+    path = node / "archive" / "archive.catalog"
+    with open(path, "r+b") as file:
+        file.seek(64 + 40)  # inside the first recording's descriptor: its lengths no longer add up
+        file.write(b"\xff" * 64)
+    return str(path)
+
+
+def corrupt_recording_log(node: Path) -> str:
+    path = node / "cluster" / "recording.log"
+    with open(path, "r+b") as file:
+        file.seek(64 + 16)  # the second entry's base, far beyond its end: not a torn tail, a plausible entry follows
+        file.write(I64.pack(1 << 40))
+    return str(path)
+
+
+@pytest.mark.parametrize("damage", [remove_archive, corrupt_catalog, corrupt_recording_log])
+def test_a_member_whose_files_cannot_be_read(base: Path, damage: Any) -> None:
+    """Reported by name, not a traceback, with its own exit code; the others are checked as ever."""
+    named = damage(base / "node2")
     code, output, document = verify(base)
     assert code == EXIT_UNREADABLE, output
     assert document["violations"] == []
     assert [u["member"] for u in document["unreadable"]] == ["node2"]
-    assert "UNREADABLE node2" in output and "archive" in output
-    # The other two are checked as ever.
+    assert f"UNREADABLE node2: {named}" in output and "Traceback" not in output
     assert [c["members"] for c in document["comparisons"]] == [["node0", "node1"]]
     assert document["comparisons"][0]["bytes_compared"] > 0
+
+
+def test_a_segment_file_cut_short(base: Path) -> None:
+    """A log that stops being there below the recording's stop position is damage, at that position."""
+    d = recording_of(base, 1)
+    cut = d.stop_position // 2
+    os.truncate(base / "node1" / "archive" / segment_file_name(d.recording_id, 0), cut)
+    code, output, document = verify(base)
+    assert code == EXIT_VIOLATIONS, output
+    assert (CHECK_LOG_DAMAGED, "node1", None, cut) in violations_of(document)
+    assert "Traceback" not in output
 
 
 def test_an_open_recording_with_a_torn_last_frame(base: Path) -> None:
