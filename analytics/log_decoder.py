@@ -186,17 +186,20 @@ def find_log_segments(
             if missing:
                 raise ValueError(f"{archive_dir}: no valid recording with id {', '.join(map(str, sorted(missing)))}")
         for descriptor, recorded in descriptors:
-            segments.extend(_recording_segments(archive_dir, descriptor, recorded, from_position, to_position))
+            segments.extend(recording_segments(archive_dir, descriptor, recorded, from_position, to_position))
     return segments
 
 
-def _recording_segments(
+def recording_segments(
     archive_dir: str,
     descriptor: RecordingDescriptor,
     recorded_position: int,
     from_position: int | None,
     to_position: int | None,
 ) -> list[LogSegment]:
+    """One recording's segments: up to its stop position, or while it is open
+    up to ``recorded_position`` (where its writes are known to have got to;
+    below its start: every file there is, a hole ending the data)."""
     start = descriptor.start_position
     term_length = descriptor.term_buffer_length
     segment_length = descriptor.segment_file_length

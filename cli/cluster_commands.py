@@ -204,6 +204,14 @@ def resolve_cluster_nodes(directory: Path) -> tuple[str, list[ClusterNode]]:
     return "base", found
 
 
+def archive_dir_beside(cluster_dir: Path) -> Path | None:
+    """The node's archive directory as ``cluster-node start`` lays a node out
+    (``NODE/archive`` beside ``NODE/cluster``); None when ``cluster_dir`` is
+    not a node's ``cluster/``."""
+    resolved = cluster_dir.resolve()
+    return resolved.parent / "archive" if resolved.name == "cluster" else None
+
+
 def _component_name(raw: int) -> str:
     try:
         return ClusterComponentType(raw).name

@@ -12,7 +12,9 @@ as Aeron's tools are split:
   ``archive describe | recordings | verify | errors``;
 - ``cli/metrics_server.py``: ``metrics serve``, a node's metrics for
   Prometheus (``cli/node_metrics.py``) with ``/health`` and ``/leader``;
-- ``cli/analytics_commands.py``: the Spark jobs ``analyze`` and ``replay``.
+- ``cli/analytics_commands.py``: the Spark jobs ``analyze`` and ``replay``;
+- ``cli/verify_log_commands.py``: ``verify-log``, every member's recorded log
+  checked against the invariants of the Raft log.
 
 Each module's docstring gives its exit codes.
 """
@@ -28,6 +30,7 @@ from fulmar.cli import (
     cluster_commands,
     metrics_server,
     retention_commands,
+    verify_log_commands,
 )
 
 
@@ -74,6 +77,10 @@ for _name in (
 # Log retention: each member's log and snapshots before the newest it keeps.
 cluster_commands.cluster_group.add_command(retention_commands.purge_log)
 main.add_command(retention_commands.purge_log)
+
+# Every member's recorded log against the Raft log's invariants.
+cluster_commands.cluster_group.add_command(verify_log_commands.verify_log_command)
+main.add_command(verify_log_commands.verify_log_command)
 
 # The Spark jobs over archived logs (the spark extra; imported lazily inside).
 main.add_command(analytics_commands.analyze)

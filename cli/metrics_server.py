@@ -43,6 +43,7 @@ from fulmar.cli.cluster_commands import (
     BACKUP_DIR_NAME,
     ClusterNode,
     ClusterReadError,
+    archive_dir_beside,
     cluster_describe_node,
     resolve_cluster_nodes,
 )
@@ -256,9 +257,7 @@ def metrics_nodes(directory: Path, archive_dir: Path | None, driver_dir: Path | 
     for index, node in enumerate(members):
         offset = int(node.name[4:]) if layout == "base" and node.name[4:].isdigit() else index
         cluster_dir = node.cluster_dir
-        archive = archive_dir
-        if archive is None and cluster_dir.resolve().name == "cluster":
-            archive = cluster_dir.resolve().parent / "archive"
+        archive = archive_dir if archive_dir is not None else archive_dir_beside(cluster_dir)
         found.append((offset, MetricsNode(node.name, cluster_dir, archive, driver_dir)))
     return found
 
