@@ -16,8 +16,8 @@ its member and the log position it was found at):
     term.  Every event in the log has the leadershipTermId of the recording
     log's TERM entry whose range holds its position, that term's base as its
     termBaseLogPosition, and a logPosition within its term's first message
-    (fulmar's leader writes the term's base there, Aeron's the end of the
-    event: both lie in it).  Each term that holds anything begins with its
+    (Aeron's leader, and fulmar's since, write the end of the event there;
+    fulmar's before wrote the term's base: both lie in it).  Each term that holds anything begins with its
     event: the leader appends nothing else during an election, and the event
     is what ends it (``consensus/agent.py`` ``append_new_leadership_term_event``,
     called from LEADER_READY; ingress, timers, service messages and cluster

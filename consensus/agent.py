@@ -3001,7 +3001,6 @@ class ConsensusModuleAgent:
         return (
             publisher.append_new_leadership_term(
                 self.leadership_term_id,
-                publisher.position,
                 self.cluster_time(),
                 self.term_base_log_position,
                 self.member_id,
@@ -3700,7 +3699,6 @@ class SingleNodeElection:
         if (
             publisher.append_new_leadership_term(
                 agent.leadership_term_id,
-                publisher.position,
                 agent.cluster_time(),
                 agent.term_base_log_position,
                 agent.member_id,

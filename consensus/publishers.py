@@ -12,12 +12,18 @@ from typing import TYPE_CHECKING, Any
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.consensus.protocol import session_message_frame
+from fulmar.frames import FRAME_ALIGNMENT, align
+from fulmar.frames import HEADER_LENGTH as DATA_HEADER_LENGTH
 from fulmar.log_writer import ADMIN_ACTION
 
 if TYPE_CHECKING:
     from fulmar.publication import ExclusivePublication, Publication
 
 SESSION_HEADER_LENGTH = codecs.HEADER_LENGTH + codecs.SessionMessageHeaderEncoder.BLOCK_LENGTH
+# A NewLeadershipTermEvent's frame in the log: the data header, the message, aligned.
+_NEW_LEADERSHIP_TERM_EVENT_FRAME_LENGTH = align(
+    DATA_HEADER_LENGTH + codecs.HEADER_LENGTH + codecs.NewLeadershipTermEventEncoder.BLOCK_LENGTH, FRAME_ALIGNMENT
+)
 
 
 class _Encoding:
@@ -128,17 +134,19 @@ class LogPublisher(_Encoding):
     def append_new_leadership_term(
         self,
         leadership_term_id: int,
-        log_position: int,
         timestamp: int,
         term_base_log_position: int,
         leader_member_id: int,
         log_session_id: int,
         app_version: int,
     ) -> int:
+        """The event that opens a term.  Its ``logPosition`` is where the log
+        stands once the event is in it, as Aeron's LogPublisher writes it (the
+        publication's position plus the event's aligned frame)."""
         return self.append(
             codecs.NewLeadershipTermEventEncoder,
             leadership_term_id=leadership_term_id,
-            log_position=log_position,
+            log_position=self.position + _NEW_LEADERSHIP_TERM_EVENT_FRAME_LENGTH,
             timestamp=timestamp,
             term_base_log_position=term_base_log_position,
             leader_member_id=leader_member_id,

@@ -65,6 +65,10 @@ def test_a_leader_appends_its_own_term_after_replaying_an_older_ones_event() -> 
     assert agent.aeron.counters[CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID].get() == 2  # what cluster-tool shows
     agent._leader_recording_started = True  # (the archive's START signal)
     agent._leader_services_joined = True  # (the services' acknowledgement)
+    before = publication.position
     assert agent.append_new_leadership_term_event(8192)
     events = [m for m in log_of(agent) if isinstance(m, codecs.NewLeadershipTermEventDecoder)]
     assert [(e.leadership_term_id, e.term_base_log_position) for e in events] == [(2, 8192)]
+    # Its logPosition is where the log stands after it, as Aeron's leader writes
+    # it (an Aeron follower replaying the event takes it as its log position).
+    assert events[0].log_position == before + 96 == publication.position
