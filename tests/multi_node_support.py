@@ -24,7 +24,6 @@ from fulmar.counters import CountersReader
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.errors import FulmarError
-from fulmar.frames import FrameType
 
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 LEADER = 2
@@ -148,16 +147,6 @@ def log_frames(cluster: LocalCluster, member: int, limit: int, start: int = 0) -
     return [
         (frame_type, flags, payload)
         for _, flags, frame_type, payload in _recorded_frames(cluster, member, limit, start)
-    ]
-
-
-def log_messages(cluster: LocalCluster, member: int, limit: int, start: int = 0) -> list[tuple[int, bytes]]:
-    """(log position, payload) of each data frame of the member's log from
-    ``start`` up to ``limit`` (padding left out)."""
-    return [
-        (position, payload)
-        for position, _, frame_type, payload in _recorded_frames(cluster, member, limit, start)
-        if frame_type == FrameType.DATA
     ]
 
 
