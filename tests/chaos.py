@@ -34,7 +34,12 @@ What runs
   - ``one-way``: the member's driver drops everything it sends, or everything
     it receives;
   - ``flaky``: every member's driver drops a share (10-30%) of what it sends
-    and receives.
+    and receives;
+  - ``restart-all``: every node stops in order (SIGTERM to each process,
+    the modules first: a member of several takes no snapshot), then
+    the whole cluster starts again on its own configuration;
+  - ``kill-all``: SIGKILL every process of every member at once (a power
+    cut), then the whole cluster starts again.
 
   Each round applies every fault once, in an order drawn from the seed; a
   run lasts ``seconds`` but at least one whole round.  The schedule is a
@@ -55,7 +60,11 @@ position (convergence).  A fresh client reads every key.  Then:
     acknowledged operation received;
 (c) every member holds the same log up to the commit position, and after a
     snapshot every member's service state is the same, and equal to the
-    replayed log's state and to the final reads.
+    replayed log's state and to the final reads;
+(d) ``cluster-tool verify-log`` finds nothing wrong in the recorded logs:
+    every term's NewLeadershipTermEvent carries that term, terms rise along
+    each log, the recording logs match the logs, and the members agree where
+    Raft says they must (a wrong term written into a log passes (a)-(c)).
 
 A failed run saves the history, the schedule, the report and every process's
 log under ``artifacts`` and names the seed.
@@ -96,6 +105,7 @@ from fulmar.archive.catalog import Catalog  # noqa: E402
 from fulmar.archive.segment import list_segment_files, segment_base_of_file  # noqa: E402
 from fulmar.cli.aeron_stat import set_loss  # noqa: E402
 from fulmar.cli.cluster_commands import cluster_operate  # noqa: E402
+from fulmar.cli.verify_log_commands import verify_log  # noqa: E402
 from fulmar.codecs.generated import cluster as cluster_codecs  # noqa: E402
 from fulmar.consensus.client import ClusterClient, _wait_for_data  # noqa: E402
 from fulmar.consensus.recording_log import RecordingLog  # noqa: E402
@@ -123,7 +133,20 @@ DEPENDENTS = {
     "consensus": ("service",),
     "service": ("consensus",),
 }
-NEMESES_3 = ("kill", "kill-member", "pause", "pause-module", "isolate", "one-way", "flaky")
+NEMESES_3 = (
+    "kill",
+    "kill-member",
+    "pause",
+    "pause-module",
+    "isolate",
+    "one-way",
+    "flaky",
+    "restart-all",
+    "kill-all",
+)
+# Every process of a node, in the order its supervisor stops them (the module
+# first: its services follow it, the archive and the driver outlast both).
+STOP_ORDER = ("consensus", "service", "archive", "driver")
 NEMESES_5 = (*NEMESES_3, "kill-two", "isolate-two")
 _SBE_HEADER_LENGTH = 8
 _SESSION_HEADER_LENGTH = _SBE_HEADER_LENGTH + cluster_codecs.SessionMessageHeaderDecoder.BLOCK_LENGTH
@@ -527,6 +550,26 @@ class Nemesis:
             return FaultEvent(
                 kind, members, f"every member drops {rate / 10_000:g}% of what it sends and receives", self.now()
             )
+        if kind == "restart-all":
+            for process_kind in STOP_ORDER:
+                for member in range(self.cluster.size):
+                    if self.cluster.is_running(member, process_kind):
+                        self.cluster.stop_process(member, process_kind)
+            members = list(range(self.cluster.size))
+            return FaultEvent(kind, members, "SIGTERM every process of every member in order (no snapshot)", self.now())
+        if kind == "kill-all":
+            running = [
+                process
+                for member in range(self.cluster.size)
+                for process in self.cluster.processes[member].values()
+                if process.alive
+            ]
+            for process in running:
+                process.process.send_signal(signal.SIGKILL)
+            for process in running:
+                process.kill()
+            members = list(range(self.cluster.size))
+            return FaultEvent(kind, members, "SIGKILL every process of every member at once", self.now())
         raise ValueError(f"no nemesis {kind!r} (nemeses: {', '.join(NEMESES_5)})")
 
     def _set_loss(self, member: int, receive_ppm: int, send_ppm: int) -> None:
@@ -543,6 +586,13 @@ class Nemesis:
             self.lossy.discard(member)
 
     def _heal(self, event: FaultEvent) -> None:
+        if event.kind in ("restart-all", "kill-all"):
+            # Every member at once, one process kind at a time across them (a
+            # module waits for the others before it says it is ready).
+            try:
+                self.cluster.start()
+            except AssertionError as error:
+                self.problems.append(f"the cluster did not start again: {error}")
         if event.kind in ("pause", "pause-module"):
             self._resume_all()
         elif event.kind in ("isolate", "isolate-two", "one-way", "flaky"):
@@ -734,6 +784,8 @@ class ChaosReport:
     # Whether the backup's log equals the members' up to the commit position
     # (None: no backup in this run, or the run ended before the check).
     backup_matches: bool | None = None
+    # What verify-log found in the members' recorded logs (None: not checked).
+    log_violations: int | None = None
 
     def summary(self) -> str:
         c = self.config
@@ -774,6 +826,8 @@ class ChaosReport:
         )
         if self.backup_matches is not None:
             lines.append(f"  backup          {'log identical to the members' if self.backup_matches else 'DIFFERS'}")
+        if self.log_violations is not None:
+            lines.append(f"  verify-log      {self.log_violations} violations")
         lines.append(f"  anomalies       {len(self.anomalies)}")
         lines.extend(f"    - {a}" for a in self.anomalies[:20])
         if len(self.anomalies) > 20:
@@ -938,6 +992,7 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
         _check(cluster, history, report, position, before_snapshot)
         if backup is not None:
             _check_backup(cluster, backup, report, position, config.converge_timeout_s)
+        _verify_logs(cluster, report)
         report.availability = _availability(history.all(), nemesis.events, started_ns, nemesis.ended)
         report.events = [asdict(e) for e in nemesis.events]
         report.sessions = sum(c.sessions for c in clients)
@@ -990,6 +1045,14 @@ def _check_backup(cluster: LocalCluster, backup: Backup, report: ChaosReport, po
             f"the backup's log differs from the members' at frame {differing} "
             f"({len(mine)} frames against {len(theirs)})"
         )
+
+
+def _verify_logs(cluster: LocalCluster, report: ChaosReport) -> None:
+    """(d): ``cluster-tool verify-log`` over every member's recorded log."""
+    verification = verify_log(cluster.base)
+    report.log_violations = len(verification.violations)
+    report.anomalies += [f"verify-log: {violation.text()}" for violation in verification.violations]
+    report.anomalies += [f"verify-log could not read {u.member}: {u.reason}" for u in verification.unreadable]
 
 
 def _has_snapshot_after(cluster: LocalCluster, member: int, position: int) -> bool:

@@ -48,6 +48,7 @@ class SeedResult:
     faults: int = 0
     artifacts: str | None = None
     backup_matches: bool | None = None
+    log_violations: int | None = None  # what verify-log found (None: not reached)
 
     @property
     def ok(self) -> bool:
@@ -56,6 +57,7 @@ class SeedResult:
             and self.converged is True
             and self.linearizable is True
             and self.backup_matches is not False
+            and self.log_violations == 0
         )
 
     def line(self) -> str:
@@ -67,6 +69,7 @@ class SeedResult:
             f"{ops.get('ok', 0):6d} ok {ops.get('unknown', 0):4d} unknown {ops.get('fail', 0):4d} fail  "
             f"{self.faults:3d} faults  linearizable {linearizable:<9}  "
             f"backup {({True: 'same log', False: 'DIFFERS', None: '-'})[self.backup_matches]:<8}  "
+            f"verify-log {'-' if self.log_violations is None else self.log_violations}  "
             f"{len(self.anomalies)} anomalies  {self.seconds_taken:4.0f} s"
         )
         if not self.ok:
@@ -134,6 +137,7 @@ def run_seed(members: int, seed: int, seconds: float, clients: int, artifacts: P
         faults=len(report.get("events", [])),
         artifacts=report.get("artifacts"),
         backup_matches=report.get("backup_matches"),
+        log_violations=report.get("log_violations"),
     )
 
 
@@ -141,14 +145,17 @@ def summarize(results: list[SeedResult]) -> list[str]:
     lines = []
     for members in sorted({r.members for r in results}):
         runs = [r for r in results if r.members == members]
-        anomalous = [r for r in runs if r.anomalies and r.converged is not False]
         unconverged = [r for r in runs if r.converged is False]
+        anomalous = [r for r in runs if not r.ok and r.converged is not False]
         ops = sum(r.operations.get("ok", 0) for r in runs)
         faults = sum(r.faults for r in runs)
+        violations = sum(r.log_violations or 0 for r in runs)
+        unchecked = sum(1 for r in runs if r.log_violations is None)
         lines.append(
-            f"total {members} members: {len(runs)} runs, {len(runs) - len(anomalous) - len(unconverged)} "
+            f"total {members} members: {len(runs)} runs, {sum(1 for r in runs if r.ok)} "
             f"clean, {len(anomalous)} with anomalies, {len(unconverged)} not converged; "
-            f"{faults} faults, {ops} acknowledged operations"
+            f"{faults} faults, {ops} acknowledged operations; {violations} verify-log violations"
+            + (f" ({unchecked} runs not checked)" if unchecked else "")
         )
         failed = anomalous + unconverged
         if failed:

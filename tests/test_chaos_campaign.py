@@ -24,7 +24,8 @@ if seed == 3:
 if seed == 4:
     print("Traceback: something broke before the report"); sys.exit(2)
 report = {"anomalies": [], "converged": True, "linearizable": True,
-          "operations": {"ok": 100 + seed, "unknown": 2}, "events": [{}] * 7, "artifacts": None}
+          "operations": {"ok": 100 + seed, "unknown": 2}, "events": [{}] * 7, "artifacts": None,
+          "log_violations": 0}
 if seed == 1:
     report["anomalies"] = ["the members' logs differ: at position 4096"]
     report["artifacts"] = "chaos-artifacts/x"
@@ -71,20 +72,25 @@ def test_a_run_that_overstays_is_killed_with_its_process_group(
 
 def test_the_totals_count_each_member_count_apart() -> None:
     results = [
-        SeedResult(3, 10, 60.0, [], True, True, {"ok": 50}, 7),
-        SeedResult(3, 11, 60.0, ["the history is not linearizable"], True, False, {"ok": 40}, 7),
+        SeedResult(3, 10, 60.0, [], True, True, {"ok": 50}, 7, log_violations=0),
+        SeedResult(3, 11, 60.0, ["the history is not linearizable"], True, False, {"ok": 40}, 7, log_violations=0),
         SeedResult(5, 10, 60.0, ["the run failed: NotConvergedError"], False, None, {"ok": 30}, 9),
-        SeedResult(5, 11, 60.0, [], True, True, {"ok": 20}, 9),
+        SeedResult(5, 11, 60.0, [], True, True, {"ok": 20}, 9, log_violations=0),
+        SeedResult(5, 12, 60.0, ["verify-log: term-event ..."], True, True, {"ok": 10}, 9, log_violations=2),
     ]
     lines = summarize(results)
     assert lines[0] == (
-        "total 3 members: 2 runs, 1 clean, 1 with anomalies, 0 not converged; 14 faults, 90 acknowledged operations"
+        "total 3 members: 2 runs, 1 clean, 1 with anomalies, 0 not converged; 14 faults, 90 acknowledged operations; "
+        "0 verify-log violations"
     )
     assert lines[1] == "  failed seeds: 11"
     assert lines[2] == (
-        "total 5 members: 2 runs, 1 clean, 0 with anomalies, 1 not converged; 18 faults, 50 acknowledged operations"
+        "total 5 members: 3 runs, 1 clean, 1 with anomalies, 1 not converged; 27 faults, 60 acknowledged operations; "
+        "2 verify-log violations (1 runs not checked)"
     )
-    assert lines[3] == "  failed seeds: 10"
+    assert lines[3] == "  failed seeds: 12, 10"
+    # A run whose logs were never checked is not clean, nor one with a violation.
+    assert [r.ok for r in results] == [True, False, False, True, False]
 
 
 def test_the_command_runs_every_seed_of_every_member_count_and_fails_on_any(

@@ -70,8 +70,8 @@ def test_a_whole_cluster_restarted_stays_in_its_new_term_with_one_election() -> 
         wait_for_commit(cluster, [0, 1, 2], position, 60)
 
         # Every process of every member stops (SIGTERM: no snapshot), the
-        # modules and services first, as a node's supervisor stops them.
-        for kind in ("service", "consensus", "archive", "driver"):
+        # modules first, then their services, as a node's supervisor stops them.
+        for kind in ("consensus", "service", "archive", "driver"):
             for member in range(3):
                 cluster.stop_process(member, kind)
         log_sizes = [cluster.log_path(m, "consensus").stat().st_size for m in range(3)]
