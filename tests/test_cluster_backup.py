@@ -271,10 +271,7 @@ def test_a_backup_of_a_cluster_of_one_retrieves_its_snapshot_and_follows_its_log
             )
             assert backup.counter(CLUSTER_BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID) == 1
             workload.wait_for_acks(50, 30)
-        finally:
             workload.stop()
-        try:
-            assert backup is not None
             position = member_view(single, 0).commit_position
             assert position is not None
             wait_for(
@@ -284,5 +281,6 @@ def test_a_backup_of_a_cluster_of_one_retrieves_its_snapshot_and_follows_its_log
             )
             assert backup_log(backup, position) == log_frames(single, 0, position)
         finally:
+            workload.stop()
             if backup is not None:
                 backup.close()
