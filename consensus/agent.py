@@ -1862,7 +1862,10 @@ class ConsensusModuleAgent:
         return dead
 
     def _check_snapshot_and_termination(self, now_ns: int) -> int:
-        if self.state in (ConsensusModuleState.SNAPSHOT, ConsensusModuleState.TERMINATING):
+        # (A leader of several whose services have acknowledged the stop waits
+        # for its followers only: its services are gone by then, as they should be.)
+        waiting_on_services = not self._services_terminated
+        if self.state in (ConsensusModuleState.SNAPSHOT, ConsensusModuleState.TERMINATING) and waiting_on_services:
             # Waiting on the services: one that died will never answer.
             if now_ns >= self._service_check_deadline_ns:
                 self._service_check_deadline_ns = now_ns + 250_000_000
