@@ -1,7 +1,10 @@
 """A service that fails on purpose (loaded by a test's service container
-through PYTHONPATH): b"boom" raises, anything else is echoed."""
+through PYTHONPATH): b"boom" raises, b"exit" exits its process with code 0
+(unasked: no orderly stop), anything else is echoed."""
 
 from __future__ import annotations
+
+import sys
 
 from fulmar.service.clustered_service import ClientSession, ClusteredService
 
@@ -13,5 +16,7 @@ class FailingService(ClusteredService):
         payload = bytes(buffer[offset : offset + length])
         if payload == b"boom":
             raise RuntimeError("the service was asked to fail")
+        if payload == b"exit":
+            sys.exit(0)
         if session is not None:
             session.offer(payload)
