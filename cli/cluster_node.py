@@ -62,6 +62,7 @@ from fulmar.logbuffer import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, TERM_MIN_L
 from fulmar.permissions import FILE_GROUP_ENV, FileGroupError, check_file_group
 from fulmar.ring_buffer import MAX_CAPACITY
 from fulmar.clock import epoch_ms
+from fulmar.orderly_stop import StopOutcome, report_orderly_stop
 from fulmar.stop_signals import StopGate
 
 from fulmar.cli.options import (
@@ -825,14 +826,15 @@ def consensus(
         sys.stdout.flush()
 
     try:
-        reason = run_consensus_module(context, on_ready=announce)
+        outcome = run_consensus_module(context, on_ready=announce)
     except ClusterMarkFileActiveError as error:
         click.echo(f"cluster-node consensus: {error}", err=True)
         sys.exit(EXIT_DRIVER_ACTIVE)
     except (FulmarError, OSError) as error:
         click.echo(f"cluster-node consensus: {type(error).__name__}: {error}", err=True)
         sys.exit(EXIT_FAILURE)
-    click.echo(f"consensus module stopped: {reason}")
+    click.echo(f"consensus module stopped: {outcome.reason}")
+    _report_orderly_stop("consensus", outcome)
 
 
 @main.command()
@@ -890,14 +892,24 @@ def service(
         sys.stdout.flush()
 
     try:
-        reason = run_service_container(context, on_ready=announce)
+        outcome = run_service_container(context, on_ready=announce)
     except ClusterMarkFileActiveError as error:
         click.echo(f"cluster-node service: {error}", err=True)
         sys.exit(EXIT_DRIVER_ACTIVE)
     except (FulmarError, OSError) as error:
         click.echo(f"cluster-node service: {type(error).__name__}: {error}", err=True)
         sys.exit(EXIT_FAILURE)
-    click.echo(f"service {service_id} stopped: {reason}")
+    click.echo(f"service {service_id} stopped: {outcome.reason}")
+    _report_orderly_stop("service", outcome)
+
+
+def _report_orderly_stop(command: str, outcome: StopOutcome) -> None:
+    """Tell ``cluster-node start`` (when it started this process) that the
+    stop was an orderly one: otherwise it reports exit code 0 as a death."""
+    if outcome.orderly is not None:
+        problem = report_orderly_stop(outcome.orderly)
+        if problem is not None:
+            click.echo(f"cluster-node {command}: {problem}", err=True)
 
 
 _BACKUP_DEFAULTS = ClusterBackupContext(cluster_dir=Path("."))
@@ -1088,7 +1100,12 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
     manager's stop) stops it in the same order: the archive and the driver
     wait for the processes that use them.
     If a process dies, the supervisor names it, its pid and how it ended, shows
-    the end of its log, and stops the rest.
+    the end of its log, and stops the rest.  A stop by the cluster
+    (cluster-tool shutdown or abort, the leader stopping its followers) or a
+    stop signal to the consensus module alone is no death: the module and the
+    services stop by themselves and say so, the supervisor stops the archive
+    and the driver and says "node N stopped by cluster shutdown at log
+    position P".  A process that exits with code 0 any other way has died.
 
     With --local 3 or 5 every member is such a node, all run by this one
     command: each member's ingress, consensus, log, catch-up and archive
@@ -1101,9 +1118,9 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
     every member.
 
     \b
-    Exit codes: 0 stopped cleanly on request; 1 a process died or could not
-    start; 2 a configuration error; 3 stopped on request, but something had
-    to be killed or exited with an error.
+    Exit codes: 0 stopped cleanly on request or by the cluster; 1 a process
+    died or could not start; 2 a configuration error; 3 stopped on request or
+    by the cluster, but something had to be killed or exited with an error.
     """
     if local_members is None:
         if ingress_port is not None:

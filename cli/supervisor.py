@@ -36,7 +36,13 @@ Supervision
 Each process writes its output to ``<log_dir>/<name>.log``.  The supervisor
 waits for their exits on pidfds, waking at least once per duty cycle (100 ms).
 When one dies unexpectedly it says which, how (exit code or signal) and the
-last lines of its log, stops the others in order and exits 1.  SIGINT,
+last lines of its log, stops the others in order and exits 1.  The cluster
+may stop the node itself (``cluster-tool shutdown`` or ``abort``, the leader
+stopping its followers), and so may a stop signal to the consensus module
+alone: the module and the services then stop by themselves, each saying so on
+a pipe of its own (``fulmar.orderly_stop``: exit code 0 without that is a
+death), and the supervisor stops the archive and the driver, says once why and
+at which log position the node stopped, and exits 0.  SIGINT,
 SIGTERM or SIGHUP stop the node in order: SIGTERM to the consensus module
 (it takes a snapshot and stops the services at one log position), then the
 archive, then the driver; whatever does not stop within the stop timeout is
@@ -99,6 +105,7 @@ from fulmar.cli.options import Duration, format_duration, format_size, Size
 from fulmar.cpu_policy import CPU_POLICIES, CPU_POLICY_ENV, DEFAULT_CPU_POLICY
 from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, parse_cluster_members
 from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
+from fulmar.orderly_stop import STOP_REPORT_FD_ENV, OrderlyStop, read_report
 from fulmar.permissions import make_directory
 from fulmar.stop_signals import StopSignals
 
@@ -432,6 +439,9 @@ class ChildSpec:
     # The form of its log (its header line's too); by default what this process was told.
     log_format: str = field(default_factory=lambda: os.environ.get(log_lines.LOG_FORMAT_ENV, log_lines.PLAIN))
     member: int | None = None  # the member it belongs to, in JSON log lines
+    # It says on a pipe of its own when it stopped in order (fulmar.orderly_stop):
+    # the consensus module and the services, which a cluster stops.
+    reports_stop: bool = False
 
 
 @dataclass
@@ -521,6 +531,7 @@ class NodeConfig:
                 ],
                 "consensus module pid",
                 consensus_env,
+                reports_stop=True,
             ),
         ]
         archive_control = self.values.get(("consensus", "archive_control_channel"))
@@ -541,7 +552,14 @@ class NodeConfig:
             if archive_control is not None:
                 args += ["--archive-control-channel", str(archive_control)]
             specs.append(
-                ChildSpec(f"service {service_id}", f"service{service_id}", args, f"service {service_id} (", base_env)
+                ChildSpec(
+                    f"service {service_id}",
+                    f"service{service_id}",
+                    args,
+                    f"service {service_id} (",
+                    base_env,
+                    reports_stop=True,
+                )
             )
         for spec in specs:
             spec.log_format, spec.member = self.log_format, self.member_id
@@ -1170,6 +1188,9 @@ class Child:
         self.exit_fd: int | None = None  # a pidfd, readable once it exits (None: polled instead)
         self.killed = False  # the supervisor had to SIGKILL it
         self._start_offset = 0
+        self._report_fd: int | None = None  # the read end of its orderly stop report's pipe
+        # Set once it exited with code 0 having said it stopped in order.
+        self.orderly_stop: OrderlyStop | None = None
 
     @property
     def pid(self) -> int:
@@ -1195,20 +1216,35 @@ class Child:
             header = (
                 f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {spec.launcher} (pid {os.getpid()}): {' '.join(spec.args)}"
             )
-        with open(self.log_path, "ab") as log:
-            log.write(f"{header}\n".encode())
-            log.flush()
-            self._start_offset = log.tell()
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "fulmar.cli.cluster_node", *self.spec.args],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.spec.env,
-                process_group=0,
-                preexec_fn=preexec,
-                close_fds=True,
-            )
+        env = self.spec.env
+        pass_fds: tuple[int, ...] = ()
+        write_fd = None
+        if spec.reports_stop:
+            self._report_fd, write_fd = os.pipe()
+            os.set_blocking(self._report_fd, False)
+            env, pass_fds = {**env, STOP_REPORT_FD_ENV: str(write_fd)}, (write_fd,)
+        try:
+            with open(self.log_path, "ab") as log:
+                log.write(f"{header}\n".encode())
+                log.flush()
+                self._start_offset = log.tell()
+                self.popen = subprocess.Popen(
+                    [sys.executable, "-m", "fulmar.cli.cluster_node", *self.spec.args],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    process_group=0,
+                    preexec_fn=preexec,
+                    close_fds=True,
+                    pass_fds=pass_fds,
+                )
+        except BaseException:
+            self._close_report_fd()
+            raise
+        finally:
+            if write_fd is not None:
+                os.close(write_fd)  # the child's alone: its exit ends the pipe
         self.process = psutil.Process(self.popen.pid)
         self.exit_fd = _exit_fd(self.popen.pid)
 
@@ -1246,6 +1282,18 @@ class Child:
             self.popen.returncode = self.returncode
         if self.exit_fd is not None:
             fd, self.exit_fd = self.exit_fd, None
+            os.close(fd)
+        if self._report_fd is not None:
+            # Exited: whatever it wrote is in the pipe.  A report counts only
+            # with exit code 0 (a failure after it is a failure).
+            report = read_report(self._report_fd)
+            self._close_report_fd()
+            if self.returncode == 0:
+                self.orderly_stop = report
+
+    def _close_report_fd(self) -> None:
+        if self._report_fd is not None:
+            fd, self._report_fd = self._report_fd, None
             os.close(fd)
 
     @property
@@ -1352,6 +1400,9 @@ class Supervisor:
         self._starting: Child | None = None  # ... and the one launched, not yet ready
         self._start_deadline = 0.0
         self._metrics: Any = None  # the node's MetricsServer, with a metrics port
+        # When the first of the consensus module and services was seen to have
+        # stopped in order (the cluster stops the node: cluster_stop_done).
+        self._cluster_stop_since: float | None = None
 
     def say(self, text: str) -> None:
         _write_line(self.out, f"{self.prefix}{text}")
@@ -1442,6 +1493,8 @@ class Supervisor:
                 self._report_death(dead)
                 self._stop(after_failure=True)
                 return EXIT_FAILURE
+            if self.cluster_stop_done():
+                return self.finish_cluster_stop()
 
     def announce_start(self) -> None:
         config = self.config
@@ -1499,12 +1552,73 @@ class Supervisor:
         return None
 
     def dead_child(self) -> Child | None:
-        """The first process in node order that has exited (the one to report
-        when several went together), or None."""
+        """The first process in node order that has died (the one to report
+        when several went together), or None.  A process that exited as part
+        of an orderly stop of the cluster or of its module did not die (see
+        _exited_in_order; cluster_stop_done tells when that stop is over)."""
         for child in self.children:
-            if child.started and child.poll() is not None:
+            if child.started and child.poll() is not None and not self._exited_in_order(child):
                 return child
         return None
+
+    def _exited_in_order(self, child: Child) -> bool:
+        """Whether ``child``, which has exited, stopped in order: it said so
+        with exit code 0 (the consensus module: a cluster shutdown or abort,
+        the leader's termination, a stop signal to it; a service: its module
+        told it to stop), or it is a service that exited with code 0 after its
+        consensus module had stopped in order (a member of several stopped by
+        a signal to its module leaves its services to see it go).  Exit code 0
+        alone is not enough: a service's own sys.exit(0) is a death.  The
+        archive and the driver never stop on their own in order: this
+        supervisor stops them."""
+        if child.orderly_stop is not None:
+            return True
+        return child in self.services and child.returncode == 0 and self.consensus.orderly_stop is not None
+
+    def cluster_stop_done(self) -> bool:
+        """Whether the orderly stop of this node's consensus module and
+        services that one of them announced is over: every one of them has
+        exited, or the stop timeout has passed since the first did.  Asked
+        once dead_child found no death (each exit so far was in order)."""
+        cluster = [self.consensus, *self.services]
+        exited = [child for child in cluster if child.started and child.poll() is not None]
+        if not exited:
+            return False
+        now = time.monotonic()
+        if self._cluster_stop_since is None:
+            self._cluster_stop_since = now
+        return len(exited) == len(cluster) or now - self._cluster_stop_since >= self.config.stop_timeout_s
+
+    def finish_cluster_stop(self) -> int:
+        """The cluster stopped this node (cluster_stop_done): kill what of its
+        consensus module and services is still running after the stop timeout,
+        stop the archive, then the driver, and say once why the node stopped.
+        EXIT_OK, or EXIT_UNCLEAN_STOP if something had to be killed or failed to stop."""
+        node = self.config.member_id
+        cluster = [self.consensus, *self.services]
+        stragglers = [child for child in cluster if child.alive]
+        for child in stragglers:
+            self.warn(
+                f"{child.name} (pid {child.pid}) still running {self.config.stop_timeout_s:g} s after the "
+                f"cluster began to stop node {node}: killing it (SIGKILL)"
+            )
+            child.kill()
+        wait_all(stragglers, 10)
+        clean = self._report_exits(cluster)
+        for child in (self.archive, self.driver):
+            if child.alive:
+                child.send(signal.SIGTERM)
+                clean &= self._await([child], self.config.stop_timeout_s, "SIGTERM")
+            else:  # it exited meanwhile, by itself: said how, and not clean
+                self._report_exits([child])
+                clean = False
+        # The module's word, else a service's (a module killed above said nothing).
+        stop = next(child.orderly_stop for child in cluster if child.orderly_stop is not None)
+        if clean:
+            self.say(f"node {node} stopped by {stop.describe()}")
+            return EXIT_OK
+        self.warn(f"node {node} stopped by {stop.describe()}, but not cleanly (see above)")
+        return EXIT_UNCLEAN_STOP
 
     def _first_dead(self, timeout_s: float) -> Child | None:
         wait_for_exit([child for child in self.children if child.started], timeout_s)
@@ -1653,6 +1767,8 @@ class LocalClusterSupervisor:
         ]
         self.running = list(self.nodes)
         self.failed: list[Supervisor] = []
+        # The exit codes of the nodes the cluster stopped (cluster-tool shutdown or abort, ...).
+        self.stopped_by_cluster: list[int] = []
 
     def say(self, text: str) -> None:
         _write_line(self.out, text)
@@ -1702,9 +1818,12 @@ class LocalClusterSupervisor:
                 if dead is not None:
                     node._report_death(dead)
                     self._fail(node)
+                elif node.cluster_stop_done():
+                    self.stopped_by_cluster.append(node.finish_cluster_stop())
+                    node.stop_metrics()
+                    self.running.remove(node)
             if not self.running:
-                self.say("every node has stopped")
-                return EXIT_FAILURE
+                return self._every_node_stopped()
             starting = any(not node.all_started for node in self.running)
             if not starting and not announced:
                 announced = True
@@ -1713,6 +1832,18 @@ class LocalClusterSupervisor:
                     f"endpoints {self.ingress_endpoints}; SIGTERM or Ctrl-C stops every node"
                 )
             self._wait(0.02 if starting else DUTY_CYCLE_S)
+
+    def _every_node_stopped(self) -> int:
+        """No node is left, none stopped by a signal to this command: a
+        failure if any node failed, else the cluster stopped them all."""
+        if self.failed:
+            self.say("every node has stopped")
+            return EXIT_FAILURE
+        if all(code == EXIT_OK for code in self.stopped_by_cluster):
+            self.say("local cluster stopped: every node stopped in order by the cluster")
+            return EXIT_OK
+        self.say("local cluster stopped by the cluster, but not cleanly (see above)")
+        return EXIT_UNCLEAN_STOP
 
     def _fail(self, node: Supervisor) -> None:
         """Stop what is left of ``node`` (the others keep running), and its
@@ -1753,7 +1884,7 @@ class LocalClusterSupervisor:
             dead = ", ".join(str(node.config.member_id) for node in self.failed)
             self.say(f"local cluster stopped; node(s) {dead} had failed before (see above)")
             return EXIT_FAILURE
-        if all(code == EXIT_OK for code in codes):
+        if all(code == EXIT_OK for code in [*self.stopped_by_cluster, *codes]):
             self.say("local cluster stopped cleanly")
             return EXIT_OK
         self.say("local cluster stopped, but not cleanly (see above)")

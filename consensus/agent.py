@@ -92,6 +92,7 @@ from fulmar.retry import DistinctErrorPrinter, RetryBackoff
 from fulmar.semantic_version import major_version, version_text
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header, SessionMessages
+from fulmar.orderly_stop import OrderlyStop, StopCause
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
 from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, CounterWatch
 
@@ -220,6 +221,15 @@ class ConsensusModuleAgent:
         self.pending_service_messages: deque[tuple[int, bytes]] = deque()
         self.terminated = False
         self.termination_reason = ""
+        # Set with ``terminated`` when the stop was an orderly one (the node's
+        # supervisor is told, so that it does not report a death).
+        self.orderly_stop: OrderlyStop | None = None
+        # The single node's SHUTDOWN or ABORT was asked for by a stop signal
+        # (request_shutdown), not by the control toggle's owner (cluster-tool).
+        self._stop_signalled = False
+        # Where this follower last snapshotted on the leader's SNAPSHOT action:
+        # a termination at that very position is the end of a SHUTDOWN.
+        self._follower_snapshot_position = NULL_POSITION
         self._now_ns = 0
         self._slow_tick_deadline_ns = 0
         self._service_acks: dict[int, dict[int, Any]] = {}
@@ -1882,7 +1892,10 @@ class ConsensusModuleAgent:
         return dead
 
     def _check_snapshot_and_termination(self, now_ns: int) -> int:
-        if self.state in (ConsensusModuleState.SNAPSHOT, ConsensusModuleState.TERMINATING):
+        # (A leader of several whose services have acknowledged the stop waits
+        # for its followers only: its services are gone by then, as they should be.)
+        waiting_on_services = not self._services_terminated
+        if self.state in (ConsensusModuleState.SNAPSHOT, ConsensusModuleState.TERMINATING) and waiting_on_services:
             # Waiting on the services: one that died will never answer.
             if now_ns >= self._service_check_deadline_ns:
                 self._service_check_deadline_ns = now_ns + 250_000_000
@@ -1929,9 +1942,18 @@ class ConsensusModuleAgent:
                 f"{self._termination_action.name if self._termination_action else 'stop'} "
                 f"at log position {self._termination_position}"
             )
+            self.orderly_stop = OrderlyStop(self._cluster_stop_cause(), self._termination_position)
             self._set_state(ConsensusModuleState.CLOSED)
             return 1
         return 0
+
+    def _cluster_stop_cause(self) -> StopCause:
+        """Why the stop this module led (alone, or as the leader of several) happened."""
+        if self._stop_signalled:
+            return StopCause.STOP_SIGNAL
+        if self._termination_action is ControlToggle.ABORT:
+            return StopCause.CLUSTER_ABORT
+        return StopCause.CLUSTER_SHUTDOWN
 
     def _complete_snapshot(self, service_acks: list[Any]) -> None:
         from fulmar.consensus.snapshot import take_consensus_module_snapshot
@@ -2045,6 +2067,7 @@ class ConsensusModuleAgent:
             # ``cluster-tool snapshot``).
             self.terminated = True
             self.termination_reason = f"stopped as {self.role.name.lower()} at commit position {self.commit_position}"
+            self.orderly_stop = OrderlyStop(StopCause.STOP_SIGNAL, self.commit_position)
             self._set_state(ConsensusModuleState.CLOSED)
             return True
         state = self.state
@@ -2057,14 +2080,18 @@ class ConsensusModuleAgent:
                     f"{action.name} during the election ({self.election.state.name}): "
                     f"stopped at once at log position {self.log_position}, no snapshot"
                 )
+                self.orderly_stop = OrderlyStop(StopCause.STOP_SIGNAL, self.log_position)
                 self._set_state(ConsensusModuleState.CLOSED)
                 return True
             return False
         if state is ConsensusModuleState.SNAPSHOT:
             return self._termination_action is ControlToggle.SHUTDOWN and action is ControlToggle.SHUTDOWN
         if state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
-            toggle = self.control_toggle.get()
-            return toggle == action or self.control_toggle.compare_and_set(ControlToggle.NEUTRAL, action)
+            if self.control_toggle.get() == action:
+                return True  # the toggle's owner (cluster-tool) asked for this very stop first
+            if self.control_toggle.compare_and_set(ControlToggle.NEUTRAL, action):
+                self._stop_signalled = True
+                return True
         return False
 
     # ------------------------------------------------------------ several members
@@ -2475,6 +2502,8 @@ class ConsensusModuleAgent:
         except FulmarError as error:
             self._error(f"snapshot at log position {log_position} failed: {type(error).__name__}: {error}")
             recording_id = NULL_VALUE
+        else:
+            self._follower_snapshot_position = log_position
         self._follower_snapshot = (log_position, ack_id, recording_id)
         if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
             # Seen as the leader's is (cluster-tool, metrics) until its
@@ -3331,6 +3360,12 @@ class ConsensusModuleAgent:
         )
         self.terminated = True
         self.termination_reason = f"stopped by the leader at log position {self._termination_position}"
+        # The leader's TerminationPosition does not say SHUTDOWN or ABORT: a
+        # SHUTDOWN stops right where it snapshotted, so a snapshot taken here
+        # at that very position says which.
+        shutdown = self._follower_snapshot_position == self._termination_position
+        cause = StopCause.CLUSTER_SHUTDOWN if shutdown else StopCause.CLUSTER_TERMINATION
+        self.orderly_stop = OrderlyStop(cause, self._termination_position)
         self._set_state(ConsensusModuleState.CLOSED)
         return 1
 
@@ -3359,6 +3394,7 @@ class ConsensusModuleAgent:
         self.termination_reason = f"{action} of the cluster at log position {self._termination_position}" + (
             f" (no acknowledgement from members {missing})" if missing else ""
         )
+        self.orderly_stop = OrderlyStop(self._cluster_stop_cause(), self._termination_position)
         self._set_state(ConsensusModuleState.CLOSED)
         return 1
 

@@ -83,6 +83,7 @@ __all__ = [
     "ClusterSessionClosedError",
     "ClusterTimeoutError",
     "EgressMessage",
+    "MediaDriverLostError",
     "parse_ingress_endpoints",
 ]
 
@@ -131,6 +132,14 @@ class ClusterTimeoutError(ClusterClientError):
 
 class ClusterSessionClosedError(ClusterClientError):
     """The session is closed: by ``close()``, or by the cluster (SessionEvent CLOSED)."""
+
+
+class MediaDriverLostError(ClusterSessionClosedError):
+    """The session is closed because the Aeron client it runs on is: its media
+    driver is gone (its process died, a new driver took its directory, its
+    heartbeat stopped), the driver timed the client out, or its owner closed
+    it.  The message names the driver's directory and the Aeron client's error
+    (also the ``__cause__``)."""
 
 
 MessageHandler = Callable[[int, int, memoryview], None]
@@ -561,6 +570,19 @@ class _Connector:
         )
 
 
+def _aeron_lost(aeron: Aeron, what: str) -> MediaDriverLostError:
+    """The error of ``what`` whose Aeron client has closed: why, naming its driver's directory."""
+    cause = aeron.terminal_error
+    if cause is None:
+        error = MediaDriverLostError(f"{what}: its Aeron client (of the media driver in {aeron.directory}) was closed")
+    else:
+        error = MediaDriverLostError(
+            f"{what}: the media driver in {aeron.directory} is lost ({type(cause).__name__}: {cause})"
+        )
+    error.__cause__ = cause
+    return error
+
+
 def _result_name(result: int) -> str:
     return {
         NOT_CONNECTED: "NOT_CONNECTED",
@@ -630,6 +652,9 @@ class ClusterClient:
         self._last_ingress_ns = time.monotonic_ns()
         self._reply: bytes | None = None
         self._capturing = False
+        # Why the Aeron client closed under this open session (its driver is
+        # gone, ...), once a call noticed: every call then raises it.
+        self._aeron_error: MediaDriverLostError | None = None
 
     # ------------------------------------------------------------ connect
 
@@ -694,6 +719,8 @@ class ClusterClient:
             )
             step = connector.state
             while not connector.poll(time.monotonic_ns()):
+                if aeron.is_closed:
+                    raise _aeron_lost(aeron, "the cluster connect")
                 if connector.state != step:
                     step = connector.state  # progress: go again at once
                     continue
@@ -747,8 +774,11 @@ class ClusterClient:
 
     @property
     def is_closed(self) -> bool:
-        """True after ``close()`` or once the cluster closed the session."""
-        return self._closed
+        """True after ``close()``, once the cluster closed the session, or
+        once the Aeron client under it closed (its media driver gone: noticed
+        within the Aeron client's driver timeout; then every call raises
+        MediaDriverLostError)."""
+        return self._closed or self.aeron.is_closed
 
     def _encode_headers(self) -> None:
         header = bytearray(SESSION_HEADER_LENGTH)
@@ -768,7 +798,31 @@ class ClusterClient:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ClusterSessionClosedError(f"cluster session {self._cluster_session_id} is closed")
+            raise self._closed_error()
+
+    def _closed_error(self) -> ClusterSessionClosedError:
+        """What a call on this closed session raises: why it is closed."""
+        self._note_aeron_closed()
+        if self._aeron_error is not None:
+            error = MediaDriverLostError(str(self._aeron_error))
+            error.__cause__ = self._aeron_error.__cause__
+            return error
+        return ClusterSessionClosedError(f"cluster session {self._cluster_session_id} is closed")
+
+    def _note_aeron_closed(self) -> None:
+        """An open session whose Aeron client has closed is closed too, with its error."""
+        if not self._closed and self.aeron.is_closed:
+            self._aeron_error = _aeron_lost(self.aeron, f"cluster session {self._cluster_session_id}")
+            self._closed = True
+            self._release()
+
+    def _check_aeron(self) -> None:
+        """Raise MediaDriverLostError if the Aeron client closed: what closes
+        the session's publication and subscription under it.  Asked when one
+        of them answers as closed, never per message."""
+        self._note_aeron_closed()
+        if self._aeron_error is not None:
+            raise self._closed_error()
 
     # ------------------------------------------------------------ ingress
 
@@ -778,7 +832,7 @@ class ClusterClient:
         Returns the new ingress position, or a negative code (NOT_CONNECTED,
         BACK_PRESSURED, ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED) to retry
         on: back pressure never raises.  Raises ClusterSessionClosedError once
-        the session is closed.
+        the session is closed (MediaDriverLostError: its media driver is gone).
         """
         if self._closed:
             self._check_open()
@@ -788,6 +842,8 @@ class ClusterClient:
             result = self.publication.offer(b"".join((self._header, payload)))
         if result > 0:
             self._last_ingress_ns = time.monotonic_ns()
+        elif result == CLOSED:
+            self._check_aeron()
         return result
 
     def offer_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> int:
@@ -796,6 +852,8 @@ class ClusterClient:
         result = self.publication.offer(b"".join((self._header, *parts)))
         if result > 0:
             self._last_ingress_ns = time.monotonic_ns()
+        elif result == CLOSED:
+            self._check_aeron()
         return result
 
     def try_claim(self, length: int) -> tuple[int, BufferClaim | None]:
@@ -812,6 +870,8 @@ class ClusterClient:
             claim = self._claim = BufferClaim(self.publication.log)
         result = self.publication.try_claim(SESSION_HEADER_LENGTH + length, claim)
         if result <= 0:
+            if result == CLOSED:
+                self._check_aeron()
             return result, None
         claim.buffer[:SESSION_HEADER_LENGTH] = self._header
         self._last_ingress_ns = time.monotonic_ns()
@@ -828,6 +888,8 @@ class ClusterClient:
                 raise ClusterClientError(
                     f"ingress publication reached its maximum position (term length {self.publication.term_buffer_length})"
                 )
+            if result == CLOSED:
+                self._check_aeron()
             if attempt + 1 < SEND_ATTEMPTS:
                 time.sleep(0)
         return False
@@ -867,14 +929,20 @@ class ClusterClient:
         Application messages go to ``on_message``; NewLeaderEvent switches the
         ingress; SessionEvent CLOSED closes the client.  Also sends the
         periodic keepalive.  Poll often: that is how leader changes are seen.
+        Returns 0 once the session is closed, but raises MediaDriverLostError
+        once its media driver is gone.
         """
         if self._closed:
+            if self._aeron_error is not None:
+                raise self._closed_error()
             return 0
         fragments = self.subscription.poll_session_runs(
             self._assembler.on_fragment, self._on_session_messages, fragment_limit
         )
         if self._closed:
             self._release()
+        elif fragments == 0 and self.subscription.is_closed:
+            self._check_aeron()  # (the Aeron client closed it)
         elif self.keepalive_interval_ns > 0:
             now_ns = time.monotonic_ns()
             if now_ns - self._last_ingress_ns >= self.keepalive_interval_ns:
@@ -1194,9 +1262,7 @@ class AsyncClusterClient:
             self._finish()
 
     def _finish(self) -> None:
-        error: BaseException = self._poll_error or ClusterSessionClosedError(
-            f"cluster session {self.client.cluster_session_id} is closed"
-        )
+        error: BaseException = self._poll_error or self.client._closed_error()
         while self._requests:
             future = self._requests.popleft()
             if not future.done():
@@ -1237,7 +1303,7 @@ class AsyncClusterClient:
     async def request(self, payload: bytes, timeout_s: float | None = None) -> bytes:
         """Send and await the next reply (same in-order contract as ``ClusterClient.request``)."""
         if self._poller is None or self._poller.done():
-            raise ClusterSessionClosedError(f"cluster session {self.client.cluster_session_id} is closed")
+            raise self.client._closed_error()
         timeout = self.client.message_timeout_ns / 1e9 if timeout_s is None else timeout_s
         future: asyncio.Future[bytes] = self._loop.create_future()
         self._requests.append(future)  # before sending: the reply cannot overtake it

@@ -36,6 +36,7 @@ from fulmar.consensus.snapshot import CONSENSUS_MODULE_SNAPSHOT_TYPE_ID, decode_
 from fulmar.consensus.snapshot_join import join_from_snapshot_if_purged
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.idle import DoorbellIdleStrategy
+from fulmar.orderly_stop import StopOutcome
 from fulmar.permissions import make_directory
 from fulmar.retry import RetryBackoff
 from fulmar.stop_signals import StopKind, StopSignalHandlers, StopSignals
@@ -355,8 +356,9 @@ def run_consensus_module(
     context: ConsensusModuleContext,
     on_ready: Callable[[ConsensusModule], None] | None = None,
     signals: StopSignals | None = None,
-) -> str:
-    """Launch, serve until terminated, close.  Returns why it stopped.
+) -> StopOutcome:
+    """Launch, serve until terminated, close.  Returns why it stopped, and
+    whether that was an orderly stop (once everything is closed).
 
     SIGTERM or SIGINT: SHUTDOWN, a snapshot and an orderly stop; repeated, or
     both together (a terminal's Ctrl-C, a service manager's SIGTERM to every
@@ -385,7 +387,7 @@ def run_consensus_module(
             if on_ready is not None:
                 on_ready(module)
             module.run()
-            return module.agent.termination_reason or "stopped"
         finally:
             running.clear()
             module.close()
+        return StopOutcome(module.agent.termination_reason or "stopped", module.agent.orderly_stop)

@@ -40,10 +40,15 @@ SENDER_BPE_TYPE_ID = 13  # fulmar.driver.counters: the transport client does not
 PUBLISHER_MESSAGES_TYPE_ID = 90
 LOCAL_SOCKADDR_TYPE_ID = 14
 CLIENT_HEARTBEAT_TYPE_ID = 11
+# A driver whose heartbeat is this old and whose process is gone will never
+# answer: said at once, not after the whole driver timeout.  (Both, so that a
+# driver in another pid namespace sharing the directory is not taken for dead.)
+_GONE_HEARTBEAT_AGE_MS = 1000
 
 
 class DriverTimeoutError(FulmarError):
-    """No live media driver: absent, or its heartbeat stopped."""
+    """No live media driver: absent, its heartbeat stopped, its process gone,
+    or another driver has taken its directory."""
 
 
 class ClientTimeoutError(FulmarError):
@@ -231,12 +236,25 @@ class ClientConductor:
         self._process_declared = True
 
     def _check_driver_alive(self) -> None:
+        """DriverTimeoutError unless the driver whose cnc.dat this client
+        mapped still serves it: its heartbeat is fresh, its process is there
+        and its directory holds that very cnc.dat, not a restarted driver's
+        new one.  A stat and at most a process lookup: each keepalive tick,
+        never per message."""
         age_ms = int(time.time() * 1000) - self.to_driver.consumer_heartbeat_time
+        directory = self.cnc.path.parent
         if age_ms > self.context.driver_timeout_ms:
             raise DriverTimeoutError(
-                f"media driver in {self.cnc.path.parent} is not alive: no heartbeat for {age_ms} ms "
+                f"media driver in {directory} is not alive: no heartbeat for {age_ms} ms "
                 f"(timeout {self.context.driver_timeout_ms} ms)"
             )
+        if self.cnc.mapped.is_replaced():
+            raise DriverTimeoutError(
+                f"the media driver (pid {self.cnc.pid}) in {directory} is gone: another driver has made a new "
+                f"{self.cnc.path.name} there (a restart)"
+            )
+        if age_ms > _GONE_HEARTBEAT_AGE_MS and not _process_running(self.cnc.pid):
+            raise DriverTimeoutError(f"the media driver (pid {self.cnc.pid}) in {directory} is gone")
 
     def _fail(self, error: BaseException) -> None:
         """The driver is gone or dropped us: everything this client held is
@@ -256,7 +274,10 @@ class ClientConductor:
         deadline = time.monotonic() + self.context.driver_timeout_ms / 1000
         while not self.to_driver.write(encoder.TEMPLATE_ID, memoryview(self._scratch)[:length]):
             if time.monotonic() > deadline:
-                raise DriverTimeoutError("the driver's command buffer stayed full for the driver timeout")
+                raise DriverTimeoutError(
+                    f"the command buffer of the media driver in {self.cnc.path.parent} stayed full for the "
+                    f"driver timeout ({self.context.driver_timeout_ms} ms)"
+                )
             time.sleep(0.0001)
         self.driver_doorbell.ring()
 
@@ -292,18 +313,14 @@ class ClientConductor:
                             f"no response from the driver to {kind} within {self.context.driver_timeout_ms} ms"
                         )
                     if now_ns >= next_liveness_check_ns:
-                        # A driver whose process is gone will never answer:
-                        # say so now rather than after the whole timeout.
+                        # A driver that is gone will never answer: say so now
+                        # rather than after the whole timeout.
                         next_liveness_check_ns = now_ns + 100_000_000
-                        # (and its heartbeat stale too: a driver in another
-                        # pid namespace sharing /dev/shm is not mistaken for dead)
-                        heartbeat_age_ms = int(time.time() * 1000) - self.to_driver.consumer_heartbeat_time
-                        if heartbeat_age_ms > 1000 and not psutil.pid_exists(self.cnc.pid):
-                            error = DriverTimeoutError(
-                                f"the media driver (pid {self.cnc.pid}) in {self.cnc.path.parent} is gone"
-                            )
+                        try:
+                            self._check_driver_alive()
+                        except DriverTimeoutError as error:
                             self._fail(error)
-                            raise error
+                            raise
                     if now_ns >= self._next_keepalive_ns:
                         self.do_work(now_ns)
         finally:
@@ -659,7 +676,12 @@ class ClientConductor:
 
     def _on_client_timeout(self, message: Any) -> None:
         if message.client_id == self.client_id:
-            self._fail(ClientTimeoutError(f"the driver timed out client {self.client_id}"))
+            self._fail(
+                ClientTimeoutError(
+                    f"the media driver in {self.cnc.path.parent} timed out client {self.client_id} "
+                    "(no keepalive within its client liveness timeout)"
+                )
+            )
 
     def _call_user(self, callback: Callable[..., None], *args: Any) -> None:
         try:
@@ -727,6 +749,16 @@ class ClientConductor:
                 os.close(self._driver_data_fd)
                 self._driver_data_fd = -1
             self.cnc.close()
+
+
+def _process_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # there, but not ours to look at
 
 
 _RESPONSE_HANDLERS: dict[int, Callable[[ClientConductor, Any], None]] = {
@@ -876,7 +908,16 @@ class Aeron:
 
     @property
     def is_closed(self) -> bool:
-        return self.conductor._closed
+        """Closed by ``close()``, or failed: the driver is gone (dead,
+        restarted, its heartbeat stopped) or timed this client out
+        (``terminal_error`` says which).  Either way nothing of it works any more."""
+        return self.conductor._closed or self.conductor._terminal_error is not None
+
+    @property
+    def terminal_error(self) -> BaseException | None:
+        """Why this client failed (a DriverTimeoutError or ClientTimeoutError
+        naming the driver's directory), or None while it works or after a plain close."""
+        return self.conductor._terminal_error
 
     def close(self) -> None:
         self._stop.set()

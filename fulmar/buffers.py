@@ -128,10 +128,13 @@ class MappedFile:
     is never left pinned by a stray memoryview.
     """
 
-    def __init__(self, path: Path, memory: mmap.mmap) -> None:
+    def __init__(self, path: Path, memory: mmap.mmap, identity: tuple[int, int]) -> None:
         self.path = path
         self._mmap = memory
         self._buffers: list[AtomicBuffer] = []
+        # (device, inode) of the file mapped: while mapped, no other file on
+        # that device has it, so a path naming another identity names another file.
+        self.identity = identity
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], length: int, mode: int | None = None) -> MappedFile:
@@ -149,9 +152,10 @@ class MappedFile:
         try:
             os.ftruncate(fd, length)
             memory = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            status = os.fstat(fd)
         finally:
             os.close(fd)
-        return cls(path, memory)
+        return cls(path, memory, (status.st_dev, status.st_ino))
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> MappedFile:
@@ -159,13 +163,14 @@ class MappedFile:
         path = Path(path)
         fd = os.open(path, os.O_RDWR)
         try:
-            length = os.fstat(fd).st_size
+            status = os.fstat(fd)
+            length = status.st_size
             if length == 0:
                 raise ValueError(f"{path} is empty")
             memory = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        return cls(path, memory)
+        return cls(path, memory, (status.st_dev, status.st_ino))
 
     @property
     def length(self) -> int:
@@ -174,6 +179,16 @@ class MappedFile:
     @property
     def closed(self) -> bool:
         return self._mmap.closed
+
+    def is_replaced(self) -> bool:
+        """Whether its path now names another file than the one mapped (one
+        stat: removed and made again, or renamed over).  A path that names no
+        file at all is not a replacement."""
+        try:
+            status = os.stat(self.path)
+        except OSError:
+            return False
+        return (status.st_dev, status.st_ino) != self.identity
 
     def buffer(self, offset: int = 0, length: int | None = None) -> AtomicBuffer:
         buf = AtomicBuffer(self._mmap, offset, length)

@@ -26,6 +26,7 @@ from fulmar.consensus.protocol import CLUSTERED_SERVICE_ERROR_COUNT_TYPE_ID
 from fulmar.consensus.mark_file import ClusterMarkFile
 from fulmar.errors import FulmarError
 from fulmar.idle import DoorbellIdleStrategy
+from fulmar.orderly_stop import OrderlyStop, StopCause, StopOutcome
 from fulmar.service.agent import ClusteredServiceAgent
 from fulmar.service.clustered_service import ClusteredService
 from fulmar.service.context import ServiceContext
@@ -74,6 +75,7 @@ class ServiceContainer:
         self.agent = agent
         self._stop = threading.Event()
         self._closed = False
+        self.orderly_stop: OrderlyStop | None = None  # set when its consensus module told it to stop
 
     @classmethod
     def launch(cls, context: ServiceContext, service: ClusteredService | None = None) -> ServiceContainer:
@@ -176,6 +178,7 @@ class ServiceContainer:
                     continue
                 idle.max_wait_ns = agent.idle_wait_ns(max_wait_ns)
             idle.idle(work)
+        self.orderly_stop = OrderlyStop(StopCause.MODULE_TERMINATION, agent.log_position)
         return f"terminated at log position {agent.log_position}"
 
     def close(self) -> None:
@@ -218,7 +221,9 @@ def run_service_container(
     context: ServiceContext,
     service: ClusteredService | None = None,
     on_ready: Callable[[ServiceContainer], None] | None = None,
-) -> str:
+) -> StopOutcome:
+    """Launch, serve until told to stop, close.  Returns why it stopped, and
+    whether that was an orderly stop (its module's termination)."""
     running: list[ServiceContainer] = []
 
     def on_stop(kind: StopKind | None, signum: int) -> None:
@@ -238,7 +243,8 @@ def run_service_container(
                 container.request_stop()
             if on_ready is not None:
                 on_ready(container)
-            return container.run()
+            reason = container.run()
         finally:
             running.clear()
             container.close()
+        return StopOutcome(reason, container.orderly_stop)

@@ -1,10 +1,13 @@
 """Services that fail on purpose (loaded by a test's service container
-through PYTHONPATH): b"boom" raises.  ``FailingService`` echoes anything
-else; ``FailingKeyValueService`` is the key-value sample otherwise;
+through PYTHONPATH): b"boom" raises, b"exit" exits the process with code 0
+(unasked: no orderly stop).  ``FailingService`` echoes anything else;
+``FailingKeyValueService`` is the key-value sample otherwise;
 ``FailsToStart`` and ``FailsToSnapshot`` raise in on_start and
 on_take_snapshot."""
 
 from __future__ import annotations
+
+import sys
 
 from fulmar.service.clustered_service import (
     ClientSession,
@@ -23,6 +26,8 @@ class FailingService(ClusteredService):
         payload = bytes(buffer[offset : offset + length])
         if payload == b"boom":
             raise RuntimeError("the service was asked to fail")
+        if payload == b"exit":
+            sys.exit(0)
         if session is not None:
             session.offer(payload)
 

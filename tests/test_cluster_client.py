@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_support import free_udp_port, wait_for
+from driver_support import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
-from fulmar.aeron import Aeron
+from fulmar.aeron import Aeron, DriverTimeoutError
+from fulmar.cnc import CncFile
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.consensus.client import (
@@ -33,12 +36,14 @@ from fulmar.consensus.client import (
     ClusterConnectError,
     ClusterSessionClosedError,
     ClusterTimeoutError,
+    MediaDriverLostError,
     parse_ingress_endpoints,
 )
 from fulmar.errors import CodecError
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.publication import Publication
+from fulmar.ring_buffer import ManyToOneRingBuffer
 
 IPC = "aeron:ipc?term-length=64k"
 INGRESS_STREAM = protocol.INGRESS_STREAM_ID
@@ -93,6 +98,8 @@ class FakeMember:
     process stopped while its driver holds its ingress), ``late`` (answers
     nothing until the client asks a second time, then opens a session for each
     request in order: a cluster slower than the client's attempt timeout).
+    Any other mode set once a session is open (``quiet``) reads its messages
+    and answers none.
     """
 
     def __init__(
@@ -892,3 +899,197 @@ def test_a_connect_that_is_never_answered_times_out_naming_its_attempts(aeron: A
         ipc_connect(aeron, message_timeout_ns=int(1.5 * CONNECT_ATTEMPT_TIMEOUT_NS))
     assert time.monotonic() - started < 1.5 * CONNECT_ATTEMPT_TIMEOUT_NS / 1e9 + 2
     assert len(member.connect_requests) == 2  # asked again after a back-off, not in a loop
+
+
+# ---------------------------------------------------------------------------- a client whose driver goes
+
+# A short driver timeout for the client, so that a dead driver is noticed
+# within it even by its heartbeat alone.
+DRIVER_TIMEOUT_MS = 1000
+KEEPALIVE_INTERVAL_S = 0.5  # the Aeron client's liveness checks come with its keepalives
+# Noticed within the driver timeout and one check interval; a second for a loaded machine.
+NOTICED_WITHIN_S = DRIVER_TIMEOUT_MS / 1000 + KEEPALIVE_INTERVAL_S + 1.0
+
+# Every entry point of an open session: none may return a code to retry or 0
+# fragments once its driver is gone (a loop around it would spin forever).
+ENTRY_POINTS: dict[str, Callable[[ClusterClient], Any]] = {
+    "offer": lambda client: client.offer(b"x"),
+    "offer_parts": lambda client: client.offer_parts([b"x", b"y"]),
+    "try_claim": lambda client: client.try_claim(8),
+    "poll_egress": lambda client: client.poll_egress(),
+    "request": lambda client: client.request(b"x", timeout_s=5),
+    "send_keepalive": lambda client: client.send_keepalive(),
+    "send_admin_request_to_take_snapshot": lambda client: client.send_admin_request_to_take_snapshot(),
+}
+
+
+@pytest.fixture
+def client_driver_dir() -> Iterator[Path]:
+    """The directory of the client's own media driver (not the fake cluster's)."""
+    directory = new_driver_dir()
+    yield directory
+    remove_driver_dir(directory)
+
+
+def connect_over_udp(aeron: Aeron, port: int) -> ClusterClient:
+    return ClusterClient.connect(
+        aeron, ingress_channel=udp(port), egress_channel=EGRESS_UDP, message_timeout_ns=10_000_000_000
+    )
+
+
+def assert_every_call_raises(client: ClusterClient, directory: Path, first: str) -> None:
+    """``first``, then every other entry point, raises MediaDriverLostError
+    naming the driver's directory, at once (not after the request's timeout)."""
+    for name in [first, *(name for name in ENTRY_POINTS if name != first)]:
+        started = time.monotonic()
+        with pytest.raises(MediaDriverLostError) as raised:
+            ENTRY_POINTS[name](client)
+        assert str(directory) in str(raised.value), (name, str(raised.value))
+        assert isinstance(raised.value.__cause__, DriverTimeoutError), (name, raised.value.__cause__)
+        assert time.monotonic() - started < 1.0, name
+    assert client.is_closed
+    client.close()  # cleanup after the driver's death is quiet
+
+
+def test_a_client_whose_media_driver_is_killed_is_closed_and_every_call_raises(
+    start_driver: Any, cluster: FakeCluster, client_driver_dir: Path
+) -> None:
+    """One open session per entry point on one Aeron client, its driver
+    SIGKILLed: within the driver timeout each session is closed, and the
+    entry point called first on it (each path that notices the loss) raises
+    the driver's loss, naming its directory, as do all the others after it."""
+    port = free_udp_port()
+    leader = cluster.member(0, udp(port))
+    leader.listening.wait(10)
+    driver = start_driver(client_driver_dir)
+    errors: list[BaseException] = []
+    aeron = driver.connect(driver_timeout_ms=DRIVER_TIMEOUT_MS, error_handler=errors.append)
+    clients: dict[str, ClusterClient] = {}
+    try:
+        for name in ENTRY_POINTS:
+            clients[name] = connect_over_udp(aeron, port)
+            assert clients[name].request(b"alive", timeout_s=10) == b"alive"
+        assert not any(client.is_closed for client in clients.values())
+        driver.kill()
+        wait_for(lambda: all(client.is_closed for client in clients.values()), NOTICED_WITHIN_S, "every session closed")
+        # The Aeron client under them records why (what the sessions' errors name).
+        assert aeron.is_closed and isinstance(aeron.terminal_error, DriverTimeoutError)
+        assert str(client_driver_dir) in str(aeron.terminal_error)
+        for name, client in clients.items():
+            assert_every_call_raises(client, client_driver_dir, first=name)
+        assert [type(error) for error in errors] == [DriverTimeoutError]  # reported once
+    finally:
+        for client in clients.values():
+            client.close()
+        aeron.close()
+
+
+def wait_for_stale_heartbeat(directory: Path, age_ms: int) -> None:
+    with CncFile.open(directory) as cnc:
+        ring = ManyToOneRingBuffer(cnc.to_driver)
+        wait_for(lambda: time.time_ns() // 1_000_000 - ring.consumer_heartbeat_time > age_ms, 10, "a stale heartbeat")
+
+
+@pytest.mark.parametrize("how", ["killed and restarted", "stopped and replaced"])
+def test_a_client_whose_media_driver_is_replaced_by_a_new_one_is_closed(
+    start_driver: Any, cluster: FakeCluster, client_driver_dir: Path, how: str
+) -> None:
+    """A new driver in the old one's directory (a new cnc.dat): the client
+    is closed within one liveness check, though its driver timeout is the
+    default 10 s.  In "stopped and replaced" the old driver's process is
+    still there (SIGSTOPped, so its heartbeat stops and the new one may take
+    the directory): only the new cnc.dat tells the client its driver is gone."""
+    port = free_udp_port()
+    leader = cluster.member(0, udp(port))
+    leader.listening.wait(10)
+    old = start_driver(client_driver_dir)
+    aeron = old.connect(error_handler=lambda error: None)
+    assert aeron.context.driver_timeout_ms == 10_000
+    client = connect_over_udp(aeron, port)
+    try:
+        assert client.request(b"alive", timeout_s=10) == b"alive"
+        if how == "killed and restarted":
+            old.kill()
+        else:
+            old.process.send_signal(signal.SIGSTOP)
+            wait_for_stale_heartbeat(client_driver_dir, 600)  # beyond the new driver's liveness timeout
+        start_driver(client_driver_dir, client_liveness_timeout_ns=500_000_000)  # returns once it serves
+        wait_for(lambda: client.is_closed, KEEPALIVE_INTERVAL_S + 1.0, "the session closed")
+        error = aeron.terminal_error
+        assert isinstance(error, DriverTimeoutError)
+        if how == "stopped and replaced":
+            assert f"the media driver (pid {old.process.pid}) in {client_driver_dir} is gone" in str(error)
+            assert "another driver has made a new cnc.dat there" in str(error)
+        assert_every_call_raises(client, client_driver_dir, first="offer")
+    finally:
+        client.close()
+        aeron.close()
+        old.kill()  # (SIGKILL ends a stopped process too)
+
+
+def test_an_async_clients_pending_request_fails_when_its_media_driver_dies(
+    start_driver: Any, cluster: FakeCluster, client_driver_dir: Path
+) -> None:
+    port = free_udp_port()
+    leader = cluster.member(0, udp(port))
+    leader.listening.wait(10)
+    driver = start_driver(client_driver_dir)
+    aeron = driver.connect(driver_timeout_ms=DRIVER_TIMEOUT_MS, error_handler=lambda error: None)
+    lost = re.escape(str(client_driver_dir))
+
+    async def main() -> None:
+        client = await AsyncClusterClient.connect(
+            aeron, ingress_channel=udp(port), egress_channel=EGRESS_UDP, message_timeout_ns=10_000_000_000
+        )
+        try:
+            assert await client.request(b"alive", timeout_s=10) == b"alive"
+            leader.mode = "quiet"  # the next request is read, and never answered
+            pending = asyncio.ensure_future(client.request(b"pending", timeout_s=30))
+            deadline = time.monotonic() + 10
+            while not any(payload == b"pending" for _, _, payload in leader.messages):
+                assert time.monotonic() < deadline, "the request did not reach the cluster"
+                await asyncio.sleep(0.005)
+            assert not pending.done()
+            driver.kill()
+            with pytest.raises(MediaDriverLostError, match=lost):
+                await asyncio.wait_for(pending, NOTICED_WITHIN_S)
+            assert client.is_closed
+            with pytest.raises(MediaDriverLostError, match=lost):
+                await client.request(b"after")
+            with pytest.raises(MediaDriverLostError, match=lost):
+                await client.send(b"after")
+            assert [message async for message in client.messages()] == []  # the iterator ends
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        aeron.close()
+
+
+def test_a_connect_whose_media_driver_dies_fails_at_once(
+    start_driver: Any, cluster: FakeCluster, client_driver_dir: Path
+) -> None:
+    """The cluster never answers and the client's driver dies meanwhile: the
+    connect says so within the driver timeout, not after its own 10 s."""
+    port = free_udp_port()
+    member = cluster.member(0, udp(port), "silent")
+    member.listening.wait(10)
+    driver = start_driver(client_driver_dir)
+    aeron = driver.connect(driver_timeout_ms=DRIVER_TIMEOUT_MS, error_handler=lambda error: None)
+
+    def kill_once_asked() -> None:
+        wait_for(lambda: member.connect_requests, 10, "the connect request")
+        driver.kill()
+
+    killer = threading.Thread(target=kill_once_asked)
+    killer.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(MediaDriverLostError, match=re.escape(str(client_driver_dir))):
+            connect_over_udp(aeron, port)
+        assert time.monotonic() - started < NOTICED_WITHIN_S + 1.0  # (the connect request's own way there)
+    finally:
+        killer.join(20)
+        aeron.close()

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from driver_support import free_udp_port, wait_for
 
 from fulmar.aeron import Aeron
-from fulmar.cli import cluster_node, supervisor
+from fulmar.cli import cluster_node, cluster_tool, supervisor
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
 
@@ -378,6 +378,217 @@ def test_a_signal_to_every_process_of_a_three_member_cluster_stops_each_member_i
                 text = (logs / f"{name}.log").read_text()
                 for trouble in ("is gone", "went away", "Traceback", "Error"):
                     assert trouble not in text, f"{name}.log of member {member_id}:\n{text[-2000:]}"
+        assert not any(directory.exists() for directory in driver_dirs)
+    finally:
+        for directory in driver_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- a stop by the cluster
+
+# The one line a supervisor says when the cluster stopped its node (not a signal to the supervisor).
+STOPPED_BY = re.compile(r"^(?:\[node \d+\] )?node (\d+) stopped by (.+) at log position (\d+)$", re.M)
+
+
+def tool(*args: str) -> Any:
+    return CliRunner().invoke(cluster_tool.main, ["cluster", *args])
+
+
+def latest_snapshot_position(cluster_dir: Path, service_id: int) -> int | None:
+    with RecordingLog.open(cluster_dir, create=False) as recording_log:
+        snapshot = recording_log.get_latest_snapshot(service_id)
+    return None if snapshot is None else snapshot.log_position
+
+
+@pytest.mark.parametrize(
+    "how, cause",
+    [
+        ("shutdown", "cluster shutdown"),
+        ("abort", "cluster abort"),
+        ("sigterm to the module", "a stop signal to its consensus module"),
+    ],
+)
+def test_a_stop_by_the_cluster_or_its_module_is_an_orderly_stop(
+    start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, how: str, cause: str
+) -> None:
+    """cluster-tool shutdown or abort, or a SIGTERM to the consensus module
+    alone: the module and the service stop by themselves, in order.  The
+    supervisor says so once, with the position, stops the archive and the
+    driver, and exits 0: exit 1 ("a process died") would make a service
+    manager's Restart=on-failure start the node its operator stopped."""
+    config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port())
+    node = start_node("--config", str(config)).wait_ready()
+    talk(node)
+    if how == "sigterm to the module":
+        node.children["consensus"].send_signal(signal.SIGTERM)
+    else:
+        result = tool(how, "--dir", str(tmp_path / "node0"), "--timeout", str(STOP_S))
+        assert result.exit_code == 0, result.output
+    assert node.wait() == supervisor.EXIT_OK, node.stdout + node.stderr
+    out, err = node.stdout, node.stderr
+    lines = STOPPED_BY.findall(out)
+    assert len(lines) == 1 and lines[0][:2] == ("0", cause), out  # said once, with the cause
+    position = int(lines[0][2])
+    assert "died" not in err and "not cleanly" not in err, err
+    # The position is the module's own: where it stopped the service.
+    logs = tmp_path / "node0" / "logs"
+    assert f"at log position {position}" in (logs / "consensus.log").read_text()
+    assert f"service 0 stopped: terminated at log position {position}" in (logs / "service0.log").read_text()
+    # A SHUTDOWN (the signal's too) stops where it snapshotted; an ABORT takes no snapshot.
+    cluster_dir = tmp_path / "node0" / "cluster"
+    expected_snapshot = None if how == "abort" else position
+    assert latest_snapshot_position(cluster_dir, -1) == expected_snapshot
+    assert latest_snapshot_position(cluster_dir, 0) == expected_snapshot
+    # The archive and the driver were stopped after the module, in order, and the line said last.
+    order = [
+        out.index(f"{name} (pid {node.children[key].pid}) exited with code 0")
+        for name, key in (("consensus module", "consensus"), ("archive", "archive"), ("media driver", "driver"))
+    ]
+    assert order == sorted(order) and order[-1] < out.index(f"node 0 stopped by {cause}"), out
+    assert all_gone(list(node.children.values()))
+    assert not driver_dir.exists()
+
+
+def test_a_service_that_exits_with_code_0_unasked_has_died(
+    start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit code 0 is not an orderly stop by itself: a service whose own
+    code called sys.exit(0) was told to stop by nobody, and the node cannot
+    serve without it.  (What an orderly stop adds, the process's own report,
+    is what tells the two apart.)"""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # failing_service, for every process
+    config = write_config(
+        tmp_path / "node.toml", driver_dir, free_udp_port(), service={"service": "failing_service:FailingService"}
+    )
+    node = start_node("--config", str(config)).wait_ready()
+    service = node.children["service0"]
+    with Aeron.connect(node.driver_dir) as aeron:
+        client = ClusterClient.connect(
+            aeron, node.ingress, egress_channel="aeron:udp?endpoint=127.0.0.1:0", message_timeout_ns=20_000_000_000
+        )
+        try:
+            wait_for(lambda: client.offer(b"exit") > 0, 20, "the ingress to take the message")
+            assert node.wait() == supervisor.EXIT_FAILURE, node.stdout + node.stderr
+        finally:
+            client.close()
+    err = node.stderr
+    assert f"service 0 (pid {service.pid}) died: exited with code 0" in err, err
+    assert not STOPPED_BY.search(node.stdout), node.stdout
+    assert "stopping the rest of node 0 in order" in node.stdout
+    assert all_gone(list(node.children.values()))
+
+
+def cluster_members(base: Path) -> list[dict[str, Any]] | None:
+    """cluster-tool list-members of the nodes under ``base`` (None unless every one runs)."""
+    result = tool("list-members", "--dir", str(base), "--json")
+    return json.loads(result.stdout)["nodes"] if result.exit_code == 0 else None
+
+
+def steady_three_member_cluster(base: Path) -> bool:
+    """One leader, every member's module ACTIVE in the same term at the same
+    commit position: each follower is out of its election and answers the
+    leader's termination."""
+    nodes = cluster_members(base)
+    return (
+        nodes is not None
+        and len(nodes) == 3
+        and sum(1 for n in nodes if n["leader"]) == 1
+        and all(n["module_state_name"] == "ACTIVE" for n in nodes)
+        and len({(n["leadership_term_id"], n["commit_position"]) for n in nodes}) == 1
+    )
+
+
+def shutdown_and_check(base: Path, supervisors: list[Node], stdout: Callable[[], str], member_ids: list[int]) -> int:
+    """cluster-tool shutdown through the base; every supervisor exits 0 and
+    each member still running is said to have stopped once, by the cluster
+    shutdown, all at one log position (where each of them snapshotted): that
+    position."""
+    result = tool("shutdown", "--dir", str(base), "--timeout", str(STOP_S))
+    assert result.exit_code == 0, result.output
+    for node in supervisors:
+        assert node.wait() == supervisor.EXIT_OK, node.stdout + node.stderr
+        assert "died" not in node.stderr and "not cleanly" not in node.stderr, node.stderr
+    lines = STOPPED_BY.findall(stdout())
+    assert sorted(int(member) for member, _, _ in lines) == member_ids, stdout()  # each once
+    assert {cause for _, cause, _ in lines} == {"cluster shutdown"}, lines
+    positions = {int(position) for _, _, position in lines}
+    assert len(positions) == 1, lines  # the cluster stops at one position
+    position = positions.pop()
+    for member in member_ids:
+        cluster_dir = base / f"node{member}" / "cluster"
+        assert latest_snapshot_position(cluster_dir, -1) == position, member
+        assert latest_snapshot_position(cluster_dir, 0) == position, member
+    return position
+
+
+def test_a_cluster_shutdown_stops_every_member_and_every_supervisor_exits_0(
+    start_node: Callable[..., Node], tmp_path: Path
+) -> None:
+    """cluster-tool shutdown of a three-member cluster, run first by one
+    ``start --local 3`` and then by a ``start --config`` per member (each
+    from the node.toml the first run wrote): both kinds of supervisor exit 0,
+    each member said once to have stopped by the cluster shutdown at the log
+    position where every member took its snapshot.  In between, a SIGTERM to
+    one follower's consensus module alone stops that member in order (its
+    service leaves once it sees its module gone): its supervisor exits 0 too."""
+    base = tmp_path / f"local-{uuid.uuid4().hex[:6]}"
+    local = start_node(
+        "--local",
+        "3",
+        "--dir",
+        str(base),
+        "--service",
+        KV,
+        "--consensus-startup-canvass-timeout",
+        "2s",
+        "--consensus-election-timeout",
+        "500ms",
+        "--consensus-election-status-interval",
+        "50ms",
+    )
+    driver_dirs: list[Path] = []
+    try:
+
+        def ready() -> bool:
+            if local.process.poll() is not None:
+                raise AssertionError(f"exited with {local.process.returncode}:\n{local.stdout}\n{local.stderr}")
+            return "local cluster ready" in local.stdout
+
+        wait_for(ready, START_S, "every member to be ready")
+        driver_dirs = [Path(match.group(3)) for match in READY.finditer(local.stdout)]
+        children = psutil.Process(local.process.pid).children()
+        local.children.update({f"child {child.pid}": child for child in children})  # reaped whatever happens
+        wait_for(lambda: steady_three_member_cluster(base), START_S, "a steady leader and two followers")
+        first = shutdown_and_check(base, [local], lambda: local.stdout, [0, 1, 2])
+        assert "local cluster stopped: every node stopped in order by the cluster" in local.stdout, local.stdout
+        assert all_gone(children)
+        assert not any(directory.exists() for directory in driver_dirs)
+
+        members = [start_node("--config", str(base / f"node{i}" / "node.toml")) for i in range(3)]
+        for member in members:
+            member.wait_ready()
+        wait_for(lambda: steady_three_member_cluster(base), START_S, "a steady leader and two followers again")
+        nodes = cluster_members(base)
+        assert nodes is not None
+        follower = next(node["member_id"] for node in nodes if not node["leader"])
+        signalled = members[follower]
+        signalled.children["consensus"].send_signal(signal.SIGTERM)
+        assert signalled.wait() == supervisor.EXIT_OK, signalled.stdout + signalled.stderr
+        lines = STOPPED_BY.findall(signalled.stdout)
+        assert [line[:2] for line in lines] == [(str(follower), "a stop signal to its consensus module")], lines
+        assert "died" not in signalled.stderr, signalled.stderr
+        assert f"service 0 (pid {signalled.children['service0'].pid}) exited with code 0" in signalled.stdout
+
+        others = [member for i, member in enumerate(members) if i != follower]
+        second = shutdown_and_check(
+            base,
+            others,
+            lambda: "".join(member.stdout for member in others),
+            [i for i in range(3) if i != follower],
+        )
+        assert second > first  # each member went on from its snapshot: the log continued
+        for member in members:
+            assert all_gone(list(member.children.values()))
         assert not any(directory.exists() for directory in driver_dirs)
     finally:
         for directory in driver_dirs:

@@ -260,6 +260,10 @@ def test_sigkilled_driver_makes_clients_raise_driver_timeout(start_driver) -> No
         with pytest.raises(DriverTimeoutError):
             aeron.add_subscription(CHANNEL, STREAM)
         assert publication.is_closed
+        # The client itself is closed, saying why and where: what its users
+        # (a ClusterClient, an agent's duty cycle) check, without a syscall.
+        assert aeron.is_closed and aeron.terminal_error is errors[0]
+        assert str(driver.directory) in str(aeron.terminal_error)
     finally:
         aeron.close()
     # A new driver reclaims the dead one's directory.
