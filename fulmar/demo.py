@@ -18,7 +18,10 @@
 4. The node is started again on its own (``cluster-node start --config``): it
    replays its log, catches up from the leader and rejoins as a follower.
    Every key is read back and checked against the model.
-5. SIGTERM stops every node in order.
+5. SIGTERM stops every node in order; ``cluster-tool verify-log`` checks the
+   three members' recorded logs (each term's NewLeadershipTermEvent carries
+   that term, terms rise along the log, the recording logs match, the members
+   agree on the committed prefix).
 6. Spark (local mode) reads the three members' recorded logs through the
    ``fulmar-log`` data source: the ``cluster-tool analyze`` report (messages
    per leadership term, per session, per second...), and member 0's log
@@ -275,6 +278,22 @@ class Workload:
         raise AssertionError("unreachable")
 
 
+def verify_logs(base: Path) -> None:
+    """``cluster-tool verify-log`` over the stopped cluster: what it checked,
+    and the demo fails on any violation."""
+    say(f"the recorded logs: cluster-tool verify-log --dir {base}")
+    result = subprocess.run(
+        [sys.executable, "-m", "fulmar.cli.cluster_tool", "verify-log", "--dir", str(base)],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+    )
+    for line in (result.stdout + result.stderr).splitlines():
+        say(f"  verify-log | {line}")
+    if result.returncode != 0:
+        raise SystemExit(f"verify-log found the recorded logs wrong (exit {result.returncode})")
+
+
 def analyse_logs(base: Path, model: dict[str, Any]) -> None:
     """Step 6: the members' recorded logs in Spark (local mode): the analysis
     ``cluster-tool analyze`` runs, and the log replayed through the service's
@@ -497,6 +516,7 @@ def main() -> None:
             f"stopped: exit codes {codes[0]} (the cluster supervisor: a node had failed), {codes[1]} (node "
             f"{old_leader}), {codes[2]} (client driver)"
         )
+        verify_logs(base)
         analyse_logs(base, model)
     except BaseException as error:
         for log_path in sorted(base.glob("node*/logs/consensus.log")):  # before they are removed
