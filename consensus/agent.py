@@ -427,6 +427,7 @@ class ConsensusModuleAgent:
         self.node_control_toggle.set(ControlToggle.NEUTRAL)
         self.consensus_publisher: ConsensusPublisher | None = None
         self.consensus_adapter: ConsensusAdapter | None = None
+        self._consensus_subscription: Subscription | None = None  # (stream 108: several members, or a named one)
         self.election: Any
         self.election_count_counter.increment()
         if self.is_multi_member:
@@ -553,10 +554,11 @@ class ConsensusModuleAgent:
             and (self.election is not None or image.position < min(self.notified_commit_position, self.append_position))
         ):
             return True
+        consensus = self._consensus_subscription
         if (
-            self.consensus_adapter is not None
+            consensus is not None
             and (not self.is_multi_member or (self._leader_commit_armed_for is None and not follower_commit_armed))
-            and self._consensus_subscription.is_data_available()
+            and consensus.is_data_available()
         ):
             return True
         if self.aeron.conductor.has_driver_news():
@@ -2385,9 +2387,11 @@ class ConsensusModuleAgent:
             )
         try:
             thread.arm(
-                # (A single member has no consensus stream, no followers, and
-                # no term rule: all it records is committed.)
-                self._consensus_subscription.images if self.is_multi_member else (),
+                # (A single member has no followers on its consensus stream,
+                # and no term rule: all it records is committed.)
+                self._consensus_subscription.images
+                if self.is_multi_member and self._consensus_subscription is not None
+                else (),
                 followers,
                 leadership_term_id=self.leadership_term_id,
                 leader_member_id=self.member_id,
@@ -2598,6 +2602,7 @@ class ConsensusModuleAgent:
         if key == self._follower_commit_refused_for:
             return False
         try:
+            assert self._consensus_subscription is not None  # (a follower is one of several)
             thread.arm_follower(
                 self._consensus_subscription.images,
                 image,
