@@ -279,6 +279,19 @@ class ClusterBackupAgent:
         work += self.consensus_subscription.poll(self._on_fragment, 10)
         state = self.state
         try:
+            if self._live_log_counter_id != NULL_VALUE and not self._live_log_counter_alive():
+                # In every state, as Aeron resets when the counter becomes
+                # unavailable: a backup querying at its interval keeps the
+                # recording it follows, and an answer from the same leader
+                # would otherwise have it wait for that recording's counter
+                # for good (the whole cluster went down while it queried).
+                self.log_event(
+                    f"the live log recording {self.live_log_recording_id} stopped "
+                    f"at {self.live_log_position_counter.get()} in {state.name}: starting over"
+                )
+                self._live_log_counter_id = NULL_VALUE
+                self._set_state(ClusterBackupState.RESET_BACKUP)
+                return work + 1
             if state is ClusterBackupState.BACKUP_QUERY:
                 work += self._backup_query()
             elif state is ClusterBackupState.SNAPSHOT_RETRIEVE:
@@ -762,16 +775,8 @@ class ClusterBackupAgent:
             self._set_state(ClusterBackupState.BACKUP_QUERY)
             work += 1
         if self._live_log_counter_id != NULL_VALUE:
-            reader = self.aeron.counters_reader
-            if not self._live_log_counter_alive():
-                self.log_event(
-                    f"the live log recording {self.live_log_recording_id} stopped "
-                    f"at {self.live_log_position_counter.get()}: starting over"
-                )
-                self._live_log_counter_id = NULL_VALUE
-                self._set_state(ClusterBackupState.RESET_BACKUP)
-                return work + 1
-            position = reader.counter_value(self._live_log_counter_id)
+            # (do_work found it alive this cycle.)
+            position = self.aeron.counters_reader.counter_value(self._live_log_counter_id)
             if position > self.live_log_position_counter.get():
                 self.live_log_position_counter.set(position)
                 work += 1

@@ -86,10 +86,15 @@ class Backup:
             self.close()
             raise
 
-    def counter(self, type_id: int) -> int:
+    def counters(self, type_id: int) -> list[int]:
+        """The values of the counters of ``type_id`` on the backup's driver
+        (its own and its archive's)."""
         with CncFile.open(self.driver_dir) as cnc:
             reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
-            values = [reader.counter_value(c.counter_id) for c in reader if c.type_id == type_id]
+            return [reader.counter_value(c.counter_id) for c in reader if c.type_id == type_id]
+
+    def counter(self, type_id: int) -> int:
+        values = self.counters(type_id)
         assert len(values) == 1, f"{len(values)} backup counters of type {type_id}"
         return values[0]
 

@@ -388,13 +388,15 @@ class LocalCluster:
         """(Re)start one process of ``member`` and wait until it is ready."""
         return self.launch(member, kind, extra_args).wait_ready(self.ready_timeout_s)
 
-    def start(self) -> LocalCluster:
-        """Start every process that is not running, one kind at a time across
-        the members (every driver, then every archive, ...): a consensus
-        module may wait for the other members before it says it is ready, so
-        no member's is awaited before the others are launched."""
+    def start(self, members: Sequence[int] | None = None) -> LocalCluster:
+        """Start every process that is not running (of ``members``, or of every
+        member), one kind at a time across the members (every driver, then
+        every archive, ...): a consensus module may wait for the other members
+        before it says it is ready, so no member's is awaited before the
+        others are launched."""
+        chosen = range(self.size) if members is None else members
         for kind in KINDS:
-            launched = [self.launch(member, kind) for member in range(self.size) if not self.is_running(member, kind)]
+            launched = [self.launch(member, kind) for member in chosen if not self.is_running(member, kind)]
             for process in launched:
                 process.wait_ready(self.ready_timeout_s)
         return self

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from backup_support import Backup, backup_log
 from cluster_support import LocalCluster
 from driver_support import wait_for
+from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
 from fulmar.cli import cluster_commands, cluster_node
 from fulmar.consensus.backup import (
     CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID,
@@ -94,6 +95,75 @@ def test_the_backup_follows_the_log_through_a_failover_and_holds_the_members_log
         assert terms and terms[-1].leadership_term_id == member_view(cluster, new_leader).leadership_term_id
         # It followed the new leader's log after the failover (and the old one's before).
         assert f"member {new_leader} replays its log recording" in backup.output(), backup.output()
+    finally:
+        if backup is not None:
+            backup.close()
+
+
+def test_the_backup_follows_the_log_again_when_the_cluster_comes_back_with_the_same_leader(
+    cluster: LocalCluster,
+) -> None:
+    """The whole cluster goes down while the backup follows the leader's log.
+    Its next query goes unanswered (BACKUP_QUERY), and while it waits there
+    its live log recording ends (the replay's image times out in the backup's
+    driver).  The cluster comes back with the same member leading: its answer
+    must not be taken for the log the backup no longer records.  The backup
+    starts over and follows the log again (it waited in LIVE_LOG_REPLAY for
+    the stopped recording for good: chaos seed 1961992242, restart-all)."""
+    workload = CounterWorkload(cluster).start()
+    backup: Backup | None = None
+    try:
+        workload.wait_for_acks(100, 30)
+        backup = Backup(cluster)
+        wait_for(
+            lambda: backup.counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID) == ClusterBackupState.BACKING_UP,
+            30,
+            f"the backup to be BACKING_UP: {backup.output()[-2000:]}",
+        )
+        leader = wait_for_leader(cluster, 30).member
+        behind, other = [m for m in range(cluster.size) if m != leader]
+        # This follower's log ends here: beside it, only the leader can lead
+        # again when the cluster comes back.
+        cluster.kill_member(behind)
+        workload.wait_for_acks(100, 30)
+    finally:
+        workload.stop()
+    try:
+        assert backup is not None
+        for member in (leader, other):
+            cluster.kill_member(member)
+        # The backup queries (unanswered) while it still records the live
+        # log, then the recording ends: the image of the replay times out.
+        wait_for(
+            lambda: (
+                backup.counter(protocol.CLUSTER_BACKUP_STATE_TYPE_ID) == ClusterBackupState.BACKUP_QUERY
+                and len(backup.counters(RECORDING_POSITION_TYPE_ID)) == 1
+            ),
+            10,
+            f"the backup to query while it records the live log: {backup.output()[-2000:]}",
+        )
+        wait_for(
+            lambda: not backup.counters(RECORDING_POSITION_TYPE_ID),
+            30,
+            f"the backup's live log recording to stop: {backup.output()[-2000:]}",
+        )
+        cluster.start([leader, behind])
+        assert wait_for_leader(cluster, 30).member == leader
+        cluster.start([other])
+        workload = CounterWorkload(cluster).start()
+        try:
+            workload.wait_for_acks(100, 60)
+        finally:
+            workload.stop()
+        position = member_view(cluster, leader).commit_position
+        assert position is not None
+        wait_for_commit(cluster, list(range(cluster.size)), position, 30)
+        wait_for(
+            lambda: backup.counter(CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID) >= position,
+            30,
+            f"the backup's live log to reach {position}: {backup.output()[-3000:]}",
+        )
+        assert backup_log(backup, position) == log_frames(cluster, leader, position)
     finally:
         if backup is not None:
             backup.close()
