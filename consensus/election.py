@@ -1151,6 +1151,13 @@ class Election:
         if self.state_value in _LEADER_STATES:
             if leadership_term_id > self.leadership_term_id:
                 self.state(ElectionState.CANVASS, self.now_ns, "a member is in a newer term")
+            elif log_leadership_term_id > self.leadership_term_id and self.state_value in (
+                ElectionState.LEADER_LOG_REPLICATION,
+                ElectionState.LEADER_READY,
+            ):
+                # Its log holds a term newer than this leader's (Aeron: "potential
+                # new election in progress"): this leader cannot give it a log.
+                self.state(ElectionState.CANVASS, self.now_ns, "a member's log is in a newer term")
             else:
                 member.new_leadership_term_due = True
 

@@ -1569,3 +1569,14 @@ def test_a_leader_that_closed_in_order_counts_again_once_heard() -> None:
     election.on_vote(1, 0, 1024, 0, 1, True)
     election.do_work(election.nomination_deadline_ns + 1)
     assert election.state_value == ElectionState.CANDIDATE_BALLOT  # member 2's vote is awaited again
+
+
+def test_a_leader_in_its_election_gives_way_to_a_member_whose_log_is_in_a_newer_term() -> None:
+    """Aeron's onCanvassPosition: in LEADER_LOG_REPLICATION (or LEADER_READY)
+    a canvass from a member whose log's last term is newer than this leader's
+    term means another election is under way: this leader canvasses again."""
+    election, host, publisher = _leading_in_election()
+    election.on_canvass_position(1, 4096, 0, 2, 0)  # member 2's log is in term 1, its leadership term 0
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION  # (term 1 is this leader's own)
+    election.on_canvass_position(2, 4096, 0, 2, 0)
+    assert election.state_value == ElectionState.CANVASS
