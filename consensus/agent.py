@@ -2152,7 +2152,7 @@ class ConsensusModuleAgent:
             error_handler=lambda text: self._error(f"consensus stream: {text}"),
         )
 
-    def new_election(self, is_startup: bool) -> Any:
+    def new_election(self, is_startup: bool, graceful_closed_leader_id: int = NULL_MEMBER_ID) -> Any:
         from fulmar.consensus.election import Election, ElectionTimeouts
 
         context = self.context
@@ -2181,6 +2181,7 @@ class ConsensusModuleAgent:
             candidate_term_id=candidate_term_id,
             app_version=context.app_version,
             state_counter=self.election_state_counter,
+            graceful_closed_leader_id=graceful_closed_leader_id,
         )
 
     def _start_commit_thread(self) -> bool:
@@ -2191,7 +2192,10 @@ class ConsensusModuleAgent:
             return False
         return True
 
-    def start_election(self, reason: str) -> None:
+    def start_election(self, reason: str, graceful_closed_leader_id: int = NULL_MEMBER_ID) -> None:
+        """A new election.  ``graceful_closed_leader_id``: the leader whose log
+        ended in order (its end of stream): the election does not wait for it
+        (Aeron's gracefulClosedLeaderId)."""
         self._halt_append_position_sender()
         self._halt_leader_commit()
         self.halt_follower_commit()
@@ -2201,7 +2205,7 @@ class ConsensusModuleAgent:
             f"{'leader' if self.role is ClusterRole.LEADER else 'follower'})"
         )
         self.election_count_counter.increment()
-        self.election = MemberElection(self, is_startup=False)
+        self.election = MemberElection(self, is_startup=False, graceful_closed_leader_id=graceful_closed_leader_id)
 
     def _multi_member_election_work(self, now_ns: int) -> int:
         election = self.election
@@ -2549,23 +2553,29 @@ class ConsensusModuleAgent:
         applied = self._apply_follower_log(append_position) if self._follower_commit_armed_for is None else 0
         image = self._log_image
         if (
-            applied == 0
-            and image is not None
-            and image.is_closed
+            image is not None
             and self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED)
+            and ((applied == 0 and image.is_closed) or self._leader_log_ended(image, append_position))
         ):
             # As Aeron's follower: the leader's log went away under this member
             # (its image timed out or ended) while the leader itself may still
             # send heartbeats.  The archive recorded that image and no other, so
             # nothing after it would ever be recorded or committed here: only an
             # election (a catch-up from the leader and a new log image) brings
-            # this member back, rather than it serving stale forever.
+            # this member back, rather than it serving stale forever.  A log that
+            # ended with the leader's end of stream, all of it recorded, means the
+            # leader closed it in order (it stopped): the election need not wait
+            # for it (Aeron's gracefulClosedLeaderId).
+            end_of_stream = self._leader_log_ended(image, append_position)
             self._error(
-                f"log disconnected from leader: its image closed (log position "
-                f"{self.log_position}, commit position {self.commit_position}, term {self.leadership_term_id}, "
-                f"leader {self.leader_member_id})"
+                f"log disconnected from leader: {'its end of stream' if end_of_stream else 'its image closed'} "
+                f"(log position {self.log_position}, commit position {self.commit_position}, term "
+                f"{self.leadership_term_id}, leader {self.leader_member_id})"
             )
-            self.start_election("log disconnected from leader")
+            self.start_election(
+                f"log disconnected from leader (end of stream: {'yes' if end_of_stream else 'no'})",
+                self.leader_member_id if end_of_stream else NULL_MEMBER_ID,
+            )
             return 1
         work += applied + self._check_follower_snapshot() + self._check_follower_termination()
         work += self._poll_ingress_as_follower()
@@ -2575,6 +2585,13 @@ class ConsensusModuleAgent:
         if self._follower_commit_armed_for is None:
             self._arm_follower_commit()
         return work
+
+    @staticmethod
+    def _leader_log_ended(image: Image, append_position: int) -> bool:
+        """The leader closed its log publication in order: its end of stream
+        reached this image and the archive recorded everything before it
+        (Aeron's isLogEndOfStreamAt the recording's stop)."""
+        return append_position >= image.log.end_of_stream_position
 
     # ------------------------------------------------- a follower's commit thread
 
@@ -3764,9 +3781,16 @@ class MemberElection:
     first acknowledgement), then runs ``election.Election`` with this node as its
     host.  ``state`` is the election state (INIT until it runs)."""
 
-    def __init__(self, agent: ConsensusModuleAgent, is_startup: bool, not_before_ns: int = 0) -> None:
+    def __init__(
+        self,
+        agent: ConsensusModuleAgent,
+        is_startup: bool,
+        not_before_ns: int = 0,
+        graceful_closed_leader_id: int = NULL_MEMBER_ID,
+    ) -> None:
         self.agent = agent
         self.is_startup = is_startup
+        self.graceful_closed_leader_id = graceful_closed_leader_id
         self.election: Any = None
         self._ack_id = agent.next_ack_id() if is_startup else NULL_VALUE
         self._deadline_ns = 0
@@ -3779,7 +3803,7 @@ class MemberElection:
     def start_now(self) -> Any:
         """Begin at once (a peer's message that starts the election is handed to it)."""
         if self.election is None and self._ack_id == NULL_VALUE:
-            self.election = self.agent.new_election(self.is_startup)
+            self.election = self.agent.new_election(self.is_startup, self.graceful_closed_leader_id)
             self.election.do_work(self.agent.now_ns)
         return self.election
 
@@ -3802,5 +3826,5 @@ class MemberElection:
                         raise ClusterTerminationError("election INIT: timed out waiting for the services to start")
                     return 0
                 self._ack_id = NULL_VALUE
-            self.election = agent.new_election(self.is_startup)
+            self.election = agent.new_election(self.is_startup, self.graceful_closed_leader_id)
         return int(self.election.do_work(now_ns))

@@ -458,6 +458,7 @@ class Election:
         candidate_term_id: int = NULL_VALUE,
         app_version: int = 0,
         state_counter: StateCounter | None = None,
+        graceful_closed_leader_id: int = NULL_MEMBER_ID,
     ) -> None:
         if member_id not in members:
             raise ValueError(f"member {member_id} is not one of {list(members)}")
@@ -474,6 +475,11 @@ class Election:
         self.appointed_leader_id = appointed_leader_id
         self.app_version = app_version
         self.state_counter = state_counter
+        # A leader that closed its log in order (Aeron's gracefulClosedLeaderId):
+        # a unanimous view, or a unanimous vote, leaves it out, so the others
+        # need not wait out the heartbeat or election timeout for it; it counts
+        # again once it is heard (it came back).
+        self.graceful_closed_leader_id = graceful_closed_leader_id
 
         self.log_leadership_term_id = log_leadership_term_id
         self.append_position = log_position
@@ -891,8 +897,13 @@ class Election:
     # ------------------------------------------------------------------ helpers
 
     def _is_unanimous_candidate(self) -> bool:
+        """Every member canvassed and none has a better log (a leader that
+        closed in order aside, while that still leaves a quorum)."""
         me = self.members[self.member_id]
+        possible_votes = 0
         for member in self.members.values():
+            if member.member_id == self.graceful_closed_leader_id:
+                continue
             if not member.canvassed:
                 return False
             if (
@@ -902,7 +913,8 @@ class Election:
                 < 0
             ):
                 return False
-        return True
+            possible_votes += 1
+        return possible_votes >= self.quorum
 
     def _is_quorum_candidate(self) -> bool:
         me = self.members[self.member_id]
@@ -929,8 +941,12 @@ class Election:
         return 1
 
     def _is_unanimous_leader(self) -> bool:
-        """Every member voted for this candidate in its term."""
-        return all(m.candidate_term_id == self.candidate_term_id and m.vote is True for m in self.members.values())
+        """Every member voted for this candidate in its term (a leader that
+        closed in order aside, while that still leaves a quorum)."""
+        voters = [m for m in self.members.values() if m.member_id != self.graceful_closed_leader_id]
+        return len(voters) >= self.quorum and all(
+            m.candidate_term_id == self.candidate_term_id and m.vote is True for m in voters
+        )
 
     def _is_quorum_leader(self) -> bool:
         """A quorum voted for this candidate in its term and nobody against."""
@@ -1126,6 +1142,8 @@ class Election:
         member = self.members.get(follower_member_id)
         if member is None or follower_member_id == self.member_id or self.state_value == ElectionState.INIT:
             return
+        if follower_member_id == self.graceful_closed_leader_id:
+            self.graceful_closed_leader_id = NULL_MEMBER_ID  # it is back
         member.log_leadership_term_id = log_leadership_term_id
         member.log_position = log_position
         member.leadership_term_id = leadership_term_id
@@ -1133,6 +1151,13 @@ class Election:
         if self.state_value in _LEADER_STATES:
             if leadership_term_id > self.leadership_term_id:
                 self.state(ElectionState.CANVASS, self.now_ns, "a member is in a newer term")
+            elif log_leadership_term_id > self.leadership_term_id and self.state_value in (
+                ElectionState.LEADER_LOG_REPLICATION,
+                ElectionState.LEADER_READY,
+            ):
+                # Its log holds a term newer than this leader's (Aeron: "potential
+                # new election in progress"): this leader cannot give it a log.
+                self.state(ElectionState.CANVASS, self.now_ns, "a member's log is in a newer term")
             else:
                 member.new_leadership_term_due = True
 
@@ -1226,6 +1251,8 @@ class Election:
     ) -> None:
         if leader_member_id == self.member_id or leader_member_id not in self.members:
             return
+        if leader_member_id == self.graceful_closed_leader_id:
+            self.graceful_closed_leader_id = NULL_MEMBER_ID  # it is back
         now_ns = self.now_ns
         if self.state_value in _LEADER_STATES:
             if leadership_term_id > self.leadership_term_id:

@@ -1534,3 +1534,49 @@ def test_adapter_counts_bad_fragments_without_raising() -> None:
 @pytest.mark.parametrize("state", list(ElectionState))
 def test_every_state_has_a_method(state: ElectionState) -> None:
     assert callable(getattr(Election, state.name.lower()))
+
+
+def test_a_leader_that_closed_in_order_is_not_waited_for() -> None:
+    """Aeron's gracefulClosedLeaderId: the leader's log ended with its end of
+    stream (it stopped in order), so the other two need neither its canvass
+    nor its vote: one stands at once and leads on their two votes, instead of
+    waiting the heartbeat timeout from the leader's last word and then the
+    election timeout.  Heard again, it counts again."""
+    host = FakeHost([(0, 0)], append=1024)
+    host.last_leader_update_ns = 5 * S  # the leader spoke just now
+    election, host, publisher = make(host=host, graceful_closed_leader_id=2)
+    to_canvass(election, 5 * S)
+    election.on_canvass_position(0, 1024, 0, 1, 0)
+    election.do_work(5 * S + 1)
+    assert election.state_value == ElectionState.NOMINATE
+    election.do_work(election.nomination_deadline_ns)
+    assert election.state_value == ElectionState.CANDIDATE_BALLOT
+    election.on_vote(1, 0, 1024, 0, 1, True)
+    election.do_work(election.nomination_deadline_ns + 1)
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION
+
+
+def test_a_leader_that_closed_in_order_counts_again_once_heard() -> None:
+    host = FakeHost([(0, 0)], append=1024)
+    host.last_leader_update_ns = 5 * S
+    election, host, publisher = make(host=host, graceful_closed_leader_id=2)
+    to_canvass(election, 5 * S)
+    election.on_canvass_position(0, 512, 0, 2, 0)  # it restarted and canvasses
+    election.on_canvass_position(0, 1024, 0, 1, 0)
+    election.do_work(5 * S + 1)
+    assert election.state_value == ElectionState.NOMINATE  # all three canvassed: unanimous
+    election.do_work(election.nomination_deadline_ns)
+    election.on_vote(1, 0, 1024, 0, 1, True)
+    election.do_work(election.nomination_deadline_ns + 1)
+    assert election.state_value == ElectionState.CANDIDATE_BALLOT  # member 2's vote is awaited again
+
+
+def test_a_leader_in_its_election_gives_way_to_a_member_whose_log_is_in_a_newer_term() -> None:
+    """Aeron's onCanvassPosition: in LEADER_LOG_REPLICATION (or LEADER_READY)
+    a canvass from a member whose log's last term is newer than this leader's
+    term means another election is under way: this leader canvasses again."""
+    election, host, publisher = _leading_in_election()
+    election.on_canvass_position(1, 4096, 0, 2, 0)  # member 2's log is in term 1, its leadership term 0
+    assert election.state_value == ElectionState.LEADER_LOG_REPLICATION  # (term 1 is this leader's own)
+    election.on_canvass_position(2, 4096, 0, 2, 0)
+    assert election.state_value == ElectionState.CANVASS
