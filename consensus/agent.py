@@ -468,7 +468,9 @@ class ConsensusModuleAgent:
 
     def do_work(self, now_ns: int) -> int:
         self._now_ns = now_ns
-        self.duty_cycle_tracker.measure_and_update(now_ns)
+        # (The time since the last cycle began, less the sleep it meant to take.)
+        if self.duty_cycle_tracker.measure_and_update(now_ns) > self.context.leader_heartbeat_timeout_ns // 2:
+            self._after_standing_still(now_ns)
         work = 0
         if self._leader_ingress_armed:
             work += self.take_leader_ingress()
@@ -521,6 +523,19 @@ class ConsensusModuleAgent:
         if self.role is not ClusterRole.LEADER or self.election is not None:
             self._watch_own_recording(True)  # only a steady leader (or an armed follower) leaves it off
         return work
+
+    def _after_standing_still(self, now_ns: int) -> None:
+        """This process did not run for half a heartbeat timeout or more
+        (SIGSTOP, a stall): what the other members sent meanwhile waits unread
+        in its buffers, so their silence says nothing yet.  A leader gives its
+        followers, and a follower its leader, a timeout from now, rather than
+        start an election on that silence before reading it: the wait may hold
+        a newer leader's word, which this member then follows, where an
+        election of its own (on stale canvasses in the same backlog) would
+        depose the leader the others elected meanwhile."""
+        for follower in self._followers.values():
+            follower.time_of_last_append_position_ns = max(follower.time_of_last_append_position_ns, now_ns)
+        self._time_of_last_leader_message_ns = max(self._time_of_last_leader_message_ns, now_ns)
 
     def has_work(self) -> bool:
         """A cheap check before sleeping: is a message already waiting?"""

@@ -123,3 +123,32 @@ def test_a_cluster_of_one_hears_the_tools_but_no_member_on_its_consensus_stream(
         "consensus stream: a CommitPosition from member 2",
     ]
     assert listener.on_backup_query == agent.on_backup_query
+
+
+def test_a_leader_that_stood_still_reads_its_backlog_before_judging_its_followers() -> None:
+    """A leader whose process was stopped (SIGSTOP) longer than the heartbeat
+    timeout has its followers' messages unread in its buffers: the silence
+    is its own.  It gives them a timeout from when it runs again instead of
+    stepping down at once on 'inactive follower quorum' (and then standing on
+    stale canvasses from the same backlog, deposing the leader the others
+    elected meanwhile)."""
+    agent = new_agent(MEMBERS, member_id=0)
+    complete_election(agent, ClusterRole.LEADER, leader=0, term=0)
+    agent.aeron.conductor.has_driver_news = lambda: False  # type: ignore[attr-defined]
+    agent._slow_tick_deadline_ns = 1 << 62  # (its periodic work is not what this is about)
+    timeout_ns = agent.context.leader_heartbeat_timeout_ns
+    start = 1_000_000_000
+    for follower in agent._followers.values():
+        follower.time_of_last_append_position_ns = start
+    agent.do_work(start)
+    assert agent.election is None
+    resumed = start + 2 * timeout_ns  # stopped for two heartbeat timeouts
+    agent.do_work(resumed)
+    assert agent.election is None, "stepped down on its own silence"
+    assert all(f.time_of_last_append_position_ns == resumed for f in agent._followers.values())
+    # Running on (a cycle every 100 ms), still nothing from them a whole timeout later: they are gone.
+    now = resumed
+    while agent.election is None and now < resumed + 2 * timeout_ns:
+        now += 100_000_000
+        agent.do_work(now)
+    assert agent.election is not None and resumed + timeout_ns <= now <= resumed + timeout_ns + 100_000_000

@@ -61,6 +61,9 @@ class FakeCounter:
     def increment(self) -> None:
         self.value += 1
 
+    def propose_max(self, value: int) -> None:
+        self.value = max(self.value, int(value))
+
 
 class FakePublication:
     """Keeps what is offered: the leader's log, as decoded messages."""

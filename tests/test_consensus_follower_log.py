@@ -144,7 +144,8 @@ def test_a_follower_whose_log_image_closes_starts_an_election(follower: Any) -> 
     agent.host.is_log_joined = True
     agent.on_log_image(image)
     elections: list[str] = []
-    agent.start_election = elections.append  # type: ignore[method-assign]  # the decision, not a real election
+    # The decision, not a real election (a graceful leader's id aside).
+    agent.start_election = lambda reason, *graceful: elections.append(reason)  # type: ignore[method-assign]
 
     agent.state = ConsensusModuleState.ACTIVE  # a follower serving, its election over
     now_ns = agent._now_ns
@@ -155,7 +156,7 @@ def test_a_follower_whose_log_image_closes_starts_an_election(follower: Any) -> 
     subscription.close()
     assert image.is_closed
     assert agent._follower_work(now_ns) == 1
-    assert elections == ["log disconnected from leader"]
+    assert elections == ["log disconnected from leader (end of stream: no)"]
     assert agent.error_counter.get() == errors_before + 1  # counted, as Aeron's WARN is
 
 
