@@ -6,7 +6,7 @@ A local three-member cluster (``cluster-node start --local 3``) runs
 follows it.  A client sends N increments (1000 in flight), the cluster takes
 a snapshot, and 10,000 more increments follow it.  Once the backup holds the
 whole committed log, the backup and the cluster stop, and the cluster is
-restored twice by the README's procedure (every member's ``archive/`` and
+restored twice by the procedure of docs/backup-and-restore.md (every member's ``archive/`` and
 ``cluster/`` replaced by copies of the backup's, then ``cluster-node start
 --config`` on each):
 
@@ -118,7 +118,7 @@ def _stop_all(cluster: LocalCluster) -> None:
 
 
 def _restore(cluster: LocalCluster, backup_dir: Path, whole_log: bool) -> None:
-    """The README's procedure: each member's archive/ and cluster/ become copies of the backup's."""
+    """The restore procedure (docs/backup-and-restore.md): each member's archive/ and cluster/ become copies of the backup's."""
     for member in range(MEMBERS):
         node = cluster.base / f"node{member}"
         for name in ("archive", "cluster"):

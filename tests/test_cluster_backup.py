@@ -170,7 +170,7 @@ def test_the_backup_follows_the_log_again_when_the_cluster_comes_back_with_the_s
 
 
 def test_a_cluster_restored_from_the_backup_holds_every_acknowledged_write(cluster: LocalCluster) -> None:
-    """The restore procedure of the README: the backup is stopped, every member
+    """The restore procedure of docs/backup-and-restore.md: the backup is stopped, every member
     is killed and its archive and cluster directories deleted; each member gets
     a copy of the backup's archive and cluster directories and starts: it
     loads the snapshot, replays the log after it, and the cluster elects a
