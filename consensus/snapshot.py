@@ -61,6 +61,10 @@ class SnapshotWriter:
         self.recording_id = signal.recording_id
         self._buffer = bytearray(64 * 1024)
 
+    @property
+    def max_message_length(self) -> int:
+        return self.publication.max_message_length
+
     def offer(self, message: bytes | bytearray | memoryview) -> None:
         """Append one message, waiting out back pressure (bounded)."""
         deadline = time.monotonic() + SNAPSHOT_TIMEOUT_S

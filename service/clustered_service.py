@@ -113,6 +113,11 @@ class SnapshotImage(Protocol):
 class SnapshotPublication(Protocol):
     """Where ``on_take_snapshot`` writes its messages."""
 
+    @property
+    def max_message_length(self) -> int:
+        """The longest message ``offer`` takes: split a larger state across messages."""
+        ...
+
     def offer(self, message: bytes | bytearray | memoryview) -> None: ...
 
 
@@ -132,7 +137,14 @@ class ClusteredService(ABC):
         self, session: ClientSession | None, timestamp: int, buffer: memoryview, offset: int, length: int
     ) -> None:
         """A committed message: from a client session, or (``session`` None)
-        one the service offered to the cluster."""
+        one the service offered to the cluster.  The message is
+        ``buffer[offset : offset + length]``, a view of the log valid only
+        during the call.  The default hands a copy of it to ``on_message``."""
+        self.on_message(session, timestamp, bytes(buffer[offset : offset + length]))
+
+    def on_message(self, session: ClientSession | None, timestamp: int, payload: bytes) -> None:
+        """The plain form of ``on_session_message``: a service that does not
+        override that one gets each committed message here, as bytes of its own."""
 
     def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
         pass
