@@ -158,7 +158,7 @@ class ClientRecord:
         self.lowest_unanswered = lowest_unanswered
         sequences = self._sequences
         while sequences and sequences[0] < lowest_unanswered:
-            del self.replies[heapq.heappop(sequences)]
+            self.replies.pop(heapq.heappop(sequences), None)
 
 
 class ClientTable:
