@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fulmar.service.state_machine import StateMachine, command
+from fulmar import StateMachine, command
 from fulmar.service.clustered_service import ClientSession
 
 
@@ -62,27 +62,55 @@ class Journal(StateMachine):
     def read(self) -> dict[str, Any]:
         return {"entries": self.entries, "counter": self.counter}
 
+    @command
+    def refuse(self, why: str) -> None:
+        raise PermissionError(why)
+
+
+class _HeldReplies:
+    """The caller's session, but for the reply of a call that asked to hold it."""
+
+    def __init__(self, session: ClientSession, machine: ClosingJournal) -> None:
+        self.session = session
+        self.machine = machine
+
+    def offer(self, payload: bytes | bytearray | memoryview) -> int:
+        return 1 if self.machine.holding_reply else self.session.offer(payload)
+
 
 class ClosingJournal(Journal):
     """``close_my_session`` asks the cluster to close the calling client's
-    session (a session the cluster closes, as a long pause or a restart
-    would): the calls the client sent after it, which the cluster then drops,
-    must be resent on the client's next session and applied once."""
+    session (as the cluster does after a long pause) and holds back its
+    reply, so the client sees its session closed with that call unanswered:
+    it must open a new session and resend it, and be answered from the
+    record (a second application would close the new session too, and count
+    two in ``sessions_closed``).  The calls sent after it, which the cluster
+    drops once the session is closed, must be resent and applied once."""
 
-    _caller: ClientSession | None = None
+    def __init__(self) -> None:
+        super().__init__()
+        self.sessions_closed = 0
+        self.caller: ClientSession | None = None
+        self.holding_reply = False
 
     def on_message(self, session: ClientSession | None, timestamp: int, payload: bytes) -> None:
-        self._caller = session
-        super().on_message(session, timestamp, payload)
+        self.caller, self.holding_reply = session, False
+        super().on_message(None if session is None else _HeldReplies(session, self), timestamp, payload)  # type: ignore[arg-type]
 
     def snapshot_state(self) -> Any:
-        return {"entries": self.entries, "counter": self.counter}
+        return {"entries": self.entries, "counter": self.counter, "sessions_closed": self.sessions_closed}
 
     @command
     def close_my_session(self) -> int:
-        assert self._caller is not None
-        self._caller.close()
-        return self._caller.id
+        assert self.caller is not None
+        self.sessions_closed += 1
+        self.caller.close()  # at a later position of the log
+        self.holding_reply = True
+        return self.caller.id
+
+    @command(read_only=True)
+    def closed(self) -> int:
+        return self.sessions_closed
 
 
 class ShortExpiryJournal(Journal):
