@@ -1,0 +1,113 @@
+"""Exactly once across a failover: three members serving
+``state_machine_services:Journal``, several client threads keeping calls in
+flight, and the leader killed meanwhile (SIGKILL of all its processes).
+
+Before the kill the leader's service is stopped (SIGSTOP) while its
+consensus module goes on: the calls sent meanwhile are committed, and
+applied by the followers' services, but nobody answers them.  The client
+resends them to the new leader, whose service must answer them from its
+record of the calls instead of applying them again.
+
+``append`` is not idempotent: applied twice, an entry would be twice in the
+journal.  So the checks are against a model of exactly-once: every call is
+answered (no error), the journal holds each entry once and nothing else, and
+each answer is the index its entry holds."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections import deque
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_support import LocalCluster
+from driver_support import wait_for
+from multi_node_support import member_view, wait_for_leader
+
+import fulmar
+
+TESTS_DIR = Path(__file__).parent
+THREADS = 4
+CALLS_PER_THREAD = 300
+IN_FLIGHT_PER_THREAD = 25
+# A failover here: the 3 s leader heartbeat timeout of FAST_ELECTION_ARGS and an election.
+CALL_TIMEOUT_S = 60
+
+
+def test_calls_in_flight_from_several_threads_are_answered_once_across_a_leader_kill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR))
+    with LocalCluster(3, service="state_machine_services:Journal") as cluster:
+        cluster.start()
+        leader = wait_for_leader(cluster, 30)
+        client = fulmar.connect(cluster.ingress_endpoints, timeout=CALL_TIMEOUT_S)
+        try:
+            answers: dict[tuple[int, int], Any] = {}
+            lock = threading.Lock()
+
+            def settle(key: tuple[int, int], future: Future[Any]) -> None:
+                try:
+                    outcome: Any = future.result()
+                except Exception as error:  # noqa: BLE001 - every outcome is checked below
+                    outcome = error
+                with lock:
+                    answers[key] = outcome
+
+            def work(thread: int) -> None:
+                in_flight: deque[tuple[tuple[int, int], Future[Any]]] = deque()
+                for i in range(CALLS_PER_THREAD):
+                    in_flight.append(((thread, i), client.call_async("append", [thread, i])))
+                    if len(in_flight) >= IN_FLIGHT_PER_THREAD:
+                        settle(*in_flight.popleft())
+                while in_flight:
+                    settle(*in_flight.popleft())
+
+            threads = [threading.Thread(target=work, args=(t,), name=f"caller-{t}") for t in range(THREADS)]
+            for thread in threads:
+                thread.start()
+            total = THREADS * CALLS_PER_THREAD
+            wait_for(lambda: len(answers) >= total // 4, 60, "a quarter of the calls answered")
+            service = cluster.process(leader.member, "service")
+            assert service is not None
+            committed_at_stop = member_view(cluster, leader.member).commit_position or 0
+            service.process.send_signal(signal.SIGSTOP)
+            # Calls committed (so applied by the followers) that the stopped service cannot answer.
+            wait_for(
+                lambda: (member_view(cluster, leader.member).commit_position or 0) > committed_at_stop,
+                30,
+                "calls committed while the leader's service is stopped",
+            )
+            answered_at_kill = len(answers)
+            cluster.kill_member(leader.member)
+            for thread in threads:
+                thread.join(CALL_TIMEOUT_S + 30)
+            assert not any(thread.is_alive() for thread in threads), "a caller thread is still waiting"
+
+            # The kill happened with calls in flight, and the client resent them to the new leader.
+            new_leader = wait_for_leader(cluster, 30, not_member=leader.member)
+            assert answered_at_kill < total, "every call was answered before the kill: the test proved nothing"
+            assert client.calls_resent > 0, "nothing was resent after the failover"
+            failed = {key: outcome for key, outcome in answers.items() if isinstance(outcome, BaseException)}
+            assert not failed, f"{len(failed)} calls failed, e.g. {list(failed.items())[:3]}"
+
+            entries = [tuple(entry) for entry in client.call("read")["entries"]]
+            expected = {(t, i) for t in range(THREADS) for i in range(CALLS_PER_THREAD)}
+            # None lost, none applied twice, nothing else.
+            assert len(entries) == total, f"{len(entries)} entries for {total} calls"
+            assert set(entries) == expected
+            # Each answer is its own call's: where its entry is (a resend answered
+            # from another call's record, or a fresh application, would differ).
+            wrong = {key: index for key, index in answers.items() if entries[index] != key}
+            assert not wrong, f"answers that are not where their entries are: {list(wrong.items())[:3]}"
+            # Each thread's calls went in its order, in one session (answers rise per thread).
+            for t in range(THREADS):
+                indexes = [answers[t, i] for i in range(CALLS_PER_THREAD)]
+                assert indexes == sorted(indexes), f"thread {t}'s calls were applied out of order"
+            assert client.sessions_opened == 1, "the failover should not have needed a new session"
+            assert new_leader.member != leader.member
+        finally:
+            client.close()
