@@ -241,6 +241,32 @@ def test_a_client_process_killed_with_sigkill_leaves_no_driver_behind(cluster: L
             shutil.rmtree(base, ignore_errors=True)
 
 
+def test_a_client_left_open_at_interpreter_exit_stops_its_driver(cluster: LocalCluster) -> None:
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import fulmar
+        client = fulmar.connect(sys.argv[1])
+        client.call("increment")
+        print(json.dumps({"pid": client.driver.pid, "base": str(client.driver.base)}), flush=True)
+        # No close(): the interpreter's exit closes the client.
+        """
+    )
+    process = subprocess.run(
+        [sys.executable, "-c", script, cluster.ingress_endpoints], capture_output=True, text=True, timeout=60
+    )
+    assert process.returncode == 0, process.stderr
+    started = json.loads(process.stdout)
+    driver_pid, base = started["pid"], Path(started["base"])
+    try:
+        # Stopped by close() at exit, before the process ended: not left for the parent-death signal.
+        assert gone(driver_pid) and not base.exists()
+    finally:
+        if not gone(driver_pid):
+            os.kill(driver_pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_the_asyncio_client_awaits_many_calls_at_once(cluster: LocalCluster) -> None:
     async def main() -> tuple[list[Any], Any]:
         async with await AsyncClient.connect(cluster.ingress_endpoints, keepalive_interval=KEEPALIVE_S) as client:
