@@ -154,6 +154,35 @@ def test_a_session_closed_with_calls_unanswered_is_replaced_and_each_call_applie
         assert all(entries[index] == ["closed", n] for n, index in indexes.items())
 
 
+def test_touches_keep_an_idle_client_remembered_and_a_forgotten_one_registers_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR))
+    with LocalCluster(1, service="state_machine_services:ShortExpiryJournal") as short:  # 3 s expiry
+        short.start()
+        with fulmar.connect(short.ingress_endpoints) as client:
+            first_id = client.client_id
+            client.call("increment")
+            # Idle for twice the expiry: its touches (every quarter of it) keep the record.
+            time.sleep(6)
+            assert client.call("increment") == 2
+            assert client.client_id == first_id, "the service forgot an idle client that kept touching"
+            # Cut off for longer than the expiry (its cluster stopped) with a call on its way:
+            # the service has forgotten it by the time that call arrives.
+            consensus = short.process(0, "consensus")
+            assert consensus is not None
+            consensus.process.send_signal(signal.SIGSTOP)
+            try:
+                waiting = client.call_async("increment")
+                time.sleep(4)
+            finally:
+                consensus.process.send_signal(signal.SIGCONT)
+            # Its only copy got EXPIRED, so it was not applied: it went again, once, under a new registration.
+            assert waiting.result() == 3
+            assert client.client_id != first_id
+            assert client.call("read")["counter"] == 3
+
+
 def test_calls_from_several_threads_at_once(cluster: LocalCluster) -> None:
     with connect(cluster) as client:
         results: dict[tuple[int, int], int] = {}
