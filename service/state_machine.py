@@ -54,9 +54,11 @@ new session is answered from that record instead of being applied again.  The
 client tells, in every call, the lowest sequence it still waits for; the
 replies below it are dropped.  A client not heard from for
 ``client_expiry_ms`` of cluster time (the log's timestamps, so every member
-expires it at the same message) is forgotten: a call from it then gets
-``ClientExpiredError`` and is not applied.  Clients touch the service while
-idle, so only one cut off for that long is forgotten.
+expires it at the same message) is forgotten: a call from it then gets an
+EXPIRED answer and is not applied.  The client then registers anew; a call
+it had sent once goes again, and one it had sent more than once (an earlier
+copy may have been applied) raises ``ClientExpiredError``.  Clients touch
+the service while idle, so only one cut off for that long is forgotten.
 """
 
 from __future__ import annotations
