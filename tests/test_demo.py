@@ -22,13 +22,17 @@ def test_demo_fails_over_and_rejoins_a_killed_leader() -> None:
     out = completed.stdout
     assert out.count(" ready: ingress aeron:udp?endpoint=127.0.0.1:") == 4  # three nodes, one restart
     assert "local cluster ready: 3 of 3 nodes running" in out
-    first = re.search(r"cluster ready: member (\d) leads \(term 0\)", out)
+    # The first term is usually 0, but two members whose nomination deadlines fall within a message's
+    # delay of each other split the vote (each votes for itself and against the other), and Aeron's
+    # rules then start another ballot in the next term: only the order of the terms is certain.
+    first = re.search(r"cluster ready: member (\d) leads \(term (\d+)\)", out)
     assert first is not None, out
+    first_term = int(first.group(2))
     assert "workload: 6,000 requests (3,000 puts, 3,000 gets over 1,000 keys, 64 in flight) -> 6,000 replies" in out
-    killed = re.search(r"SIGKILL to the leader's consensus module \(member (\d), pid \d+, term 0\)", out)
+    killed = re.search(rf"SIGKILL to the leader's consensus module \(member (\d), pid \d+, term {first_term}\)", out)
     assert killed is not None and killed.group(1) == first.group(1), out
     new = re.search(r"new leader: member (\d) \(term (\d+)\);.* first answer from it ([\d.]+) s after the kill", out)
-    assert new is not None and new.group(1) != killed.group(1) and int(new.group(2)) >= 1, out
+    assert new is not None and new.group(1) != killed.group(1) and int(new.group(2)) > first_term, out
     assert "every answer verified against the model" in out
     assert "start it again on its own with: cluster-node start --config" in out
     assert re.search(rf"member {killed.group(1)} rejoined as a follower of term {new.group(2)} .*the leader's", out)
