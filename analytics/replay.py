@@ -37,6 +37,7 @@ from typing import Any
 from fulmar.codecs.generated import cluster as cluster_codecs
 from fulmar.consensus.recording_log import RECORDING_LOG_FILE_NAME, Entry, decode_entries
 from fulmar.errors import FulmarError
+from fulmar.service.state_machine import handle_request
 
 from .log_decoder import UNKNOWN_TYPE, find_log_segments, read_log
 
@@ -104,6 +105,60 @@ def replay_state(
         count += 1
         last = message.next_position
     return ReplayResult(state, last if position is None else position, count)
+
+
+class _ReplayClock:
+    """What a command may read of the cluster in a replay: the log's time."""
+
+    def __init__(self) -> None:
+        self.time = 0
+
+
+class _StateMachineFold:
+    """A StateMachine fed the log as its container would feed it: the calls of
+    the sessions open at each point, with the log's timestamps."""
+
+    def __init__(self, machine: Any) -> None:
+        self.machine = machine
+        self.clock = _ReplayClock()
+        machine._fulmar.cluster = self.clock  # cluster_time reads its .time
+        self.sessions: set[int] = set()
+
+    def apply(self, message: Any) -> _StateMachineFold:
+        kind = message.message_type
+        if kind == "SessionOpenEvent":
+            self.sessions.add(message.cluster_session_id)
+        elif kind == "SessionCloseEvent":
+            self.sessions.discard(message.cluster_session_id)
+        elif kind == "SessionMessageHeader" and message.cluster_session_id in self.sessions:
+            self.clock.time = message.timestamp
+            handle_request(self.machine, message.timestamp, bytes(message.payload))  # the reply goes nowhere
+        return self
+
+
+def replay_state_machine(
+    spark: Any,
+    archive_dir: str | os.PathLike[str],
+    machine_class: type,
+    position: int | None = None,
+    *,
+    recording_id: int | None = None,
+) -> ReplayResult:
+    """A ``StateMachine`` subclass's state at ``position`` (the whole log when
+    None) of the log in ``archive_dir``: a new instance, every call of the
+    log applied to it in order, exactly as the members applied them (a
+    resent call answered from the record, not applied again).  The result's
+    ``state`` is the instance.  A command may read ``self.cluster_time``;
+    anything else of ``self.cluster`` is not there offline."""
+    result = replay_state(
+        spark,
+        archive_dir,
+        lambda fold, message: fold.apply(message),
+        _StateMachineFold(machine_class()),
+        position,
+        recording_id=recording_id,
+    )
+    return ReplayResult(result.state.machine, result.position, result.messages)
 
 
 def _recording_log_entries(cluster_dir: str | os.PathLike[str]) -> list[Entry]:

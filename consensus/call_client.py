@@ -328,6 +328,12 @@ class Client:
         cluster = self._state.cluster
         return None if cluster is None else cluster.cluster_session_id
 
+    @property
+    def leader_member_id(self) -> int | None:
+        """The member the session is with: the leader, as the client last heard (None between sessions)."""
+        cluster = self._state.cluster
+        return None if cluster is None else cluster.leader_member_id
+
     def close(self) -> None:
         """Fail the unanswered calls (ClientClosedError), close the session and
         stop the embedded driver, removing its directory."""

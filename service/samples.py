@@ -5,6 +5,9 @@
 - ``CounterService``: a counter clients increment (directly, or through a
   message the service offers into the log), with a timer that adds a tick
   every second of cluster time while anyone is connected.
+- ``KeyValueStore``: the replicated dictionary as a ``StateMachine``: its
+  commands ``put``, ``get`` and ``delete``, called with ``fulmar.connect``
+  (``make run`` serves it).
 
 Each keeps its whole state in snapshots, and uses only the log's timestamps.
 """
@@ -23,6 +26,7 @@ from fulmar.service.clustered_service import (
     SnapshotImage,
     SnapshotPublication,
 )
+from fulmar.service.state_machine import StateMachine, command
 
 
 class EchoService(ClusteredService):
@@ -247,3 +251,30 @@ def key_value_view(state: dict[str, Any]) -> dict[str, Any]:
 
 def key_value_resume(snapshot_state: dict[str, Any], sessions: frozenset[int]) -> dict[str, Any]:
     return {"data": dict(snapshot_state), "sessions": frozenset(sessions)}
+
+
+class KeyValueStore(StateMachine):
+    """``client.call("put", key, value)`` -> the previous value (None if there
+    was none); ``get(key)`` -> the value or None; ``delete(key)`` -> whether it
+    was there.  Keys are strings, values anything msgpack carries."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    @command
+    def put(self, key: str, value: Any) -> Any:
+        if not isinstance(key, str):
+            raise TypeError(f"a key is a string, not {type(key).__name__}")
+        previous = self.data.get(key)
+        self.data[key] = value
+        return previous
+
+    @command(read_only=True)
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    @command
+    def delete(self, key: str) -> bool:
+        found = key in self.data
+        self.data.pop(key, None)
+        return found

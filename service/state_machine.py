@@ -316,15 +316,17 @@ class StateMachine(ClusteredService):
     def on_message(self, session: ClientSession | None, timestamp: int, payload: bytes) -> None:
         if session is None:
             return  # a message the service offered into the log: a StateMachine offers none
-        reply = _handle_request(self, timestamp, payload)
+        reply = handle_request(self, timestamp, payload)
         if reply is not None:
             # Sent once: a reply the egress refused (its client gone or
             # stalled) is answered from the record when the call is resent.
             session.offer(reply)
 
 
-def _handle_request(machine: StateMachine, timestamp: int, payload: bytes) -> bytes | None:
-    """The reply to one request (None: nothing to answer), after applying it if it is due."""
+def handle_request(machine: StateMachine, timestamp: int, payload: bytes) -> bytes | None:
+    """The reply to one request (None: nothing to answer), after applying it if
+    it is due: what the container does with each message of a client session
+    (and an offline replay of the log, ``fulmar.analytics.replay``)."""
     if len(payload) < REQUEST_HEADER.size:
         return encode_error(ReplyStatus.BAD_REQUEST, 0, "BadRequest", f"a request of {len(payload)} bytes")
     kind, version, _, client_id, sequence, lowest_unanswered = REQUEST_HEADER.unpack_from(payload)

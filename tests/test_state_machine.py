@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from state_machine_services import Bank, Journal
 
+from fulmar.analytics.replay import _StateMachineFold
+
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.snapshot import SERVICE_SNAPSHOT_TYPE_ID, SnapshotWriter, decode_snapshot
 from fulmar.service.call_protocol import (
@@ -515,3 +517,54 @@ def test_a_snapshot_of_something_else_is_refused() -> None:
         started(Journal(), [])
     with pytest.raises(SnapshotFormatError, match="format 2"):
         started(Journal(), [SNAPSHOT_CHUNK_MAGIC + pickle.dumps((2, (0, []), {}))])
+
+
+# ---------------------------------------------------------------------------- offline replay
+
+
+@dataclass
+class LogRow:
+    """The fields of a ``fulmar-log`` row the replay of a StateMachine reads."""
+
+    message_type: str
+    cluster_session_id: int
+    timestamp: int = 0
+    payload: bytes = b""
+
+
+class StampedJournal(Journal):
+    @command
+    def stamp(self) -> int:
+        self.entries.append(self.cluster_time)
+        return self.cluster_time
+
+
+def test_an_offline_replay_applies_the_logs_calls_as_the_container_did() -> None:
+    # The fold replay_state_machine runs over the log's rows (Spark only decodes and orders them).
+    client_id = os.urandom(16)
+
+    def call(sequence: int, name: str, *args: Any) -> bytes:
+        return encode_request(RequestKind.CALL, client_id, sequence, sequence, pack([name, list(args)]))
+
+    rows = [
+        LogRow("SessionOpenEvent", 1),
+        LogRow("SessionMessageHeader", 1, 10, encode_request(RequestKind.REGISTER, client_id, 0, 0)),
+        LogRow("SessionMessageHeader", 1, 11, call(1, "increment")),
+        LogRow("SessionMessageHeader", 1, 12, call(2, "append", "a")),
+        LogRow("NewLeadershipTermEvent", 0, 13),
+        # A failover: the client resends call 2 on a new session, then goes on.
+        LogRow("SessionOpenEvent", 2),
+        LogRow("SessionMessageHeader", 2, 14, call(2, "append", "a")),
+        LogRow("SessionMessageHeader", 2, 15, call(3, "stamp")),
+        LogRow("SessionCloseEvent", 1),
+        # A session the container no longer knows: its message is not applied.
+        LogRow("SessionMessageHeader", 1, 16, call(4, "increment")),
+        LogRow("SessionMessageHeader", 2, 17, call(5, "nothing")),  # unknown: answered, nothing applied
+    ]
+    fold = _StateMachineFold(StampedJournal())
+    for row in rows:
+        assert fold.apply(row) is fold
+    machine = fold.machine
+    # Applied twice, call 2 would leave ["a", "a"]; a closed session's call applied would make it 2.
+    assert (machine.entries, machine.counter) == (["a", 15], 1)
+    assert fold.sessions == {2}
