@@ -888,7 +888,15 @@ def service(
     )
 
     def announce(container: ServiceContainer) -> None:
-        click.echo(f"service {service_id} ({service_name}) pid {os.getpid()} serving {cluster_dir}")
+        agent = container.agent
+        if agent.snapshot_recording_id is None:
+            origin = "started from the log's start"
+        else:
+            origin = (
+                f"started from snapshot recording {agent.snapshot_recording_id} at log position "
+                f"{agent.log_position} (term {agent.leadership_term_id})"
+            )
+        click.echo(f"service {service_id} ({service_name}) pid {os.getpid()} serving {cluster_dir}; {origin}")
         sys.stdout.flush()
 
     try:

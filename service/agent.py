@@ -184,6 +184,9 @@ class ClusteredServiceAgent:
 
     # -------------------------------------------------------------- start
 
+    # The snapshot the service started from (None: the log's start), at log position self.log_position.
+    snapshot_recording_id: int | None = None
+
     def start(self, deadline_s: float = 30.0) -> None:
         """Load the snapshot the consensus module says to, start the service, acknowledge."""
         deadline = time.monotonic() + deadline_s
@@ -208,7 +211,8 @@ class ClusteredServiceAgent:
         self.time = timestamp
         snapshot = None
         if self.service_id < len(snapshot_ids) and snapshot_ids[self.service_id] != protocol.NULL_VALUE:
-            snapshot = self._load_snapshot(snapshot_ids[self.service_id])
+            self.snapshot_recording_id = snapshot_ids[self.service_id]
+            snapshot = self._load_snapshot(self.snapshot_recording_id)
         try:
             self.service.on_start(self, snapshot)
         except Exception as error:

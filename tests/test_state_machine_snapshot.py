@@ -37,6 +37,7 @@ def test_a_restart_from_the_snapshot_keeps_the_state_and_the_call_records(monkey
     cluster = SingleNodeCluster("state_machine_services:Journal")
     try:
         cluster.start()
+        assert "started from the log's start" in cluster.service.output()
         endpoint = cluster.ingress_channel.partition("endpoint=")[2]
         expected: list[object] = []
         with fulmar.connect(endpoint) as client:
@@ -58,9 +59,15 @@ def test_a_restart_from_the_snapshot_keeps_the_state_and_the_call_records(monkey
 
         cluster.stop_node()  # SIGTERM: a snapshot, then an orderly stop
         with RecordingLog.open(cluster.cluster_dir, create=False) as recording_log:
-            assert recording_log.get_latest_snapshot(0) is not None, "the service took no snapshot"
+            snapshot = recording_log.get_latest_snapshot(0)
+            assert snapshot is not None, "the service took no snapshot"
         cluster.start_consensus()
         cluster.start_service()
+        # The service says what it started from: the snapshot the recording log names, at its position.
+        assert (
+            f"started from snapshot recording {snapshot.recording_id} at log position {snapshot.log_position} "
+            f"(term {snapshot.leadership_term_id})"
+        ) in cluster.service.output(), cluster.service.output()
 
         # The record came back with the snapshot: the resend gets the same
         # answer, byte for byte, and is not applied again (forgotten, it
