@@ -36,6 +36,6 @@ class Bank(StateMachine):
 
 def check_amount(amount: int) -> None:
     # Whole units (cents, say): floats round (0.1 + 0.2 != 0.3).  And a negative
-    # transfer would take money from its target.
-    if not isinstance(amount, int) or amount <= 0:
+    # transfer would take money from its target.  (True is an int to Python, not an amount.)
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
         raise ValueError(f"the amount must be a positive whole number, not {amount!r}")
