@@ -78,6 +78,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import getpass
+import hashlib
 import importlib
 import math
 import os
@@ -171,6 +172,25 @@ def default_driver_dir(member_id: int, node_dir: Path) -> Path:
 
 def default_local_base() -> Path:
     return Path(f"/var/tmp/fulmar-{user_name()}/local-cluster")
+
+
+# A directory name (and so its part of it) must stay within NAME_MAX (255 bytes).
+_LOCAL_NAME_CHARS = 40
+
+
+def local_driver_dir(base: Path, part: str) -> Path:
+    """``/dev/shm/fulmar-<user>-<basename>-<hash>-<part>`` for the ``part``
+    (``node<i>``, ``backup``) of the local cluster under ``base``
+    (``base/<part>/driver`` without /dev/shm).  The hash, of the resolved base
+    path, keeps two bases of the same name (/tmp/a/c3 and /tmp/b/c3) apart;
+    the base's name keeps it readable."""
+    root = shm_root()
+    if root is None:
+        return base / part / "driver"
+    resolved = base.resolve()
+    digest = hashlib.sha256(os.fsencode(resolved)).hexdigest()[:8]
+    name = resolved.name[:_LOCAL_NAME_CHARS] or "root"
+    return root / f"fulmar-{user_name()[:_LOCAL_NAME_CHARS]}-{name}-{digest}-{part}"
 
 
 # ---------------------------------------------------------------------------- options
@@ -853,8 +873,7 @@ def local_layer(
     under ``base``; with ``members`` (several), also its membership, a UDP log
     and its archive's control endpoint (``archive_port``)."""
     node_dir = base / f"node{member_id}"
-    root = shm_root()
-    driver_dir = root / f"fulmar-{user_name()}-{base.name}-node{member_id}" if root else node_dir / "driver"
+    driver_dir = local_driver_dir(base, f"node{member_id}")
     layer: dict[tuple[str, str], Any] = {
         ("node", "member_id"): member_id,
         ("node", "dir"): str(node_dir),
@@ -1136,10 +1155,31 @@ def validate(config: NodeConfig) -> None:
         raise ConfigError(f"driver directory: {error}") from None
     pid = active_driver_pid(config.driver_dir, 10_000)
     if pid is not None:
-        raise ConfigError(
-            f"driver directory {config.driver_dir}: a live media driver (pid {pid}) uses it; "
-            "is this node already running?"
-        )
+        raise ConfigError(_driver_dir_taken(config, pid))
+
+
+def _driver_dir_taken(config: NodeConfig, pid: int) -> str:
+    """Why the driver directory is not this node's to use: whose node runs the live driver ``pid``."""
+    where = f"driver directory {config.driver_dir}: in use by a live media driver (pid {pid})"
+    # A driver cluster-node start launched names its node's cluster directory (--stop-after).
+    try:
+        process = psutil.Process(pid)
+        args = process.cmdline()
+        parent = process.parent()
+        supervisor_pid = parent.pid if parent is not None and "start" in parent.cmdline() else None
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        args, supervisor_pid = [], None
+    stop_after = [Path(args[i + 1]) for i, arg in enumerate(args[:-1]) if arg == "--stop-after"]
+    started_by = f", started by cluster-node start (pid {supervisor_pid})" if supervisor_pid else ""
+    if not stop_after:
+        return f"{where}, not one of a node's; stop it, or give this node another --driver-dir ([node] driver_dir)"
+    owner = stop_after[0]
+    if owner.resolve() == config.cluster_dir.resolve():
+        return f"{where}{started_by}: this node (cluster directory {owner}) is already running; stop it first"
+    return (
+        f"{where}{started_by}: the node of {owner.parent} (cluster directory {owner}); stop that node, or "
+        "give this one another --driver-dir ([node] driver_dir)"
+    )
 
 
 # ---------------------------------------------------------------------------- processes

@@ -232,9 +232,13 @@ def test_local_three_generates_each_members_configuration(tmp_path: Path, captur
         i = member.id
         values = config.values
         assert config.node_dir == base / f"node{i}" and config.cluster_dir == base / f"node{i}" / "cluster"
-        assert config.driver_dir == (
-            shm / f"fulmar-{supervisor.user_name()}-three-node{i}" if shm else base / f"node{i}" / "driver"
-        )
+        if shm:
+            assert config.driver_dir.parent == shm
+            assert re.fullmatch(
+                rf"fulmar-{re.escape(supervisor.user_name())}-three-[0-9a-f]{{8}}-node{i}", config.driver_dir.name
+            )
+        else:
+            assert config.driver_dir == base / f"node{i}" / "driver"
         assert values[("consensus", "cluster_members")] == members_text
         assert config.ingress_channel == f"aeron:udp?endpoint={member.ingress_endpoint}"
         assert values[("consensus", "log_channel")] == "aeron:udp?term-length=4m"
@@ -256,6 +260,71 @@ def test_local_three_generates_each_members_configuration(tmp_path: Path, captur
             == f"aeron:udp?endpoint={member.archive_endpoint}"
         )
     assert f"ingress endpoints: {endpoints}" in result.output
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="driver directories under /dev/shm")
+def test_local_driver_directories_are_unique_per_base_directory(tmp_path: Path, captured: Any) -> None:
+    """Two bases of the same name (/tmp/a/c3, /tmp/b/c3) get driver
+    directories of their own, which keep the base's name, are the same for
+    the same base however it is spelled, and stay within NAME_MAX."""
+    for base in (
+        tmp_path / "a" / "c3",
+        tmp_path / "b" / "c3",
+        tmp_path / "a" / ".." / "a" / "c3",
+        tmp_path / ("x" * 200),
+    ):
+        result = run_start("--local", "3", "--dir", str(base))
+        assert result.exit_code == 0, result.output
+    a, b, a_again, long = ([config.driver_dir for config in configs] for configs, _ in captured)
+    assert not set(a) & set(b), (a, b)
+    assert a == a_again
+    assert all("-c3-" in path.name for path in a + b)
+    assert all(len(path.name) <= 255 and len(str(path)) < 4096 for path in long)
+
+
+def test_a_taken_driver_directory_names_the_node_that_has_it(tmp_path: Path, driver_dir: Path) -> None:
+    """The error names the node whose driver holds the directory: this one
+    (already running) or another (whose cluster directory it gives)."""
+    other = tmp_path / "other" / "node0" / "cluster"
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fulmar.cli.cluster_node",
+            "driver",
+            "--dir",
+            str(driver_dir),
+            "--stop-after",
+            str(other),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None
+        wait_for(lambda: "media driver pid" in driver.stdout.readline(), 30, "the driver to be ready")
+        config = write_config(tmp_path / "node.toml", driver_dir, free_port())
+        result = run_start("--config", str(config))
+        assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+        text = " ".join(result.output.split())
+        assert f"in use by a live media driver (pid {driver.pid})" in text, text
+        assert f"the node of {other.parent} (cluster directory {other})" in text, text
+        assert "another --driver-dir" in text, text
+
+        same = write_config(tmp_path / "same.toml", driver_dir, free_port(), node={"cluster_dir": str(other)})
+        result = run_start("--config", str(same))
+        assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+        assert f"this node (cluster directory {other}) is already running" in " ".join(result.output.split())
+    finally:
+        driver.terminate()
+        try:
+            driver.wait(30)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            driver.wait(10)
+        if driver.stdout is not None:
+            driver.stdout.close()
 
 
 def test_local_ingress_port_is_member_zeros_and_counts_up(tmp_path: Path, captured: Any) -> None:
