@@ -17,7 +17,8 @@ A TOML file has up to five tables::
     [driver]     the options of ``cluster-node driver`` (ipc_term_length = "16m", ...)
     [archive]    the options of ``cluster-node archive`` (control_channel, segment_length, ...)
     [consensus]  the options of ``cluster-node consensus`` (ingress_channel, session_timeout, ...)
-    [service]    service = "module:Class", count = 1
+    [service]    service = "module:Class", count = 1, path (where the module is looked for
+                 first: default the file's directory, or the current one without a file)
 
 Keys are the commands' option names with underscores (``--ipc-term-length``
 is ``ipc_term_length``); sizes and durations take the commands' notation
@@ -79,7 +80,6 @@ import ctypes
 import functools
 import getpass
 import hashlib
-import importlib
 import math
 import os
 import random
@@ -356,7 +356,7 @@ def _node_options() -> list[Option]:
 
 
 # The [service] keys the node itself reads (the rest mirror ``cluster-node service``).
-_SERVICE_PLACES = {("service", "service"), ("service", "count")}
+_SERVICE_PLACES = {("service", "service"), ("service", "count"), ("service", "path")}
 
 
 def _service_options() -> list[Option]:
@@ -371,6 +371,15 @@ def _service_options() -> list[Option]:
             "How many service containers (service ids 0..count-1), each running the service.",
             "1",
             flag="--service-count",
+        ),
+        Option(
+            "service",
+            "path",
+            click.Path(file_okay=False, dir_okay=True),
+            "The directory the service's module is looked for in first (before Python's path): it goes "
+            "first on the service containers' PYTHONPATH.",
+            "the directory of the --config file; else the current directory",
+            flag="--service-path",
         ),
     ]
 
@@ -478,6 +487,7 @@ class NodeConfig:
     service: str
     service_count: int
     ingress_channel: str
+    service_path: Path = field(default_factory=Path.cwd)  # where the service's module is looked for first
     metrics_port: int | None = None  # None: no metrics served
     metrics_host: str = "127.0.0.1"
     log_format: str = log_lines.PLAIN
@@ -555,6 +565,9 @@ class NodeConfig:
             ),
         ]
         archive_control = self.values.get(("consensus", "archive_control_channel"))
+        service_env = dict(base_env)
+        python_path = [str(self.service_path), *filter(None, base_env.get("PYTHONPATH", "").split(os.pathsep))]
+        service_env["PYTHONPATH"] = os.pathsep.join(python_path)
         for service_id in range(self.service_count):
             args = [
                 "service",
@@ -577,7 +590,7 @@ class NodeConfig:
                     f"service{service_id}",
                     args,
                     f"service {service_id} (",
-                    base_env,
+                    service_env,
                     reports_stop=True,
                 )
             )
@@ -614,6 +627,7 @@ class NodeConfig:
             ]
             if section == "service":
                 lines += ["", "[service]", f"service = {_toml_value(self.service)}", f"count = {self.service_count}"]
+                lines.append(f"path = {_toml_value(str(self.service_path))}")
             elif entries:
                 lines += ["", f"[{section}]"]
             for key, value in entries:
@@ -701,8 +715,8 @@ def resolve_config(
                     ) from None
             resolved[place] = option.convert(text, f"${option.envvar}")
 
-    def path_of(key: str, default: Path) -> Path:
-        value = resolved.get(("node", key))
+    def path_of(key: str, default: Path, section: str = "node") -> Path:
+        value = resolved.get((section, key))
         if value is None:
             return default
         path = Path(os.path.expanduser(str(value)))
@@ -730,6 +744,7 @@ def resolve_config(
         service=str(service),
         service_count=int(resolved.get(("service", "count"), 1)),
         ingress_channel=str(ingress),
+        service_path=path_of("path", base_dir, "service"),
         metrics_port=resolved.get(("node", "metrics_port")),
         metrics_host=str(resolved.get(("node", "metrics_host"), "127.0.0.1")),
         log_format=str(resolved.get(("node", "log_format"), log_lines.PLAIN)),
@@ -1000,22 +1015,18 @@ def check_timing(
 # ---------------------------------------------------------------------------- validation
 
 
-def check_service_spec(spec: str) -> None:
-    """``module:Class`` names an importable ClusteredService subclass (not instantiated here)."""
-    from fulmar.service.clustered_service import ClusteredService
+def check_service_spec(spec: str, service_path: Path) -> None:
+    """``module:Class`` names an importable ClusteredService subclass (not
+    instantiated here), its module looked for in ``service_path`` first, as
+    the service containers will."""
+    from fulmar.service.container import ServiceLoadError, service_class
 
-    module_name, colon, class_name = spec.partition(":")
-    if not colon or not module_name or not class_name:
-        raise ConfigError(f"service {spec!r}: expected module:Class, e.g. fulmar.service.samples:EchoService")
+    if not service_path.is_dir():
+        raise ConfigError(f"[service] path = {str(service_path)!r}: no such directory")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # noqa: BLE001 - any failure to import is the user's to see
-        raise ConfigError(f"service {spec!r}: cannot import {module_name}: {type(error).__name__}: {error}") from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ConfigError(f"service {spec!r}: module {module_name} has no {class_name}")
-    if not isinstance(cls, type) or not issubclass(cls, ClusteredService):
-        raise ConfigError(f"service {spec!r}: {class_name} is not a ClusteredService subclass")
+        service_class(spec, [service_path])
+    except ServiceLoadError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _check_channel(option: str, channel: str) -> ChannelUri:
@@ -1126,7 +1137,7 @@ def validate(config: NodeConfig) -> None:
     """Check what can be checked before starting anything; create the directories."""
     from fulmar.driver.media_driver import DriverDirectoryError, active_driver_pid, check_reclaimable
 
-    check_service_spec(config.service)
+    check_service_spec(config.service, config.service_path)
     for (section, key), value in config.values.items():
         if key.endswith("_channel") and isinstance(value, str) and value.lower() != "none":
             _check_channel(f"[{section}] {key}", value)

@@ -42,7 +42,15 @@ STOP_S = 45
 class Node:
     """``cluster-node start`` as a subprocess, its stdout and stderr in files."""
 
-    def __init__(self, args: list[str], workdir: Path, *, new_session: bool = False) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        workdir: Path,
+        *,
+        new_session: bool = False,
+        cwd: Path | None = None,
+        script: bool = False,
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         tag = uuid.uuid4().hex[:6]
         self.stdout_path = workdir / f"start-{tag}.out"
@@ -51,11 +59,19 @@ class Node:
         # own (a Ctrl-C signals the whole group).
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "fulmar.cli.cluster_node", "start", *args],
+                # script: the installed cluster-node command, as a user runs it (python -m puts the
+                # current directory on sys.path; the script puts its own directory there).
+                [
+                    str(Path(sys.executable).with_name("cluster-node")) if script else sys.executable,
+                    *([] if script else ["-m", "fulmar.cli.cluster_node"]),
+                    "start",
+                    *args,
+                ],
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 start_new_session=new_session,
+                cwd=cwd,
             )
         self.children: dict[str, psutil.Process] = {}
         self.ingress = ""
@@ -108,8 +124,8 @@ class Node:
 def start_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
     nodes: list[Node] = []
 
-    def start(*args: str, new_session: bool = False) -> Node:
-        node = Node(list(args), tmp_path / "supervisor", new_session=new_session)
+    def start(*args: str, new_session: bool = False, cwd: Path | None = None, script: bool = False) -> Node:
+        node = Node(list(args), tmp_path / "supervisor", new_session=new_session, cwd=cwd, script=script)
         nodes.append(node)
         return node
 
@@ -265,6 +281,86 @@ def test_local_one_runs_a_cluster_under_the_given_dir(start_node: Callable[..., 
     # The configuration it wrote starts the same node again.
     written = supervisor.read_toml(base / "node0" / "node.toml")
     assert written["service"]["service"] == KV and written["node"]["driver_dir"] == str(expected_driver)
+
+
+# ---------------------------------------------------------------------- the user's own service
+
+USER_SERVICE = """
+from fulmar.service.samples import KeyValueService
+
+
+class Bank(KeyValueService):
+    pass
+"""
+
+
+def user_module(directory: Path) -> str:
+    """A module of a user's own service in ``directory``: its (unique) name."""
+    name = f"bank_{uuid.uuid4().hex[:8]}"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.py").write_text(USER_SERVICE)
+    return name
+
+
+def test_the_users_service_is_found_where_start_runs_and_its_node_toml_remembers_it(
+    start_node: Callable[..., Node], tmp_path: Path
+) -> None:
+    """``--service bank:Bank`` run from the folder that holds bank.py finds it
+    (the supervisor's check and the service container alike); the generated
+    node.toml keeps that folder as [service] path, so --config starts the
+    same node from anywhere."""
+    project = tmp_path / "project"
+    module = user_module(project)
+    base = tmp_path / "base"
+    node = start_node("--local", "1", "--dir", str(base), "--service", f"{module}:Bank", cwd=project, script=True)
+    node.wait_ready()
+    talk(node)
+    node.process.send_signal(signal.SIGINT)
+    assert node.wait() == 0, node.stderr
+    written = supervisor.read_toml(base / "node0" / "node.toml")
+    assert written["service"]["path"] == str(project)
+
+    again = start_node("--config", str(base / "node0" / "node.toml"), cwd=tmp_path, script=True)
+    again.wait_ready()
+    again.process.send_signal(signal.SIGINT)
+    assert again.wait() == 0, again.stderr
+    assert all_gone([*node.children.values(), *again.children.values()])
+
+
+def test_the_service_path_defaults_to_the_config_files_directory_and_can_be_set(
+    tmp_path: Path, driver_dir: Path
+) -> None:
+    project = tmp_path / "project"
+    module = user_module(project)
+    config = write_config(project / "node.toml", driver_dir, 9999, service={"service": f"{module}:Bank"})
+    resolved = supervisor.resolve_config(cluster_node._START_OPTIONS, {}, config)
+    assert resolved.service_path == project
+    service_env = next(spec.env for spec in resolved.child_specs() if spec.log_name == "service0")
+    assert service_env["PYTHONPATH"].split(os.pathsep)[0] == str(project)
+    supervisor.check_service_spec(resolved.service, resolved.service_path)  # found there
+
+    elsewhere = tmp_path / "lib"
+    other = user_module(elsewhere)
+    config.write_text(config.read_text().replace(f"{module}:Bank", f"{other}:Bank") + 'path = "../lib"\n')
+    resolved = supervisor.resolve_config(cluster_node._START_OPTIONS, {}, config)
+    assert resolved.service_path == project / ".." / "lib"  # relative to the file
+    supervisor.check_service_spec(resolved.service, resolved.service_path)
+    flagged = supervisor.resolve_config(cluster_node._START_OPTIONS, {"service_path": str(project)}, config)
+    assert flagged.service_path == project
+
+
+def test_a_service_module_not_found_says_where_it_looked_and_how_to_add_a_place(tmp_path: Path) -> None:
+    result = run_start("--local", "1", "--dir", str(tmp_path / "base"), "--service", "nowhere_to_be_found:Bank")
+    assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+    text = " ".join(result.output.split())
+    assert "cannot import nowhere_to_be_found: no module named 'nowhere_to_be_found' in any of" in text, text
+    assert f"{Path.cwd()}," in text, text  # the directory start ran in, first
+    assert "--service-path DIR" in text and '[service] path = "DIR"' in text, text
+    missing = run_start(
+        "--local", "1", "--dir", str(tmp_path / "base"), "--service-path", str(tmp_path / "absent"), "--service", KV
+    )
+    assert missing.exit_code == supervisor.EXIT_CONFIG, missing.output
+    assert f"[service] path = '{tmp_path / 'absent'}': no such directory" in missing.output
 
 
 # ---------------------------------------------------------------------- a signal to the whole node
