@@ -67,7 +67,9 @@ under one base directory (``node<i>/``, each with the ``node.toml`` it ran
 with, which ``--config`` starts again on its own).  Each member gets five free
 UDP ports on 127.0.0.1 (ingress, consensus, log, catch-up, archive control;
 with ``--ingress-port P`` member i's ingress is P + i), from which the cluster
-members string is built.  The N nodes run from one command, each supervised as
+members string is built.  A base that holds them already starts again on
+them (``reuse_local_cluster``): the same ports and settings, flags that
+contradict them refused.  The N nodes run from one command, each supervised as
 above, side by side: a node whose process dies is reported and stopped while
 the others keep running; a signal stops all nodes in parallel, each in order;
 the command ends when no node is left.  ``--local 1`` is a single node without
@@ -83,6 +85,7 @@ import hashlib
 import math
 import os
 import random
+import re
 import select
 import signal
 import socket
@@ -493,6 +496,8 @@ class NodeConfig:
     log_format: str = log_lines.PLAIN
     cpu_policy: str = DEFAULT_CPU_POLICY
     values: dict[tuple[str, str], Any] = field(default_factory=dict)  # set values of the mirrored options
+    # Every value that was set (flag, file, environment), by place: [node] and [service] ones too.
+    settings: dict[tuple[str, str], Any] = field(default_factory=dict)
     options: dict[tuple[str, str], Option] = field(default_factory=dict)
 
     def child_specs(self) -> list[ChildSpec]:
@@ -750,6 +755,7 @@ def resolve_config(
         log_format=str(resolved.get(("node", "log_format"), log_lines.PLAIN)),
         cpu_policy=str(resolved.get(("node", "cpu_policy"), DEFAULT_CPU_POLICY)),
         values=values,
+        settings=resolved,
         options=by_place,
     )
 
@@ -933,6 +939,92 @@ LOCAL_PER_MEMBER = (
     ("consensus", "cluster_members"),
     ("archive", "control_channel"),
 )
+
+
+_NODE_FILE = re.compile(r"node(\d+)")
+
+
+def local_cluster_files(base: Path) -> dict[int, Path]:
+    """The node.toml of each member of a local cluster ``base`` already holds
+    (``base/node<i>/node.toml``, which ``cluster-node start --local`` wrote), by member id."""
+    files = {}
+    if base.is_dir():
+        for entry in base.iterdir():
+            match = _NODE_FILE.fullmatch(entry.name)
+            if match and (entry / "node.toml").is_file():
+                files[int(match.group(1))] = entry / "node.toml"
+    return dict(sorted(files.items()))
+
+
+def reuse_local_cluster(
+    options: list[Option],
+    flags: Mapping[str, Any],
+    base: Path,
+    files: Mapping[int, Path],
+    count: int,
+    ingress_port: int | None,
+    metrics_ports: list[int] | None,
+) -> list[NodeConfig]:
+    """The configuration of each member of the local cluster ``base`` holds
+    already, read back from its node.toml (its ports and settings kept, so
+    that its clients' endpoints still hold); flags that say otherwise are refused."""
+    held = len(files)
+    ids = list(files)
+    fresh = f"choose another --dir for a new cluster (or remove {base})"
+    if ids != list(range(held)):
+        missing = ", ".join(f"node{i}" for i in range(max(ids) + 1) if i not in files)
+        raise ConfigError(
+            f"{base} holds a local cluster's configuration, but not every member's: {missing} has no node.toml; "
+            f"put it back, or {fresh}"
+        )
+    if held != count:
+        raise ConfigError(
+            f"--local {count}: {base} holds a local cluster of {held} member{'s' if held != 1 else ''} "
+            f"(node0..node{held - 1}/node.toml), which starts again on its own configuration: run --local {held}, "
+            f"or {fresh}"
+        )
+    configs = [resolve_config(options, {}, files[i]) for i in ids]
+    for option in options:
+        value = flags.get(option.dest)
+        if value is None:
+            continue
+        for config, path in zip(configs, files.values()):
+            stored = config.settings.get((option.section, option.key))
+            if stored is None and option.default_text is not None:
+                stored = option.convert(option.default_text, "default")
+            if isinstance(option.param_type, click.Path) and stored is not None:
+                # A flag's path is relative to the current directory, the file's to the file.
+                same = Path(str(value)).expanduser().absolute() == path.parent / Path(str(stored)).expanduser()
+            else:
+                same = value == stored
+            if not same:
+                shown = "unset" if stored is None else option.text(stored)
+                raise ConfigError(
+                    f"{option.flag} {option.text(value)}: the local cluster under {base} runs with "
+                    f"{option.place} = {shown} ({path}); drop the flag to start it again as it is, edit its "
+                    f"node<i>/node.toml files, or {fresh}"
+                )
+    for i, config in enumerate(configs):
+        wanted = {
+            "--ingress-port": (
+                f"aeron:udp?endpoint={LOCAL_HOST}:{ingress_port + i}" if ingress_port else None,
+                config.ingress_channel,
+            ),
+            "--metrics-port": (metrics_ports[i] if metrics_ports else None, config.metrics_port),
+        }
+        for flag, (asked, stored) in wanted.items():
+            # --metrics-port 0 (any free port) asks only that metrics be served.
+            if asked is not None and (stored is None if asked == 0 else asked != stored):
+                raise ConfigError(
+                    f"{flag}: member {i} of the local cluster under {base} runs with {stored} ({files[i]}); drop "
+                    f"the flag to start it again as it is, or {fresh}"
+                )
+    return configs
+
+
+def ingress_endpoint(config: NodeConfig) -> str:
+    """The endpoint (host:port) of a node's ingress channel, as its clients are given it."""
+    return str(ChannelUri.parse(config.ingress_channel).get("endpoint") or config.ingress_channel)
 
 
 def check_local_flags(options: list[Option], flags: Mapping[str, Any], count: int) -> None:

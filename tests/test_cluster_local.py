@@ -327,6 +327,61 @@ def test_a_taken_driver_directory_names_the_node_that_has_it(tmp_path: Path, dri
             driver.stdout.close()
 
 
+def test_an_existing_local_cluster_starts_again_on_its_own_configuration(tmp_path: Path, captured: Any) -> None:
+    """A second ``start --local 3 --dir BASE`` keeps every member's ports
+    (its clients' endpoints) and settings; flags that contradict them, a
+    different member count among them, are refused, naming the file."""
+    base = tmp_path / "base"
+    first = run_start("--local", "3", "--dir", str(base), "--consensus-session-timeout", "7s")
+    assert first.exit_code == 0, first.output
+    files = [base / f"node{i}" / "node.toml" for i in range(3)]
+    written = [file.read_text() for file in files]
+    again = run_start("--local", "3", "--dir", str(base))
+    assert again.exit_code == 0, again.output
+    (before, endpoints), (after, endpoints_again) = captured
+    assert endpoints_again == endpoints
+    assert "again, on its configuration in node<i>/node.toml" in again.output
+    assert f"ingress endpoints: {endpoints}" in again.output
+    for old, new in zip(before, after):
+        assert new.values == old.values  # the members string, the archive endpoints, the 7s timeout
+        assert (new.ingress_channel, new.driver_dir, new.node_dir) == (
+            old.ingress_channel,
+            old.driver_dir,
+            old.node_dir,
+        )
+    assert [file.read_text() for file in files] == written
+
+    same = run_start("--local", "3", "--dir", str(base), "--consensus-session-timeout", "7s")
+    assert same.exit_code == 0, same.output  # a flag that agrees is no contradiction
+    port = before[0].ingress_channel.rsplit(":", 1)[1]
+    refused = [
+        (["--local", "5"], "--local 5: " + f"{base} holds a local cluster of 3 members (node0..node2/node.toml)"),
+        (["--local", "3", "--consensus-session-timeout", "9s"], "--consensus-session-timeout 9s: the local cluster"),
+        (
+            ["--local", "3", "--service", "fulmar.service.samples:EchoService"],
+            "[service] service = fulmar.service.samples:KeyValueService",
+        ),
+        (
+            ["--local", "3", "--ingress-port", str(int(port) + 1)],
+            f"--ingress-port: member 0 of the local cluster under {base} runs with aeron:udp?endpoint=127.0.0.1:{port}",
+        ),
+    ]
+    for args, message in refused:
+        result = run_start(*args, "--dir", str(base))
+        assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+        text = " ".join(result.output.split())
+        assert message in text, text
+        assert "choose another --dir for a new cluster" in text, text
+    assert f"runs with [consensus] session_timeout = 7s ({files[0]})" in " ".join(
+        run_start("--local", "3", "--dir", str(base), "--consensus-session-timeout", "9s").output.split()
+    )
+    assert len(captured) == 3  # nothing else started
+
+    files[1].unlink()
+    result = run_start("--local", "3", "--dir", str(base))
+    assert result.exit_code == supervisor.EXIT_CONFIG and "node1 has no node.toml" in result.output, result.output
+
+
 def test_local_ingress_port_is_member_zeros_and_counts_up(tmp_path: Path, captured: Any) -> None:
     first = consecutive_free_ports(5)
     result = run_start("--local", "5", "--dir", str(tmp_path / "five"), "--ingress-port", str(first))
