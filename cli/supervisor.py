@@ -111,7 +111,7 @@ from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, 
 from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
 from fulmar.orderly_stop import STOP_REPORT_FD_ENV, OrderlyStop, read_report
 from fulmar.permissions import make_directory
-from fulmar.stop_signals import StopSignals
+from fulmar.stop_signals import StopSignals, block_stop_signals
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a process died, or could not start
@@ -1289,18 +1289,22 @@ def _driver_dir_taken(config: NodeConfig, pid: int) -> str:
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec function: the child gets SIGTERM when the supervisor dies (Linux)."""
+    """A preexec function: the child gets SIGTERM when the supervisor dies
+    (Linux), and starts with SIGINT and SIGTERM blocked until its stop signal
+    handlers are in place (``block_stop_signals``), so that a stop in its first
+    moments (a Ctrl-C just after the start) is an orderly one."""
     if not sys.platform.startswith("linux"):
-        return None
+        return block_stop_signals
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         prctl = libc.prctl
     except (OSError, AttributeError):
-        return None
+        return block_stop_signals
     parent = os.getpid()
     PR_SET_PDEATHSIG = 1
 
     def preexec() -> None:
+        block_stop_signals()
         prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
         if os.getppid() != parent:  # the supervisor died before prctl took effect
             os._exit(1)
@@ -1821,6 +1825,11 @@ class Supervisor:
         if running:
             if self.consensus.alive:
                 self.consensus.send(signal.SIGTERM)
+                # A service still starting has not joined the log: it stops by
+                # itself once its module is gone, unless the module stops it in order.
+                for service in self.services:
+                    if service.alive and not service.is_ready():
+                        service.send(signal.SIGTERM)
                 what = "SIGTERM to the consensus module"
             else:  # no module to stop them in order: each stops on its own
                 for service in self.services:

@@ -28,7 +28,7 @@ from fulmar.consensus.mark_file import ClusterMarkFile
 from fulmar.errors import FulmarError
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.orderly_stop import OrderlyStop, StopCause, StopOutcome
-from fulmar.service.agent import ClusteredServiceAgent
+from fulmar.service.agent import ClusteredServiceAgent, StoppedBeforeStart
 from fulmar.service.clustered_service import ClusteredService
 from fulmar.service.context import ServiceContext
 from fulmar.permissions import make_directory
@@ -108,7 +108,12 @@ class ServiceContainer:
         self.orderly_stop: OrderlyStop | None = None  # set when its consensus module told it to stop
 
     @classmethod
-    def launch(cls, context: ServiceContext, service: ClusteredService | None = None) -> ServiceContainer:
+    def launch(
+        cls,
+        context: ServiceContext,
+        service: ClusteredService | None = None,
+        stop_requested: Callable[[], bool] = lambda: False,
+    ) -> ServiceContainer:
         service = service if service is not None else load_service(context.service_name)
         cluster_dir = Path(context.cluster_dir)
         make_directory(cluster_dir)
@@ -146,7 +151,7 @@ class ServiceContainer:
             agent = ClusteredServiceAgent(
                 context, aeron, archive, service, _counted(mark_file.error_log(epoch_ms).record, error_counter)
             )
-            agent.start()
+            agent.start(stop_requested=stop_requested)
             mark_file.signal_ready()
         except BaseException:
             for resource in (error_counter, archive, mark_file):
@@ -266,7 +271,10 @@ def run_service_container(
 
     rule = StopSignals()
     with StopSignalHandlers(rule, on_stop, time.monotonic_ns):
-        container = ServiceContainer.launch(context, service)
+        try:
+            container = ServiceContainer.launch(context, service, stop_requested=lambda: rule.requested is not None)
+        except StoppedBeforeStart as stopped:
+            return StopOutcome(str(stopped), None)
         try:
             running.append(container)
             if rule.requested is not None:

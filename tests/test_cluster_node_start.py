@@ -363,6 +363,51 @@ def test_a_service_module_not_found_says_where_it_looked_and_how_to_add_a_place(
     assert f"[service] path = '{tmp_path / 'absent'}': no such directory" in missing.output
 
 
+# ---------------------------------------------------------------------- a Ctrl-C while it starts
+
+STARTED = re.compile(r"node 0 of cluster 0: directory \S+, driver directory (\S+), logs in")
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        "node 0 of cluster 0",  # the driver launched, still starting up
+        "archive pid",  # the consensus module launched
+        "consensus module pid",  # the service launched, waiting for its module
+    ],
+)
+def test_a_ctrl_c_while_the_node_starts_is_an_orderly_stop(
+    start_node: Callable[..., Node], tmp_path: Path, moment: str
+) -> None:
+    """A Ctrl-C in the first moments of a start, as a process is still
+    starting up, stops the node in order: every process stops by itself
+    (none killed by the signal or the supervisor), exit 0, nothing left."""
+    node = start_node("--local", "1", "--dir", str(tmp_path / "base"))
+    wait_for(lambda: moment in node.stdout or node.process.poll() is not None, START_S, moment)
+    assert node.process.poll() is None, node.stdout + node.stderr
+    children = psutil.Process(node.process.pid).children()
+    node.process.send_signal(signal.SIGINT)
+    code = node.wait()
+    match = STARTED.search(node.stdout)
+    assert match is not None, node.stdout
+    node.driver_dir = Path(match.group(1))
+    assert code == 0, node.stdout + node.stderr
+    assert "node 0 stopped cleanly" in node.stdout, node.stdout
+    assert "killed" not in node.stdout + node.stderr, node.stdout + node.stderr
+    assert all_gone(children)
+    assert not node.driver_dir.exists()
+
+
+def test_a_stop_that_needs_a_kill_still_exits_3(start_node: Callable[..., Node], tmp_path: Path) -> None:
+    node = start_node("--local", "1", "--dir", str(tmp_path / "base"), "--stop-timeout", "2s").wait_ready()
+    node.children["archive"].suspend()  # SIGSTOP: it cannot stop by itself
+    node.process.send_signal(signal.SIGINT)
+    assert node.wait() == supervisor.EXIT_UNCLEAN_STOP, node.stdout + node.stderr
+    assert "still running 2 s after SIGTERM" in node.stderr and "killing it (SIGKILL)" in node.stderr, node.stderr
+    assert "node 0 stopped, but not cleanly (see above)" in node.stderr
+    assert all_gone(list(node.children.values()))
+
+
 # ---------------------------------------------------------------------- a signal to the whole node
 
 
