@@ -9,6 +9,7 @@ and the harness test starts drivers and archives only.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ from driver_support import main_thread_wakes_per_second, wait_for
 from test_cluster_node_start import all_gone, run_start, write_config
 
 from fulmar.aeron import Aeron
-from fulmar.cli import cluster_node, supervisor
+from fulmar.cli import cluster_node, cluster_tool, supervisor
 from fulmar.consensus.cluster_member import parse_cluster_members
 
 READY = re.compile(r"node (\d+) ready: ingress (\S+); driver directory (\S+); pids (.*?);")
@@ -492,7 +493,7 @@ def test_chosen_ports_are_outside_the_kernels_ephemeral_range() -> None:
 _RUN_NODES = """
 import sys
 from pathlib import Path
-from fulmar.cli import cluster_node, supervisor
+from fulmar.cli import cluster_node, cluster_tool, supervisor
 base, ports = Path(sys.argv[1]), [int(port) for port in sys.argv[2:]]
 configs = []
 for member_id, port in enumerate(ports):
@@ -599,6 +600,33 @@ def test_a_dead_node_is_stopped_and_the_others_keep_running(run_nodes: Any) -> N
     assert nodes.process.wait(60) == supervisor.EXIT_FAILURE
     assert "every node has stopped" in nodes.out
     assert all_gone(list(nodes.pids[0].values()))
+
+
+def test_cluster_tool_says_3_for_a_base_with_one_node_down(run_nodes: Any) -> None:
+    """One meaning per exit code: with every node running, describe,
+    list-members, counters and errors exit 0; with one node down, each of
+    them exits 3 (not running) and still shows every node."""
+    nodes = run_nodes(2)
+    nodes.wait_ready()
+    commands = ("describe", "list-members", "counters", "errors")
+
+    def tool(command: str) -> Any:
+        return CliRunner().invoke(cluster_tool.main, [command, "--dir", str(nodes.base), "--json"])
+
+    for command in commands:
+        result = tool(command)
+        assert result.exit_code == 0, (command, result.output)
+    victim = nodes.pids[1]["consensus"]
+    victim.send_signal(signal.SIGKILL)
+    nodes.wait_text("node 1 stopped; nodes still running: 0")
+    assert all_gone(list(nodes.pids[1].values()))
+    for command in commands:
+        result = tool(command)
+        assert result.exit_code == 3, (command, result.output)
+        document = json.loads(result.stdout)
+        assert [node["node"] for node in document["nodes"]] == ["node0", "node1"], document
+        assert [node["running"] for node in document["nodes"]] == [True, False], (command, document)
+        assert "error" not in document["nodes"][1], (command, document)
 
 
 def test_a_signal_stops_every_node_in_order(run_nodes: Any) -> None:
