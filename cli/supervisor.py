@@ -79,6 +79,7 @@ a members string, as before.
 from __future__ import annotations
 
 import ctypes
+import difflib
 import functools
 import getpass
 import hashlib
@@ -498,6 +499,8 @@ class NodeConfig:
     values: dict[tuple[str, str], Any] = field(default_factory=dict)  # set values of the mirrored options
     # Every value that was set (flag, file, environment), by place: [node] and [service] ones too.
     settings: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # Where each of them came from: a flag, a file's path, an environment variable, "--local".
+    sources: dict[tuple[str, str], str] = field(default_factory=dict)
     options: dict[tuple[str, str], Option] = field(default_factory=dict)
 
     def child_specs(self) -> list[ChildSpec]:
@@ -665,12 +668,18 @@ def read_toml(path: Path) -> dict[str, dict[str, Any]]:
     for name, table in document.items():
         if name not in SECTIONS:
             raise ConfigError(
-                f"{path}: unknown table [{name}] (known: {', '.join(SECTIONS)})"
+                f"{path}: unknown table [{name}]{_did_you_mean(name, SECTIONS, '[{}]')} (known: {', '.join(SECTIONS)})"
                 if isinstance(table, dict)
                 else f"{path}: unknown key {name!r} at the top level: every key belongs in a table "
                 f"({', '.join(f'[{s}]' for s in SECTIONS)})"
             )
     return document
+
+
+def _did_you_mean(name: str, known: Iterable[str], form: str = "{!r}") -> str:
+    """``; did you mean 'x'?`` (or 'x' or 'y') for the known names closest to ``name``, else ''."""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(form.format(c) for c in close)}?" if close else ""
 
 
 def resolve_config(
@@ -693,21 +702,29 @@ def resolve_config(
             known = sorted(key for s, key in by_place if s == section)
             for key, value in table.items():
                 if (section, key) not in by_place:
-                    raise ConfigError(f"{config_path}: unknown key {key!r} in [{section}] (known: {', '.join(known)})")
+                    elsewhere = [s for s, k in by_place if k == key and s != section]
+                    hint = f"; it is a key of [{elsewhere[0]}]" if elsewhere else _did_you_mean(key, known)
+                    raise ConfigError(
+                        f"{config_path}: unknown key {key!r} in [{section}]{hint} (known: {', '.join(known)})"
+                    )
                 layer[(section, key)] = (value, str(config_path))
     for place, value in (generated or {}).items():
         layer[place] = (value, "--local")
 
     resolved: dict[tuple[str, str], Any] = {}
+    sources: dict[tuple[str, str], str] = {}
     for option in options:
         place = (option.section, option.key)
         flag_value = flags.get(option.dest)
         if flag_value is not None:
             resolved[place] = flag_value  # click already checked it
+            sources[place] = option.flag
         elif place in layer:
             value, where = layer[place]
             resolved[place] = option.convert(value, where)
+            sources[place] = where
         elif option.envvar and env.get(option.envvar):
+            sources[place] = f"${option.envvar}"
             text: Any = env[option.envvar]
             if option.is_flag:
                 # The environment holds text: a flag's variable reads as click
@@ -756,6 +773,7 @@ def resolve_config(
         cpu_policy=str(resolved.get(("node", "cpu_policy"), DEFAULT_CPU_POLICY)),
         values=values,
         settings=resolved,
+        sources=sources,
         options=by_place,
     )
 
@@ -1219,10 +1237,21 @@ def _check_cluster_settings(config: NodeConfig) -> None:
     endpoints = [("consensus", own.consensus_endpoint), ("log", own.log_endpoint), ("catchup", own.catchup_endpoint)]
     if not (_check_channel("[consensus] ingress_channel", config.ingress_channel).get("endpoint")):
         endpoints.insert(0, ("ingress", own.ingress_endpoint))  # no endpoint of its own: the member's is bound
+    members_origin = origin(config, ("consensus", "cluster_members"))
     for name, endpoint in endpoints:
-        _check_port_free(
-            f"[consensus] cluster_members (member {own.id}'s {name} endpoint)", f"aeron:udp?endpoint={endpoint}"
-        )
+        _check_port_free(f"{members_origin} (member {own.id}'s {name} endpoint)", f"aeron:udp?endpoint={endpoint}")
+
+
+def origin(config: NodeConfig, place: tuple[str, str]) -> str:
+    """``[section] key``, with where its value came from when it was set: the
+    file (``path: [consensus] ingress_channel``), a flag or a variable."""
+    text = f"[{place[0]}] {place[1]}"
+    source = config.sources.get(place)
+    if source is None or source == "--local":
+        return text  # the default, or the generated configuration
+    if source.startswith(("-", "$")):
+        return f"{text} (from {source})"
+    return f"{source}: {text}"
 
 
 def validate(config: NodeConfig) -> None:
@@ -1233,15 +1262,15 @@ def validate(config: NodeConfig) -> None:
     for (section, key), value in config.values.items():
         if key.endswith("_channel") and isinstance(value, str) and value.lower() != "none":
             _check_channel(f"[{section}] {key}", value)
-    _check_port_free("[consensus] ingress_channel", config.ingress_channel, fixed=True)
+    _check_port_free(origin(config, ("consensus", "ingress_channel")), config.ingress_channel, fixed=True)
     _check_cluster_settings(config)
     control = config.values.get(
         ("archive", "control_channel"), config.options[("archive", "control_channel")].default_text
     )
     if control and str(control).lower() != "none":
-        _check_port_free("[archive] control_channel", str(control))
+        _check_port_free(origin(config, ("archive", "control_channel")), str(control))
     if config.metrics_port:
-        _check_tcp_port_free("[node] metrics_port", config.metrics_host, config.metrics_port)
+        _check_tcp_port_free(origin(config, ("node", "metrics_port")), config.metrics_host, config.metrics_port)
     for what, path in (
         ("node directory", config.node_dir),
         ("archive directory", config.archive_dir),

@@ -167,8 +167,8 @@ def test_start_refuses_a_member_whose_own_port_is_taken(tmp_path: Path, driver_d
         result = run_start("--config", str(config))
     assert result.exit_code == supervisor.EXIT_CONFIG, result.output
     assert (
-        f"[consensus] cluster_members (member 1's consensus endpoint): UDP port {port} on 127.0.0.1 is in use"
-        in result.output
+        f"{config}: [consensus] cluster_members (member 1's consensus endpoint): UDP port {port} on 127.0.0.1 is in use"
+        in " ".join(result.output.split())
     ), result.output
 
 

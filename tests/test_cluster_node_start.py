@@ -758,9 +758,18 @@ def test_local_sizes_other_than_one_three_five_are_refused() -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"driver": {"ipc_term_lenght": "1m"}}, "unknown key 'ipc_term_lenght' in [driver]"),
-        ({"consensus": {"ingress": "x"}}, "unknown key 'ingress' in [consensus]"),
+        (
+            {"driver": {"ipc_term_lenght": "1m"}},
+            "unknown key 'ipc_term_lenght' in [driver]; did you mean 'ipc_term_length'? (known: ",
+        ),
+        (
+            {"consensus": {"ingres_channel": "x"}},
+            "unknown key 'ingres_channel' in [consensus]; did you mean 'ingress_channel'",
+        ),
+        ({"consensus": {"zzz": "x"}}, "unknown key 'zzz' in [consensus] (known: "),  # nothing close
+        ({"node": {"count": 2}}, "unknown key 'count' in [node]; it is a key of [service]"),
         ({"extra": {"a": 1}}, "unknown table [extra]"),
+        ({"sevice": {"a": 1}}, "unknown table [sevice]; did you mean [service]?"),
         ({"driver": {"ipc_term_length": "3k"}}, "[driver] ipc_term_length = '3k': '3k' must be a power of two"),
         ({"consensus": {"session_timeout": "10"}}, "[consensus] session_timeout = '10'"),
         ({"archive": {"record_checksum": "yes"}}, "[archive] record_checksum must be true or false"),
@@ -805,6 +814,24 @@ def test_config_file_problems(tmp_path: Path, driver_dir: Path) -> None:
     assert result.exit_code == 2 and "no service to run" in result.output
     both = run_start("--config", str(no_service), "--local", "1")
     assert both.exit_code == 2 and "give --config or --local, not both" in both.output
+
+
+def test_a_port_in_use_names_the_file_and_the_key_that_set_it(tmp_path: Path, driver_dir: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        config = write_config(tmp_path / "node.toml", driver_dir, port)
+        result = run_start("--config", str(config))
+        assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+        text = " ".join(result.output.split())
+        assert f"{config}: [consensus] ingress_channel: UDP port {port} on 127.0.0.1 is in use" in text, text
+
+        config = write_config(tmp_path / "flag.toml", driver_dir, free_udp_port(), archive={"control_channel": "none"})
+        channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+        result = run_start("--config", str(config), "--archive-control-channel", channel)
+        text = " ".join(result.output.split())
+        assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+        assert f"[archive] control_channel (from --archive-control-channel): UDP port {port}" in text, text
 
 
 def test_port_in_use_and_unusable_directories(tmp_path: Path, driver_dir: Path) -> None:
