@@ -50,6 +50,7 @@ from fulmar.cli.supervisor import (
     describe_exit,
     free_udp_ports,
     local_driver_dir,
+    remove_left_driver_dir,
     wait_all,
 )
 from fulmar.consensus.cluster_member import parse_cluster_members
@@ -349,6 +350,9 @@ class BackupSupervisor:
             )
             self.say(f"{child.name} (pid {child.pid}) {how}")
             clean &= code == 0 and not child.killed
+        done = remove_left_driver_dir(self.config.driver_dir, self.children[0], self.children)
+        if done is not None:
+            self.say(done)
         if not clean_request:
             return EXIT_FAILURE
         if clean:

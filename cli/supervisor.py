@@ -88,6 +88,7 @@ import os
 import random
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -1539,6 +1540,36 @@ def wait_all(
         wait_for_exit(alive, min(DUTY_CYCLE_S, max(0.0, deadline - time.monotonic())))
 
 
+def remove_left_driver_dir(directory: Path, driver: Child, children: Iterable[Child]) -> str | None:
+    """Remove the driver directory a supervisor configured (``directory``)
+    and whose driver it started, when that driver left it behind (killed, it
+    could not remove it) and no process of the node is left; what was done, or None.
+
+    Only a directory that holds nothing but a driver's files and that no live
+    driver uses (another may have taken it meanwhile) is removed."""
+    from fulmar.driver.media_driver import DriverDirectoryError, active_driver_pid, check_reclaimable
+
+    if not driver.started or driver.returncode is None or any(child.alive for child in children):
+        return None
+    if not directory.is_dir():
+        return None  # the driver removed it itself, as it does when it stops in order
+    try:
+        check_reclaimable(directory)
+    except DriverDirectoryError:
+        return None  # other files in it: not the driver's to lose
+    if active_driver_pid(directory, 10_000) is not None:
+        return None
+    how = "killed by the supervisor (SIGKILL)" if driver.killed else describe_exit(driver.returncode)
+    try:
+        shutil.rmtree(directory)
+    except OSError as error:
+        return (
+            f"the media driver (pid {driver.pid}, {how}) left its directory {directory} behind, which could not be "
+            f"removed: {error.strerror or error}; remove it by hand"
+        )
+    return f"removed the driver directory {directory}, which the media driver (pid {driver.pid}, {how}) left behind"
+
+
 def _write_line(stream: TextIO, line: str) -> None:
     # One write per line: the nodes of a local cluster stop in threads, and
     # print() writes the text and its newline separately.
@@ -1609,9 +1640,16 @@ class Supervisor:
                     child.kill()
                 wait_all(self.children, 10)
             finally:
+                self.remove_left_driver_dir()
                 self.stop_metrics()
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)
+
+    def remove_left_driver_dir(self) -> None:
+        """Once no process of the node is left: its driver directory, if its driver left it behind."""
+        done = remove_left_driver_dir(self.config.driver_dir, self.driver, self.children)
+        if done is not None:
+            self.say(done)
 
     def start_metrics(self) -> str | None:
         """Serve the node's metrics, /health and /leader (with a metrics port)
@@ -1788,6 +1826,7 @@ class Supervisor:
             else:  # it exited meanwhile, by itself: said how, and not clean
                 self._report_exits([child])
                 clean = False
+        self.remove_left_driver_dir()
         # The module's word, else a service's (a module killed above said nothing).
         stop = next(child.orderly_stop for child in cluster if child.orderly_stop is not None)
         if clean:
@@ -1871,6 +1910,7 @@ class Supervisor:
                 clean &= self._await([child], limit_s, "SIGTERM")
             elif child.started and id(child) not in exited_before:
                 clean &= self._report_exits([child])
+        self.remove_left_driver_dir()
         return clean
 
     def _await(self, children: list[Child], limit_s: float, what: str) -> bool:
@@ -1970,6 +2010,7 @@ class LocalClusterSupervisor:
                 wait_all(children, 10)
             finally:
                 for node in self.nodes:
+                    node.remove_left_driver_dir()
                     node.stop_metrics()
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)

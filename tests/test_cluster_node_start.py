@@ -252,6 +252,26 @@ def test_a_process_that_dies_is_named_and_the_rest_is_stopped(
     assert all_gone(list(node.children.values()))
 
 
+def test_a_killed_drivers_directory_is_removed_once_the_rest_of_the_node_stopped(
+    start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path
+) -> None:
+    """A SIGKILLed driver cannot remove its directory: the supervisor does,
+    once no process of the node is left, and says so."""
+    config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port())
+    node = start_node("--config", str(config)).wait_ready()
+    assert node.driver_dir == driver_dir and (driver_dir / "cnc.dat").exists()
+    driver = node.children["driver"]
+    driver.send_signal(signal.SIGKILL)
+    assert node.wait() == supervisor.EXIT_FAILURE
+    assert f"media driver (pid {driver.pid}) died: killed by SIGKILL" in node.stderr, node.stderr
+    assert all_gone(list(node.children.values()))
+    assert not driver_dir.exists()
+    assert (
+        f"removed the driver directory {driver_dir}, which the media driver (pid {driver.pid}, killed by SIGKILL) "
+        "left behind" in node.stdout
+    ), node.stdout
+
+
 # ---------------------------------------------------------------------- --local
 
 
