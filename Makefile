@@ -134,4 +134,4 @@ bench-quick: $(STAMP) bytecode
 	$(PY) -m bench --quick $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info fulmar/_native/_fulmar_native.* .mypy_cache .pytest_cache site
+	rm -rf $(VENV) build *.egg-info src/*.egg-info fulmar/_native/_fulmar_native.* .mypy_cache .pytest_cache site

@@ -430,7 +430,7 @@ class LocalCluster:
             self.restarted.clear()
             shutil.rmtree(self.client_driver_dir.parent, ignore_errors=True)
             for member in range(MEMBERS):  # a killed node's driver leaves its directory
-                for directory in Path(SHM_PARENT).glob(f"fulmar-*-{self.base.name}-node{member}"):
+                for directory in Path(SHM_PARENT).glob(f"fulmar-*-{self.base.name}-*-node{member}"):
                     shutil.rmtree(directory, ignore_errors=True)
             shutil.rmtree(self.base, ignore_errors=True)
 

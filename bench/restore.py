@@ -213,7 +213,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     finally:
         if backup is not None and backup.alive:
             backup.stop(60)
-        backup_driver_dirs = list(Path(SHM_PARENT).glob(f"fulmar-*-{cluster.base.name}-backup"))
+        backup_driver_dirs = list(Path(SHM_PARENT).glob(f"fulmar-*-{cluster.base.name}-*-backup"))
         cluster.close()
         for directory in backup_driver_dirs:
             shutil.rmtree(directory, ignore_errors=True)

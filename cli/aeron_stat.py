@@ -3,9 +3,9 @@ counters, the distinct error log, the driver's liveness, loss injection.
 
 Everything is read from the driver's cnc.dat (``cli/cnc_reader.py``), with no
 running driver needed: a stopped node's leftover files still show its last
-counters and errors.  Exit codes: 0 ok; 1 no (usable) driver files in the
-directory; 3 (``driver`` only) the files are there but the driver is not
-alive.
+counters and errors.  Exit codes (``tool_common``): 0 ok; 3 the files are
+there but the driver is not alive (what they say is still shown); 4 no
+(usable) driver files in the directory.
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ from fulmar.cli.cluster_commands import cluster_counters, cluster_errors, is_clu
 from fulmar.clock import epoch_ms
 from fulmar.cli.cnc_reader import open_cnc, read_counters, read_driver_status, read_errors
 from fulmar.cli.options import driver_dir_option, resolve_driver_dir
-from fulmar.cli.tool_common import fail, format_counters, format_error_list, json_option
+from fulmar.cli.tool_common import (
+    EXIT_NOT_RUNNING,
+    EXIT_UNREADABLE,
+    fail,
+    format_counters,
+    format_error_list,
+    json_option,
+)
 from fulmar.cnc import CncError
 from fulmar.counters import counter_offset
 from fulmar.driver.counters import SystemCounter
@@ -31,8 +38,8 @@ from fulmar.driver.loss_injection import PARTS_PER_MILLION, frame_type_mask
 from fulmar.error_log import CorruptErrorLogError
 from fulmar.frames import FrameType
 
-EXIT_NO_DRIVER = 1
-EXIT_DRIVER_NOT_ALIVE = 3
+EXIT_NO_DRIVER = EXIT_UNREADABLE
+EXIT_DRIVER_NOT_ALIVE = EXIT_NOT_RUNNING
 
 # ANSI: clear the screen, cursor to the top left.
 CLEAR_SCREEN = "\033[2J\033[1;1H"
@@ -42,9 +49,15 @@ CLEAR_SCREEN = "\033[2J\033[1;1H"
 
 
 def counters_document(directory: str) -> dict[str, Any]:
-    """``{"dir", "driver_pid", "counters": [...]}``; ``CncError`` without driver files."""
+    """``{"dir", "driver_pid", "driver_alive", "counters": [...]}``; ``CncError`` without driver files."""
     with open_cnc(directory) as cnc:
-        return {"dir": str(directory), "driver_pid": cnc.pid, "counters": read_counters(cnc)}
+        alive = bool(read_driver_status(cnc, epoch_ms())["alive"])
+        return {"dir": str(directory), "driver_pid": cnc.pid, "driver_alive": alive, "counters": read_counters(cnc)}
+
+
+def _exit_if_not_alive(document: dict[str, Any]) -> None:
+    if not document["driver_alive"]:
+        sys.exit(EXIT_DRIVER_NOT_ALIVE)
 
 
 def add_rates(document: dict[str, Any], previous: dict[str, Any] | None, interval_s: float | None) -> dict[str, Any]:
@@ -94,6 +107,7 @@ def counters(directory: str | None, watch: float | None, as_json: bool) -> None:
         except CncError as error:
             fail(str(error), EXIT_NO_DRIVER)
         click.echo(json.dumps(document) if as_json else format_counters(document))
+        _exit_if_not_alive(document)
         return
     _watch_counters(path, watch, as_json)
 
@@ -137,9 +151,10 @@ def _watch_counters(directory: str, interval_s: float, as_json: bool) -> None:
 
 
 def errors_document(directory: str) -> dict[str, Any]:
-    """``{"dir", "driver_pid", "errors": [...]}``; ``CncError`` without driver files."""
+    """``{"dir", "driver_pid", "driver_alive", "errors": [...]}``; ``CncError`` without driver files."""
     with open_cnc(directory) as cnc:
-        return {"dir": str(directory), "driver_pid": cnc.pid, "errors": read_errors(cnc)}
+        alive = bool(read_driver_status(cnc, epoch_ms())["alive"])
+        return {"dir": str(directory), "driver_pid": cnc.pid, "driver_alive": alive, "errors": read_errors(cnc)}
 
 
 def format_errors(document: dict[str, Any]) -> str:
@@ -170,6 +185,7 @@ def errors(directory: str | None, as_json: bool) -> None:
     except CorruptErrorLogError as error:
         fail(f"the error log in {path} is corrupt: {error}", EXIT_NO_DRIVER)
     click.echo(json.dumps(document) if as_json else format_errors(document))
+    _exit_if_not_alive(document)
 
 
 # ---------------------------------------------------------------------- driver
@@ -261,6 +277,7 @@ def loss_document(directory: str) -> dict[str, Any]:
         return {
             "dir": directory,
             "driver_pid": cnc.pid,
+            "driver_alive": bool(read_driver_status(cnc, epoch_ms())["alive"]),
             "receive_ppm": value(SystemCounter.LOSS_RECEIVE_RATE_PPM),
             "send_ppm": value(SystemCounter.LOSS_SEND_RATE_PPM),
             "frame_types": [name for name, bit in _LOSS_FRAME_TYPES.items() if mask & (1 << bit)] if mask else "all",
@@ -344,3 +361,4 @@ def loss(
     except CncError as error:
         fail(str(error), EXIT_NO_DRIVER)
     click.echo(json.dumps(document) if as_json else format_loss(document))
+    _exit_if_not_alive(document)

@@ -20,8 +20,9 @@ from typing import Any, NoReturn
 
 import click
 
-EXIT_PROBLEM = 1
-EXIT_NOT_INSTALLED = 2
+from fulmar.cli.tool_common import EXIT_PROBLEM, EXIT_USAGE
+
+EXIT_NOT_INSTALLED = EXIT_USAGE
 
 # The exception lines of fulmar's errors inside a Spark error's text.
 _OWN_ERROR = re.compile(

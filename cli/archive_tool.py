@@ -4,10 +4,11 @@
 It reads an archive directory without writing to it: the catalog and the
 mark file are mapped copy-on-write from read-only file descriptors
 (MAP_PRIVATE), so not even a stray store could reach the files, and a live
-archive's directory can be inspected while it runs.  Exit codes: 0 ok; 1 no
-usable archive files (missing, unreadable or corrupt catalog or mark file),
-an unknown ``--id``, or (``verify``) problems found; 3 (``archive describe``
-only) the files are there but no archive is running.
+archive's directory can be inspected while it runs.  Exit codes
+(``tool_common``): 0 ok; 1 an unknown ``--id``, or (``verify``) problems
+found; 3 (``archive describe`` only) the files are there but no archive is
+running; 4 no usable archive files (missing, unreadable or corrupt catalog or
+mark file).
 """
 
 from __future__ import annotations
@@ -37,15 +38,16 @@ from fulmar.archive.segment import SEGMENT_SUFFIX, first_bad_frame
 from fulmar.buffers import AtomicBuffer
 from fulmar.clock import epoch_ms
 from fulmar.cli.cnc_reader import error_documents, iso_utc, process_exists
-from fulmar.cli.tool_common import fail, format_error_list, json_option
+from fulmar.cli.tool_common import EXIT_NOT_RUNNING, EXIT_PROBLEM, EXIT_UNREADABLE, fail, format_error_list, json_option
 from fulmar.codecs.generated.archive import RecordingState
 from fulmar.codecs.generated.archive_mark import MarkFileHeaderDecoder
 from fulmar.error_log import CorruptErrorLogError, read_error_log
 from fulmar.errors import CodecError
 from fulmar.semantic_version import version_text
 
-EXIT_ARCHIVE_PROBLEM = 1  # no usable archive files, unknown --id, or verify found problems
-EXIT_ARCHIVE_NOT_RUNNING = 3
+EXIT_ARCHIVE_PROBLEM = EXIT_PROBLEM  # an unknown --id, or verify found problems
+EXIT_ARCHIVE_NOT_RUNNING = EXIT_NOT_RUNNING  # (describe) no archive runs in the directory
+EXIT_ARCHIVE_UNREADABLE = EXIT_UNREADABLE  # no usable archive files
 
 STOP_ACTIVE = "active"
 STOP_OPEN = "open (archive not running)"
@@ -59,7 +61,7 @@ class ArchiveReadError(Exception):
 
 
 def _archive_fail(error: ArchiveReadError) -> NoReturn:
-    fail(str(error), EXIT_ARCHIVE_PROBLEM)
+    fail(str(error), EXIT_ARCHIVE_UNREADABLE)
 
 
 def _check_archive_dir(archive_dir: Path) -> None:
@@ -528,9 +530,11 @@ def archive_group() -> None:
     for writing, so these commands are safe on a live archive's directory
     and show a stopped or crashed archive's files as it left them.
 
-    Exit codes: 0 ok; 1 no usable archive files (missing directory, missing
-    or corrupt catalog or mark file), an unknown --id, or (verify) problems
-    found; 3 (describe) the files are there but no archive is running.
+    Exit codes (as for every cluster-tool command): 0 ok; 1 an unknown
+    --id, or (verify) problems found; 3 (describe, which says who owns the
+    directory) the files are there but no archive is running: the other
+    commands read the files, running or not; 4 no usable archive files
+    (missing directory, missing or corrupt catalog or mark file).
     """
 
 

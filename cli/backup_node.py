@@ -49,8 +49,8 @@ from fulmar.cli.supervisor import (
     _write_line,
     describe_exit,
     free_udp_ports,
-    shm_root,
-    user_name,
+    local_driver_dir,
+    remove_left_driver_dir,
     wait_all,
 )
 from fulmar.consensus.cluster_member import parse_cluster_members
@@ -206,8 +206,7 @@ def read_backup_config(path: Path) -> BackupConfig:
 
 
 def default_backup_driver_dir(backup_dir: Path) -> Path:
-    root = shm_root()
-    return root / f"fulmar-{user_name()}-{backup_dir.parent.name}-backup" if root else backup_dir / "driver"
+    return local_driver_dir(backup_dir.parent, backup_dir.name)
 
 
 def local_backup_config(base: Path) -> BackupConfig:
@@ -351,6 +350,9 @@ class BackupSupervisor:
             )
             self.say(f"{child.name} (pid {child.pid}) {how}")
             clean &= code == 0 and not child.killed
+        done = remove_left_driver_dir(self.config.driver_dir, self.children[0], self.children)
+        if done is not None:
+            self.say(done)
         if not clean_request:
             return EXIT_FAILURE
         if clean:

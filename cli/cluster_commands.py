@@ -13,9 +13,10 @@ control toggle counter, with a compare-and-set from NEUTRAL, as Aeron's
 ClusterTool does.
 
 ``--dir`` is a cluster directory, a node directory holding ``cluster/``, or
-the base of a local cluster (``node0/``, ``node1/``, ...).  Exit codes: 0 ok;
-1 no usable cluster files, or an operation refused or not completed in time;
-3 not running, or not the leader (``is-leader`` exits 0 only for the leader).
+the base of a local cluster (``node0/``, ``node1/``, ...).  Exit codes
+(``tool_common``): 0 ok; 1 an operation refused or not completed in time, or
+no leader among running nodes (``is-leader`` exits 0 only for the leader); 3
+a node's consensus module not running; 4 no usable cluster files.
 """
 
 from __future__ import annotations
@@ -38,7 +39,16 @@ from fulmar.archive.errors import describe_os_error
 from fulmar.cli.archive_tool import archive_dir_option
 from fulmar.clock import epoch_ms
 from fulmar.cli.cnc_reader import error_documents, iso_utc, open_cnc, process_exists, read_counters
-from fulmar.cli.tool_common import fail, format_counters, format_error_list, json_option
+from fulmar.cli.tool_common import (
+    EXIT_NOT_RUNNING,
+    EXIT_PROBLEM,
+    EXIT_UNREADABLE,
+    fail,
+    format_counters,
+    format_error_list,
+    json_option,
+    worst,
+)
 from fulmar.cnc import CncError, CncFile
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.consensus import protocol as cluster_protocol
@@ -74,8 +84,9 @@ from fulmar.counters import CountersReader, counter_offset
 from fulmar.errors import CodecError
 from fulmar.semantic_version import version_text
 
-EXIT_CLUSTER_PROBLEM = 1  # no usable cluster files, a corrupt file, a refused or failed operation
-EXIT_CLUSTER_NOT_RUNNING = 3  # not running, or (is-leader and the operations) not the leader
+EXIT_CLUSTER_PROBLEM = EXIT_PROBLEM  # a refused or failed operation, not the leader
+EXIT_CLUSTER_NOT_RUNNING = EXIT_NOT_RUNNING  # a node's consensus module is not running
+EXIT_CLUSTER_UNREADABLE = EXIT_UNREADABLE  # no usable cluster files, a corrupt file
 
 # Counters the consensus module allocates with literal type ids (consensus/agent.py).
 SESSIONS_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_SESSIONS_TYPE_ID
@@ -630,8 +641,8 @@ def cluster_mark_file_node(node: ClusterNode, now_ms: int) -> dict[str, Any]:
     return {**_node_base(node), "files": files}
 
 
-def cluster_counters_node(node: ClusterNode) -> dict[str, Any]:
-    contents = read_cluster_mark(node.cluster_dir / CLUSTER_MARK_FILE_NAME)
+def cluster_counters_node(node: ClusterNode, now_ms: int) -> dict[str, Any]:
+    contents, mark = _module_state(node, now_ms)
     directory = contents.header.aeron_directory
     try:
         with open_cnc(directory) as cnc:
@@ -642,6 +653,15 @@ def cluster_counters_node(node: ClusterNode) -> dict[str, Any]:
             ]
             return {**_node_base(node), "driver_dir": directory, "driver_pid": cnc.pid, "counters": counters}
     except CncError as error:
+        if not mark["running"]:
+            # A stopped node's driver took its files with it: nothing to read, and nothing wrong.
+            return {
+                **_node_base(node),
+                "driver_dir": directory,
+                "driver_pid": None,
+                "counters": None,
+                "counters_note": f"the consensus module is {mark['state']}; {error}",
+            }
         raise ClusterReadError(f"{error} (the driver dir named by {contents.path})") from None
 
 
@@ -654,30 +674,56 @@ def cluster_document(directory: Path, read_node: Callable[[ClusterNode], dict[st
     ``ClusterReadError`` if ``directory`` holds no node at all.
     """
     layout, nodes = resolve_cluster_nodes(directory)
+    now_ms = epoch_ms()
     documents = []
     for node in nodes:
         try:
-            documents.append(read_node(node))
+            document = read_node(node)
         except ClusterReadError as error:
             documents.append({**_node_base(node), "error": str(error)})
+            continue
+        if "running" not in document or "is_backup" not in document:
+            try:
+                _, mark = _module_state(node, now_ms)
+                running, backup = bool(mark["running"]), _is_backup(mark)
+            except ClusterReadError:  # no (usable) mark file: no module runs there
+                running, backup = False, False
+            document.setdefault("running", running)
+            document.setdefault("is_backup", backup)
+        documents.append(document)
     return {"dir": str(directory), "layout": layout, "nodes": documents}
 
 
-def _cluster_emit(document: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]) -> None:
-    """Print; exit 1 when a node could not be read (alone: one ``cluster-tool:`` line, nothing printed)."""
+def cluster_exit_code(document: dict[str, Any]) -> int:
+    """4 if a node could not be read, else 3 if a member's consensus module
+    is not running (a cluster backup beside the members may be stopped), else 0."""
+    return worst(
+        EXIT_CLUSTER_UNREADABLE
+        if "error" in node
+        else EXIT_CLUSTER_NOT_RUNNING
+        if not node.get("running", False) and not node.get("is_backup")
+        else 0
+        for node in document["nodes"]
+    )
+
+
+def _cluster_emit(
+    document: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str], code: int | None = None
+) -> None:
+    """Print, then exit with ``code`` (by default cluster_exit_code's); a
+    single node that could not be read: one ``cluster-tool:`` line, nothing printed, exit 4."""
     errors = [node["error"] for node in document["nodes"] if "error" in node]
     if errors and len(document["nodes"]) == 1:
-        fail(errors[0], EXIT_CLUSTER_PROBLEM)
+        fail(errors[0], EXIT_CLUSTER_UNREADABLE)
     click.echo(json.dumps(document) if as_json else render(document))
-    if errors:
-        sys.exit(EXIT_CLUSTER_PROBLEM)
+    sys.exit(cluster_exit_code(document) if code is None else code)
 
 
 def _read_cluster(directory: Path, read_node: Callable[[ClusterNode], dict[str, Any]]) -> dict[str, Any]:
     try:
         return cluster_document(directory, read_node)
     except ClusterReadError as error:
-        fail(str(error), EXIT_CLUSTER_PROBLEM)
+        fail(str(error), EXIT_CLUSTER_UNREADABLE)
 
 
 def _render_nodes(document: dict[str, Any], render_node: Callable[[dict[str, Any]], list[str]]) -> str:
@@ -924,6 +970,8 @@ def _render_mark_file_node(node: dict[str, Any]) -> list[str]:
 
 
 def _render_cluster_counters_node(node: dict[str, Any]) -> list[str]:
+    if node["counters"] is None:
+        return [f"no counters: {node['counters_note']}"]
     document = {"dir": node["driver_dir"], "driver_pid": node["driver_pid"], "counters": node["counters"]}
     return format_counters(document).splitlines()
 
@@ -953,29 +1001,22 @@ def cluster_group() -> None:
     media driver's cnc.dat, found through the mark file's aeron directory.
 
     Read commands change nothing and work on a stopped node's files
-    (recording-log, errors, mark-file fully; describe without counters).
+    (recording-log, errors, mark-file fully; describe without counters),
+    and exit 3 when a member's consensus module is not running.
 
     \b
-    Exit codes:
+    Exit codes: (as for every cluster-tool command: cluster-tool --help)
       0  ok (is-leader: the node is the leader)
-      1  no usable cluster files (no such directory, missing or corrupt
-         mark file or recording log, unusable cnc.dat); an operation that
-         was refused (toggle not NEUTRAL, wrong module state) or did not
-         complete within --timeout
-      3  not running: describe, pid, list-members when a node's consensus
-         module is not running; is-leader when the node is not the leader
-         (or, for a base, no node leads); an operation when no running
-         leader is found
+      1  an operation that was refused (toggle not NEUTRAL, wrong module
+         state) or did not complete within --timeout; is-leader when the
+         node runs but is not the leader, an operation or is-leader on a
+         base whose nodes all run and none leads
+      3  not running: a node's consensus module is not running (the read
+         commands still show its files); an operation or is-leader when no
+         running leader is found and some node is not running
+      4  no usable cluster files (no such directory, missing or corrupt mark
+         file or recording log, unusable cnc.dat of a running node)
     """
-
-
-def _exit_if_not_running(document: dict[str, Any]) -> None:
-    if any(
-        not node.get("running", False)
-        for node in document["nodes"]
-        if "error" not in node and not node.get("is_backup")
-    ):
-        sys.exit(EXIT_CLUSTER_NOT_RUNNING)
 
 
 @cluster_group.command(name="describe", short_help="Show mark file, recording log summary and counters.")
@@ -994,7 +1035,6 @@ def cluster_describe(directory: Path, as_json: bool) -> None:
     now_ms = epoch_ms()
     document = _read_cluster(directory, lambda node: cluster_describe_node(node, now_ms))
     _cluster_emit(document, as_json, format_cluster_describe)
-    _exit_if_not_running(document)
 
 
 @cluster_group.command(name="pid", short_help="Print the consensus module's pid.")
@@ -1016,7 +1056,6 @@ def cluster_pid(directory: Path, as_json: bool) -> None:
         )
 
     _cluster_emit(document, as_json, render)
-    _exit_if_not_running(document)
 
 
 @cluster_group.command(name="list-members", short_help="List members: id, role, leader, ingress, commit position.")
@@ -1031,16 +1070,15 @@ def cluster_list_members(directory: Path, as_json: bool) -> None:
     document = _read_cluster(directory, lambda node: cluster_member_node(node, now_ms))
     document["leader"] = next((node["node"] for node in document["nodes"] if node.get("leader")), None)
     _cluster_emit(document, as_json, format_cluster_members)
-    _exit_if_not_running(document)
 
 
-@cluster_group.command(name="is-leader", short_help="Exit 0 if the node is the leader, else 3.")
+@cluster_group.command(name="is-leader", short_help="Exit 0 if the node is the leader, else 1 (3: not running).")
 @cluster_dir_option
 @json_option
 def cluster_is_leader(directory: Path, as_json: bool) -> None:
-    """Exit 0 if the node's running consensus module is the leader, 3 if it
-    is not (or is not running), 1 if its files cannot be read.  For a base,
-    exit 0 if some node leads, and say which."""
+    """Exit 0 if the node's running consensus module is the leader, 1 if it
+    is not, 3 if it is not running, 4 if its files cannot be read.  For a
+    base, exit 0 if some node leads, and say which."""
     now_ms = epoch_ms()
     document = _read_cluster(directory, lambda node: cluster_member_node(node, now_ms))
     leader = next((node for node in document["nodes"] if node.get("leader")), None)
@@ -1058,9 +1096,8 @@ def cluster_is_leader(directory: Path, as_json: bool) -> None:
 
         return "\n".join(line(node) for node in document["nodes"])
 
-    _cluster_emit(document, as_json, render)
-    if leader is None:
-        sys.exit(EXIT_CLUSTER_NOT_RUNNING)
+    # No leader: because a node is not running (3) or unreadable (4), else the answer is no (1).
+    _cluster_emit(document, as_json, render, 0 if leader is not None else cluster_exit_code(document) or EXIT_PROBLEM)
 
 
 @cluster_group.command(name="recording-log", short_help="List every recording.log entry.")
@@ -1124,7 +1161,9 @@ def cluster_rebuild_recording_log(
         )
     try:
         result = rebuild_recording_log(directory, archive_dir, log_stream_id, recording_id)
-    except (RecordingLogRebuildError, RecordingLogError, OSError) as error:
+    except OSError as error:
+        fail(f"cannot rebuild {directory / RECORDING_LOG_FILE_NAME}: {error}", EXIT_CLUSTER_UNREADABLE)
+    except (RecordingLogRebuildError, RecordingLogError) as error:
         fail(f"cannot rebuild {directory / RECORDING_LOG_FILE_NAME}: {error}", EXIT_CLUSTER_PROBLEM)
     if result.kept_damaged_file is not None:
         click.echo(f"kept the old recording log as {result.kept_damaged_file}")
@@ -1164,7 +1203,8 @@ def cluster_mark_file(directory: Path, as_json: bool) -> None:
 def cluster_counters(directory: Path, as_json: bool) -> None:
     """List the cluster counters (type ids 200-249, and fulmar's 1200-1203) in the node's media
     driver's cnc.dat (found through the mark file): id, type, value, label."""
-    document = _read_cluster(directory, cluster_counters_node)
+    now_ms = epoch_ms()
+    document = _read_cluster(directory, lambda node: cluster_counters_node(node, now_ms))
     _cluster_emit(document, as_json, lambda d: _render_nodes(d, _render_cluster_counters_node))
 
 
@@ -1213,28 +1253,31 @@ def _find_leader(directory: Path, now_ms: int) -> tuple[ClusterNode, ClusterMark
     try:
         layout, nodes = resolve_cluster_nodes(directory)
     except ClusterReadError as error:
-        raise ClusterOperationError(str(error)) from None
+        raise ClusterOperationError(str(error), EXIT_CLUSTER_UNREADABLE) from None
     reasons = []
+    codes = []  # why each node is not the leader: unreadable, not running, or a follower
     for node in nodes:
         try:
             contents, mark = _module_state(node, now_ms)
         except ClusterReadError as error:
             if len(nodes) == 1:
-                raise ClusterOperationError(str(error)) from None
+                raise ClusterOperationError(str(error), EXIT_CLUSTER_UNREADABLE) from None
             reasons.append(f"{node.name}: {error}")
+            codes.append(EXIT_CLUSTER_UNREADABLE)
             continue
         counters, note = _live_counters(contents, mark)
         if counters is None:
             reasons.append(f"{node.name}: {note}")
+            codes.append(EXIT_CLUSTER_NOT_RUNNING if not mark["running"] else EXIT_CLUSTER_UNREADABLE)
             continue
         if counters["role"] == ClusterRole.LEADER:
             return node, contents
         reasons.append(f"{node.name}: not the leader (role {counters['role_name']})")
+        codes.append(0)
+    code = worst(codes) or EXIT_CLUSTER_PROBLEM  # every node runs, and none leads: the answer is no
     if len(nodes) == 1:
-        raise ClusterOperationError(
-            reasons[0].split(": ", 1)[1] + f" in {nodes[0].cluster_dir}", EXIT_CLUSTER_NOT_RUNNING
-        )
-    raise ClusterOperationError(f"no running leader in {directory}: " + "; ".join(reasons), EXIT_CLUSTER_NOT_RUNNING)
+        raise ClusterOperationError(reasons[0].split(": ", 1)[1] + f" in {nodes[0].cluster_dir}", code)
+    raise ClusterOperationError(f"no running leader in {directory}: " + "; ".join(reasons), code)
 
 
 def cluster_operate(directory: Path, name: str, timeout_s: float) -> str:
@@ -1251,7 +1294,7 @@ def cluster_operate(directory: Path, name: str, timeout_s: float) -> str:
         with open_cnc(contents.header.aeron_directory) as cnc:
             return _toggle_and_wait(cnc, name, operation, contents, where, timeout_s)
     except CncError as error:
-        raise ClusterOperationError(str(error)) from None
+        raise ClusterOperationError(str(error), EXIT_CLUSTER_UNREADABLE) from None
 
 
 def _toggle_and_wait(

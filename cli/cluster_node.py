@@ -1073,7 +1073,9 @@ _START_OPTIONS = _supervisor.build_options(
     default=None,
     help="Run a whole cluster of 1, 3 or 5 members on this machine with a generated configuration "
     "under --dir (default /var/tmp/fulmar-<user>/local-cluster): node<i>/ holds each member's "
-    "archive/, cluster/, logs/ and node.toml.  Every port is a free UDP port on 127.0.0.1.",
+    "archive/, cluster/, logs/ and node.toml.  Every port is a free UDP port on 127.0.0.1.  If --dir "
+    "already holds a local cluster (node<i>/node.toml), it starts again on that configuration: the same "
+    "ports and settings (flags that contradict them are refused).",
 )
 @click.option(
     "--ingress-port",
@@ -1156,34 +1158,58 @@ def start(config_path: Path | None, local_members: int | None, ingress_port: int
     metrics_ports = _supervisor.local_metrics_ports(
         metrics_flag if isinstance(metrics_flag, int) else None, local_members
     )
-    ports = _supervisor.allocate_local_ports(local_members, ingress_port)
+    existing = _supervisor.local_cluster_files(base)
+    if existing:
+        # An existing local cluster starts again on its own configuration: same ports, same settings.
+        configs = _supervisor.reuse_local_cluster(
+            _START_OPTIONS, flags, base, existing, local_members, ingress_port, metrics_ports
+        )
+        _validate_members(configs)
+    else:
+        configs = _new_local_cluster(base, local_members, ingress_port, metrics_ports, flags)
+    ingress = [_supervisor.ingress_endpoint(config) for config in configs]
+    again = " (again, on its configuration in node<i>/node.toml)" if existing else ""
+    if local_members == 1:
+        click.echo(f"local cluster of 1 member under {base}{again} (ingress {ingress[0]})")
+        sys.exit(_supervisor.run_node(configs[0]))
+    click.echo(f"local cluster of {local_members} members under {base}{again}")
+    for config, endpoint in zip(configs, ingress):
+        click.echo(
+            f"member {config.member_id}: ingress {endpoint}, node directory "
+            f"{config.node_dir}, driver directory {config.driver_dir}"
+        )
+    endpoints = ",".join(f"{config.member_id}={endpoint}" for config, endpoint in zip(configs, ingress))
+    click.echo(f"ingress endpoints: {endpoints}")
+    sys.exit(_supervisor.run_local_cluster(configs, endpoints))
+
+
+def _new_local_cluster(
+    base: Path, count: int, ingress_port: int | None, metrics_ports: list[int] | None, flags: dict[str, object]
+) -> list[_supervisor.NodeConfig]:
+    """The generated configuration of a new local cluster of ``count`` under
+    ``base``, checked, each member's written to its node<i>/node.toml."""
+    ports = _supervisor.allocate_local_ports(count, ingress_port)
     configs = []
     for member_id, layer in enumerate(_supervisor.local_cluster_layers(base, ports)):
         layer[("service", "service")] = _supervisor.DEFAULT_LOCAL_SERVICE
         if metrics_ports is not None:
             layer[("node", "metrics_port")] = metrics_ports[member_id]
-        try:
-            config = _supervisor.resolve_config(_START_OPTIONS, flags, None, layer)
-            _supervisor.validate(config)
-        except _supervisor.ConfigError as error:
-            if local_members == 1:
-                raise
-            raise _supervisor.ConfigError(f"member {member_id}: {error.message}") from None  # which member's
-        configs.append(config)
+        configs.append(_supervisor.resolve_config(_START_OPTIONS, flags, None, layer))
+    _validate_members(configs)
     for config in configs:
         (config.node_dir / "node.toml").write_text(config.to_toml())
-    if local_members == 1:
-        click.echo(f"local cluster of 1 member under {base} (ingress 127.0.0.1:{ports[0].ingress})")
-        sys.exit(_supervisor.run_node(configs[0]))
-    click.echo(f"local cluster of {local_members} members under {base}")
-    for config, member in zip(configs, ports):
-        click.echo(
-            f"member {config.member_id}: ingress {member.endpoint('ingress')}, node directory "
-            f"{config.node_dir}, driver directory {config.driver_dir}"
-        )
-    endpoints = _supervisor.local_ingress_endpoints(ports)
-    click.echo(f"ingress endpoints: {endpoints}")
-    sys.exit(_supervisor.run_local_cluster(configs, endpoints))
+    return configs
+
+
+def _validate_members(configs: list[_supervisor.NodeConfig]) -> None:
+    """Check each member's configuration before anything starts; an error names the member (of several)."""
+    for config in configs:
+        try:
+            _supervisor.validate(config)
+        except _supervisor.ConfigError as error:
+            if len(configs) == 1:
+                raise
+            raise _supervisor.ConfigError(f"member {config.member_id}: {error.message}") from None
 
 
 # ---------------------------------------------------------------------------- backup

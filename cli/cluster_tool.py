@@ -30,22 +30,24 @@ from fulmar.cli import (
     cluster_commands,
     metrics_server,
     retention_commands,
+    tool_common,
     verify_log_commands,
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True}, epilog=tool_common.EXIT_CODES_HELP
+)
 def main() -> None:
     """Inspect a fulmar node through its media driver's cnc.dat.
 
-    Works on a stopped node's leftover files too.  Exit codes: 0 ok; 1 no
-    usable cnc.dat in the directory; 3 (driver) the driver is not alive.
-    The archive commands (cluster-tool archive --help) read an archive
-    directory the same way; the cluster commands (cluster-tool cluster
-    --help) read a node's cluster directory and operate the cluster.  The
-    cluster verbs also work at the top level (cluster-tool describe --dir
-    NODE), and errors and counters given a node's or a local cluster's
-    directory report on the cluster instead of a driver.
+    Works on a stopped node's leftover files too.  The archive commands
+    (cluster-tool archive --help) read an archive directory the same way;
+    the cluster commands (cluster-tool cluster --help) read a node's
+    cluster directory and operate the cluster.  The cluster verbs also work
+    at the top level (cluster-tool describe --dir NODE), and errors and
+    counters given a node's or a local cluster's directory report on the
+    cluster instead of a driver.
     """
 
 

@@ -48,11 +48,10 @@ from fulmar.cli.cluster_commands import (
     resolve_cluster_nodes,
 )
 from fulmar.cli.node_metrics import MetricsNode, NodeCollector, NodeFiles
-from fulmar.cli.tool_common import fail
+from fulmar.cli.tool_common import EXIT_PROBLEM, EXIT_UNREADABLE, fail
 from fulmar.clock import epoch_ms
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleState, ElectionState
 
-EXIT_PROBLEM = 1
 DEFAULT_PORT = 9464  # Prometheus' registry of exporter ports: the one most exporters' examples use
 DEFAULT_HOST = "127.0.0.1"
 # A module in these states serves its role: SUSPENDED is an operator's
@@ -330,13 +329,13 @@ def metrics_serve(directory: Path, port: int, host: str, archive_dir: Path | Non
 
     Every answer is read from the node's files when it is asked for: nothing
     joins the cluster, and the server may start before the node does (it
-    then answers 503).  Exit codes: 0 stopped by a signal; 1 no cluster files
-    under --dir, or a port that cannot be bound.
+    then answers 503).  Exit codes: 0 stopped by a signal; 1 a port that
+    cannot be bound; 4 no cluster files under --dir.
     """
     try:
         nodes = metrics_nodes(directory, archive_dir, driver_dir)
     except ClusterReadError as error:
-        fail(str(error), EXIT_PROBLEM)
+        fail(str(error), EXIT_UNREADABLE)
     servers: list[MetricsServer] = []
     try:
         for offset, node in nodes:

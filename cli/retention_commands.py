@@ -29,16 +29,16 @@ from fulmar.consensus.log_retention import (
     plan_retention,
 )
 from fulmar.consensus.mark_file import FILENAME as CLUSTER_MARK_FILE_NAME
-from fulmar.consensus.mark_file import SERVICE_FILENAME_PREFIX, read_cluster_mark_file
+from fulmar.consensus.mark_file import SERVICE_FILENAME_PREFIX, read_cluster_mark_file, read_liveness
 from fulmar.consensus.recording_log import (
     RECORDING_LOG_FILE_NAME,
     Entry,
     decode_entries,
     invalidate_entry_in_place,
 )
+from fulmar.clock import epoch_ms
 from fulmar.errors import FulmarError
-
-EXIT_PROBLEM = 1
+from fulmar.cli.tool_common import EXIT_NOT_RUNNING, EXIT_PROBLEM, EXIT_UNREADABLE, worst
 
 
 @dataclass
@@ -48,6 +48,13 @@ class NodeRetention:
     plan: RetentionPlan | None = None
     result: RetentionResult | None = None
     error: str | None = None
+    running: bool = True  # whether its consensus module ran when it could not be done
+
+    @property
+    def exit_code(self) -> int:
+        if self.error is not None:
+            return EXIT_PROBLEM if self.running else EXIT_NOT_RUNNING
+        return EXIT_PROBLEM if self.result is not None and self.result.problems else 0
 
     def document(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.name, "cluster_dir": str(self.cluster_dir)}
@@ -124,12 +131,17 @@ def purge_node(name: str, cluster_dir: Path, keep_snapshots: int, dry_run: bool)
         node.error = f"{error.filename or error}: no such file"
     except (FulmarError, LogRetentionError, OSError) as error:
         node.error = f"{type(error).__name__}: {error}"
+    if node.error is not None:
+        liveness = read_liveness(cluster_dir / CLUSTER_MARK_FILE_NAME)
+        node.running = liveness is not None and liveness.is_active(epoch_ms())
+        if not node.running:
+            node.error += " (the node is not running: its driver and archive must be)"
     return node
 
 
 def _fail(message: str) -> NoReturn:
     click.echo(f"cluster-tool: {message}", err=True)
-    sys.exit(EXIT_PROBLEM)
+    sys.exit(EXIT_UNREADABLE)
 
 
 @click.command(name="purge-log", short_help="Purge each member's log and snapshots before the newest it keeps.")
@@ -158,8 +170,9 @@ def purge_log(directory: Path, keep_snapshots: int, dry_run: bool, as_json: bool
     before the segment holding the oldest kept snapshot are purged (Aeron's
     PurgeSegments).  A member recovers from its snapshot and the log after it,
     and a blank member joins from the leader's snapshot.  The node's driver
-    and archive must be running.  Exit 1 if any node could not be done
-    (each says why)."""
+    and archive must be running.  Exit 1 if a running node could not be
+    done (each says why), 3 if a node could not be done because it is not
+    running, 4 if --dir holds no cluster files."""
     from fulmar.cli.cluster_commands import ClusterReadError, resolve_cluster_nodes
 
     try:
@@ -177,5 +190,4 @@ def purge_log(directory: Path, keep_snapshots: int, dry_run: bool, as_json: bool
     else:
         for node in done:
             click.echo(node.text(dry_run))
-    if any(node.error is not None or (node.result is not None and node.result.problems) for node in done):
-        sys.exit(EXIT_PROBLEM)
+    sys.exit(worst(node.exit_code for node in done))

@@ -17,7 +17,8 @@ A TOML file has up to five tables::
     [driver]     the options of ``cluster-node driver`` (ipc_term_length = "16m", ...)
     [archive]    the options of ``cluster-node archive`` (control_channel, segment_length, ...)
     [consensus]  the options of ``cluster-node consensus`` (ingress_channel, session_timeout, ...)
-    [service]    service = "module:Class", count = 1
+    [service]    service = "module:Class", count = 1, path (where the module is looked for
+                 first: default the file's directory, or the current one without a file)
 
 Keys are the commands' option names with underscores (``--ipc-term-length``
 is ``ipc_term_length``); sizes and durations take the commands' notation
@@ -66,7 +67,9 @@ under one base directory (``node<i>/``, each with the ``node.toml`` it ran
 with, which ``--config`` starts again on its own).  Each member gets five free
 UDP ports on 127.0.0.1 (ingress, consensus, log, catch-up, archive control;
 with ``--ingress-port P`` member i's ingress is P + i), from which the cluster
-members string is built.  The N nodes run from one command, each supervised as
+members string is built.  A base that holds them already starts again on
+them (``reuse_local_cluster``): the same ports and settings, flags that
+contradict them refused.  The N nodes run from one command, each supervised as
 above, side by side: a node whose process dies is reported and stopped while
 the others keep running; a signal stops all nodes in parallel, each in order;
 the command ends when no node is left.  ``--local 1`` is a single node without
@@ -76,13 +79,16 @@ a members string, as before.
 from __future__ import annotations
 
 import ctypes
+import difflib
 import functools
 import getpass
-import importlib
+import hashlib
 import math
 import os
 import random
+import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -107,7 +113,7 @@ from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, 
 from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
 from fulmar.orderly_stop import STOP_REPORT_FD_ENV, OrderlyStop, read_report
 from fulmar.permissions import make_directory
-from fulmar.stop_signals import StopSignals
+from fulmar.stop_signals import StopSignals, block_stop_signals
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a process died, or could not start
@@ -171,6 +177,25 @@ def default_driver_dir(member_id: int, node_dir: Path) -> Path:
 
 def default_local_base() -> Path:
     return Path(f"/var/tmp/fulmar-{user_name()}/local-cluster")
+
+
+# A directory name (and so its part of it) must stay within NAME_MAX (255 bytes).
+_LOCAL_NAME_CHARS = 40
+
+
+def local_driver_dir(base: Path, part: str) -> Path:
+    """``/dev/shm/fulmar-<user>-<basename>-<hash>-<part>`` for the ``part``
+    (``node<i>``, ``backup``) of the local cluster under ``base``
+    (``base/<part>/driver`` without /dev/shm).  The hash, of the resolved base
+    path, keeps two bases of the same name (/tmp/a/c3 and /tmp/b/c3) apart;
+    the base's name keeps it readable."""
+    root = shm_root()
+    if root is None:
+        return base / part / "driver"
+    resolved = base.resolve()
+    digest = hashlib.sha256(os.fsencode(resolved)).hexdigest()[:8]
+    name = resolved.name[:_LOCAL_NAME_CHARS] or "root"
+    return root / f"fulmar-{user_name()[:_LOCAL_NAME_CHARS]}-{name}-{digest}-{part}"
 
 
 # ---------------------------------------------------------------------------- options
@@ -336,7 +361,7 @@ def _node_options() -> list[Option]:
 
 
 # The [service] keys the node itself reads (the rest mirror ``cluster-node service``).
-_SERVICE_PLACES = {("service", "service"), ("service", "count")}
+_SERVICE_PLACES = {("service", "service"), ("service", "count"), ("service", "path")}
 
 
 def _service_options() -> list[Option]:
@@ -351,6 +376,15 @@ def _service_options() -> list[Option]:
             "How many service containers (service ids 0..count-1), each running the service.",
             "1",
             flag="--service-count",
+        ),
+        Option(
+            "service",
+            "path",
+            click.Path(file_okay=False, dir_okay=True),
+            "The directory the service's module is looked for in first (before Python's path): it goes "
+            "first on the service containers' PYTHONPATH.",
+            "the directory of the --config file; else the current directory",
+            flag="--service-path",
         ),
     ]
 
@@ -458,11 +492,16 @@ class NodeConfig:
     service: str
     service_count: int
     ingress_channel: str
+    service_path: Path = field(default_factory=Path.cwd)  # where the service's module is looked for first
     metrics_port: int | None = None  # None: no metrics served
     metrics_host: str = "127.0.0.1"
     log_format: str = log_lines.PLAIN
     cpu_policy: str = DEFAULT_CPU_POLICY
     values: dict[tuple[str, str], Any] = field(default_factory=dict)  # set values of the mirrored options
+    # Every value that was set (flag, file, environment), by place: [node] and [service] ones too.
+    settings: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # Where each of them came from: a flag, a file's path, an environment variable, "--local".
+    sources: dict[tuple[str, str], str] = field(default_factory=dict)
     options: dict[tuple[str, str], Option] = field(default_factory=dict)
 
     def child_specs(self) -> list[ChildSpec]:
@@ -535,6 +574,9 @@ class NodeConfig:
             ),
         ]
         archive_control = self.values.get(("consensus", "archive_control_channel"))
+        service_env = dict(base_env)
+        python_path = [str(self.service_path), *filter(None, base_env.get("PYTHONPATH", "").split(os.pathsep))]
+        service_env["PYTHONPATH"] = os.pathsep.join(python_path)
         for service_id in range(self.service_count):
             args = [
                 "service",
@@ -557,7 +599,7 @@ class NodeConfig:
                     f"service{service_id}",
                     args,
                     f"service {service_id} (",
-                    base_env,
+                    service_env,
                     reports_stop=True,
                 )
             )
@@ -594,6 +636,7 @@ class NodeConfig:
             ]
             if section == "service":
                 lines += ["", "[service]", f"service = {_toml_value(self.service)}", f"count = {self.service_count}"]
+                lines.append(f"path = {_toml_value(str(self.service_path))}")
             elif entries:
                 lines += ["", f"[{section}]"]
             for key, value in entries:
@@ -626,12 +669,18 @@ def read_toml(path: Path) -> dict[str, dict[str, Any]]:
     for name, table in document.items():
         if name not in SECTIONS:
             raise ConfigError(
-                f"{path}: unknown table [{name}] (known: {', '.join(SECTIONS)})"
+                f"{path}: unknown table [{name}]{_did_you_mean(name, SECTIONS, '[{}]')} (known: {', '.join(SECTIONS)})"
                 if isinstance(table, dict)
                 else f"{path}: unknown key {name!r} at the top level: every key belongs in a table "
                 f"({', '.join(f'[{s}]' for s in SECTIONS)})"
             )
     return document
+
+
+def _did_you_mean(name: str, known: Iterable[str], form: str = "{!r}") -> str:
+    """``; did you mean 'x'?`` (or 'x' or 'y') for the known names closest to ``name``, else ''."""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(form.format(c) for c in close)}?" if close else ""
 
 
 def resolve_config(
@@ -654,21 +703,29 @@ def resolve_config(
             known = sorted(key for s, key in by_place if s == section)
             for key, value in table.items():
                 if (section, key) not in by_place:
-                    raise ConfigError(f"{config_path}: unknown key {key!r} in [{section}] (known: {', '.join(known)})")
+                    elsewhere = [s for s, k in by_place if k == key and s != section]
+                    hint = f"; it is a key of [{elsewhere[0]}]" if elsewhere else _did_you_mean(key, known)
+                    raise ConfigError(
+                        f"{config_path}: unknown key {key!r} in [{section}]{hint} (known: {', '.join(known)})"
+                    )
                 layer[(section, key)] = (value, str(config_path))
     for place, value in (generated or {}).items():
         layer[place] = (value, "--local")
 
     resolved: dict[tuple[str, str], Any] = {}
+    sources: dict[tuple[str, str], str] = {}
     for option in options:
         place = (option.section, option.key)
         flag_value = flags.get(option.dest)
         if flag_value is not None:
             resolved[place] = flag_value  # click already checked it
+            sources[place] = option.flag
         elif place in layer:
             value, where = layer[place]
             resolved[place] = option.convert(value, where)
+            sources[place] = where
         elif option.envvar and env.get(option.envvar):
+            sources[place] = f"${option.envvar}"
             text: Any = env[option.envvar]
             if option.is_flag:
                 # The environment holds text: a flag's variable reads as click
@@ -681,8 +738,8 @@ def resolve_config(
                     ) from None
             resolved[place] = option.convert(text, f"${option.envvar}")
 
-    def path_of(key: str, default: Path) -> Path:
-        value = resolved.get(("node", key))
+    def path_of(key: str, default: Path, section: str = "node") -> Path:
+        value = resolved.get((section, key))
         if value is None:
             return default
         path = Path(os.path.expanduser(str(value)))
@@ -710,11 +767,14 @@ def resolve_config(
         service=str(service),
         service_count=int(resolved.get(("service", "count"), 1)),
         ingress_channel=str(ingress),
+        service_path=path_of("path", base_dir, "service"),
         metrics_port=resolved.get(("node", "metrics_port")),
         metrics_host=str(resolved.get(("node", "metrics_host"), "127.0.0.1")),
         log_format=str(resolved.get(("node", "log_format"), log_lines.PLAIN)),
         cpu_policy=str(resolved.get(("node", "cpu_policy"), DEFAULT_CPU_POLICY)),
         values=values,
+        settings=resolved,
+        sources=sources,
         options=by_place,
     )
 
@@ -853,8 +913,7 @@ def local_layer(
     under ``base``; with ``members`` (several), also its membership, a UDP log
     and its archive's control endpoint (``archive_port``)."""
     node_dir = base / f"node{member_id}"
-    root = shm_root()
-    driver_dir = root / f"fulmar-{user_name()}-{base.name}-node{member_id}" if root else node_dir / "driver"
+    driver_dir = local_driver_dir(base, f"node{member_id}")
     layer: dict[tuple[str, str], Any] = {
         ("node", "member_id"): member_id,
         ("node", "dir"): str(node_dir),
@@ -899,6 +958,92 @@ LOCAL_PER_MEMBER = (
     ("consensus", "cluster_members"),
     ("archive", "control_channel"),
 )
+
+
+_NODE_FILE = re.compile(r"node(\d+)")
+
+
+def local_cluster_files(base: Path) -> dict[int, Path]:
+    """The node.toml of each member of a local cluster ``base`` already holds
+    (``base/node<i>/node.toml``, which ``cluster-node start --local`` wrote), by member id."""
+    files = {}
+    if base.is_dir():
+        for entry in base.iterdir():
+            match = _NODE_FILE.fullmatch(entry.name)
+            if match and (entry / "node.toml").is_file():
+                files[int(match.group(1))] = entry / "node.toml"
+    return dict(sorted(files.items()))
+
+
+def reuse_local_cluster(
+    options: list[Option],
+    flags: Mapping[str, Any],
+    base: Path,
+    files: Mapping[int, Path],
+    count: int,
+    ingress_port: int | None,
+    metrics_ports: list[int] | None,
+) -> list[NodeConfig]:
+    """The configuration of each member of the local cluster ``base`` holds
+    already, read back from its node.toml (its ports and settings kept, so
+    that its clients' endpoints still hold); flags that say otherwise are refused."""
+    held = len(files)
+    ids = list(files)
+    fresh = f"choose another --dir for a new cluster (or remove {base})"
+    if ids != list(range(held)):
+        missing = ", ".join(f"node{i}" for i in range(max(ids) + 1) if i not in files)
+        raise ConfigError(
+            f"{base} holds a local cluster's configuration, but not every member's: {missing} has no node.toml; "
+            f"put it back, or {fresh}"
+        )
+    if held != count:
+        raise ConfigError(
+            f"--local {count}: {base} holds a local cluster of {held} member{'s' if held != 1 else ''} "
+            f"(node0..node{held - 1}/node.toml), which starts again on its own configuration: run --local {held}, "
+            f"or {fresh}"
+        )
+    configs = [resolve_config(options, {}, files[i]) for i in ids]
+    for option in options:
+        value = flags.get(option.dest)
+        if value is None:
+            continue
+        for config, path in zip(configs, files.values()):
+            stored = config.settings.get((option.section, option.key))
+            if stored is None and option.default_text is not None:
+                stored = option.convert(option.default_text, "default")
+            if isinstance(option.param_type, click.Path) and stored is not None:
+                # A flag's path is relative to the current directory, the file's to the file.
+                same = Path(str(value)).expanduser().absolute() == path.parent / Path(str(stored)).expanduser()
+            else:
+                same = value == stored
+            if not same:
+                shown = "unset" if stored is None else option.text(stored)
+                raise ConfigError(
+                    f"{option.flag} {option.text(value)}: the local cluster under {base} runs with "
+                    f"{option.place} = {shown} ({path}); drop the flag to start it again as it is, edit its "
+                    f"node<i>/node.toml files, or {fresh}"
+                )
+    for i, config in enumerate(configs):
+        wanted = {
+            "--ingress-port": (
+                f"aeron:udp?endpoint={LOCAL_HOST}:{ingress_port + i}" if ingress_port else None,
+                config.ingress_channel,
+            ),
+            "--metrics-port": (metrics_ports[i] if metrics_ports else None, config.metrics_port),
+        }
+        for flag, (asked, stored) in wanted.items():
+            # --metrics-port 0 (any free port) asks only that metrics be served.
+            if asked is not None and (stored is None if asked == 0 else asked != stored):
+                raise ConfigError(
+                    f"{flag}: member {i} of the local cluster under {base} runs with {stored} ({files[i]}); drop "
+                    f"the flag to start it again as it is, or {fresh}"
+                )
+    return configs
+
+
+def ingress_endpoint(config: NodeConfig) -> str:
+    """The endpoint (host:port) of a node's ingress channel, as its clients are given it."""
+    return str(ChannelUri.parse(config.ingress_channel).get("endpoint") or config.ingress_channel)
 
 
 def check_local_flags(options: list[Option], flags: Mapping[str, Any], count: int) -> None:
@@ -981,22 +1126,18 @@ def check_timing(
 # ---------------------------------------------------------------------------- validation
 
 
-def check_service_spec(spec: str) -> None:
-    """``module:Class`` names an importable ClusteredService subclass (not instantiated here)."""
-    from fulmar.service.clustered_service import ClusteredService
+def check_service_spec(spec: str, service_path: Path) -> None:
+    """``module:Class`` names an importable ClusteredService subclass (not
+    instantiated here), its module looked for in ``service_path`` first, as
+    the service containers will."""
+    from fulmar.service.container import ServiceLoadError, service_class
 
-    module_name, colon, class_name = spec.partition(":")
-    if not colon or not module_name or not class_name:
-        raise ConfigError(f"service {spec!r}: expected module:Class, e.g. fulmar.service.samples:EchoService")
+    if not service_path.is_dir():
+        raise ConfigError(f"[service] path = {str(service_path)!r}: no such directory")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # noqa: BLE001 - any failure to import is the user's to see
-        raise ConfigError(f"service {spec!r}: cannot import {module_name}: {type(error).__name__}: {error}") from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ConfigError(f"service {spec!r}: module {module_name} has no {class_name}")
-    if not isinstance(cls, type) or not issubclass(cls, ClusteredService):
-        raise ConfigError(f"service {spec!r}: {class_name} is not a ClusteredService subclass")
+        service_class(spec, [service_path])
+    except ServiceLoadError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _check_channel(option: str, channel: str) -> ChannelUri:
@@ -1097,29 +1238,40 @@ def _check_cluster_settings(config: NodeConfig) -> None:
     endpoints = [("consensus", own.consensus_endpoint), ("log", own.log_endpoint), ("catchup", own.catchup_endpoint)]
     if not (_check_channel("[consensus] ingress_channel", config.ingress_channel).get("endpoint")):
         endpoints.insert(0, ("ingress", own.ingress_endpoint))  # no endpoint of its own: the member's is bound
+    members_origin = origin(config, ("consensus", "cluster_members"))
     for name, endpoint in endpoints:
-        _check_port_free(
-            f"[consensus] cluster_members (member {own.id}'s {name} endpoint)", f"aeron:udp?endpoint={endpoint}"
-        )
+        _check_port_free(f"{members_origin} (member {own.id}'s {name} endpoint)", f"aeron:udp?endpoint={endpoint}")
+
+
+def origin(config: NodeConfig, place: tuple[str, str]) -> str:
+    """``[section] key``, with where its value came from when it was set: the
+    file (``path: [consensus] ingress_channel``), a flag or a variable."""
+    text = f"[{place[0]}] {place[1]}"
+    source = config.sources.get(place)
+    if source is None or source == "--local":
+        return text  # the default, or the generated configuration
+    if source.startswith(("-", "$")):
+        return f"{text} (from {source})"
+    return f"{source}: {text}"
 
 
 def validate(config: NodeConfig) -> None:
     """Check what can be checked before starting anything; create the directories."""
     from fulmar.driver.media_driver import DriverDirectoryError, active_driver_pid, check_reclaimable
 
-    check_service_spec(config.service)
+    check_service_spec(config.service, config.service_path)
     for (section, key), value in config.values.items():
         if key.endswith("_channel") and isinstance(value, str) and value.lower() != "none":
             _check_channel(f"[{section}] {key}", value)
-    _check_port_free("[consensus] ingress_channel", config.ingress_channel, fixed=True)
+    _check_port_free(origin(config, ("consensus", "ingress_channel")), config.ingress_channel, fixed=True)
     _check_cluster_settings(config)
     control = config.values.get(
         ("archive", "control_channel"), config.options[("archive", "control_channel")].default_text
     )
     if control and str(control).lower() != "none":
-        _check_port_free("[archive] control_channel", str(control))
+        _check_port_free(origin(config, ("archive", "control_channel")), str(control))
     if config.metrics_port:
-        _check_tcp_port_free("[node] metrics_port", config.metrics_host, config.metrics_port)
+        _check_tcp_port_free(origin(config, ("node", "metrics_port")), config.metrics_host, config.metrics_port)
     for what, path in (
         ("node directory", config.node_dir),
         ("archive directory", config.archive_dir),
@@ -1136,28 +1288,53 @@ def validate(config: NodeConfig) -> None:
         raise ConfigError(f"driver directory: {error}") from None
     pid = active_driver_pid(config.driver_dir, 10_000)
     if pid is not None:
-        raise ConfigError(
-            f"driver directory {config.driver_dir}: a live media driver (pid {pid}) uses it; "
-            "is this node already running?"
-        )
+        raise ConfigError(_driver_dir_taken(config, pid))
+
+
+def _driver_dir_taken(config: NodeConfig, pid: int) -> str:
+    """Why the driver directory is not this node's to use: whose node runs the live driver ``pid``."""
+    where = f"driver directory {config.driver_dir}: in use by a live media driver (pid {pid})"
+    # A driver cluster-node start launched names its node's cluster directory (--stop-after).
+    try:
+        process = psutil.Process(pid)
+        args = process.cmdline()
+        parent = process.parent()
+        supervisor_pid = parent.pid if parent is not None and "start" in parent.cmdline() else None
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        args, supervisor_pid = [], None
+    stop_after = [Path(args[i + 1]) for i, arg in enumerate(args[:-1]) if arg == "--stop-after"]
+    started_by = f", started by cluster-node start (pid {supervisor_pid})" if supervisor_pid else ""
+    if not stop_after:
+        return f"{where}, not one of a node's; stop it, or give this node another --driver-dir ([node] driver_dir)"
+    owner = stop_after[0]
+    if owner.resolve() == config.cluster_dir.resolve():
+        return f"{where}{started_by}: this node (cluster directory {owner}) is already running; stop it first"
+    return (
+        f"{where}{started_by}: the node of {owner.parent} (cluster directory {owner}); stop that node, or "
+        "give this one another --driver-dir ([node] driver_dir)"
+    )
 
 
 # ---------------------------------------------------------------------------- processes
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec function: the child gets SIGTERM when the supervisor dies (Linux)."""
+    """A preexec function: the child gets SIGTERM when the supervisor dies
+    (Linux), and starts with SIGINT and SIGTERM blocked until its stop signal
+    handlers are in place (``block_stop_signals``), so that a stop in its first
+    moments (a Ctrl-C just after the start) is an orderly one."""
     if not sys.platform.startswith("linux"):
-        return None
+        return block_stop_signals
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         prctl = libc.prctl
     except (OSError, AttributeError):
-        return None
+        return block_stop_signals
     parent = os.getpid()
     PR_SET_PDEATHSIG = 1
 
     def preexec() -> None:
+        block_stop_signals()
         prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
         if os.getppid() != parent:  # the supervisor died before prctl took effect
             os._exit(1)
@@ -1363,6 +1540,36 @@ def wait_all(
         wait_for_exit(alive, min(DUTY_CYCLE_S, max(0.0, deadline - time.monotonic())))
 
 
+def remove_left_driver_dir(directory: Path, driver: Child, children: Iterable[Child]) -> str | None:
+    """Remove the driver directory a supervisor configured (``directory``)
+    and whose driver it started, when that driver left it behind (killed, it
+    could not remove it) and no process of the node is left; what was done, or None.
+
+    Only a directory that holds nothing but a driver's files and that no live
+    driver uses (another may have taken it meanwhile) is removed."""
+    from fulmar.driver.media_driver import DriverDirectoryError, active_driver_pid, check_reclaimable
+
+    if not driver.started or driver.returncode is None or any(child.alive for child in children):
+        return None
+    if not directory.is_dir():
+        return None  # the driver removed it itself, as it does when it stops in order
+    try:
+        check_reclaimable(directory)
+    except DriverDirectoryError:
+        return None  # other files in it: not the driver's to lose
+    if active_driver_pid(directory, 10_000) is not None:
+        return None
+    how = "killed by the supervisor (SIGKILL)" if driver.killed else describe_exit(driver.returncode)
+    try:
+        shutil.rmtree(directory)
+    except OSError as error:
+        return (
+            f"the media driver (pid {driver.pid}, {how}) left its directory {directory} behind, which could not be "
+            f"removed: {error.strerror or error}; remove it by hand"
+        )
+    return f"removed the driver directory {directory}, which the media driver (pid {driver.pid}, {how}) left behind"
+
+
 def _write_line(stream: TextIO, line: str) -> None:
     # One write per line: the nodes of a local cluster stop in threads, and
     # print() writes the text and its newline separately.
@@ -1433,9 +1640,16 @@ class Supervisor:
                     child.kill()
                 wait_all(self.children, 10)
             finally:
+                self.remove_left_driver_dir()
                 self.stop_metrics()
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)
+
+    def remove_left_driver_dir(self) -> None:
+        """Once no process of the node is left: its driver directory, if its driver left it behind."""
+        done = remove_left_driver_dir(self.config.driver_dir, self.driver, self.children)
+        if done is not None:
+            self.say(done)
 
     def start_metrics(self) -> str | None:
         """Serve the node's metrics, /health and /leader (with a metrics port)
@@ -1612,6 +1826,7 @@ class Supervisor:
             else:  # it exited meanwhile, by itself: said how, and not clean
                 self._report_exits([child])
                 clean = False
+        self.remove_left_driver_dir()
         # The module's word, else a service's (a module killed above said nothing).
         stop = next(child.orderly_stop for child in cluster if child.orderly_stop is not None)
         if clean:
@@ -1678,6 +1893,11 @@ class Supervisor:
         if running:
             if self.consensus.alive:
                 self.consensus.send(signal.SIGTERM)
+                # A service still starting has not joined the log: it stops by
+                # itself once its module is gone, unless the module stops it in order.
+                for service in self.services:
+                    if service.alive and not service.is_ready():
+                        service.send(signal.SIGTERM)
                 what = "SIGTERM to the consensus module"
             else:  # no module to stop them in order: each stops on its own
                 for service in self.services:
@@ -1690,6 +1910,7 @@ class Supervisor:
                 clean &= self._await([child], limit_s, "SIGTERM")
             elif child.started and id(child) not in exited_before:
                 clean &= self._report_exits([child])
+        self.remove_left_driver_dir()
         return clean
 
     def _await(self, children: list[Child], limit_s: float, what: str) -> bool:
@@ -1789,6 +2010,7 @@ class LocalClusterSupervisor:
                 wait_all(children, 10)
             finally:
                 for node in self.nodes:
+                    node.remove_left_driver_dir()
                     node.stop_metrics()
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)

@@ -1,13 +1,50 @@
-"""What the ``cluster-tool`` command modules share: the ``--json`` option, the
-one-line failure, and the two tables more than one view prints (counters,
-distinct error logs)."""
+"""What the ``cluster-tool`` command modules share: the exit codes, the
+``--json`` option, the one-line failure, and the two tables more than one
+view prints (counters, distinct error logs)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 import click
+
+# One meaning per exit code, for every cluster-tool command (EXIT_CODES_HELP says it to users).
+EXIT_OK = 0  # all good
+EXIT_PROBLEM = 1  # an error in what was asked, or a violation
+EXIT_USAGE = 2  # a bad option or argument (click's usage errors), or an extra the command needs is missing
+EXIT_NOT_RUNNING = 3  # a node or process the command looks at is not running
+EXIT_UNREADABLE = 4  # files that cannot be read: missing, unreadable or corrupt
+
+EXIT_CODES_HELP = """\b
+Exit codes (every command):
+  0  all good
+  1  an error in what was asked, or a violation: an operation refused or not
+     done within --timeout, an unknown --id, a check that found problems
+     (verify-log, archive verify), is-leader when the node is not the leader
+     (no node leads), purge-log when a node could not be done, a Spark job
+     (analyze, replay) that failed
+  2  usage: a bad option or argument, or a command whose extra is not
+     installed (analyze, replay, verify-log without the spark extra)
+  3  a node or process the command looks at is not running (a member of a
+     local cluster is down, the driver or the archive is not alive): what
+     its files still say is shown.  Never from the commands that read an
+     archive's files or judge a log, running or not (archive recordings,
+     errors and verify, verify-log, analyze, replay)
+  4  files that cannot be read: no such directory, no cluster, driver or
+     archive files in it, a missing or corrupt file
+  When several apply: 1, then 4, then 3."""
+
+# Which code wins when several apply.
+_PRECEDENCE = (EXIT_PROBLEM, EXIT_USAGE, EXIT_UNREADABLE, EXIT_NOT_RUNNING, EXIT_OK)
+
+
+def worst(codes: Iterable[int]) -> int:
+    """The exit code that wins among ``codes`` (EXIT_OK for none)."""
+    present = set(codes)
+    return next((code for code in _PRECEDENCE if code in present), EXIT_OK)
+
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 

@@ -27,17 +27,15 @@ import click
 
 from fulmar.cli.archive_tool import archive_liveness
 from fulmar.cli.cluster_commands import BACKUP_DIR_NAME, ClusterReadError, archive_dir_beside, resolve_cluster_nodes
-from fulmar.cli.tool_common import fail, json_option
+from fulmar.cli.tool_common import EXIT_PROBLEM, EXIT_UNREADABLE, EXIT_USAGE, fail, json_option
 from fulmar.clock import epoch_ms
 from fulmar.consensus.protocol import LOG_STREAM_ID
 
 if TYPE_CHECKING:
     from fulmar.analytics.log_verify import LogVerification, MemberFiles
 
-EXIT_OK = 0
-EXIT_VIOLATIONS = 1
-EXIT_NOT_INSTALLED = 2
-EXIT_UNREADABLE = 4
+EXIT_VIOLATIONS = EXIT_PROBLEM
+EXIT_NOT_INSTALLED = EXIT_USAGE
 
 
 def cluster_member_files(directory: Path) -> tuple[list[MemberFiles], list[str]]:

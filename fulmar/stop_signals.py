@@ -151,6 +151,15 @@ class StopGate:
         return False
 
 
+def block_stop_signals() -> None:
+    """Block SIGINT and SIGTERM (in a child between fork and exec: the mask
+    outlives exec) until the process's ``StopSignalHandlers`` are in place,
+    which unblock them: a stop signal to a process that is still importing is
+    held for its handler, and so asks for an orderly stop, instead of killing
+    it with the default action."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, StopSignalHandlers.SIGNALS)
+
+
 class StopSignalHandlers:
     """SIGINT and SIGTERM handlers for the run of a node's process, by ``rule``.
 
@@ -189,6 +198,10 @@ class StopSignalHandlers:
 
     def __enter__(self) -> StopSignalHandlers:
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
+        # A supervisor starts its processes with these signals blocked
+        # (block_stop_signals), so that one sent while the process is still
+        # starting up waits for these handlers instead of killing it.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, self.SIGNALS)
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:

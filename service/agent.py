@@ -64,6 +64,10 @@ class ServiceTerminated(FulmarError):
     """The service reached its termination position (an orderly stop)."""
 
 
+class StoppedBeforeStart(FulmarError):
+    """A stop was asked for while the service waited, at its start, for a consensus module there is not."""
+
+
 _CLIENT_HEARTBEAT_TYPE_ID = 11
 # A live client's heartbeat counter is refreshed every keepalive (at most a
 # quarter of the driver's client timeout): older than this, the client is dead.
@@ -156,6 +160,7 @@ class ClusteredServiceAgent:
         self.service_id = context.service_id
         self.member_id = context.member_id
         self.consensus_module_pid: int | None = None  # the module this service follows (found at start)
+        self._stop_requested: Callable[[], bool] = lambda: False  # during start (see start)
         self.role = Role.FOLLOWER
         self.log_applied_ns = 0  # (time.monotonic_ns) when a duty cycle last applied log
         self._batching_commits = False  # see pause_ns
@@ -187,9 +192,15 @@ class ClusteredServiceAgent:
     # The snapshot the service started from (None: the log's start), at log position self.log_position.
     snapshot_recording_id: int | None = None
 
-    def start(self, deadline_s: float = 30.0) -> None:
-        """Load the snapshot the consensus module says to, start the service, acknowledge."""
+    def start(self, deadline_s: float = 30.0, stop_requested: Callable[[], bool] = lambda: False) -> None:
+        """Load the snapshot the consensus module says to, start the service, acknowledge.
+
+        A stop asked for meanwhile (``stop_requested``) ends the wait for the
+        consensus module once there is no live one (StoppedBeforeStart): as in
+        the run, the service waits for its module's orderly stop, not for a
+        module that is gone or never came."""
         deadline = time.monotonic() + deadline_s
+        self._stop_requested = stop_requested
         self._await_consensus_module(deadline)
         recovery = self._await_counter(protocol.RECOVERY_STATE_TYPE_ID, deadline, "the recovery state counter")
         self._commit_counter_id = self._await_counter(
@@ -236,6 +247,10 @@ class ClusteredServiceAgent:
             if liveness is not None and liveness.is_ready and liveness.is_active(time.time_ns() // 1_000_000):
                 self.consensus_module_pid = liveness.pid
                 return
+            if self._stop_requested() and not (
+                liveness is not None and liveness.is_active(time.time_ns() // 1_000_000)
+            ):
+                raise StoppedBeforeStart("before it started (no live consensus module)")
             if time.monotonic() > deadline:
                 raise FulmarError(f"service {self.service_id}: no live consensus module has claimed {path}")
             time.sleep(0.005)
@@ -263,6 +278,14 @@ class ClusteredServiceAgent:
                     best, best_registration = counter.counter_id, registration
             if best != protocol.NULL_VALUE:
                 return best
+            if self._stop_requested():
+                liveness = read_liveness(Path(self.context.cluster_dir) / "cluster-mark.dat")
+                if (
+                    liveness is None
+                    or liveness.pid != self.consensus_module_pid
+                    or not liveness.is_active(time.time_ns() // 1_000_000)
+                ):
+                    raise StoppedBeforeStart("before it started (its consensus module is gone)")
             if time.monotonic() > deadline:
                 raise FulmarError(
                     f"service {self.service_id}: no {what} for cluster {self.context.cluster_id} "

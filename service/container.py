@@ -13,9 +13,10 @@ from __future__ import annotations
 import importlib
 import os
 import struct
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fulmar.aeron import Aeron, Counter
@@ -27,7 +28,7 @@ from fulmar.consensus.mark_file import ClusterMarkFile
 from fulmar.errors import FulmarError
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.orderly_stop import OrderlyStop, StopCause, StopOutcome
-from fulmar.service.agent import ClusteredServiceAgent
+from fulmar.service.agent import ClusteredServiceAgent, StoppedBeforeStart
 from fulmar.service.clustered_service import ClusteredService
 from fulmar.service.context import ServiceContext
 from fulmar.permissions import make_directory
@@ -38,23 +39,52 @@ class ServiceLoadError(FulmarError):
     """The service named as module:Class cannot be loaded."""
 
 
-def load_service(name: str) -> ClusteredService:
+# How a user names the directory of a service's module to ``cluster-node start``.
+SERVICE_PATH_HINT = 'cluster-node start --service-path DIR ([service] path = "DIR" in node.toml), or PYTHONPATH=DIR'
+
+
+def service_class(name: str, search_path: Sequence[Path] = ()) -> type[ClusteredService]:
+    """The ClusteredService subclass ``module:Class`` names (not instantiated),
+    its module looked for in ``search_path`` first, then on Python's path."""
     module_name, colon, class_name = name.partition(":")
     if not colon or not module_name or not class_name:
         raise ServiceLoadError(f"service {name!r}: expected module:Class, e.g. fulmar.service.samples:EchoService")
+    added = [str(path) for path in search_path if str(path) not in sys.path]
+    sys.path[:0] = added
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ServiceLoadError(f"service {name!r}: cannot import {module_name}: {error}") from None
+    except ModuleNotFoundError as error:
+        top = module_name.split(".")[0]
+        if error.name != top:  # the module's package was found; something below it, or that it imports, was not
+            raise ServiceLoadError(f"service {name!r}: cannot import {module_name}: {error}") from None
+        looked = [str(Path(entry or ".").absolute()) for entry in sys.path]
+        places = ", ".join(dict.fromkeys(entry for entry in looked if os.path.isdir(entry)))
+        raise ServiceLoadError(
+            f"service {name!r}: cannot import {module_name}: no module named {top!r} in any of {places}; put "
+            f"{top}.py (or the package {top}/) in one of them, or name the directory that holds it: "
+            f"{SERVICE_PATH_HINT}"
+        ) from None
+    except Exception as error:  # noqa: BLE001 - any failure to import is the user's to see
+        raise ServiceLoadError(
+            f"service {name!r}: cannot import {module_name}: {type(error).__name__}: {error}"
+        ) from None
+    finally:
+        for entry in added:
+            sys.path.remove(entry)
     cls = getattr(module, class_name, None)
     if cls is None:
-        raise ServiceLoadError(f"service {name!r}: {module_name} has no {class_name}")
+        raise ServiceLoadError(f"service {name!r}: module {module_name} has no {class_name}")
     if not isinstance(cls, type) or not issubclass(cls, ClusteredService):
         raise ServiceLoadError(f"service {name!r}: {class_name} is not a ClusteredService subclass")
+    return cls
+
+
+def load_service(name: str) -> ClusteredService:
+    cls = service_class(name)
     try:
         return cls()
     except Exception as error:
-        raise ServiceLoadError(f"service {name!r}: {class_name}() failed: {type(error).__name__}: {error}") from None
+        raise ServiceLoadError(f"service {name!r}: {cls.__name__}() failed: {type(error).__name__}: {error}") from None
 
 
 class ServiceContainer:
@@ -78,7 +108,12 @@ class ServiceContainer:
         self.orderly_stop: OrderlyStop | None = None  # set when its consensus module told it to stop
 
     @classmethod
-    def launch(cls, context: ServiceContext, service: ClusteredService | None = None) -> ServiceContainer:
+    def launch(
+        cls,
+        context: ServiceContext,
+        service: ClusteredService | None = None,
+        stop_requested: Callable[[], bool] = lambda: False,
+    ) -> ServiceContainer:
         service = service if service is not None else load_service(context.service_name)
         cluster_dir = Path(context.cluster_dir)
         make_directory(cluster_dir)
@@ -116,7 +151,7 @@ class ServiceContainer:
             agent = ClusteredServiceAgent(
                 context, aeron, archive, service, _counted(mark_file.error_log(epoch_ms).record, error_counter)
             )
-            agent.start()
+            agent.start(stop_requested=stop_requested)
             mark_file.signal_ready()
         except BaseException:
             for resource in (error_counter, archive, mark_file):
@@ -236,7 +271,10 @@ def run_service_container(
 
     rule = StopSignals()
     with StopSignalHandlers(rule, on_stop, time.monotonic_ns):
-        container = ServiceContainer.launch(context, service)
+        try:
+            container = ServiceContainer.launch(context, service, stop_requested=lambda: rule.requested is not None)
+        except StoppedBeforeStart as stopped:
+            return StopOutcome(str(stopped), None)
         try:
             running.append(container)
             if rule.requested is not None:

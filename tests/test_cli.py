@@ -302,10 +302,15 @@ def test_keep_files_leaves_a_stopped_driver_readable(workspace: Path) -> None:
         assert code == 0, stderr
     assert (directory / "cnc.dat").exists()
 
-    document = tool_json("counters", "--dir", str(directory))
-    assert document["driver_pid"] == driver.pid
+    # Shown whole, and exit 3: the driver is not alive.
+    result = tool("counters", "--dir", str(directory), "--json")
+    assert result.exit_code == 3, result.output
+    document = json.loads(result.stdout)
+    assert document["driver_pid"] == driver.pid and document["driver_alive"] is False
     assert by_label(document)["Errors"]["value"] == 1
-    errors = tool_json("errors", "--dir", str(directory))["errors"]
+    result = tool("errors", "--dir", str(directory), "--json")
+    assert result.exit_code == 3, result.output
+    errors = json.loads(result.stdout)["errors"]
     assert [error["observation_count"] for error in errors] == [1]
 
     result = tool("driver", "--dir", str(directory), "--json")
@@ -336,21 +341,21 @@ def test_terminate_token_enables_terminate_driver(workspace: Path) -> None:
 # ---------------------------------------------------------------------- no driver, bad input
 
 
-def test_tool_without_driver_files_exits_1_with_a_message(workspace: Path) -> None:
+def test_tool_without_driver_files_exits_4_with_a_message(workspace: Path) -> None:
     empty = workspace / "empty"
     empty.mkdir()
     result = subprocess.run(
         [sys.executable, "-m", "fulmar.cli.cluster_tool", "counters", "--dir", str(empty)],
         capture_output=True, text=True, timeout=DEADLINE_S,
     )  # fmt: skip
-    assert result.returncode == 1
+    assert result.returncode == 4
     assert result.stdout == ""
     assert f"no media driver in {empty}" in result.stderr
     assert "Traceback" not in result.stderr
     for command in ("errors", "driver"):
         for extra in ([], ["--json"]):
             outcome = tool(command, "--dir", str(workspace / "missing"), *extra)
-            assert outcome.exit_code == 1
+            assert outcome.exit_code == 4
             assert "no media driver in" in outcome.stderr
 
 

@@ -55,9 +55,9 @@ def snapshot(directory: Path) -> dict[str, tuple[str, int]]:
     }
 
 
-def one_line_error(result: Result, *fragments: str) -> None:
-    """Exit 1 with a single ``cluster-tool: ...`` line on stderr naming the problem."""
-    assert result.exit_code == 1, (result.exit_code, result.output)
+def one_line_error(result: Result, *fragments: str, code: int = 4) -> None:
+    """Exit ``code`` (4: unreadable files) with a single ``cluster-tool: ...`` line on stderr naming the problem."""
+    assert result.exit_code == code, (result.exit_code, result.output)
     assert isinstance(result.exception, SystemExit), result.exception
     assert "Traceback" not in result.output
     assert result.stdout == ""
@@ -199,7 +199,7 @@ def test_recordings_of_a_stopped_archive(stopped_archive: tuple[Path, int, int])
 
     code, document = tool_json("recordings", "--archive-dir", str(directory), "--id", str(unstopped))
     assert code == 0 and [r["recording_id"] for r in document["recordings"]] == [unstopped]
-    one_line_error(tool("recordings", "--archive-dir", str(directory), "--id", "77"), "no recording 77")
+    one_line_error(tool("recordings", "--archive-dir", str(directory), "--id", "77"), "no recording 77", code=1)
     assert snapshot(directory) == before
 
 
@@ -302,7 +302,7 @@ def test_a_crashed_owner_is_not_running(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- broken files
 
 
-def test_corrupt_catalog_is_one_line_and_exit_1(stopped_archive: tuple[Path, int, int]) -> None:
+def test_corrupt_catalog_is_one_line_and_exit_4(stopped_archive: tuple[Path, int, int]) -> None:
     directory, _, _ = stopped_archive
     catalog = directory / CATALOG_FILE_NAME
     data = bytearray(catalog.read_bytes())
@@ -336,7 +336,7 @@ def test_corrupt_catalog_is_one_line_and_exit_1(stopped_archive: tuple[Path, int
     assert path.read_bytes() == b"\x00" * 10
 
 
-def test_missing_files_are_one_line_and_exit_1(tmp_path: Path) -> None:
+def test_missing_files_are_one_line_and_exit_4(tmp_path: Path) -> None:
     one_line_error(tool("describe", "--archive-dir", str(tmp_path / "nowhere")), "no such directory")
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -358,7 +358,7 @@ def test_a_mark_file_recreated_between_its_header_and_its_errors_is_a_clear_erro
         archive_tool.read_archive_errors(tmp_path, decoder)
 
 
-def test_corrupt_mark_file_is_one_line_and_exit_1(stopped_archive: tuple[Path, int, int]) -> None:
+def test_corrupt_mark_file_is_one_line_and_exit_4(stopped_archive: tuple[Path, int, int]) -> None:
     directory, _, _ = stopped_archive
     mark = directory / MARK_FILE_NAME
     mark.write_bytes(bytes(range(100)))  # shorter than the header's block
@@ -398,7 +398,8 @@ def test_help_documents_the_exit_codes() -> None:
     result = tool("--help")
     assert result.exit_code == 0
     text = " ".join(result.stdout.split())
-    assert "Exit codes: 0 ok; 1 no usable archive files" in text and "3 (describe)" in text
+    assert "Exit codes (as for every cluster-tool command): 0 ok; 1 an unknown --id" in text
+    assert "3 (describe, which says who owns the directory)" in text and "4 no usable archive files" in text
     for command in ("describe", "recordings", "verify", "errors"):
         assert command in result.stdout
         assert tool(command, "--help").exit_code == 0

@@ -292,16 +292,17 @@ def test_snapshot_then_shutdown(cluster_of: Any, tmp_path: Path) -> None:
 
     # The stopped node's files.
     before = digest(cluster.cluster_dir)
+    # Stopped: every read command still shows the files whole, and exits 3 (not running).
     code, document = tool_json("recording-log", "--dir", str(cluster.base))
-    assert code == 0
+    assert code == 3
     entries = document["nodes"][0]["entries"]
     assert [entry["type"] for entry in entries] == ["TERM"] + ["SNAPSHOT"] * 4
     assert entries[0]["log_position"] == entries[-1]["log_position"] > 0  # the term ends at the last snapshot
     result = tool("recording-log", "--dir", str(cluster.base))
-    assert result.exit_code == 0 and "5 entries in" in result.stdout
+    assert result.exit_code == 3 and "5 entries in" in result.stdout
 
     code, document = tool_json("mark-file", "--dir", str(cluster.base))
-    assert code == 0
+    assert code == 3
     module = document["nodes"][0]["files"][0]
     assert module["running"] is False and module["state"] == "not running (closed cleanly)"
 
@@ -314,7 +315,7 @@ def test_snapshot_then_shutdown(cluster_of: Any, tmp_path: Path) -> None:
     assert result.exit_code == 3 and "not running (closed cleanly)" in result.stdout
 
     code, document = tool_json("errors", "--dir", str(cluster.base))
-    assert code == 0 and all(file["errors"] == [] for file in document["nodes"][0]["files"])
+    assert code == 3 and all(file["errors"] == [] for file in document["nodes"][0]["files"])
     assert tool("pid", "--dir", str(cluster.base)).exit_code == 3
     assert tool("is-leader", "--dir", str(cluster.base)).exit_code == 3
     assert tool("list-members", "--dir", str(cluster.base)).exit_code == 3
@@ -375,7 +376,7 @@ def test_abort_stops_without_a_snapshot(cluster_of: Any) -> None:
     assert cluster.consensus.process.wait(TIMEOUT_S) == 0
     assert "consensus module stopped: ABORT at log position" in cluster.consensus.output()
     code, document = tool_json("recording-log", "--dir", str(cluster.cluster_dir))
-    assert code == 0
+    assert code == 3  # stopped
     assert [entry["type"] for entry in document["nodes"][0]["entries"]] == ["TERM"]
 
 
@@ -430,7 +431,7 @@ def test_offline_node_files(tmp_path: Path) -> None:
     before = digest(cluster_dir)
 
     code, document = tool_json("recording-log", "--dir", str(tmp_path / "node"))
-    assert code == 0
+    assert code == 3  # read whole; no module runs
     entries = document["nodes"][0]["entries"]
     assert [
         (
@@ -464,7 +465,7 @@ def test_offline_node_files(tmp_path: Path) -> None:
     assert "latest snapshot term 0 recording 6 log position 4096" in text.stdout
 
     code, document = tool_json("errors", "--dir", str(cluster_dir))
-    assert code == 0
+    assert code == 3  # not running
     module, service = document["nodes"][0]["files"]
     assert [(e["observation_count"], e["text"]) for e in module["errors"]] == [
         (2, "consensus module: boom"),
@@ -475,10 +476,12 @@ def test_offline_node_files(tmp_path: Path) -> None:
     assert "consensus module: 2 distinct errors" in result.stdout and "service 0: 1 distinct error " in result.stdout
 
     result = tool("mark-file", "--dir", str(cluster_dir))
-    assert result.exit_code == 0 and "CONSENSUS_MODULE" in result.stdout and "closed cleanly" in result.stdout
+    assert result.exit_code == 3 and "CONSENSUS_MODULE" in result.stdout and "closed cleanly" in result.stdout
 
-    # No driver any more: counters cannot be read, and there is nobody to operate.
-    one_line_error(tool("counters", "--dir", str(cluster_dir)), "/nonexistent/driver")
+    # No driver any more: no counters to read (the node is stopped, exit 3), and nobody to operate.
+    result = tool("counters", "--dir", str(cluster_dir))
+    assert result.exit_code == 3 and "no counters: the consensus module is not running" in result.stdout
+    assert "/nonexistent/driver" in result.stdout
     one_line_error(tool("snapshot", "--dir", str(cluster_dir)), "not running", code=3)
     assert tool("is-leader", "--dir", str(cluster_dir)).exit_code == 3
     assert digest(cluster_dir) == before
@@ -489,21 +492,21 @@ def test_base_of_a_local_cluster_lists_every_node(tmp_path: Path) -> None:
         write_node(tmp_path / f"node{index}" / "cluster")
     (tmp_path / "archive").mkdir()  # not a node
     code, document = tool_json("recording-log", "--dir", str(tmp_path))
-    assert code == 0 and document["layout"] == "base"
+    assert code == 3 and document["layout"] == "base"  # none runs
     assert [node["node"] for node in document["nodes"]] == ["node0", "node1", "node10"]
-    # One node's recording log is corrupt: the others are still listed, exit 1.
+    # One node's recording log is corrupt: the others are still listed, exit 4 (before 3).
     log = tmp_path / "node1" / "cluster" / "recording.log"
     data = bytearray(log.read_bytes())
     data[44:48] = struct.pack("<i", 77)  # an unknown entry type, with whole records after it
     log.write_bytes(bytes(data))
     result = tool("recording-log", "--dir", str(tmp_path))
-    assert result.exit_code == 1
+    assert result.exit_code == 4
     assert "node0 (" in result.stdout and "node10 (" in result.stdout and "corrupt entry at index 0" in result.stdout
     code, document = tool_json("pid", "--dir", str(tmp_path))
     assert code == 3 and [node["pid"] for node in document["nodes"]] == [os.getpid()] * 3
 
 
-def test_bad_dir_exits_1(tmp_path: Path) -> None:
+def test_bad_dir_exits_4(tmp_path: Path) -> None:
     for command in (
         "describe",
         "pid",
@@ -519,25 +522,27 @@ def test_bad_dir_exits_1(tmp_path: Path) -> None:
         "shutdown",
         "abort",
     ):
-        one_line_error(tool(command, "--dir", str(tmp_path / "missing")), "no such directory")
-        one_line_error(tool(command, "--dir", str(tmp_path)), "no cluster files")
+        one_line_error(tool(command, "--dir", str(tmp_path / "missing")), "no such directory", code=4)
+        one_line_error(tool(command, "--dir", str(tmp_path)), "no cluster files", code=4)
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    one_line_error(tool("describe", "--dir", str(a_file)), "not a directory")
+    one_line_error(tool("describe", "--dir", str(a_file)), "not a directory", code=4)
 
-    # A corrupt mark file, a corrupt recording log: exit 1 naming the file.
+    # A corrupt mark file, a corrupt recording log: exit 4 naming the file.
     cluster_dir = tmp_path / "cluster"
     cluster_dir.mkdir()
     (cluster_dir / "cluster-mark.dat").write_bytes(b"\x07" * 100)
-    one_line_error(tool("mark-file", "--dir", str(cluster_dir)), "cluster-mark.dat", "truncated")
-    one_line_error(tool("describe", "--dir", str(cluster_dir)), "cluster-mark.dat")
-    one_line_error(tool("snapshot", "--dir", str(cluster_dir)), "cluster-mark.dat")
-    one_line_error(tool("recording-log", "--dir", str(cluster_dir)), "recording.log", "no recording log")
+    one_line_error(tool("mark-file", "--dir", str(cluster_dir)), "cluster-mark.dat", "truncated", code=4)
+    one_line_error(tool("describe", "--dir", str(cluster_dir)), "cluster-mark.dat", code=4)
+    one_line_error(tool("snapshot", "--dir", str(cluster_dir)), "cluster-mark.dat", code=4)
+    one_line_error(tool("recording-log", "--dir", str(cluster_dir)), "recording.log", "no recording log", code=4)
     write_node(tmp_path / "other")
     data = bytearray((tmp_path / "other" / "recording.log").read_bytes())
     data[0:8] = struct.pack("<q", -5)  # an impossible recording id, with whole records after it
     (cluster_dir / "recording.log").write_bytes(bytes(data))
-    one_line_error(tool("recording-log", "--dir", str(cluster_dir)), "recording.log", "corrupt entry at index 0")
+    one_line_error(
+        tool("recording-log", "--dir", str(cluster_dir)), "recording.log", "corrupt entry at index 0", code=4
+    )
 
 
 def test_a_torn_recording_log_tail_is_reported_not_repaired(tmp_path: Path) -> None:
@@ -548,7 +553,7 @@ def test_a_torn_recording_log_tail_is_reported_not_repaired(tmp_path: Path) -> N
         file.write(b"\x01" * 20)  # an append cut short
     before = log.read_bytes()
     code, document = tool_json("recording-log", "--dir", str(cluster_dir))
-    assert code == 0 and len(document["nodes"][0]["entries"]) == 4
+    assert code == 3 and len(document["nodes"][0]["entries"]) == 4  # read whole; no module runs
     assert "dropped 20 trailing bytes" in document["nodes"][0]["torn_tail"]
     assert log.read_bytes() == before
 

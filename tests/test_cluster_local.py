@@ -9,6 +9,7 @@ and the harness test starts drivers and archives only.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ from driver_support import main_thread_wakes_per_second, wait_for
 from test_cluster_node_start import all_gone, run_start, write_config
 
 from fulmar.aeron import Aeron
-from fulmar.cli import cluster_node, supervisor
+from fulmar.cli import cluster_node, cluster_tool, supervisor
 from fulmar.consensus.cluster_member import parse_cluster_members
 
 READY = re.compile(r"node (\d+) ready: ingress (\S+); driver directory (\S+); pids (.*?);")
@@ -166,8 +167,8 @@ def test_start_refuses_a_member_whose_own_port_is_taken(tmp_path: Path, driver_d
         result = run_start("--config", str(config))
     assert result.exit_code == supervisor.EXIT_CONFIG, result.output
     assert (
-        f"[consensus] cluster_members (member 1's consensus endpoint): UDP port {port} on 127.0.0.1 is in use"
-        in result.output
+        f"{config}: [consensus] cluster_members (member 1's consensus endpoint): UDP port {port} on 127.0.0.1 is in use"
+        in " ".join(result.output.split())
     ), result.output
 
 
@@ -232,9 +233,13 @@ def test_local_three_generates_each_members_configuration(tmp_path: Path, captur
         i = member.id
         values = config.values
         assert config.node_dir == base / f"node{i}" and config.cluster_dir == base / f"node{i}" / "cluster"
-        assert config.driver_dir == (
-            shm / f"fulmar-{supervisor.user_name()}-three-node{i}" if shm else base / f"node{i}" / "driver"
-        )
+        if shm:
+            assert config.driver_dir.parent == shm
+            assert re.fullmatch(
+                rf"fulmar-{re.escape(supervisor.user_name())}-three-[0-9a-f]{{8}}-node{i}", config.driver_dir.name
+            )
+        else:
+            assert config.driver_dir == base / f"node{i}" / "driver"
         assert values[("consensus", "cluster_members")] == members_text
         assert config.ingress_channel == f"aeron:udp?endpoint={member.ingress_endpoint}"
         assert values[("consensus", "log_channel")] == "aeron:udp?term-length=4m"
@@ -256,6 +261,126 @@ def test_local_three_generates_each_members_configuration(tmp_path: Path, captur
             == f"aeron:udp?endpoint={member.archive_endpoint}"
         )
     assert f"ingress endpoints: {endpoints}" in result.output
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="driver directories under /dev/shm")
+def test_local_driver_directories_are_unique_per_base_directory(tmp_path: Path, captured: Any) -> None:
+    """Two bases of the same name (/tmp/a/c3, /tmp/b/c3) get driver
+    directories of their own, which keep the base's name, are the same for
+    the same base however it is spelled, and stay within NAME_MAX."""
+    for base in (
+        tmp_path / "a" / "c3",
+        tmp_path / "b" / "c3",
+        tmp_path / "a" / ".." / "a" / "c3",
+        tmp_path / ("x" * 200),
+    ):
+        result = run_start("--local", "3", "--dir", str(base))
+        assert result.exit_code == 0, result.output
+    a, b, a_again, long = ([config.driver_dir for config in configs] for configs, _ in captured)
+    assert not set(a) & set(b), (a, b)
+    assert a == a_again
+    assert all("-c3-" in path.name for path in a + b)
+    assert all(len(path.name) <= 255 and len(str(path)) < 4096 for path in long)
+
+
+def test_a_taken_driver_directory_names_the_node_that_has_it(tmp_path: Path, driver_dir: Path) -> None:
+    """The error names the node whose driver holds the directory: this one
+    (already running) or another (whose cluster directory it gives)."""
+    other = tmp_path / "other" / "node0" / "cluster"
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fulmar.cli.cluster_node",
+            "driver",
+            "--dir",
+            str(driver_dir),
+            "--stop-after",
+            str(other),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None
+        wait_for(lambda: "media driver pid" in driver.stdout.readline(), 30, "the driver to be ready")
+        config = write_config(tmp_path / "node.toml", driver_dir, free_port())
+        result = run_start("--config", str(config))
+        assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+        text = " ".join(result.output.split())
+        assert f"in use by a live media driver (pid {driver.pid})" in text, text
+        assert f"the node of {other.parent} (cluster directory {other})" in text, text
+        assert "another --driver-dir" in text, text
+
+        same = write_config(tmp_path / "same.toml", driver_dir, free_port(), node={"cluster_dir": str(other)})
+        result = run_start("--config", str(same))
+        assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+        assert f"this node (cluster directory {other}) is already running" in " ".join(result.output.split())
+    finally:
+        driver.terminate()
+        try:
+            driver.wait(30)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            driver.wait(10)
+        if driver.stdout is not None:
+            driver.stdout.close()
+
+
+def test_an_existing_local_cluster_starts_again_on_its_own_configuration(tmp_path: Path, captured: Any) -> None:
+    """A second ``start --local 3 --dir BASE`` keeps every member's ports
+    (its clients' endpoints) and settings; flags that contradict them, a
+    different member count among them, are refused, naming the file."""
+    base = tmp_path / "base"
+    first = run_start("--local", "3", "--dir", str(base), "--consensus-session-timeout", "7s")
+    assert first.exit_code == 0, first.output
+    files = [base / f"node{i}" / "node.toml" for i in range(3)]
+    written = [file.read_text() for file in files]
+    again = run_start("--local", "3", "--dir", str(base))
+    assert again.exit_code == 0, again.output
+    (before, endpoints), (after, endpoints_again) = captured
+    assert endpoints_again == endpoints
+    assert "again, on its configuration in node<i>/node.toml" in again.output
+    assert f"ingress endpoints: {endpoints}" in again.output
+    for old, new in zip(before, after):
+        assert new.values == old.values  # the members string, the archive endpoints, the 7s timeout
+        assert (new.ingress_channel, new.driver_dir, new.node_dir) == (
+            old.ingress_channel,
+            old.driver_dir,
+            old.node_dir,
+        )
+    assert [file.read_text() for file in files] == written
+
+    same = run_start("--local", "3", "--dir", str(base), "--consensus-session-timeout", "7s")
+    assert same.exit_code == 0, same.output  # a flag that agrees is no contradiction
+    port = before[0].ingress_channel.rsplit(":", 1)[1]
+    refused = [
+        (["--local", "5"], "--local 5: " + f"{base} holds a local cluster of 3 members (node0..node2/node.toml)"),
+        (["--local", "3", "--consensus-session-timeout", "9s"], "--consensus-session-timeout 9s: the local cluster"),
+        (
+            ["--local", "3", "--service", "fulmar.service.samples:EchoService"],
+            "[service] service = fulmar.service.samples:KeyValueService",
+        ),
+        (
+            ["--local", "3", "--ingress-port", str(int(port) + 1)],
+            f"--ingress-port: member 0 of the local cluster under {base} runs with aeron:udp?endpoint=127.0.0.1:{port}",
+        ),
+    ]
+    for args, message in refused:
+        result = run_start(*args, "--dir", str(base))
+        assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+        text = " ".join(result.output.split())
+        assert message in text, text
+        assert "choose another --dir for a new cluster" in text, text
+    assert f"runs with [consensus] session_timeout = 7s ({files[0]})" in " ".join(
+        run_start("--local", "3", "--dir", str(base), "--consensus-session-timeout", "9s").output.split()
+    )
+    assert len(captured) == 3  # nothing else started
+
+    files[1].unlink()
+    result = run_start("--local", "3", "--dir", str(base))
+    assert result.exit_code == supervisor.EXIT_CONFIG and "node1 has no node.toml" in result.output, result.output
 
 
 def test_local_ingress_port_is_member_zeros_and_counts_up(tmp_path: Path, captured: Any) -> None:
@@ -368,7 +493,7 @@ def test_chosen_ports_are_outside_the_kernels_ephemeral_range() -> None:
 _RUN_NODES = """
 import sys
 from pathlib import Path
-from fulmar.cli import cluster_node, supervisor
+from fulmar.cli import cluster_node, cluster_tool, supervisor
 base, ports = Path(sys.argv[1]), [int(port) for port in sys.argv[2:]]
 configs = []
 for member_id, port in enumerate(ports):
@@ -475,6 +600,33 @@ def test_a_dead_node_is_stopped_and_the_others_keep_running(run_nodes: Any) -> N
     assert nodes.process.wait(60) == supervisor.EXIT_FAILURE
     assert "every node has stopped" in nodes.out
     assert all_gone(list(nodes.pids[0].values()))
+
+
+def test_cluster_tool_says_3_for_a_base_with_one_node_down(run_nodes: Any) -> None:
+    """One meaning per exit code: with every node running, describe,
+    list-members, counters and errors exit 0; with one node down, each of
+    them exits 3 (not running) and still shows every node."""
+    nodes = run_nodes(2)
+    nodes.wait_ready()
+    commands = ("describe", "list-members", "counters", "errors")
+
+    def tool(command: str) -> Any:
+        return CliRunner().invoke(cluster_tool.main, [command, "--dir", str(nodes.base), "--json"])
+
+    for command in commands:
+        result = tool(command)
+        assert result.exit_code == 0, (command, result.output)
+    victim = nodes.pids[1]["consensus"]
+    victim.send_signal(signal.SIGKILL)
+    nodes.wait_text("node 1 stopped; nodes still running: 0")
+    assert all_gone(list(nodes.pids[1].values()))
+    for command in commands:
+        result = tool(command)
+        assert result.exit_code == 3, (command, result.output)
+        document = json.loads(result.stdout)
+        assert [node["node"] for node in document["nodes"]] == ["node0", "node1"], document
+        assert [node["running"] for node in document["nodes"]] == [True, False], (command, document)
+        assert "error" not in document["nodes"][1], (command, document)
 
 
 def test_a_signal_stops_every_node_in_order(run_nodes: Any) -> None:

@@ -42,7 +42,15 @@ STOP_S = 45
 class Node:
     """``cluster-node start`` as a subprocess, its stdout and stderr in files."""
 
-    def __init__(self, args: list[str], workdir: Path, *, new_session: bool = False) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        workdir: Path,
+        *,
+        new_session: bool = False,
+        cwd: Path | None = None,
+        script: bool = False,
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         tag = uuid.uuid4().hex[:6]
         self.stdout_path = workdir / f"start-{tag}.out"
@@ -51,11 +59,19 @@ class Node:
         # own (a Ctrl-C signals the whole group).
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "fulmar.cli.cluster_node", "start", *args],
+                # script: the installed cluster-node command, as a user runs it (python -m puts the
+                # current directory on sys.path; the script puts its own directory there).
+                [
+                    str(Path(sys.executable).with_name("cluster-node")) if script else sys.executable,
+                    *([] if script else ["-m", "fulmar.cli.cluster_node"]),
+                    "start",
+                    *args,
+                ],
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 start_new_session=new_session,
+                cwd=cwd,
             )
         self.children: dict[str, psutil.Process] = {}
         self.ingress = ""
@@ -108,8 +124,8 @@ class Node:
 def start_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
     nodes: list[Node] = []
 
-    def start(*args: str, new_session: bool = False) -> Node:
-        node = Node(list(args), tmp_path / "supervisor", new_session=new_session)
+    def start(*args: str, new_session: bool = False, cwd: Path | None = None, script: bool = False) -> Node:
+        node = Node(list(args), tmp_path / "supervisor", new_session=new_session, cwd=cwd, script=script)
         nodes.append(node)
         return node
 
@@ -236,6 +252,26 @@ def test_a_process_that_dies_is_named_and_the_rest_is_stopped(
     assert all_gone(list(node.children.values()))
 
 
+def test_a_killed_drivers_directory_is_removed_once_the_rest_of_the_node_stopped(
+    start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path
+) -> None:
+    """A SIGKILLed driver cannot remove its directory: the supervisor does,
+    once no process of the node is left, and says so."""
+    config = write_config(tmp_path / "node.toml", driver_dir, free_udp_port())
+    node = start_node("--config", str(config)).wait_ready()
+    assert node.driver_dir == driver_dir and (driver_dir / "cnc.dat").exists()
+    driver = node.children["driver"]
+    driver.send_signal(signal.SIGKILL)
+    assert node.wait() == supervisor.EXIT_FAILURE
+    assert f"media driver (pid {driver.pid}) died: killed by SIGKILL" in node.stderr, node.stderr
+    assert all_gone(list(node.children.values()))
+    assert not driver_dir.exists()
+    assert (
+        f"removed the driver directory {driver_dir}, which the media driver (pid {driver.pid}, killed by SIGKILL) "
+        "left behind" in node.stdout
+    ), node.stdout
+
+
 # ---------------------------------------------------------------------- --local
 
 
@@ -246,8 +282,14 @@ def test_local_one_runs_a_cluster_under_the_given_dir(start_node: Callable[..., 
     node.wait_ready()
     assert node.ingress == f"aeron:udp?endpoint=127.0.0.1:{port}"
     assert f"local cluster of 1 member under {base} (ingress 127.0.0.1:{port})" in node.stdout
-    expected_driver = (SHM / f"fulmar-{supervisor.user_name()}-{base.name}-node0") if SHM else base / "node0" / "driver"
-    assert node.driver_dir == expected_driver
+    expected_driver = node.driver_dir
+    if SHM:
+        assert expected_driver.parent == SHM
+        assert re.fullmatch(
+            rf"fulmar-{re.escape(supervisor.user_name())}-{base.name}-[0-9a-f]{{8}}-node0", expected_driver.name
+        )
+    else:
+        assert expected_driver == base / "node0" / "driver"
     for sub in ("archive", "cluster", "logs/consensus.log", "logs/service0.log", "node.toml"):
         assert (base / "node0" / sub).exists(), sub
     talk(node)
@@ -259,6 +301,131 @@ def test_local_one_runs_a_cluster_under_the_given_dir(start_node: Callable[..., 
     # The configuration it wrote starts the same node again.
     written = supervisor.read_toml(base / "node0" / "node.toml")
     assert written["service"]["service"] == KV and written["node"]["driver_dir"] == str(expected_driver)
+
+
+# ---------------------------------------------------------------------- the user's own service
+
+USER_SERVICE = """
+from fulmar.service.samples import KeyValueService
+
+
+class Bank(KeyValueService):
+    pass
+"""
+
+
+def user_module(directory: Path) -> str:
+    """A module of a user's own service in ``directory``: its (unique) name."""
+    name = f"bank_{uuid.uuid4().hex[:8]}"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.py").write_text(USER_SERVICE)
+    return name
+
+
+def test_the_users_service_is_found_where_start_runs_and_its_node_toml_remembers_it(
+    start_node: Callable[..., Node], tmp_path: Path
+) -> None:
+    """``--service bank:Bank`` run from the folder that holds bank.py finds it
+    (the supervisor's check and the service container alike); the generated
+    node.toml keeps that folder as [service] path, so --config starts the
+    same node from anywhere."""
+    project = tmp_path / "project"
+    module = user_module(project)
+    base = tmp_path / "base"
+    node = start_node("--local", "1", "--dir", str(base), "--service", f"{module}:Bank", cwd=project, script=True)
+    node.wait_ready()
+    talk(node)
+    node.process.send_signal(signal.SIGINT)
+    assert node.wait() == 0, node.stderr
+    written = supervisor.read_toml(base / "node0" / "node.toml")
+    assert written["service"]["path"] == str(project)
+
+    again = start_node("--config", str(base / "node0" / "node.toml"), cwd=tmp_path, script=True)
+    again.wait_ready()
+    again.process.send_signal(signal.SIGINT)
+    assert again.wait() == 0, again.stderr
+    assert all_gone([*node.children.values(), *again.children.values()])
+
+
+def test_the_service_path_defaults_to_the_config_files_directory_and_can_be_set(
+    tmp_path: Path, driver_dir: Path
+) -> None:
+    project = tmp_path / "project"
+    module = user_module(project)
+    config = write_config(project / "node.toml", driver_dir, 9999, service={"service": f"{module}:Bank"})
+    resolved = supervisor.resolve_config(cluster_node._START_OPTIONS, {}, config)
+    assert resolved.service_path == project
+    service_env = next(spec.env for spec in resolved.child_specs() if spec.log_name == "service0")
+    assert service_env["PYTHONPATH"].split(os.pathsep)[0] == str(project)
+    supervisor.check_service_spec(resolved.service, resolved.service_path)  # found there
+
+    elsewhere = tmp_path / "lib"
+    other = user_module(elsewhere)
+    config.write_text(config.read_text().replace(f"{module}:Bank", f"{other}:Bank") + 'path = "../lib"\n')
+    resolved = supervisor.resolve_config(cluster_node._START_OPTIONS, {}, config)
+    assert resolved.service_path == project / ".." / "lib"  # relative to the file
+    supervisor.check_service_spec(resolved.service, resolved.service_path)
+    flagged = supervisor.resolve_config(cluster_node._START_OPTIONS, {"service_path": str(project)}, config)
+    assert flagged.service_path == project
+
+
+def test_a_service_module_not_found_says_where_it_looked_and_how_to_add_a_place(tmp_path: Path) -> None:
+    result = run_start("--local", "1", "--dir", str(tmp_path / "base"), "--service", "nowhere_to_be_found:Bank")
+    assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+    text = " ".join(result.output.split())
+    assert "cannot import nowhere_to_be_found: no module named 'nowhere_to_be_found' in any of" in text, text
+    assert f"{Path.cwd()}," in text, text  # the directory start ran in, first
+    assert "--service-path DIR" in text and '[service] path = "DIR"' in text, text
+    missing = run_start(
+        "--local", "1", "--dir", str(tmp_path / "base"), "--service-path", str(tmp_path / "absent"), "--service", KV
+    )
+    assert missing.exit_code == supervisor.EXIT_CONFIG, missing.output
+    assert f"[service] path = '{tmp_path / 'absent'}': no such directory" in missing.output
+
+
+# ---------------------------------------------------------------------- a Ctrl-C while it starts
+
+STARTED = re.compile(r"node 0 of cluster 0: directory \S+, driver directory (\S+), logs in")
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        "node 0 of cluster 0",  # the driver launched, still starting up
+        "archive pid",  # the consensus module launched
+        "consensus module pid",  # the service launched, waiting for its module
+    ],
+)
+def test_a_ctrl_c_while_the_node_starts_is_an_orderly_stop(
+    start_node: Callable[..., Node], tmp_path: Path, moment: str
+) -> None:
+    """A Ctrl-C in the first moments of a start, as a process is still
+    starting up, stops the node in order: every process stops by itself
+    (none killed by the signal or the supervisor), exit 0, nothing left."""
+    node = start_node("--local", "1", "--dir", str(tmp_path / "base"))
+    wait_for(lambda: moment in node.stdout or node.process.poll() is not None, START_S, moment)
+    assert node.process.poll() is None, node.stdout + node.stderr
+    children = psutil.Process(node.process.pid).children()
+    node.process.send_signal(signal.SIGINT)
+    code = node.wait()
+    match = STARTED.search(node.stdout)
+    assert match is not None, node.stdout
+    node.driver_dir = Path(match.group(1))
+    assert code == 0, node.stdout + node.stderr
+    assert "node 0 stopped cleanly" in node.stdout, node.stdout
+    assert "killed" not in node.stdout + node.stderr, node.stdout + node.stderr
+    assert all_gone(children)
+    assert not node.driver_dir.exists()
+
+
+def test_a_stop_that_needs_a_kill_still_exits_3(start_node: Callable[..., Node], tmp_path: Path) -> None:
+    node = start_node("--local", "1", "--dir", str(tmp_path / "base"), "--stop-timeout", "2s").wait_ready()
+    node.children["archive"].suspend()  # SIGSTOP: it cannot stop by itself
+    node.process.send_signal(signal.SIGINT)
+    assert node.wait() == supervisor.EXIT_UNCLEAN_STOP, node.stdout + node.stderr
+    assert "still running 2 s after SIGTERM" in node.stderr and "killing it (SIGKILL)" in node.stderr, node.stderr
+    assert "node 0 stopped, but not cleanly (see above)" in node.stderr
+    assert all_gone(list(node.children.values()))
 
 
 # ---------------------------------------------------------------------- a signal to the whole node
@@ -611,9 +778,18 @@ def test_local_sizes_other_than_one_three_five_are_refused() -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"driver": {"ipc_term_lenght": "1m"}}, "unknown key 'ipc_term_lenght' in [driver]"),
-        ({"consensus": {"ingress": "x"}}, "unknown key 'ingress' in [consensus]"),
+        (
+            {"driver": {"ipc_term_lenght": "1m"}},
+            "unknown key 'ipc_term_lenght' in [driver]; did you mean 'ipc_term_length'? (known: ",
+        ),
+        (
+            {"consensus": {"ingres_channel": "x"}},
+            "unknown key 'ingres_channel' in [consensus]; did you mean 'ingress_channel'",
+        ),
+        ({"consensus": {"zzz": "x"}}, "unknown key 'zzz' in [consensus] (known: "),  # nothing close
+        ({"node": {"count": 2}}, "unknown key 'count' in [node]; it is a key of [service]"),
         ({"extra": {"a": 1}}, "unknown table [extra]"),
+        ({"sevice": {"a": 1}}, "unknown table [sevice]; did you mean [service]?"),
         ({"driver": {"ipc_term_length": "3k"}}, "[driver] ipc_term_length = '3k': '3k' must be a power of two"),
         ({"consensus": {"session_timeout": "10"}}, "[consensus] session_timeout = '10'"),
         ({"archive": {"record_checksum": "yes"}}, "[archive] record_checksum must be true or false"),
@@ -658,6 +834,24 @@ def test_config_file_problems(tmp_path: Path, driver_dir: Path) -> None:
     assert result.exit_code == 2 and "no service to run" in result.output
     both = run_start("--config", str(no_service), "--local", "1")
     assert both.exit_code == 2 and "give --config or --local, not both" in both.output
+
+
+def test_a_port_in_use_names_the_file_and_the_key_that_set_it(tmp_path: Path, driver_dir: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        config = write_config(tmp_path / "node.toml", driver_dir, port)
+        result = run_start("--config", str(config))
+        assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+        text = " ".join(result.output.split())
+        assert f"{config}: [consensus] ingress_channel: UDP port {port} on 127.0.0.1 is in use" in text, text
+
+        config = write_config(tmp_path / "flag.toml", driver_dir, free_udp_port(), archive={"control_channel": "none"})
+        channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+        result = run_start("--config", str(config), "--archive-control-channel", channel)
+        text = " ".join(result.output.split())
+        assert result.exit_code == supervisor.EXIT_CONFIG, result.output
+        assert f"[archive] control_channel (from --archive-control-channel): UDP port {port}" in text, text
 
 
 def test_port_in_use_and_unusable_directories(tmp_path: Path, driver_dir: Path) -> None:

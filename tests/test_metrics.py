@@ -615,5 +615,5 @@ def test_labels_come_from_each_counters_key_and_label() -> None:
 
 def test_metrics_serve_refuses_a_directory_without_cluster_files(tmp_path: Path) -> None:
     result = CliRunner().invoke(cluster_tool.main, ["metrics", "serve", "--dir", str(tmp_path), "--port", "0"])
-    assert result.exit_code == 1
+    assert result.exit_code == 4  # unreadable: no cluster files
     assert f"cluster-tool: {tmp_path}: no cluster files" in result.stderr
