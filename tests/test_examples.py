@@ -4,9 +4,9 @@ First each service on its own, in this process, against a model of what it
 should do: many random calls, the test holding the clock.  Then each on
 three members, through real ``cluster-node`` processes and its client:
 
-- each example's README commands as they are written (``PYTHONPATH=.
-  cluster-node start --local 3 ... --service module:Class`` from the
-  example's directory, then ``python <client>.py``): the client prints what
+- each example's README commands as they are written (``cluster-node start
+  --local 3 ... --service module:Class`` from the example's directory, which
+  finds the module there, then ``python <client>.py``): the client prints what
   the README shows;
 - the bank: a shutdown (every member snapshots) and a start from the same
   directories keep every balance; on a cluster with a 3 s leader heartbeat
@@ -61,7 +61,7 @@ from fulmar.service.state_machine import SNAPSHOT_CHUNK_MAGIC, StateMachine
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 # The console scripts a user runs: `cluster-node` (not `python -m`, which would
-# put the current directory on the path and hide the need for PYTHONPATH=.).
+# put the current directory on the path and hide a failure to look there).
 BIN = Path(sys.executable).parent
 CALL_TIMEOUT_S = 60  # a failover here: the 3 s leader heartbeat timeout of FAST_ELECTION_ARGS and an election
 SCRIPT_TIMEOUT_S = 120
@@ -422,14 +422,13 @@ def readme(name: str) -> str:
 
 
 def readme_start_command(name: str) -> list[str]:
-    """The README's ``cluster-node start`` command (without ``PYTHONPATH=.``,
-    which it must begin with: cluster-node does not look in the current
-    directory for the service's module)."""
+    """The README's ``cluster-node start`` command, as written (nothing
+    before it: it finds the service's module in the directory it runs in)."""
     lines = [line for line in readme(name).splitlines() if "cluster-node start --" in line]
     assert len(lines) == 1, f"{name}'s README: {len(lines)} cluster-node start commands"
     words = shlex.split(lines[0])
-    assert words[:3] == ["PYTHONPATH=.", "cluster-node", "start"], lines[0]
-    return words[1:]
+    assert words[:2] == ["cluster-node", "start"], lines[0]
+    return words
 
 
 def readme_output(name: str) -> list[str]:
@@ -446,7 +445,7 @@ NODE_READY = re.compile(r"node (\d+) ready: ingress \S+; driver directory (\S+);
 
 class ReadmeCluster:
     """An example's three members started the way its README says: the
-    README's own ``PYTHONPATH=. cluster-node start --local 3 ...`` command,
+    README's own ``cluster-node start --local 3 ...`` command,
     run from the example's directory, with a fresh ``--dir`` and free ports
     for ``--ingress-port`` (other tests may run meanwhile).  ``close`` stops
     it and reaps every process it started, whatever state it is in, and
@@ -501,7 +500,7 @@ class ReadmeCluster:
             self.process = subprocess.Popen(
                 self.command,
                 cwd=EXAMPLES / self.name,
-                env={**os.environ, "PYTHONPATH": "."},
+                env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -652,33 +651,6 @@ def readme_cluster(request: pytest.FixtureRequest) -> Iterator[ReadmeCluster]:
 
 
 # ---------------------------------------------------------------------------- the bank
-
-
-def test_the_readme_commands_need_pythonpath() -> None:
-    """The READMEs say ``cluster-node start`` stops at once without
-    ``PYTHONPATH=.``: it does not look for the service's module in the
-    current directory.  Catches that claim going stale; once cluster-node
-    looks there, this fails: drop ``PYTHONPATH=.`` and the sentence from
-    the READMEs, and this test."""
-    work = Path(tempfile.mkdtemp(prefix="fulmar-example-nopath-"))
-    try:
-        command = readme_start_command("bank")
-        command[command.index("--dir") + 1] = str(work / work.name)
-        command[command.index("--ingress-port") + 1] = "0"
-        env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-        result = subprocess.run(
-            [str(BIN / command[0]), *command[1:]],
-            cwd=EXAMPLES / "bank",
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=STOP_S,
-        )
-        assert result.returncode == 2, result.stdout + result.stderr
-        assert "cannot import bank: ModuleNotFoundError" in result.stdout + result.stderr
-        assert "cannot import bank: ModuleNotFoundError" in " ".join(readme("bank").split())
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_the_bank_runs_as_its_readme_says() -> None:
