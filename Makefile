@@ -47,7 +47,7 @@ test: $(STAMP) bytecode
 	$(PYTEST) -m 'not slow' $(PYTEST_ARGS) $(PYTEST_END)
 
 # The runs marked slow: a million messages over lossy UDP, 10,000 election
-# simulation seeds, chaos on 5 members.
+# simulation seeds, a round of every chaos fault on 3 members and on 5.
 test-slow: $(STAMP) bytecode
 	$(PYTEST) -m slow $(PYTEST_ARGS) $(PYTEST_END)
 

@@ -49,14 +49,19 @@ def _fail(message: str, code: int = EXIT_PROBLEM) -> NoReturn:
 
 @contextmanager
 def _spark(master: str, app_name: str) -> Iterator[Any]:
+    """A session for one command, stopped after it; or, when this process
+    has one running already (a notebook or a program that invokes the
+    command), that one, left running (``--master`` then does not apply)."""
     try:
         import pyspark  # noqa: F401 - the session module imports it only when a session starts
+        from pyspark.sql import SparkSession
 
         from fulmar.analytics.session import spark_session, stop_spark
     except ImportError as error:
         _fail(f"the Spark jobs need the spark extra: pip install 'fulmar[spark]' ({error})", EXIT_NOT_INSTALLED)
+    running = SparkSession.getActiveSession()
     try:
-        spark = spark_session(master, app_name)
+        spark = running if running is not None else spark_session(master, app_name)
     except Exception as error:  # noqa: BLE001 - no JVM, a bad master URL...
         _fail(f"cannot start Spark (master {master}): {spark_error_message(error)}", EXIT_NOT_INSTALLED)
     try:
@@ -66,7 +71,8 @@ def _spark(master: str, app_name: str) -> Iterator[Any]:
     except Exception as error:  # noqa: BLE001 - Spark wraps what the workers raised
         _fail(spark_error_message(error))
     finally:
-        stop_spark(spark)
+        if running is None:
+            stop_spark(spark)
 
 
 def _load(spec: str, what: str) -> Callable[..., Any]:

@@ -1,7 +1,7 @@
 """The Spark pipeline on a log recorded by a real 3-member cluster in this
 test module (tests/analytics_support.py): the fulmar-log source, the analyze
 job and the replay audit, in Spark local mode, and the cluster-tool commands
-as a user runs them (real processes)."""
+on the module's Spark session."""
 
 from __future__ import annotations
 
@@ -17,15 +17,17 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from click.testing import CliRunner, Result
+
 from analytics_support import FRAGMENTED_LENGTH, RecordedLog, record_counter_cluster
 from log_reference import reference_rows
 from fulmar.analytics.analyze import analyze
 from fulmar.analytics.log_decoder import find_log_segments, read_log
 from fulmar.analytics.replay import ReplayError, audit_snapshot, replay_state
 from fulmar.analytics.session import spark_session, stop_spark
+from fulmar.cli import cluster_tool
 from fulmar.service import samples
 
-CLUSTER_TOOL = [sys.executable, "-m", "fulmar.cli.cluster_tool"]
 CLI_TIMEOUT_S = 300
 
 
@@ -263,20 +265,17 @@ def test_any_session_finds_the_source_once_fulmar_is_installed(recorded: Recorde
     assert f"rows {expected}" in done.stdout
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLUSTER_TOOL, *args],
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+def _cli(*args: str) -> Result:
+    """cluster-tool in this process: its Spark job runs on the module's session
+    (the command uses a running one and leaves it running), which saves a JVM
+    start per command; test_install runs the installed command itself."""
+    return CliRunner().invoke(cluster_tool.main, list(args))
 
 
-def test_cluster_tool_analyze_and_replay(recorded: RecordedLog, tmp_path: Path) -> None:
+def test_cluster_tool_analyze_and_replay(recorded: RecordedLog, spark: Any, tmp_path: Path) -> None:
     out = tmp_path / "analysis"
     done = _cli("analyze", "--archive-dir", str(recorded.archive_dir(0)), "--master", "local[2]", "--out", str(out))
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.exit_code == 0, done.output[-3000:]
     assert "leadership terms:" in done.stdout and "written to" in done.stdout
     assert {p.name for p in out.iterdir()} >= {
         "log.parquet",
@@ -302,8 +301,10 @@ def test_cluster_tool_analyze_and_replay(recorded: RecordedLog, tmp_path: Path) 
         "--master",
         "local[2]",
     )
-    assert audit.returncode == 0, audit.stderr[-3000:]
+    assert audit.exit_code == 0, audit.output[-3000:]
     assert "the states match" in audit.stdout
+    # The module's session is still there for the tests after (the command did not stop it).
+    assert spark.range(3).count() == 3
 
 
 def test_a_corrupt_segment_is_named_by_cluster_tool_or_skipped_and_counted(
@@ -318,7 +319,7 @@ def test_a_corrupt_segment_is_named_by_cluster_tool_or_skipped_and_counted(
         file.seek(victim - segment.segment_base)
         file.write(struct.pack("<i", 3))  # a frame length below the header
     failed = _cli("analyze", "--archive-dir", str(archive), "--master", "local[1]", "--out", str(tmp_path / "a"))
-    assert failed.returncode == 1
+    assert failed.exit_code == 1
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith(f"cluster-tool: LogCorruptError: {archive / segment.file_name}: a frame length")
     assert f"at log position {victim}" in last

@@ -1,6 +1,7 @@
-"""The chaos suite (tests/chaos.py): a short run of every fault on 3 members in
-``make test``, a 5-member run in ``make soak`` / ``make chaos``, and the
-checks it relies on, shown to catch what they are meant to catch."""
+"""The chaos suite (tests/chaos.py): a short run of every fault on 3 members
+and a 5-member run (marked slow: ``make test-slow``; ``make chaos`` runs
+campaigns of them), and, in ``make test``, the checks they rely on, shown to
+catch what they are meant to catch."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def _run(config: ChaosConfig, kinds: tuple[str, ...]) -> None:
     assert all(e["healed_s"] is not None and e["recovered_s"] is not None for e in report.events), summary
 
 
+@pytest.mark.slow
 def test_chaos_three_members_every_fault() -> None:
     """Three members under every kind of fault in turn: nothing acknowledged is
     lost, nothing applied twice, the history is linearizable, and every
