@@ -453,12 +453,13 @@ class ReadmeCluster:
 
     size = 3
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, command: list[str] | None = None, cwd: Path | None = None) -> None:
         self.name = name
+        self.cwd = cwd or EXAMPLES / name
         self.work = Path(tempfile.mkdtemp(prefix=f"fulmar-example-{name}-"))
         # The driver directories are named after the base's name: a unique one.
         self.base = self.work / self.work.name
-        command = readme_start_command(name)
+        command = command or readme_start_command(name)
         command[command.index("--dir") + 1] = str(self.base)
         command[command.index("--ingress-port") + 1] = "0"
         self.command = [str(BIN / command[0]), *command[1:]]
@@ -499,7 +500,7 @@ class ReadmeCluster:
         with open(self.output_path, "wb") as out:
             self.process = subprocess.Popen(
                 self.command,
-                cwd=EXAMPLES / self.name,
+                cwd=self.cwd,
                 env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -1001,3 +1002,44 @@ def sweep(client: fulmar.Client) -> int:
         assert client.call("cancel", placed["id"]) == placed["resting"]
     assert client.call("book", 1) == {"buy": [], "sell": []}
     return placed["id"]
+
+
+def test_the_readme_quick_start_works_as_written(tmp_path: Path) -> None:
+    """The top README's quick start, block by block: its bank.py written to a
+    folder, its cluster-node start command run from there (fresh --dir, free
+    ports), its client code run with the cluster's endpoints, printing what
+    its comments say, and its cluster-tool commands each exiting 0, the last
+    (shutdown) stopping the cluster in order.  Catches a README whose first
+    five minutes no longer work as written."""
+    text = (ROOT / "README.md").read_text()
+    quick = text[text.index("## Quick start") : text.index("## Your own service")]
+    blocks = re.findall(r"^```(\w+)\n(.*?)^```", quick, re.MULTILINE | re.DOTALL)
+    service, client = [body for language, body in blocks if language == "python"]
+    start, tools = [body for language, body in blocks if language == "sh"]
+    (tmp_path / "bank.py").write_text(service)
+    [start_line] = [line for line in start.splitlines() if "cluster-node start --local 3" in line]
+    words = shlex.split(start_line)
+    assert words[0] == ".venv/bin/cluster-node", start_line
+    readme_base = words[words.index("--dir") + 1]
+    written_endpoints = re.search(r"fulmar\.connect\(\"([^\"]+)\"\)", client)
+    assert written_endpoints is not None, client
+    expected = [line.split("# ", 1)[1].strip() for line in client.splitlines() if line.strip().startswith("print(")]
+    assert expected, "the client block shows no output"
+    with ReadmeCluster("quick-start", ["cluster-node", *words[1:]], cwd=tmp_path) as cluster:
+        cluster.start()
+        code = client.replace(written_endpoints[1], cluster.ingress_endpoints)
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.splitlines() == expected
+        commands = [shlex.split(line) for line in tools.splitlines() if line.startswith(".venv/bin/cluster-tool")]
+        assert [c[1] for c in commands][-1] == "shutdown", tools
+        for command in commands:
+            assert command[command.index("--dir") + 1] == readme_base, command
+            command[command.index("--dir") + 1] = str(cluster.base)
+            done = subprocess.run(
+                [str(BIN / "cluster-tool"), *command[1:]], capture_output=True, text=True, timeout=STOP_S
+            )
+            assert done.returncode == 0, f"{shlex.join(command)}: {done.stdout}{done.stderr}"
+        assert cluster.process is not None and cluster.process.wait(STOP_S) == 0, cluster.output
