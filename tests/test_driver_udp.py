@@ -81,7 +81,9 @@ def udp_publisher_main(directory: str, channel: str, count: int, result: Connect
 
 
 def test_a_stream_over_udp_with_loss_in_both_directions_arrives_exactly_once_in_order(two_drivers) -> None:
-    lossy_stream(two_drivers, 100_000)
+    # 30,000 messages: about 1,500 datagrams lost each way, every one recovered (NAK, retransmit);
+    # the million-message run is marked slow.
+    lossy_stream(two_drivers, 30_000)
 
 
 @pytest.mark.slow

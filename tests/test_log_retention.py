@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -41,7 +39,6 @@ from multi_node_support import (
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 SEGMENT = 64 * 1024
 SMALL_LOG_ARGS = ("--log-channel", f"aeron:udp?term-length={SEGMENT // 1024}k")
-CLUSTER_TOOL = [sys.executable, "-m", "fulmar.cli.cluster_tool"]
 COUNTER_REPLAY_ARGS = (
     "--apply",
     "fulmar.service.samples:counter_apply",
@@ -199,28 +196,24 @@ def test_purge_keeps_the_newest_snapshots_and_every_member_recovers_from_them(cl
     # Spark over a purged log: the replay starts from the member's snapshot; the
     # newest snapshot is audited from the one before it; from 0 it is refused.
     archive_dir, cluster_dir = cluster.archive_dir(0), cluster.cluster_dir(0)
-    done = subprocess.run(
-        [
-            *CLUSTER_TOOL,
-            "replay",
-            "--archive-dir",
-            str(archive_dir),
-            "--cluster-dir",
-            str(cluster_dir),
-            "--from-snapshot",
-            *COUNTER_REPLAY_ARGS,
-            "--master",
-            "local[1]",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout)["state"]["value"] == final, done.stdout
     spark = spark_session("local[1]", "fulmar retention test")
     try:
+        # cluster-tool in this process: its job runs on this session (one JVM start for the test).
+        done = CliRunner().invoke(
+            cluster_tool.main,
+            [
+                "replay",
+                "--archive-dir",
+                str(archive_dir),
+                "--cluster-dir",
+                str(cluster_dir),
+                "--from-snapshot",
+                *COUNTER_REPLAY_ARGS,
+                "--json",
+            ],
+        )
+        assert done.exit_code == 0, done.output[-3000:]
+        assert json.loads(done.stdout)["state"]["value"] == final, done.stdout
         audit = audit_snapshot(
             spark,
             archive_dir,
