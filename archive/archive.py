@@ -28,8 +28,14 @@ from fulmar.archive.mark_file import ArchiveMarkFile
 from fulmar.clock import epoch_ms
 from fulmar.driver.context import default_driver_dir
 from fulmar.idle import DoorbellIdleStrategy
+from fulmar import log_lines
 from fulmar.permissions import make_directory
 from fulmar.stop_signals import StopGate, StopKind, StopSignalHandlers, StopSignals
+
+
+def log_line(text: str) -> None:
+    """A line of the archive's output (its node's archive.log)."""
+    log_lines.stamped("archive", text)
 
 
 class Archive:
@@ -92,7 +98,9 @@ class Archive:
                 mark_file.set_archive_id(aeron.client_id)
             error_log = mark_file.error_log(epoch_ms)
             data_doorbell = aeron.conductor.data_doorbell
-            conductor = ArchiveConductor(context, aeron, catalog, epoch_ms, error_log.record, data_doorbell.ring)
+            conductor = ArchiveConductor(
+                context, aeron, catalog, epoch_ms, error_log.record, data_doorbell.ring, log_event=log_line
+            )
             mark_file.signal_ready()
         except BaseException:
             if catalog is not None:

@@ -7,8 +7,13 @@ archive's own replication sessions use directly:
   comes back: control responses, recording descriptors and recording signals.
 
 Every ERROR response becomes an ``ArchiveResponseError`` carrying Aeron's
-error code; a response that does not come within the message timeout is an
+error code (an archive that refused the credentials: AUTHENTICATION_REJECTED);
+a response that does not come within the message timeout is an
 ``ArchiveTimeoutError``.
+
+A client connects with an AuthConnectRequest carrying its credentials (Aeron's
+clients do since the ConnectRequest was superseded) and answers a Challenge
+with what its ``CredentialsSupplier`` (``fulmar.security``) says.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from fulmar.errors import FulmarError
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
+from fulmar.security import CredentialsSupplier, credentials_supplier
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron
@@ -106,13 +112,24 @@ class ArchiveProxy:
                 raise ArchiveNotConnectedError(f"the archive request publication is closed ({result})")
         return False
 
-    def connect(self, response_channel: str, response_stream_id: int, correlation_id: int) -> bool:
+    def connect(
+        self, response_channel: str, response_stream_id: int, correlation_id: int, encoded_credentials: bytes = b""
+    ) -> bool:
         return self.send(
-            codecs.ConnectRequestEncoder,
+            codecs.AuthConnectRequestEncoder,
             correlation_id=correlation_id,
             response_stream_id=response_stream_id,
             version=protocol.PROTOCOL_SEMANTIC_VERSION,
             response_channel=response_channel,
+            encoded_credentials=encoded_credentials,
+        )
+
+    def challenge_response(self, control_session_id: int, correlation_id: int, encoded_credentials: bytes) -> bool:
+        return self.send(
+            codecs.ChallengeResponseEncoder,
+            control_session_id=control_session_id,
+            correlation_id=correlation_id,
+            encoded_credentials=encoded_credentials,
         )
 
     def replay(
@@ -149,7 +166,8 @@ class ControlResponsePoller:
     """Polls the response subscription and decodes each message whole.
 
     ``poll`` returns the messages of one poll, as ``(kind, decoder)`` pairs:
-    kind is "response", "descriptor" or "signal" (other messages are skipped).
+    kind is "response", "descriptor", "signal" or "challenge" (other messages
+    are skipped).
     Malformed messages are counted in ``malformed`` and skipped.
     """
 
@@ -177,6 +195,8 @@ class ControlResponsePoller:
             self._batch.append(("descriptor", message))
         elif isinstance(message, codecs.RecordingSignalEventDecoder):
             self._batch.append(("signal", message))
+        elif isinstance(message, codecs.ChallengeDecoder):
+            self._batch.append(("challenge", message))
 
 
 def descriptor_of(message: Any) -> RecordingDescriptor:
@@ -243,9 +263,18 @@ class AeronArchive:
         control_response_channel: str = protocol.CONTROL_RESPONSE_CHANNEL,
         control_response_stream_id: int = protocol.CONTROL_RESPONSE_STREAM_ID,
         message_timeout_ns: int = DEFAULT_MESSAGE_TIMEOUT_NS,
+        *,
+        credentials: bytes | CredentialsSupplier | None = None,
     ) -> AeronArchive:
         """Open a control session.  A UDP response channel may use port 0:
-        the archive is told the port the driver actually bound."""
+        the archive is told the port the driver actually bound.
+
+        ``credentials``: bytes (sent in the connect request, and again in
+        answer to a challenge) or a ``CredentialsSupplier``; none: empty
+        credentials and an empty answer, as Aeron's null supplier.  An
+        archive that refuses them raises ArchiveResponseError with the
+        AUTHENTICATION_REJECTED error code."""
+        supplier = credentials_supplier(credentials)
         subscription = aeron.add_subscription(control_response_channel, control_response_stream_id)
         publication = None
         try:
@@ -260,24 +289,40 @@ class AeronArchive:
             )
             proxy = ArchiveProxy(publication)
             correlation_id = aeron.next_correlation_id()
+            encoded = bytes(supplier.encoded_credentials())
             _wait(
-                lambda: proxy.connect(response_channel, control_response_stream_id, correlation_id),
+                lambda: proxy.connect(response_channel, control_response_stream_id, correlation_id, encoded),
                 deadline,
                 aeron,
                 "the archive did not take the connect request",
             )
             poller = ControlResponsePoller(subscription)
             found: list[Any] = []
+            awaited = [correlation_id]
 
             def answered() -> bool:
                 for kind, message in poller.poll():
-                    if kind == "response" and message.correlation_id == correlation_id:
+                    if kind in ("response", "challenge") and message.correlation_id == awaited[0]:
                         found.append(message)
                         return True
                 return False
 
-            _wait(answered, deadline, aeron, "no connect response from the archive")
-            response = found[0]
+            while True:
+                _wait(answered, deadline, aeron, "no connect response from the archive")
+                response = found.pop()
+                if not isinstance(response, codecs.ChallengeDecoder):
+                    break
+                # The archive's authenticator asks: the supplier answers, and
+                # the connect's answer then carries the answer's correlation id.
+                answer = bytes(supplier.on_challenge(bytes(response.encoded_challenge)))
+                awaited[0] = aeron.next_correlation_id()
+                session_id = response.control_session_id
+                _wait(
+                    lambda: proxy.challenge_response(session_id, awaited[0], answer),
+                    deadline,
+                    aeron,
+                    "the archive did not take the challenge response",
+                )
             if response.code_raw != ControlResponseCode.OK:
                 raise error_of(response)
             return cls(
@@ -616,6 +661,7 @@ class AeronArchive:
         replication_session_id: int = NULL_VALUE,
         channel_tag_id: int = NULL_VALUE,
         subscription_tag_id: int = NULL_VALUE,
+        encoded_credentials: bytes = b"",
     ) -> int:
         """Copy a recording from another archive into this one (ReplicateRequest2).
 
@@ -624,6 +670,8 @@ class AeronArchive:
         NULL_POSITION: to the source's end (following it while it is live).
         ``live_destination`` (an endpoint the source's live stream is sent to)
         merges the replicated stream into the live one once caught up.
+        ``encoded_credentials``: what this archive presents to the source
+        archive (empty: its own replication credentials, if it has any).
         Returns the replication id; progress comes as recording signals.
         """
         return self._request(
@@ -639,7 +687,7 @@ class AeronArchive:
             src_control_channel=src_control_channel,
             live_destination=live_destination,
             replication_channel=replication_channel,
-            encoded_credentials=b"",
+            encoded_credentials=encoded_credentials,
             src_response_channel="",
         )
 

@@ -13,6 +13,13 @@ and answer on the requesting control session: OK with a relevant id, ERROR
 with an ``ArchiveErrorCode`` and a message, or descriptors for listings.
 Recording signals (START, STOP, EXTEND, ...) go to the control session that
 asked for the recording.
+
+A control session is served only once the archive's authenticator let it in
+(``fulmar.archive.control_session``), and only for requests that come from
+the stream that opened it.  Sessions opened over the local control channel
+are let in without credentials when that channel is IPC (see
+``ArchiveContext.authenticator``).  Each refused session counts in the
+"Archive control sessions refused" counter and in the error log.
 """
 
 from __future__ import annotations
@@ -108,12 +115,14 @@ class ArchiveConductor:
         epoch_ms: Callable[[], int],
         record_error: Callable[[str], object],
         wake: Callable[[], object],
+        log_event: Callable[[str], object] | None = None,
     ) -> None:
         self.context = context
         self.aeron = aeron
         self.catalog = catalog
         self.epoch_ms = epoch_ms
-        self.record_error = record_error
+        self._error_log_record = record_error
+        self._log_event = log_event
         self.wake = wake
         self.archive_dir = Path(context.archive_dir)
         self.archive_id = context.archive_id if context.archive_id != NULL_VALUE else aeron.client_id
@@ -127,16 +136,38 @@ class ArchiveConductor:
         self._next_session_id = int.from_bytes(os.urandom(4), "little") & 0x3FFF_FFFF
         self._replay_id = 1
         self._now_ns = time.monotonic_ns()
-        self._assembler = FragmentAssembler(self._on_control_message)
         self._control_subscriptions: list[Subscription] = []
-        channels = [(context.local_control_channel, context.local_control_stream_id)]
+        # One assembler per control subscription: a message is known by the
+        # subscription it came on and its image's session id.
+        self._assemblers: list[FragmentAssembler] = []
+        # Whether a session opened on each subscription must be authenticated.
+        # The local control channel, when it is IPC, is let in without: it
+        # takes a process that maps this node's driver files (shared memory
+        # only the node's user may open) to publish on it at all, and the
+        # node's own processes (consensus module, services, cluster-tool) use
+        # it.  Every UDP channel, reachable from the network, is authenticated.
+        self._authenticated_origins: list[bool] = []
+        channels = [(context.local_control_channel, context.local_control_stream_id, True)]
         if context.control_channel is not None:
-            channels.append((context.control_channel, context.control_stream_id))
-        for channel, stream_id in channels:
+            channels.append((context.control_channel, context.control_stream_id, False))
+        for index, (channel, stream_id, local) in enumerate(channels):
             uri = ChannelUri.parse(channel)
             if uri.is_ipc and uri.term_length() is None:
                 uri = uri.with_param("term-length", CONTROL_TERM_LENGTH)
             self._control_subscriptions.append(aeron.add_subscription(str(uri), stream_id))
+            self._assemblers.append(FragmentAssembler(self._control_handler(index)))
+            self._authenticated_origins.append(not (local and uri.is_ipc) or context.authenticate_local_control)
+        key = protocol.archive_id_key(self.archive_id)
+        self.error_counter = aeron.add_counter(
+            protocol.ARCHIVE_ERROR_COUNT_TYPE_ID, f"Archive Errors - archiveId={self.archive_id}", key
+        )
+        self.refused_sessions_counter = aeron.add_counter(
+            protocol.ARCHIVE_REFUSED_CONTROL_SESSIONS_TYPE_ID,
+            f"Archive control sessions refused - archiveId={self.archive_id}",
+            key,
+        )
+        self._refusal_line_due_ms = 0
+        self._refusals_unsaid = 0
         self._events = None
         if context.recording_events_channel is not None:
             self._events = aeron.add_publication(context.recording_events_channel, context.recording_events_stream_id)
@@ -156,10 +187,11 @@ class ArchiveConductor:
         while self.tasks:
             self.tasks.popleft()()
             work += 1
-        for subscription in self._control_subscriptions:
-            work += subscription.poll(self._assembler.on_fragment, 16)
+        for subscription, assembler in zip(self._control_subscriptions, self._assemblers):
+            work += subscription.poll(assembler.on_fragment, 16)
+        now_ms = self.epoch_ms() if self.control_sessions else 0
         for session in list(self.control_sessions.values()):
-            work += session.do_work(now_ns)
+            work += session.do_work(now_ns, now_ms)
             if session.active_listing is not None and session.queued_responses == 0:
                 work += session.active_listing()
             if session.is_done:
@@ -209,7 +241,7 @@ class ArchiveConductor:
         publication still connecting, responses held back by back pressure, a
         listing under way.  The idle strategy keeps a short pace meanwhile."""
         return any(
-            not session.is_connected or session.queued_responses or session.active_listing is not None
+            not session.is_active or session.queued_responses or session.active_listing is not None
             for session in self.control_sessions.values()
         )
 
@@ -229,27 +261,59 @@ class ArchiveConductor:
         for session in self.control_sessions.values():
             session.close("the archive is closing")
         self.control_sessions.clear()
+        for counter in (self.error_counter, self.refused_sessions_counter):
+            counter.close()
         if self.native_recorder is not None:
             self.native_recorder.close()
             self.native_recorder = None
 
     # ------------------------------------------------------- control requests
 
-    def _on_control_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
+    def record_error(self, text: str) -> None:
+        """An error in the archive's error log (its mark file), counted in
+        "Archive Errors" (Aeron's CountedErrorHandler)."""
+        self._error_log_record(text)
+        self.error_counter.increment()
+
+    def _control_handler(self, origin_index: int) -> Callable[[memoryview, int, int, Header], None]:
+        def on_message(buffer: memoryview, offset: int, length: int, header: Header) -> None:
+            self._on_control_message(origin_index, buffer, offset, length, header)
+
+        return on_message
+
+    def _on_control_message(
+        self, origin_index: int, buffer: memoryview, offset: int, length: int, header: Header
+    ) -> None:
         try:
             message = codecs.decode(buffer, offset, length)
         except CodecError as error:
             self.record_error(f"archive: malformed control request ignored: {error}")
             return
         name = type(message).__name__.removesuffix("Decoder")
-        if name == "ConnectRequest":
-            self.on_connect_request(message)
+        origin = (origin_index, header.session_id)
+        if name in ("ConnectRequest", "AuthConnectRequest"):
+            self.on_connect_request(message, origin)
             return
         session = self.control_sessions.get(getattr(message, "control_session_id", NULL_VALUE))
         if session is None:
             self.record_error(
                 f"archive: {name} for unknown control session {getattr(message, 'control_session_id', '?')}"
             )
+            return
+        if session.origin != origin:
+            # Another client naming this session (a guessed or seen id): not
+            # served, whatever its state (Aeron's "unauthorised archive action").
+            self.record_error(f"archive: {name} refused: its control session belongs to another client's stream")
+            return
+        if isinstance(message, codecs.ChallengeResponseDecoder):
+            session.on_challenge_response(message.correlation_id, bytes(message.encoded_credentials), self.epoch_ms())
+            return
+        if name == "CloseSessionRequest":
+            self.on_close_session_request(session, message)
+            return
+        if not session.is_active:
+            # Nothing is served before the authenticator let the session in.
+            self.record_error(f"archive: {name} on a control session not yet authenticated: not served")
             return
         handler = getattr(self, "on_" + _snake(name), None)
         correlation_id = getattr(message, "correlation_id", NULL_VALUE)
@@ -262,7 +326,10 @@ class ArchiveConductor:
             self.record_error(f"archive: {name}: {error}")
             session.send_error(correlation_id, f"{name} failed: {error}")
 
-    def on_connect_request(self, message: Any) -> None:
+    def on_connect_request(self, message: Any, origin: tuple[int, int] = (0, 0)) -> None:
+        """A ConnectRequest or AuthConnectRequest (the former carries no
+        credentials: to an authenticator that wants them it is a client with
+        none, challenged or rejected as such)."""
         invalid = None
         if major_version(message.version) != protocol.PROTOCOL_MAJOR_VERSION:
             invalid = (
@@ -275,18 +342,56 @@ class ArchiveConductor:
         publication = self.aeron.add_exclusive_publication(str(uri), message.response_stream_id)
         session_id = self._next_session_id
         self._next_session_id += 1
-        self.control_sessions[session_id] = ControlSession(
+        origin_index = origin[0]
+        authenticated = origin_index >= len(self._authenticated_origins) or self._authenticated_origins[origin_index]
+        authenticator = self.context.authenticator if authenticated else None
+        session = ControlSession(
             session_id,
             message.correlation_id,
             publication,
             self._now_ns,
             self.context.connect_timeout_ns,
             invalid,
+            authenticator=authenticator,
+            origin=origin,
+            response_channel=message.response_channel,
         )
+        self.control_sessions[session_id] = session
+        if authenticator is not None:
+            credentials = bytes(getattr(message, "encoded_credentials", b""))
+            try:
+                authenticator.on_connect_request(session_id, credentials, self.epoch_ms())
+            except Exception as error:  # a user's authenticator that fails refuses the session
+                session.refusal = f"the authenticator failed: {type(error).__name__}"
+                session.close(f"{session.refusal}: {error}")
 
     def _close_control_session(self, session: ControlSession) -> None:
         self.control_sessions.pop(session.session_id, None)
         session.close(session.close_reason or "closed")
+        if session.refusal is not None:
+            self._on_refused(session)
+
+    def _on_refused(self, session: ControlSession) -> None:
+        """Count and log a refused session.  The error log's text is the same
+        for every refusal of one kind (one entry, its observations counted, so
+        a stranger's attempts cannot fill it); the log line names the client,
+        at most once a second (with how many went unsaid)."""
+        self.refused_sessions_counter.increment()
+        self.record_error(f"archive: control session refused: {session.refusal}")
+        if self._log_event is None:
+            return
+        now_ms = self.epoch_ms()
+        if now_ms < self._refusal_line_due_ms:
+            self._refusals_unsaid += 1
+            return
+        unsaid = f" ({self._refusals_unsaid} more refused since the last line)" if self._refusals_unsaid else ""
+        self._refusals_unsaid = 0
+        self._refusal_line_due_ms = now_ms + 1_000
+        self._log_event(
+            # (The channel is the client's text: quoted, so it cannot forge lines.)
+            f"refused control session {session.session_id} (response channel {session.response_channel[:200]!r}): "
+            f"{session.refusal}{unsaid}"
+        )
 
     def on_close_session_request(self, session: ControlSession, message: Any) -> None:
         session.close("the client closed the session")
@@ -1102,6 +1207,8 @@ class ArchiveConductor:
             replication_channel=replication_channel or self.context.replication_channel,
             replication_session_id=replication_session_id,
             now_ns=self._now_ns,
+            encoded_credentials=bytes(getattr(message, "encoded_credentials", b""))
+            or self.context.replication_credentials,
         )
         self.replications[replication_id] = replication
         session.send_ok(correlation_id, replication_id)

@@ -3,10 +3,11 @@ what fulmar's archive uses)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fulmar.archive import protocol
+from fulmar.security import Authenticator, NullAuthenticator
 
 DEFAULT_SEGMENT_FILE_LENGTH = 128 * 1024 * 1024
 
@@ -60,6 +61,20 @@ class ArchiveContext:
     # agent writes them, woken by the stream like by any other.
     native_recorder: bool = True
     delete_archive_dir: bool = False
+    # Who may open a control session (Aeron's authenticatorSupplier): the
+    # default lets everyone in; ``cluster-node archive --authenticator-secret``
+    # sets a fulmar.security.CredentialsAuthenticator.  Sessions that come over
+    # the local control channel, when it is IPC, are not asked unless
+    # ``authenticate_local_control``: only a process that can map the node's
+    # driver files (owner-only shared memory) can reach that channel at all,
+    # and the node's own processes use it.
+    authenticator: Authenticator = field(default_factory=NullAuthenticator)
+    authenticate_local_control: bool = False
+    # What this archive presents to a source archive when it replicates from
+    # it and the ReplicateRequest carried no credentials of its own (Aeron's
+    # archiveClientContext credentials); the members of a cluster share one
+    # secret, so ``cluster-node archive`` presents its own.
+    replication_credentials: bytes = b""
 
     def validate(self) -> None:
         if self.file_sync_level not in (0, 1, 2) or self.catalog_file_sync_level not in (0, 1, 2):

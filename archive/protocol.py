@@ -70,11 +70,19 @@ REPLICATION_CHANNEL = "aeron:udp?endpoint=localhost:0"
 RECORDING_POSITION_TYPE_ID = 100
 ARCHIVE_ERROR_COUNT_TYPE_ID = 101
 ARCHIVE_CONTROL_SESSIONS_TYPE_ID = 102
+# fulmar's own: control sessions the archive refused (rejected by its
+# authenticator, or not authenticated within the connect timeout).
+ARCHIVE_REFUSED_CONTROL_SESSIONS_TYPE_ID = 1300
 
 # The recording position counter's key: recording id, session id, then the
 # image's source identity as an int32 length and ASCII, then the archive id.
 _RECORDING_POS_HEAD = struct.Struct("<qi")
 MAX_COUNTER_KEY_LENGTH = 112
+
+
+def archive_id_key(archive_id: int) -> bytes:
+    """The key of the archive's own counters (errors, sessions): its archive id."""
+    return struct.pack("<q", archive_id)
 
 
 def recording_position_key(recording_id: int, session_id: int, source_identity: str, archive_id: int) -> bytes:

@@ -20,6 +20,11 @@ one image, the replay fills in up to where live data begins, and then the
 replay destination is removed and the replay stopped.  The recording simply
 carries on from the live stream (MERGE).
 
+The control session with the source archive presents credentials: those the
+ReplicateRequest2 carried, else this archive's own replication credentials
+(``ArchiveContext.replication_credentials``: the members of a cluster share
+one secret); a Challenge is answered with the same credentials.
+
 States follow the exchange: CONNECT, AWAIT_CONNECT, DESCRIBE,
 AWAIT_DESCRIPTOR, SRC_POSITION, REPLAY, AWAIT_REPLAY, AWAIT_IMAGE, REPLICATE,
 CATCHUP, ATTEMPT_LIVE_JOIN, DONE.  Progress reaches the requesting client as
@@ -94,6 +99,7 @@ class ReplicationSession:
         replication_channel: str,
         replication_session_id: int | None,
         now_ns: int,
+        encoded_credentials: bytes = b"",
     ) -> None:
         self.conductor = conductor
         self.aeron = conductor.aeron
@@ -107,6 +113,7 @@ class ReplicationSession:
         self.src_control_stream_id = src_control_stream_id
         self.live_destination = _live_destination_channel(live_destination)
         self.replication_channel = replication_channel
+        self.encoded_credentials = bytes(encoded_credentials)
         if replication_session_id in (None, NULL_VALUE, _NULL_INT32):
             replication_session_id = random.randint(1, 2**31 - 1)
         self.replication_session_id = replication_session_id
@@ -133,6 +140,7 @@ class ReplicationSession:
         self._keep_replay_subscription = False
         self._proxy: ArchiveProxy | None = None
         self._poller: ControlResponsePoller | None = None
+        self._challenge: Any = None  # a Challenge from the source archive, to answer
 
     # ----------------------------------------------------------- duty cycle
 
@@ -184,7 +192,9 @@ class ReplicationSession:
             return 0
         response_channel = str(ChannelUri.parse(self.replication_channel).with_param("endpoint", endpoint))
         correlation_id = self.aeron.next_correlation_id()
-        if self._proxy.connect(response_channel, protocol.CONTROL_RESPONSE_STREAM_ID, correlation_id):
+        if self._proxy.connect(
+            response_channel, protocol.CONTROL_RESPONSE_STREAM_ID, correlation_id, self.encoded_credentials
+        ):
             self._await(correlation_id)
             self._state(ReplicationState.AWAIT_CONNECT, now_ns)
             return 1
@@ -192,6 +202,20 @@ class ReplicationSession:
         return 0
 
     def _await_connect(self, now_ns: int) -> int:
+        challenge = self._challenge
+        if challenge is not None:
+            # The source's authenticator wants the credentials (again): the
+            # connect's answer then comes with the answer's correlation id.
+            assert self._proxy is not None
+            correlation_id = self.aeron.next_correlation_id()
+            if not self._proxy.challenge_response(
+                challenge.control_session_id, correlation_id, self.encoded_credentials
+            ):
+                self._check_deadline(now_ns, "answering the source archive's challenge")
+                return 0
+            self._challenge = None
+            self._await(correlation_id)
+            return 1
         response = self._take_response(now_ns, "awaiting the source archive's connect response")
         if response is None:
             return 0
@@ -521,6 +545,8 @@ class ReplicationSession:
                 self._response = message
             elif kind == "response":
                 self._response = message
+            elif kind == "challenge" and self.state is ReplicationState.AWAIT_CONNECT:
+                self._challenge = message
 
     def _take_response(self, now_ns: int, what: str) -> Any:
         """The response to the pending request, once it came (ERROR raises)."""

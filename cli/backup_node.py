@@ -87,9 +87,19 @@ class BackupConfig:
         env = {key: value for key, value in os.environ.items() if key != SECRET_ENV}
         env["PYTHONUNBUFFERED"] = "1"
         backup_env = dict(env)
+        archive_env = dict(env)
         credentials = self.backup.get("credentials")
         if credentials:
             backup_env[SECRET_ENV] = str(credentials)  # never on a command line
+        # The backup's archive (a copy of the cluster's log, its control
+        # channel on UDP) asks for the same secret the members' do: its own
+        # [archive] authenticator_secret, else the secret part of the
+        # backup's credentials (``user:secret`` or ``secret``).
+        archive_secret = self.archive.get("authenticator_secret") or (
+            str(credentials).rpartition(":")[2] if credentials else ""
+        )
+        if archive_secret:
+            archive_env[SECRET_ENV] = str(archive_secret)
         driver_dir = str(self.driver_dir)
         step = f"{round(self.stop_timeout_s * 1000)}ms"
         return [
@@ -125,10 +135,10 @@ class BackupConfig:
                     str(self.cluster_dir),
                     "--stop-after-timeout",
                     step,
-                    *_flags(self.archive),
+                    *_flags({k: v for k, v in self.archive.items() if k != "authenticator_secret"}),
                 ],
                 "archive pid",
-                env,
+                archive_env,
                 _LAUNCHER,
             ),
             ChildSpec(
@@ -156,7 +166,8 @@ class BackupConfig:
             f"driver_dir = {_toml_value(str(self.driver_dir))}",
         ]
         lines += [f"{key} = {_toml_value(value)}" for key, value in self.backup.items() if key != "credentials"]
-        for section, values in (("driver", self.driver), ("archive", self.archive)):
+        archive = {key: value for key, value in self.archive.items() if key != "authenticator_secret"}
+        for section, values in (("driver", self.driver), ("archive", archive)):
             if values:
                 lines += ["", f"[{section}]"] + [f"{key} = {_toml_value(value)}" for key, value in values.items()]
         return "\n".join(lines) + "\n"

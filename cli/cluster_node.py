@@ -20,7 +20,7 @@ from fulmar.archive.archive import Archive, run_archive
 from fulmar.archive.context import ArchiveContext
 from fulmar.archive.errors import ArchiveAlreadyActiveError
 from fulmar.archive.mark_file import live_owner_pid as live_archive_pid
-from fulmar.consensus.authenticator import CredentialsAuthenticator
+from fulmar.security import CredentialsAuthenticator
 from fulmar.consensus.backup import LOG_SOURCES, ClusterBackup, ClusterBackupContext, run_cluster_backup
 from fulmar.consensus.consensus_module import ConsensusModule, run_consensus_module
 from fulmar.consensus.context import (
@@ -66,6 +66,8 @@ from fulmar.orderly_stop import StopOutcome, report_orderly_stop
 from fulmar.stop_signals import StopGate
 
 from fulmar.cli.options import (
+    ARCHIVE_SECRET_ENV,
+    CLUSTER_SECRET_ENV,
     DRIVER_DIR_ENV,
     Duration,
     IdleStrategyName,
@@ -509,6 +511,15 @@ _ARCHIVE_DEFAULTS = ArchiveContext
     "recording and position.  Needs recordings made with --record-checksum.",
 )
 @click.option("--archive-id", type=int, default=-1, help="This archive's id (default: its driver client id).")
+@click.option(
+    "--authenticator-secret",
+    envvar=CLUSTER_SECRET_ENV,
+    default=None,
+    help="Require control sessions from the network (the UDP control channel) to present this secret, "
+    "and present it to the archives this one replicates from; the local IPC channel, which only the "
+    "node's user can reach, stays open.  cluster-node start gives the archive the node's "
+    "[consensus] authenticator_secret unless [archive] authenticator_secret is set.  Default: allow all.",
+)
 @stop_after_options("30s")
 def archive(
     archive_dir: str,
@@ -525,6 +536,7 @@ def archive(
     record_checksum: bool,
     replay_checksum: bool,
     archive_id: int,
+    authenticator_secret: str | None,
     stop_after: tuple[str, ...],
     stop_after_timeout: int,
 ) -> None:
@@ -549,6 +561,9 @@ def archive(
         replay_checksum=replay_checksum,
         archive_id=archive_id,
     )
+    if authenticator_secret:
+        context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())
+        context.replication_credentials = authenticator_secret.encode()
     try:
         context.validate()
     except ValueError as error:
@@ -614,9 +629,16 @@ _CM_DEFAULTS = ConsensusModuleContext
 )
 @click.option(
     "--authenticator-secret",
-    envvar="FULMAR_CLUSTER_SECRET",
+    envvar=CLUSTER_SECRET_ENV,
     default=None,
     help="Require clients to present this secret (credentials authenticator); default: allow all.",
+)
+@click.option(
+    "--archive-secret",
+    envvar=ARCHIVE_SECRET_ENV,
+    default=None,
+    help="The secret this module presents to archives (its own, the other members' it replicates the "
+    "log from); default: --authenticator-secret.  cluster-node start sets it from the archive's secret.",
 )
 @click.option("--app-version", type=int, default=0)
 @click.option(
@@ -751,6 +773,7 @@ def consensus(
     session_timeout: int,
     max_concurrent_sessions: int,
     authenticator_secret: str | None,
+    archive_secret: str | None,
     app_version: int,
     cluster_members: str,
     appointed_leader_id: int,
@@ -818,6 +841,7 @@ def consensus(
     )
     if authenticator_secret:
         context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())
+    context.archive_credentials = (archive_secret or authenticator_secret or "").encode()
 
     def announce(module: ConsensusModule) -> None:
         click.echo(
@@ -846,6 +870,13 @@ def consensus(
 @click.option("--cluster-id", type=int, default=0)
 @click.option("--archive-control-channel", default=_CM_DEFAULTS.archive_control_channel)
 @click.option(
+    "--archive-secret",
+    envvar=ARCHIVE_SECRET_ENV,
+    default=None,
+    help="The secret the container presents to its archive (needed when --archive-control-channel is UDP "
+    "and the archive authenticates; cluster-node start sets it then).",
+)
+@click.option(
     "--follower-apply-interval",
     type=Duration(),
     default=format_duration(ServiceContext.follower_apply_interval_ns),
@@ -870,6 +901,7 @@ def service(
     member_id: int,
     cluster_id: int,
     archive_control_channel: str,
+    archive_secret: str | None,
     follower_apply_interval: int,
     on_service_error: str,
 ) -> None:
@@ -883,6 +915,7 @@ def service(
         cluster_id=cluster_id,
         service_name=service_name,
         archive_control_channel=archive_control_channel,
+        archive_credentials=(archive_secret or "").encode(),
         follower_apply_interval_ns=follower_apply_interval,
         on_service_error=on_service_error,
     )
@@ -993,9 +1026,10 @@ _BACKUP_DEFAULTS = ClusterBackupContext(cluster_dir=Path("."))
 )
 @click.option(
     "--credentials",
-    envvar="FULMAR_CLUSTER_SECRET",
+    envvar=CLUSTER_SECRET_ENV,
     default=None,
-    help="Credentials for the members' authenticator (default: none).",
+    help="Credentials for the members' authenticators (default: none): presented to their consensus "
+    "modules and to their archives (snapshot retrieval, the live log's replay).",
 )
 def cluster_backup(
     cluster_dir: str,

@@ -20,6 +20,12 @@ from fulmar.driver.context import default_driver_dir
 from fulmar.idle import IDLE_STRATEGY_NAMES, Doorbell, idle_strategy_from_name
 
 DRIVER_DIR_ENV = "FULMAR_DRIVER_DIR"
+# The node's secret: clients of its cluster and of its archive present it.
+CLUSTER_SECRET_ENV = "FULMAR_CLUSTER_SECRET"
+# What a node's consensus module and services present to archives, when it
+# differs from the cluster's secret (cluster-node start sets it from the
+# archive's secret; nobody else needs to).
+ARCHIVE_SECRET_ENV = "FULMAR_ARCHIVE_SECRET"
 
 _DURATION_UNITS = (("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000), ("ns", 1))
 _SIZE_UNITS = (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10))

@@ -31,6 +31,13 @@ they cannot drift apart: a value is checked here with the very type the
 process will parse it with, and handed to it on its command line (the
 cluster secret through its environment, never on a command line).
 
+A node has one secret: ``[consensus] authenticator_secret`` (or
+``FULMAR_CLUSTER_SECRET``) makes the cluster's clients present it, and the
+archive takes the same one for its control sessions from the network unless
+``[archive] authenticator_secret`` names another; the consensus module (and
+the services, when they reach the archive over UDP) are handed the archive's
+secret to present to it and to the other members' archives.
+
 Supervision
 -----------
 
@@ -107,7 +114,7 @@ import psutil
 
 from fulmar import log_lines
 from fulmar.channel_uri import ChannelUri
-from fulmar.cli.options import Duration, format_duration, format_size, Size
+from fulmar.cli.options import ARCHIVE_SECRET_ENV, Duration, format_duration, format_size, Size
 from fulmar.cpu_policy import CPU_POLICIES, CPU_POLICY_ENV, DEFAULT_CPU_POLICY
 from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, parse_cluster_members
 from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
@@ -135,7 +142,7 @@ SECRET_ENV = "FULMAR_CLUSTER_SECRET"
 _DERIVED = {
     "driver": {"directory", "stop_after", "stop_after_timeout"},
     "archive": {"archive_dir", "driver_dir", "stop_after", "stop_after_timeout"},
-    "consensus": {"cluster_dir", "driver_dir", "member_id", "cluster_id", "service_count"},
+    "consensus": {"cluster_dir", "driver_dir", "member_id", "cluster_id", "service_count", "archive_secret"},
     "service": {
         "cluster_dir",
         "driver_dir",
@@ -144,6 +151,7 @@ _DERIVED = {
         "member_id",
         "cluster_id",
         "archive_control_channel",
+        "archive_secret",
     },
 }
 
@@ -505,7 +513,7 @@ class NodeConfig:
     options: dict[tuple[str, str], Option] = field(default_factory=dict)
 
     def child_specs(self) -> list[ChildSpec]:
-        base_env = {key: value for key, value in os.environ.items() if key != SECRET_ENV}
+        base_env = {key: value for key, value in os.environ.items() if key not in (SECRET_ENV, ARCHIVE_SECRET_ENV)}
         base_env["PYTHONUNBUFFERED"] = "1"
         base_env[log_lines.LOG_FORMAT_ENV] = self.log_format
         base_env[CPU_POLICY_ENV] = self.cpu_policy
@@ -524,6 +532,13 @@ class NodeConfig:
         secret = self.values.get(("consensus", "authenticator_secret"))
         if secret:
             consensus_env[SECRET_ENV] = str(secret)
+        # One secret for the node: the archive's is the cluster's unless set
+        # apart; whoever talks to the archive is handed it (never on a command line).
+        archive_env = dict(base_env)
+        archive_secret = self.values.get(("archive", "authenticator_secret")) or secret
+        if archive_secret:
+            archive_env[SECRET_ENV] = str(archive_secret)
+            consensus_env[ARCHIVE_SECRET_ENV] = str(archive_secret)
         # A signal to every process of the node at once (a service manager's
         # stop) must still stop it in order: the archive outlasts the consensus
         # module and services (their snapshots go to it), the driver all of
@@ -552,7 +567,7 @@ class NodeConfig:
                 "archive",
                 ["archive", "--dir", archive_dir, "--driver-dir", driver_dir, *archive_stop, *mirrored("archive")],
                 "archive pid",
-                base_env,
+                archive_env,
             ),
             ChildSpec(
                 "consensus module",
@@ -577,6 +592,10 @@ class NodeConfig:
         service_env = dict(base_env)
         python_path = [str(self.service_path), *filter(None, base_env.get("PYTHONPATH", "").split(os.pathsep))]
         service_env["PYTHONPATH"] = os.pathsep.join(python_path)
+        if archive_secret and archive_control is not None and not str(archive_control).startswith("aeron:ipc"):
+            # A service that reaches its archive over UDP presents the secret
+            # (over IPC, the default, it needs none and is not given it).
+            service_env[ARCHIVE_SECRET_ENV] = str(archive_secret)
         for service_id in range(self.service_count):
             args = [
                 "service",

@@ -140,6 +140,9 @@ class ClusterBackupContext:
     backup_progress_timeout_ns: int = 10_000_000_000
     cool_down_interval_ns: int = 1_000_000_000
     encoded_credentials: bytes = b""
+    # What the backup presents to the members' archives (the snapshots'
+    # replication, the live log's replay); None: ``encoded_credentials``.
+    archive_credentials: bytes | None = None
     # The longest an idle backup sleeps while BACKING_UP (its archive records
     # the live log; what it does itself is seconds apart); in every other
     # state it keeps the slow tick's pace (SLOW_TICK_INTERVAL_NS).
@@ -584,8 +587,13 @@ class ClusterBackupAgent:
                 control_response_channel=context.cluster_archive_response_channel,
                 control_response_stream_id=context.cluster_archive_response_stream_id,
                 message_timeout_ns=max(CLUSTER_ARCHIVE_MESSAGE_TIMEOUT_MIN_NS, context.backup_response_timeout_ns),
+                credentials=self._archive_credentials(),
             )
         return self.cluster_archive
+
+    def _archive_credentials(self) -> bytes:
+        credentials = self.context.archive_credentials
+        return self.context.encoded_credentials if credentials is None else credentials
 
     def _source_control_channel(self) -> str:
         assert self.log_supplier is not None
@@ -612,6 +620,7 @@ class ClusterBackupAgent:
                 self._source_control_channel(),
                 archive_protocol.CONTROL_STREAM_ID,
                 replication_channel=self.context.replication_channel,
+                encoded_credentials=self._archive_credentials(),  # this backup's archive presents them
             )
             self._retrieval = SnapshotRetrieval(
                 snapshot, replication_id, self.archive.last_correlation_id, source.stop_position
@@ -937,6 +946,9 @@ class ClusterBackup:
                 control_request_stream_id=context.archive_control_stream_id,
                 control_response_channel="aeron:ipc?term-length=64k",
                 control_response_stream_id=context.archive_response_stream_id,
+                credentials=context.encoded_credentials
+                if context.archive_credentials is None
+                else context.archive_credentials,
             )
             recording_log = RecordingLog.open(cluster_dir)
             error_log = mark_file.error_log(epoch_ms)

@@ -116,6 +116,7 @@ class ConsensusModule:
                 control_request_stream_id=context.archive_control_stream_id,
                 control_response_channel="aeron:ipc?term-length=64k",
                 control_response_stream_id=context.archive_response_stream_id,
+                credentials=context.archive_client_credentials(),
             )
             recording_log = RecordingLog.open(cluster_dir)
             error_log = mark_file.error_log(epoch_ms)

@@ -9,6 +9,7 @@ from pathlib import Path
 from fulmar.archive import protocol as archive_protocol
 from fulmar.consensus import protocol
 from fulmar.consensus.authenticator import AllowAllAuthenticator, Authenticator
+from fulmar.security import secret_of
 
 # cluster-node consensus --native-append-position/--agent-append-position by
 # the environment, which reaches the modules a node's supervisor starts.
@@ -41,6 +42,13 @@ class ConsensusModuleContext:
     archive_control_channel: str = archive_protocol.LOCAL_CONTROL_CHANNEL
     archive_control_stream_id: int = archive_protocol.CONTROL_STREAM_ID
     archive_response_stream_id: int = 120  # the module's own response stream from its archive
+    # What the module presents to archives (Aeron's archive context's
+    # credentials): its own, and the other members' it replicates the log
+    # from or asks where their logs start (their UDP control channels
+    # authenticate when the node has a secret).  Empty: the secret of the
+    # module's own CredentialsAuthenticator, if it has one (one secret per
+    # node); see ``archive_client_credentials``.
+    archive_credentials: bytes = b""
     service_count: int = 1
     max_concurrent_sessions: int = 1000
     session_timeout_ns: int = protocol.SESSION_TIMEOUT_NS
@@ -113,3 +121,8 @@ class ConsensusModuleContext:
     archive_remote_control_channel: str = "aeron:udp"
     # Where this member's archive receives a replication's replay (port 0: any).
     replication_channel: str = "aeron:udp?endpoint=127.0.0.1:0"
+
+    def archive_client_credentials(self) -> bytes:
+        """What the module presents to archives: ``archive_credentials``, else
+        its authenticator's secret (b"" without one)."""
+        return self.archive_credentials or secret_of(self.authenticator)

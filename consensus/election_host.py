@@ -209,6 +209,8 @@ class NodeElectionHost:
             dst_recording_id=agent.log_recording_id,
             stop_position=stop_position,
             replication_channel=self.context.replication_channel,
+            # What this member's archive presents to the leader's.
+            encoded_credentials=self.context.archive_client_credentials(),
         )
         self.replication = ArchiveReplication(self, replication_id, agent.log_recording_id, stop_position)
         agent.log_event(

@@ -42,6 +42,7 @@ from fulmar.consensus.log_rebuild import log_recordings
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.errors import FulmarError
 from fulmar.idle import DoorbellIdleStrategy
+from fulmar.security import secret_of
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron
@@ -82,8 +83,10 @@ def peer_log_starts(
     peers: list[ClusterMember],
     log_stream_id: int,
     timeout_ns: int = PEER_ARCHIVE_TIMEOUT_NS,
+    credentials: bytes = b"",
 ) -> list[PeerLog]:
-    """Where each other member's log recording starts, from its archive."""
+    """Where each other member's log recording starts, from its archive
+    (presenting ``credentials``)."""
     found = []
     for peer in peers:
         try:
@@ -94,6 +97,7 @@ def peer_log_starts(
                 control_response_channel=f"aeron:udp?endpoint={_host(me.archive_endpoint)}:0",
                 control_response_stream_id=PEER_ARCHIVE_RESPONSE_STREAM_ID,
                 message_timeout_ns=timeout_ns,
+                credentials=credentials,
             ) as archive:
                 recordings = log_recordings(archive.list_recordings(), log_stream_id)
         except FulmarError:
@@ -122,7 +126,7 @@ def join_from_snapshot_if_purged(
     peers = [m for m in members if m.id != context.member_id]
     if not peers:
         return False
-    starts = peer_log_starts(aeron, me, peers, context.log_stream_id)
+    starts = peer_log_starts(aeron, me, peers, context.log_stream_id, credentials=context.archive_client_credentials())
     purged = [p for p in starts if p.start_position is not None and p.start_position > 0]
     said = ", ".join(
         f"member {p.member_id}: "
@@ -178,6 +182,7 @@ def copy_snapshot_and_log(
         backup_response_timeout_ns=PEER_ARCHIVE_TIMEOUT_NS,
         cool_down_interval_ns=200_000_000,
         encoded_credentials=_credentials(context),
+        archive_credentials=context.archive_client_credentials(),
         # (The backup's pace: it polls peers and replications that no ring announces.)
         idle_max_wait_ns=context.slow_tick_interval_ns,
     )
@@ -222,8 +227,7 @@ def copy_snapshot_and_log(
 def _credentials(context: ConsensusModuleContext) -> bytes:
     """What the members' authenticator wants of this member's query: the
     cluster's secret, when it has one (every member is configured with it)."""
-    secret = getattr(context.authenticator, "secret", None)
-    return secret if isinstance(secret, bytes) else b""
+    return secret_of(context.authenticator)
 
 
 def _newest_snapshot_position(recording_log: RecordingLog) -> int:

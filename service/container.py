@@ -141,6 +141,7 @@ class ServiceContainer:
                 control_request_stream_id=context.archive_control_stream_id,
                 control_response_channel="aeron:ipc?term-length=64k",
                 control_response_stream_id=context.archive_response_stream_id + context.service_id,
+                credentials=context.archive_credentials,
             )
             # Aeron's "Cluster Container Errors" counter (keyed by cluster and service id).
             error_counter = aeron.add_counter(

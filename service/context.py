@@ -28,6 +28,7 @@ class ServiceContext:
     archive_control_channel: str = archive_protocol.LOCAL_CONTROL_CHANNEL
     archive_control_stream_id: int = archive_protocol.CONTROL_STREAM_ID
     archive_response_stream_id: int = 130  # plus the service id
+    archive_credentials: bytes = b""  # what the container presents to its archive
     # Longest idle sleep once the service follows its log: the consensus
     # module rings the data doorbell when the commit position moves, and the
     # driver when control messages or an image arrive.  The container's own

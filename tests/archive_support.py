@@ -114,3 +114,87 @@ class ArchiveNode:
                 self.driver.stop()
             remove_driver_dir(self.driver_dir)
             shutil.rmtree(self.archive_dir, ignore_errors=True)
+
+
+class RawControlClient:
+    """A client of an archive's control channel that sends what it is told,
+    request by request, and reads what comes back: a stranger's view (it may
+    name any control session, answer a challenge or not).  ``close`` releases
+    its publication and subscription."""
+
+    def __init__(
+        self,
+        aeron: Aeron,
+        control_channel: str,
+        response_channel: str = "aeron:udp?endpoint=127.0.0.1:0",
+        response_stream_id: int = 21,
+        timeout_s: float = 10,
+    ) -> None:
+        from fulmar.archive.client import ArchiveProxy, ControlResponsePoller
+        from fulmar.channel_uri import ChannelUri
+
+        self.aeron = aeron
+        self.response_stream_id = response_stream_id
+        self.subscription = aeron.add_subscription(response_channel, response_stream_id)
+        self.publication = aeron.add_exclusive_publication(control_channel, 10)
+        uri = ChannelUri.parse(response_channel)
+        if uri.is_udp:
+            endpoint = wait_for(lambda: self.subscription.resolved_endpoint, timeout_s, "the response endpoint")
+            uri = uri.with_param("endpoint", endpoint)
+        self.response_channel = str(uri)
+        wait_for(lambda: self.publication.is_connected, timeout_s, f"a publication to {control_channel}")
+        self.proxy = ArchiveProxy(self.publication)
+        self.poller = ControlResponsePoller(self.subscription)
+        self.received: list[tuple[str, object]] = []
+
+    def send(self, encoder: object, **fields: object) -> None:
+        wait_for(lambda: self.proxy.send(encoder, **fields), 10, f"an offer of {getattr(encoder, 'NAME', encoder)}")
+
+    def connect(self, credentials: bytes | None, correlation_id: int = 1) -> None:
+        """An AuthConnectRequest with ``credentials``, or (None) the old ConnectRequest."""
+        from fulmar.archive import protocol
+        from fulmar.codecs.generated import archive as codecs
+
+        common = dict(
+            correlation_id=correlation_id,
+            response_stream_id=self.response_stream_id,
+            version=protocol.PROTOCOL_SEMANTIC_VERSION,
+            response_channel=self.response_channel,
+        )
+        if credentials is None:
+            self.send(codecs.ConnectRequestEncoder, **common)
+        else:
+            self.send(codecs.AuthConnectRequestEncoder, encoded_credentials=credentials, **common)
+
+    def poll(self) -> list[tuple[str, object]]:
+        batch = self.poller.poll()
+        self.received.extend(batch)
+        return batch
+
+    def next(self, timeout_s: float, what: str, kinds: tuple[str, ...] = ("response", "challenge")) -> object:
+        """The next message of ``kinds`` (others are kept in ``received``)."""
+        found: list[object] = []
+
+        def arrived() -> bool:
+            for kind, message in self.poll():
+                if kind in kinds and not found:
+                    found.append(message)
+            return bool(found)
+
+        wait_for(arrived, timeout_s, what)
+        return found[0]
+
+    def quiet_for(self, duration_s: float) -> list[tuple[str, object]]:
+        """Everything that arrives within ``duration_s`` (a bounded wait for nothing)."""
+        import time
+
+        end = time.monotonic() + duration_s
+        got: list[tuple[str, object]] = []
+        while time.monotonic() < end:
+            got.extend(self.poll())
+            time.sleep(0.01)
+        return got
+
+    def close(self) -> None:
+        self.publication.close()
+        self.subscription.close()

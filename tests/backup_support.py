@@ -21,9 +21,11 @@ _FRAME = struct.Struct("<iBBHii")
 
 
 class Backup:
-    """A backup's three processes and directories."""
+    """A backup's three processes and directories.  ``credentials``: what the
+    backup presents to the members (their consensus modules and archives),
+    and the secret its own archive asks for."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: LocalCluster, credentials: str | None = None) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="fulmar-backup-"))
         self.driver_dir = new_driver_dir()
         self.cluster_dir = self.base / "cluster"
@@ -52,6 +54,7 @@ class Backup:
                         f"aeron:udp?endpoint=127.0.0.1:{archive_port}",
                         "--replication-channel",
                         "aeron:udp?endpoint=127.0.0.1:0",
+                        *(["--authenticator-secret", credentials.rpartition(":")[2]] if credentials else []),
                     ],
                     "archive pid",
                     self.base / "archive.log",
@@ -77,6 +80,7 @@ class Backup:
                         "1s",
                         "--cool-down-interval",
                         "200ms",
+                        *(["--credentials", credentials] if credentials else []),
                     ],
                     "cluster backup pid",
                     self.base / "backup.log",

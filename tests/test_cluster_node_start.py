@@ -903,6 +903,54 @@ def test_flags_override_the_file_and_the_environment_overrides_defaults(tmp_path
     assert supervisor.resolve_config(options, {}, bare, env=env).driver_dir == Path("/dev/shm/from-env")
 
 
+def test_the_archive_takes_the_nodes_secret_and_whoever_talks_to_it_is_handed_it(
+    tmp_path: Path, driver_dir: Path
+) -> None:
+    """One secret per node: the archive authenticates with the cluster's
+    secret unless given its own, the consensus module presents the archive's,
+    a service only when it reaches the archive over UDP; always through the
+    environment, never a command line or the node.toml."""
+    options = supervisor.build_options(
+        {name: getattr(cluster_node, name) for name in ("driver", "archive", "consensus", "service")}
+    )
+    config = write_config(tmp_path / "node.toml", driver_dir, 9999, consensus={"authenticator_secret": "s3cret-one"})
+    resolved = supervisor.resolve_config(options, {}, config, env={"FULMAR_ARCHIVE_SECRET": "stray"})
+    specs = {spec.log_name: spec for spec in resolved.child_specs()}
+    assert specs["archive"].env["FULMAR_CLUSTER_SECRET"] == "s3cret-one"
+    assert specs["consensus"].env["FULMAR_ARCHIVE_SECRET"] == "s3cret-one"
+    assert "FULMAR_ARCHIVE_SECRET" not in specs["service0"].env  # IPC to its archive: not needed
+    assert "FULMAR_CLUSTER_SECRET" not in specs["driver"].env
+    assert all("s3cret-one" not in spec.args for spec in specs.values())
+    assert "s3cret-one" not in resolved.to_toml()
+    apart = write_config(
+        tmp_path / "apart.toml",
+        driver_dir,
+        9999,
+        archive={"authenticator_secret": "s3cret-two"},
+        consensus={
+            "authenticator_secret": "s3cret-one",
+            "archive_control_channel": "aeron:udp?endpoint=127.0.0.1:8010",
+        },
+    )
+    specs = {spec.log_name: spec for spec in supervisor.resolve_config(options, {}, apart, env={}).child_specs()}
+    assert specs["archive"].env["FULMAR_CLUSTER_SECRET"] == "s3cret-two"
+    assert specs["consensus"].env["FULMAR_CLUSTER_SECRET"] == "s3cret-one"
+    assert specs["consensus"].env["FULMAR_ARCHIVE_SECRET"] == "s3cret-two"
+    assert specs["service0"].env["FULMAR_ARCHIVE_SECRET"] == "s3cret-two"  # UDP to its archive
+    assert "FULMAR_CLUSTER_SECRET" not in specs["service0"].env
+    # From the environment alone, the archive's option takes the same secret.
+    resolved = supervisor.resolve_config(
+        options,
+        {},
+        write_config(tmp_path / "env.toml", driver_dir, 9999),
+        env={"FULMAR_CLUSTER_SECRET": "s3cret-three"},
+    )
+    assert resolved.values[("archive", "authenticator_secret")] == "s3cret-three"
+    assert {spec.log_name: spec for spec in resolved.child_specs()}["archive"].env[
+        "FULMAR_CLUSTER_SECRET"
+    ] == "s3cret-three"
+
+
 def test_the_service_error_setting_reaches_the_service(tmp_path: Path, driver_dir: Path) -> None:
     """``[service] on_service_error`` (and ``--service-on-service-error``,
     which beats it) is passed to each service container as its own
