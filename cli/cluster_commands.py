@@ -93,6 +93,7 @@ SESSIONS_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_SESSIONS_TYPE_ID
 TIMERS_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_TIMERS_TYPE_ID
 INVALID_REQUESTS_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_INVALID_REQUESTS_TYPE_ID
 MEMBER_APPEND_POSITION_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_MEMBER_APPEND_POSITION_TYPE_ID
+CONSENSUS_REFUSED_COUNTER_TYPE_ID = cluster_protocol.CLUSTER_CONSENSUS_REFUSED_TYPE_ID
 
 # Aeron's cluster counter type ids span 200..249 (AeronCounters); fulmar's own
 # cluster counters sit at 1200 and up.
@@ -101,6 +102,7 @@ _CLUSTER_COUNTER_TYPE_IDS = set(range(200, 250)) | {
     TIMERS_COUNTER_TYPE_ID,
     INVALID_REQUESTS_COUNTER_TYPE_ID,
     MEMBER_APPEND_POSITION_COUNTER_TYPE_ID,
+    CONSENSUS_REFUSED_COUNTER_TYPE_ID,
 }
 
 CLUSTER_COUNTER_TYPE_NAMES: dict[int, str] = {
@@ -120,6 +122,7 @@ CLUSTER_COUNTER_TYPE_NAMES: dict[int, str] = {
     TIMERS_COUNTER_TYPE_ID: "timers",
     INVALID_REQUESTS_COUNTER_TYPE_ID: "invalid-requests",
     MEMBER_APPEND_POSITION_COUNTER_TYPE_ID: "member-append-pos",
+    CONSENSUS_REFUSED_COUNTER_TYPE_ID: "consensus-refused",
     cluster_protocol.CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID: "node-control-toggle",
     cluster_protocol.CLUSTER_ELECTION_COUNT_TYPE_ID: "election-count",
     cluster_protocol.CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID: "leadership-term-id",
@@ -1201,7 +1204,7 @@ def cluster_mark_file(directory: Path, as_json: bool) -> None:
 @cluster_dir_option
 @json_option
 def cluster_counters(directory: Path, as_json: bool) -> None:
-    """List the cluster counters (type ids 200-249, and fulmar's 1200-1203) in the node's media
+    """List the cluster counters (type ids 200-249, and fulmar's 1200-1204) in the node's media
     driver's cnc.dat (found through the mark file): id, type, value, label."""
     now_ms = epoch_ms()
     document = _read_cluster(directory, lambda node: cluster_counters_node(node, now_ms))

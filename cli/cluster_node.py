@@ -723,6 +723,14 @@ _CM_DEFAULTS = ConsensusModuleContext
     "before them (0: keep everything, as Aeron does; cluster-tool purge-log does it on demand).",
 )
 @click.option(
+    "--authenticate-members/--no-authenticate-members",
+    default=_CM_DEFAULTS.authenticate_members,
+    help="With a secret (--authenticator-secret), sign every message this member sends on the consensus "
+    "stream and drop member messages that no member signed (forged, or replayed).  Aeron's members do "
+    "not sign: turn it off in a cluster with Aeron members; members then take consensus messages from "
+    "the members' hosts only, as without a secret.  While on, the native consensus threads stay off.",
+)
+@click.option(
     "--native-append-position/--agent-append-position",
     envvar=NATIVE_APPEND_POSITION_ENV,
     show_envvar=True,
@@ -788,6 +796,7 @@ def consensus(
     cycle_threshold: int,
     accept_standby_snapshots: bool,
     log_retention_snapshots: int,
+    authenticate_members: bool,
     native_append_position: bool,
     native_commit: bool,
     native_follower_commit: bool,
@@ -834,6 +843,7 @@ def consensus(
         cycle_threshold_ns=cycle_threshold,
         accept_standby_snapshots=accept_standby_snapshots,
         log_retention_snapshots=log_retention_snapshots,
+        authenticate_members=authenticate_members,
         native_append_position=native_append_position,
         native_commit=native_commit,
         native_follower_commit=native_follower_commit,

@@ -17,6 +17,7 @@ multi-member states of the election come with the consensus stream.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import struct
 import time
@@ -64,6 +65,14 @@ from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionActio
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
 from fulmar.consensus.consensus_publisher import ConsensusPublisher
 from fulmar.consensus.context import ConsensusModuleContext
+from fulmar.consensus.member_auth import (
+    ConsensusGuard,
+    MemberSigner,
+    MemberVerifier,
+    SourceFilter,
+    is_loopback,
+    source_host,
+)
 from fulmar.consensus.mark_file import read_activity_timestamp, service_mark_file_name
 from fulmar.consensus.protocol import (
     CLUSTER_ACTION_FLAGS_DEFAULT,
@@ -287,6 +296,19 @@ class ConsensusModuleAgent:
         # member knows of them.
         self.members = parse_cluster_members(context.cluster_members) if context.cluster_members.strip() else []
         self.is_multi_member = len(self.members) > 1
+        # Who may speak on the consensus stream (fulmar.consensus.member_auth):
+        # with the cluster's secret, the members sign and check each member
+        # message; the native consensus threads neither sign nor check, so
+        # they stay off (the agent sends and reads those messages itself).
+        self._member_key = context.member_key() if self.is_multi_member else None
+        if self._member_key is not None and (
+            context.native_commit or context.native_follower_commit or context.native_append_position
+        ):
+            context = self.context = dataclasses.replace(
+                context, native_commit=False, native_follower_commit=False, native_append_position=False
+            )
+        self._refusal_line_due_ms = 0
+        self._refusals_unsaid = 0
         self.leader_member_id = NULL_VALUE
         self.notified_commit_position = 0
         self._time_of_last_leader_message_ns = 0
@@ -403,6 +425,9 @@ class ConsensusModuleAgent:
         )
         self.standby_snapshot_counter = self._counter(
             protocol.CLUSTER_STANDBY_SNAPSHOT_COUNTER_TYPE_ID, "Cluster standby snapshots received", key
+        )
+        self.consensus_refused_counter = self._counter(
+            protocol.CLUSTER_CONSENSUS_REFUSED_TYPE_ID, "Cluster consensus messages refused (not a member's)", key
         )
         # Each election this module starts, the one at start-up included (Aeron's election count).
         self.election_count_counter = self._counter(
@@ -2147,10 +2172,64 @@ class ConsensusModuleAgent:
             )
             for member in self._followers.values()
         }
-        self.consensus_publisher = ConsensusPublisher(self._consensus_publications)
+        self.consensus_publisher = ConsensusPublisher(self._consensus_publications, signer=self._member_signer())
         self.consensus_adapter = ConsensusAdapter(
-            self, self._consensus_subscription, error_handler=lambda text: self._error(f"consensus stream: {text}")
+            self,
+            self._consensus_subscription,
+            error_handler=lambda text: self._error(f"consensus stream: {text}"),
+            guard=self._consensus_guard(me.consensus_endpoint),
         )
+
+    def _member_signer(self) -> MemberSigner | None:
+        if self._member_key is None:
+            return None
+        return MemberSigner(self.member_id, self._member_key, self.epoch_ms)
+
+    def _consensus_guard(self, my_endpoint: str) -> ConsensusGuard:
+        """What the consensus adapter asks of each member message: a valid
+        member trailer with the cluster's secret, else a member's host."""
+        if self._member_key is not None:
+            verifier = MemberVerifier(
+                self.member_id,
+                self._member_key,
+                [member.id for member in self.members],
+                self.context.leader_heartbeat_timeout_ns // 1_000_000,
+                self.epoch_ms,
+            )
+            return ConsensusGuard(self._on_consensus_refused, verifier=verifier, source_of=self._consensus_source)
+        if not is_loopback(source_host(my_endpoint)):
+            self.log_event(
+                f"the consensus endpoint {my_endpoint} is open to anyone who can reach it: "
+                "without a secret (or with authenticate_members off) this member takes consensus messages "
+                "from any process on the members' hosts"
+            )
+        hosts = [source_host(member.consensus_endpoint) for member in self.members]
+        return ConsensusGuard(
+            self._on_consensus_refused, source_filter=SourceFilter(hosts), source_of=self._consensus_source
+        )
+
+    def _consensus_source(self, header: Any) -> str | None:
+        subscription = self._consensus_subscription
+        if header is None or subscription is None:
+            return None
+        image = subscription.image_by_session_id(header.session_id)
+        return image.source_identity if image is not None else None
+
+    def _on_consensus_refused(self, reason: str, source: str | None) -> None:
+        """A consensus message no member sent: counted, one distinct entry per
+        kind in the error log (a stranger cannot fill it), and a line in the
+        module's log at most once a second (with how many went unsaid)."""
+        self.consensus_refused_counter.increment()
+        self.record_error(f"consensus module: consensus stream: dropped: {reason}")
+        now_ms = self.epoch_ms()
+        if now_ms < self._refusal_line_due_ms:
+            self._refusals_unsaid += 1
+            return
+        unsaid = f" ({self._refusals_unsaid} more dropped since the last line)" if self._refusals_unsaid else ""
+        self._refusals_unsaid = 0
+        self._refusal_line_due_ms = now_ms + 1_000
+        origin = f" from {source[:80]!r}" if source is not None else ""
+        self.log_event(f"consensus stream: dropped a message{origin}: {reason}{unsaid}")
 
     def _open_lone_consensus_stream(self) -> None:
         """Stream 108 of a cluster of one: a subscription at its consensus

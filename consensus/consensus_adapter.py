@@ -9,6 +9,11 @@ The adapter only decodes.  A fragment that is not a consensus message (an
 unknown template id, another schema, a truncated or corrupt body) is counted
 in ``errors`` and reported to the optional ``error_handler``; it never raises
 out of ``on_fragment``.
+
+An optional ``guard`` (``fulmar.consensus.member_auth.ConsensusGuard``) is
+asked about each fragment before it is decoded: it drops what a member did
+not send (a member trailer missing or wrong, a host that is not a member's)
+and gives the length of the message without its trailer.
 """
 
 from __future__ import annotations
@@ -126,8 +131,10 @@ class ConsensusAdapter:
         subscription: Pollable | None = None,
         fragment_limit: int = 10,
         error_handler: Callable[[str], None] | None = None,
+        guard: Any = None,
     ) -> None:
         self.listener = listener
+        self.guard = guard
         self.subscription = subscription
         self.fragment_limit = fragment_limit
         self.error_handler = error_handler
@@ -167,6 +174,11 @@ class ConsensusAdapter:
         if schema_id != codecs.SCHEMA_ID:
             self._error(f"consensus fragment of schema {schema_id}, expected {codecs.SCHEMA_ID}")
             return
+        guard = self.guard
+        if guard is not None:
+            length = guard.admit(template_id, buffer, offset, length, header)
+            if length < 0:
+                return
         try:
             self._dispatch(template_id, buffer, offset, length)
         except CodecError as ex:

@@ -7,6 +7,10 @@ publication-like object with ``offer(bytes) -> int`` (the real
 tests).  Each method returns True when the message was offered and False on
 back pressure or when the destination is not connected: the caller decides
 whether to retry on its next duty cycle.
+
+With a ``signer`` (``fulmar.consensus.member_auth.MemberSigner``: the
+cluster has a secret) each message leaves with the member trailer that
+proves a member sent it, appended here once for every message type.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ class Offerable(Protocol):
 class ConsensusPublisher:
     """Encodes consensus messages onto the publication of the destination member."""
 
-    def __init__(self, publications: Mapping[int, Offerable]) -> None:
+    def __init__(self, publications: Mapping[int, Offerable], signer: Any = None) -> None:
         self.publications = publications
+        self.signer = signer
         self._buffer = bytearray(4096)
 
     def _send(self, to_member_id: int, encoder: Any, **fields: Any) -> bool:
@@ -46,6 +51,8 @@ class ConsensusPublisher:
             return False
         length = encoder.encode(self._buffer, 0, **fields)
         message = bytes(self._buffer[:length])
+        if self.signer is not None:
+            message = self.signer.sign(message, to_member_id)
         result = publication.offer(message)
         if result == _ADMIN_ACTION:
             result = publication.offer(message)

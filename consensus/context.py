@@ -9,6 +9,7 @@ from pathlib import Path
 from fulmar.archive import protocol as archive_protocol
 from fulmar.consensus import protocol
 from fulmar.consensus.authenticator import AllowAllAuthenticator, Authenticator
+from fulmar.consensus.member_auth import derive_key
 from fulmar.security import secret_of
 
 # cluster-node consensus --native-append-position/--agent-append-position by
@@ -110,6 +111,15 @@ class ConsensusModuleContext:
     appointed_leader_id: int = protocol.NULL_VALUE
     consensus_channel: str = "aeron:udp?term-length=64k"
     consensus_stream_id: int = protocol.CONSENSUS_STREAM_ID
+    # With a secret (the authenticator's), every message a member sends on the
+    # consensus stream carries proof that a member sent it, and a member drops
+    # a member message without it (fulmar.consensus.member_auth).  Aeron's
+    # members send no such proof: a cluster with Aeron members turns this off,
+    # and its members then take consensus messages from the members' hosts
+    # only, as a cluster without a secret does.  While on, the native
+    # consensus threads (native_append_position, native_commit,
+    # native_follower_commit), which neither sign nor check, stay off.
+    authenticate_members: bool = True
     election_timeout_ns: int = 1_000_000_000
     election_status_interval_ns: int = 100_000_000
     startup_canvass_timeout_ns: int = 60_000_000_000
@@ -121,6 +131,15 @@ class ConsensusModuleContext:
     archive_remote_control_channel: str = "aeron:udp"
     # Where this member's archive receives a replication's replay (port 0: any).
     replication_channel: str = "aeron:udp?endpoint=127.0.0.1:0"
+
+    def member_key(self) -> bytes | None:
+        """The key the members sign their consensus messages with, or None
+        when they do not (no secret, ``authenticate_members`` off, or a
+        cluster of one)."""
+        secret = secret_of(self.authenticator)
+        if not secret or not self.authenticate_members or not self.cluster_members:
+            return None
+        return derive_key(secret)
 
     def archive_client_credentials(self) -> bytes:
         """What the module presents to archives: ``archive_credentials``, else

@@ -107,6 +107,9 @@ CLUSTER_INVALID_REQUESTS_TYPE_ID = 1202
 # appended (AppendPosition); NULL_POSITION while this member does not lead.
 # Keyed by the cluster id and the follower's member id (two int32s).
 CLUSTER_MEMBER_APPEND_POSITION_TYPE_ID = 1203
+# Consensus-stream messages dropped because no member sent them (a missing
+# or wrong member trailer, a replay, a host that is not a member's).
+CLUSTER_CONSENSUS_REFUSED_TYPE_ID = 1204
 CLUSTER_CYCLE_TIME_THRESHOLD_EXCEEDED_TYPE_ID = 217
 CLUSTER_NODE_CONTROL_TOGGLE_TYPE_ID = 233
 CLUSTER_ELECTION_COUNT_TYPE_ID = 238
