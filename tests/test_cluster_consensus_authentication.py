@@ -1,0 +1,293 @@
+"""A cluster's consensus endpoints refuse strangers (issue 48).
+
+Three members on 127.0.0.1 with one secret.  A member's consensus endpoint
+(stream 108) is a UDP port: before the members signed their consensus
+messages, one AppendPosition in a follower's name, sent there by a process
+that is no member, made a leader whose followers were both stopped commit a
+client's message and answer it (an acknowledged write that one member held);
+a RequestVote, a NewLeadershipTerm or a CommitPosition of a newer term made
+the members hold an election; and a member's genuine message sent again was
+taken again.  Here the stranger is a client of a driver of its own, like a
+process on another machine (its datagrams come from 127.0.0.1: a host filter
+alone would let it in; the member trailer does not).
+
+Checked against the code without the check: with ``FULMAR_TEST_NO_MEMBER_AUTH=1``
+the cluster runs with ``--no-authenticate-members`` (what every member was
+before: no trailer checked, and the stranger's host is a member's), and each
+attack test fails: the forged AppendPosition commits and answers the pending
+call, the forged messages start elections, the replay is taken, and nothing
+is counted.
+
+Then the same cluster, its members signing every consensus message, fails
+over when its leader is killed and serves on.  One cluster for all (module
+scope).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from cluster_support import LocalCluster
+from driver_support import wait_for
+from fulmar.aeron import Aeron
+from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
+from fulmar.cli import cluster_commands
+from fulmar.clock import epoch_ms
+from fulmar.cnc import CncFile
+from fulmar.codecs.generated import cluster as codecs
+from fulmar.consensus import protocol as cluster_protocol
+from fulmar.consensus.client import ClusterClient
+from fulmar.consensus.member_auth import MemberSigner, derive_key
+from fulmar.counters import CountersReader
+from multi_node_support import member_view, read_counter, wait_for_leader
+
+SECRET = "cluster-s3cret"
+COUNTER_SERVICE = "fulmar.service.samples:CounterService"
+CONSENSUS_STREAM_ID = 108
+NO_MEMBER_AUTH = os.environ.get("FULMAR_TEST_NO_MEMBER_AUTH") == "1"
+HEARTBEAT_TIMEOUT_ARGS = [
+    "--startup-canvass-timeout",
+    "2s",
+    "--election-timeout",
+    "500ms",
+    "--election-status-interval",
+    "50ms",
+    # Long enough that the followers' pause in the first test ends no leadership.
+    "--leader-heartbeat-timeout",
+    "6s",
+    "--leader-heartbeat-interval",
+    "100ms",
+]
+HUGE_POSITION = 1 << 40
+
+
+@dataclass
+class Secured:
+    cluster: LocalCluster
+    client: ClusterClient
+    stranger: Aeron
+    _publications: dict[int, Any]
+
+    def counter(self, member: int, type_id: int) -> int:
+        with CncFile.open(self.cluster.driver_dir(member)) as cnc:
+            reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
+            values = [reader.counter_value(c.counter_id) for c in reader if c.type_id == type_id]
+        assert len(values) == 1, f"member {member}: {len(values)} counters of type {type_id}"
+        return values[0]
+
+    def refused(self, member: int) -> int:
+        return self.counter(member, cluster_protocol.CLUSTER_CONSENSUS_REFUSED_TYPE_ID)
+
+    def elections(self, member: int) -> int:
+        return self.counter(member, cluster_protocol.CLUSTER_ELECTION_COUNT_TYPE_ID)
+
+    def recorded(self, member: int) -> int:
+        with CncFile.open(self.cluster.driver_dir(member)) as cnc:
+            reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
+            return max(reader.counter_value(c.counter_id) for c in reader if c.type_id == RECORDING_POSITION_TYPE_ID)
+
+    def send(self, member: int, encoder: Any, **fields: Any) -> bytes:
+        """A raw consensus message from the stranger to ``member``'s endpoint."""
+        buffer = bytearray(256)
+        length = encoder.encode(buffer, 0, **fields)
+        message = bytes(buffer[:length])
+        self.send_raw(member, message)
+        return message
+
+    def send_raw(self, member: int, message: bytes) -> None:
+        publication = self._publications.get(member)
+        if publication is None:
+            endpoint = self.cluster.ports[member].endpoint("consensus")
+            publication = self.stranger.add_publication(f"aeron:udp?endpoint={endpoint}", CONSENSUS_STREAM_ID)
+            self._publications[member] = publication
+            wait_for(lambda: publication.is_connected, 10, f"the stranger's publication to member {member}")
+        wait_for(lambda: publication.offer(message) > 0, 10, f"the stranger's offer to member {member}")
+
+
+def _consensus_args() -> list[str]:
+    args = [*HEARTBEAT_TIMEOUT_ARGS, "--authenticator-secret", SECRET]
+    return [*args, "--no-authenticate-members"] if NO_MEMBER_AUTH else args
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[Secured]:
+    with LocalCluster(
+        3,
+        COUNTER_SERVICE,
+        extra_consensus_args=_consensus_args(),
+        extra_archive_args=["--authenticator-secret", SECRET],
+    ) as cluster:
+        cluster.start()
+        wait_for_leader(cluster, 30)
+        client = cluster.connect_client(credentials=SECRET.encode())
+        for _ in range(5):
+            client.request(b"+", timeout_s=10)
+        yield Secured(cluster, client, cluster.connect(), {})
+
+
+def _roles(secured: Secured) -> tuple[int, list[int], int]:
+    """The leader, its followers and the leadership term."""
+    leader = wait_for_leader(secured.cluster, 20)
+    followers = [m for m in range(secured.cluster.size) if m != leader.member]
+    assert leader.leadership_term_id is not None
+    return leader.member, followers, leader.leadership_term_id
+
+
+def _signal_member(cluster: LocalCluster, member: int, signum: int) -> None:
+    for process in cluster.processes[member].values():
+        if process.alive:
+            process.process.send_signal(signum)
+
+
+def test_a_forged_append_position_commits_nothing(secured: Secured) -> None:
+    """Both followers stopped, a client's call pending: a stranger's
+    AppendPositions in the followers' names (the current term, a huge
+    position) are dropped and counted; the commit position stays, the call
+    unanswered, until the followers go on."""
+    cluster = secured.cluster
+    leader, followers, term = _roles(secured)
+    committed = member_view(cluster, leader).commit_position
+    refused = secured.refused(leader)
+    replies: list[Any] = []
+    for follower in followers:
+        _signal_member(cluster, follower, signal.SIGSTOP)
+    try:
+        call = threading.Thread(target=lambda: replies.append(secured.client.request(b"+", timeout_s=30)))
+        call.start()
+        assert committed is not None
+        wait_for(lambda: secured.recorded(leader) > committed, 10, "the leader to record the pending call")
+        for attempt in range(6):
+            secured.send(
+                leader,
+                codecs.AppendPositionEncoder,
+                leadership_term_id=term,
+                log_position=HUGE_POSITION,
+                follower_member_id=followers[attempt % 2],
+                flags=0,
+            )
+        wait_for(lambda: secured.refused(leader) >= refused + 6 or replies, 10, "the forgeries to be counted")
+        assert not replies, f"a forged AppendPosition answered the call while both followers were stopped: {replies}"
+        assert member_view(cluster, leader).commit_position == committed
+        assert call.is_alive()
+    finally:
+        for follower in followers:
+            _signal_member(cluster, follower, signal.SIGCONT)
+    call.join(30)
+    assert replies, "the call was not answered once the followers went on"
+    assert secured.refused(leader) >= refused + 6
+    errors = cluster_commands.cluster_errors_node(cluster_commands.ClusterNode("leader", cluster.cluster_dir(leader)))
+    texts = [error["text"] for file in errors["files"] for error in file["errors"]]
+    assert any("member message without a member trailer" in text for text in texts), texts
+
+
+def test_forged_votes_terms_and_commits_change_nothing(secured: Secured) -> None:
+    """A stranger's RequestVote, NewLeadershipTerm and CommitPosition of a
+    newer term, each to every member in another member's name: no election,
+    no term change, no commit moved past what was committed; each counted
+    where it landed."""
+    cluster = secured.cluster
+    leader, followers, term = _roles(secured)
+    members = range(cluster.size)
+    elections = {m: secured.elections(m) for m in members}
+    refused = {m: secured.refused(m) for m in members}
+    for target in members:
+        other = followers[0] if target != followers[0] else followers[1]
+        secured.send(
+            target,
+            codecs.RequestVoteEncoder,
+            log_leadership_term_id=term,
+            log_position=HUGE_POSITION,
+            candidate_term_id=term + 1,
+            candidate_member_id=other,
+            protocol_version=cluster_protocol.compose_version(1, 0, 0),
+        )
+        secured.send(
+            target,
+            codecs.NewLeadershipTermEncoder,
+            log_leadership_term_id=term,
+            next_leadership_term_id=term + 1,
+            next_term_base_log_position=HUGE_POSITION,
+            next_log_position=HUGE_POSITION,
+            leadership_term_id=term + 1,
+            term_base_log_position=HUGE_POSITION,
+            log_position=HUGE_POSITION,
+            leader_recording_id=0,
+            timestamp=epoch_ms(),
+            leader_member_id=other,
+            log_session_id=1234,
+            app_version=0,
+            is_startup=int(codecs.BooleanType.FALSE),
+        )
+        secured.send(
+            target,
+            codecs.CommitPositionEncoder,
+            leadership_term_id=term + 1,
+            log_position=HUGE_POSITION,
+            leader_member_id=other,
+        )
+    wait_for(
+        lambda: (
+            all(secured.refused(m) >= refused[m] + 3 for m in members)
+            or any(secured.elections(m) != elections[m] for m in members)
+        ),
+        10,
+        "the forgeries to be counted",
+    )
+    assert {m: secured.elections(m) for m in members} == elections, "a forged message started an election"
+    views = [member_view(cluster, m) for m in members]
+    assert [v.leadership_term_id for v in views] == [term] * cluster.size
+    assert all(v.commit_position is not None and v.commit_position < HUGE_POSITION for v in views)
+    assert wait_for_leader(cluster, 5).member == leader
+    assert secured.client.request(b"+", timeout_s=10)
+
+
+def test_a_replayed_member_message_is_dropped(secured: Secured) -> None:
+    """A genuine AppendPosition (made with a follower's own signing code and
+    key, as a recording of one would be) is taken once; the same bytes again
+    are dropped as a replay, and sent to another member they are dropped as
+    addressed elsewhere."""
+    cluster = secured.cluster
+    leader, followers, term = _roles(secured)
+    committed = member_view(cluster, leader).commit_position
+    assert committed is not None
+    signer = MemberSigner(followers[0], derive_key(SECRET.encode()), epoch_ms)
+    buffer = bytearray(64)
+    length = codecs.AppendPositionEncoder.encode(
+        buffer, 0, leadership_term_id=term, log_position=committed, follower_member_id=followers[0], flags=0
+    )
+    genuine = signer.sign(bytes(buffer[:length]), leader)
+    refused = secured.refused(leader)
+    refused_elsewhere = secured.refused(followers[1])
+    secured.send_raw(leader, genuine)
+    secured.client.request(b"+", timeout_s=10)  # a round trip: the genuine one has been read by now
+    assert secured.refused(leader) == refused, "the genuine member message was refused"
+    secured.send_raw(leader, genuine)
+    secured.send_raw(followers[1], genuine)
+    wait_for(lambda: secured.refused(leader) > refused, 10, "the replay to be counted")
+    wait_for(lambda: secured.refused(followers[1]) > refused_elsewhere, 10, "the misdirected copy to be counted")
+    node = cluster_commands.ClusterNode("leader", cluster.cluster_dir(leader))
+    texts = [error["text"] for file in cluster_commands.cluster_errors_node(node)["files"] for error in file["errors"]]
+    assert any("replayed" in text for text in texts), texts
+
+
+def test_the_signing_cluster_fails_over_and_serves(secured: Secured) -> None:
+    """Elections, replication and failover with every consensus message
+    signed: the leader killed, the others elect one of them, which commits
+    the client's calls (none of the members refused a member's message)."""
+    cluster = secured.cluster
+    leader, followers, term = _roles(secured)
+    before = read_counter(secured.client)
+    refused = {m: secured.refused(m) for m in followers}
+    cluster.kill_member(leader)
+    new_leader = wait_for_leader(cluster, 30, not_member=leader, min_term=term + 1)
+    assert secured.client.request(b"+", timeout_s=30)
+    assert read_counter(secured.client) == before + 1
+    assert {m: secured.refused(m) for m in followers} == refused, "a member's own message was refused"
+    assert new_leader.member in followers
