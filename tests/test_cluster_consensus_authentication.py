@@ -19,8 +19,9 @@ call, the forged messages start elections, the replay is taken, and nothing
 is counted.
 
 Then the same cluster, its members signing every consensus message, fails
-over when its leader is killed and serves on.  One cluster for all (module
-scope).
+over when its leader is killed and serves on.  One cluster for all of these
+(module scope); a last test starts a cluster without a secret, whose members
+hear member messages from their members' hosts only.
 """
 
 from __future__ import annotations
@@ -291,3 +292,47 @@ def test_the_signing_cluster_fails_over_and_serves(secured: Secured) -> None:
     assert read_counter(secured.client) == before + 1
     assert {m: secured.refused(m) for m in followers} == refused, "a member's own message was refused"
     assert new_leader.member in followers
+
+
+def test_without_a_secret_only_the_members_hosts_are_heard() -> None:
+    """A cluster without a secret takes member messages only from its
+    members' hosts: a stranger on 127.0.0.2 (its publication bound there)
+    sending a RequestVote of a newer term to each member starts no election
+    and is counted.  Checked with the host filter taken out of the agent's
+    guard (nothing checked, as before the change): every member went to an
+    election."""
+    with LocalCluster(3, COUNTER_SERVICE, extra_consensus_args=HEARTBEAT_TIMEOUT_ARGS) as cluster:
+        cluster.start()
+        leader = wait_for_leader(cluster, 30)
+        client = cluster.connect_client()
+        assert client.request(b"+", timeout_s=10)
+        open_cluster = Secured(cluster, client, cluster.connect(), {})
+        members = range(cluster.size)
+        elections = {m: open_cluster.elections(m) for m in members}
+        for target in members:
+            endpoint = cluster.ports[target].endpoint("consensus")
+            publication = open_cluster.stranger.add_publication(
+                f"aeron:udp?endpoint={endpoint}|interface=127.0.0.2", CONSENSUS_STREAM_ID
+            )
+            open_cluster._publications[target] = publication
+            wait_for(lambda: publication.is_connected, 10, f"the stranger's publication to member {target}")
+            open_cluster.send(
+                target,
+                codecs.RequestVoteEncoder,
+                log_leadership_term_id=leader.leadership_term_id,
+                log_position=HUGE_POSITION,
+                candidate_term_id=(leader.leadership_term_id or 0) + 1,
+                candidate_member_id=(target + 1) % cluster.size,
+                protocol_version=cluster_protocol.compose_version(1, 0, 0),
+            )
+        wait_for(
+            lambda: (
+                all(open_cluster.refused(m) >= 1 for m in members)
+                or any(open_cluster.elections(m) != elections[m] for m in members)
+            ),
+            10,
+            "the stranger's messages to be counted",
+        )
+        assert {m: open_cluster.elections(m) for m in members} == elections, "a stranger started an election"
+        assert wait_for_leader(cluster, 5).member == leader.member
+        assert client.request(b"+", timeout_s=10)
