@@ -105,7 +105,7 @@ def derive_key(secret: bytes) -> bytes:
 
 
 def _mac(key: bytes, signed: bytes | memoryview) -> bytes:
-    return hmac.new(key, signed, hashlib.sha256).digest()[:MAC_LENGTH]
+    return hmac.digest(key, signed, "sha256")[:MAC_LENGTH]
 
 
 class MemberSigner:
