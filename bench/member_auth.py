@@ -31,7 +31,7 @@ def measure(count: int = 100_000) -> dict[str, float]:
 
     signed = []
     start = time.perf_counter()
-    for i in range(count):
+    for _ in range(count):
         signed.append(signer.sign(message, 0))
     sign_s = time.perf_counter() - start
 
