@@ -47,7 +47,7 @@ from fulmar.consensus import protocol as cluster_protocol
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.member_auth import MemberSigner, derive_key
 from fulmar.counters import CountersReader
-from multi_node_support import member_view, read_counter, wait_for_leader
+from multi_node_support import member_view, read_counter, wait_for_commit, wait_for_leader
 
 SECRET = "cluster-s3cret"
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
@@ -281,7 +281,8 @@ def test_a_replayed_member_message_is_dropped(secured: Secured) -> None:
 def test_the_signing_cluster_fails_over_and_serves(secured: Secured) -> None:
     """Elections, replication and failover with every consensus message
     signed: the leader killed, the others elect one of them, which commits
-    the client's calls (none of the members refused a member's message)."""
+    the client's calls; the old leader restarted rejoins as a follower and
+    commits as the others do (no member refused a member's message)."""
     cluster = secured.cluster
     leader, followers, term = _roles(secured)
     before = read_counter(secured.client)
@@ -292,6 +293,15 @@ def test_the_signing_cluster_fails_over_and_serves(secured: Secured) -> None:
     assert read_counter(secured.client) == before + 1
     assert {m: secured.refused(m) for m in followers} == refused, "a member's own message was refused"
     assert new_leader.member in followers
+    # The old leader restarts (a new boot id, its counter from 1, the others'
+    # boots new to it): it rejoins and follows the new leader's commits.
+    cluster.start_member(leader)
+    assert secured.client.request(b"+", timeout_s=30)
+    committed = member_view(cluster, new_leader.member).commit_position
+    assert committed is not None
+    wait_for_commit(cluster, list(range(cluster.size)), committed, 30)
+    assert wait_for_leader(cluster, 5).member == new_leader.member
+    assert all(secured.refused(m) == refused.get(m, 0) for m in range(cluster.size)), "a member's message was refused"
 
 
 def test_without_a_secret_only_the_members_hosts_are_heard() -> None:
