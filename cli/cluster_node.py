@@ -731,6 +731,13 @@ _CM_DEFAULTS = ConsensusModuleContext
     "the members' hosts only, as without a secret.  While on, the native consensus threads stay off.",
 )
 @click.option(
+    "--check-consensus-sources/--no-check-consensus-sources",
+    default=_CM_DEFAULTS.check_consensus_sources,
+    help="Without member authentication (no secret, or --no-authenticate-members), take member messages "
+    "on the consensus stream only from the hosts of the cluster members (the image's source address).  "
+    "Off: from anyone, for hosts that send from an address the members string does not name.",
+)
+@click.option(
     "--native-append-position/--agent-append-position",
     envvar=NATIVE_APPEND_POSITION_ENV,
     show_envvar=True,
@@ -797,6 +804,7 @@ def consensus(
     accept_standby_snapshots: bool,
     log_retention_snapshots: int,
     authenticate_members: bool,
+    check_consensus_sources: bool,
     native_append_position: bool,
     native_commit: bool,
     native_follower_commit: bool,
@@ -844,6 +852,7 @@ def consensus(
         accept_standby_snapshots=accept_standby_snapshots,
         log_retention_snapshots=log_retention_snapshots,
         authenticate_members=authenticate_members,
+        check_consensus_sources=check_consensus_sources,
         native_append_position=native_append_position,
         native_commit=native_commit,
         native_follower_commit=native_follower_commit,

@@ -2203,6 +2203,8 @@ class ConsensusModuleAgent:
                 "without a secret (or with authenticate_members off) this member takes consensus messages "
                 "from any process on the members' hosts"
             )
+        if not self.context.check_consensus_sources:
+            return ConsensusGuard(self._on_consensus_refused, source_of=self._consensus_source)
         hosts = [source_host(member.consensus_endpoint) for member in self.members]
         return ConsensusGuard(
             self._on_consensus_refused, source_filter=SourceFilter(hosts), source_of=self._consensus_source

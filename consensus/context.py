@@ -120,6 +120,11 @@ class ConsensusModuleContext:
     # consensus threads (native_append_position, native_commit,
     # native_follower_commit), which neither sign nor check, stay off.
     authenticate_members: bool = True
+    # Without member authentication, take member messages only from images
+    # whose source address is one of the members' hosts (resolved at start).
+    # Off: from anyone (what fulmar did before; for hosts that send from an
+    # address their members string does not name).
+    check_consensus_sources: bool = True
     election_timeout_ns: int = 1_000_000_000
     election_status_interval_ns: int = 100_000_000
     startup_canvass_timeout_ns: int = 60_000_000_000

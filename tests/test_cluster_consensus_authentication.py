@@ -186,6 +186,8 @@ def test_a_forged_append_position_commits_nothing(secured: Secured) -> None:
     errors = cluster_commands.cluster_errors_node(cluster_commands.ClusterNode("leader", cluster.cluster_dir(leader)))
     texts = [error["text"] for file in errors["files"] for error in file["errors"]]
     assert any("member message without a member trailer" in text for text in texts), texts
+    said = cluster.log_path(leader, "consensus").read_text(errors="replace")
+    assert "consensus stream: dropped a message from '127.0.0.1:" in said, said[-2000:]
 
 
 def test_forged_votes_terms_and_commits_change_nothing(secured: Secured) -> None:
