@@ -51,7 +51,8 @@ ffibuilder.set_source(
     '#include "_common.h"\n' + "".join(f'#include "{h.name}"\n' for h in public_headers) + KEEP_THE_GIL,
     sources=[_relative(c) for c in c_sources],
     include_dirs=[_relative(SRC)],
-    libraries=["m", "z"],  # the multicast NAK delay's log and exp; the record checksum's CRC-32
+    # the multicast NAK delay's log and exp; the record checksum's CRC-32; the members' MACs (mac.c)
+    libraries=["m", "z", "crypto"],
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
 
