@@ -108,6 +108,7 @@ _MAX_IDLE_NS = 100_000_000
 # publication not connected yet: neither rings the doorbell).
 _BLOCKED_IDLE_NS = 1_000_000
 _EGRESS_FRAGMENT_LIMIT = 256
+_DEADLINES_SLACK = 256  # settled calls kept in the deadline heap before it is pruned
 
 
 # ---------------------------------------------------------------------------- errors
@@ -424,6 +425,8 @@ class Client:
             heapq.heappush(self._deadlines, (call.deadline_ns, next(self._deadline_order), call))
             self._unsent.append(call)
             work += 1
+        if len(self._deadlines) > 2 * (len(self._pending) + len(self._unsent)) + _DEADLINES_SLACK:
+            self._prune_deadlines()
         state = self._state
         if state.cluster is None and (self._unsent or self._pending):
             self._reconnect()
@@ -549,6 +552,15 @@ class Client:
             self._outbox = deque(self._pending.values())
         else:
             self._state.register_due = True
+
+    def _prune_deadlines(self) -> None:
+        """Drop the deadlines of calls already settled.  A call answered stays
+        in the heap until its deadline (a heap has no cheap removal from its
+        middle); a busy client would hold a call timeout's worth of answered
+        calls, their messages and futures, so once they outnumber the live
+        ones they go in one pass (amortized O(1) a call)."""
+        self._deadlines = [entry for entry in self._deadlines if not entry[2].future.done()]
+        heapq.heapify(self._deadlines)
 
     def _expire(self, now_ns: int) -> int:
         expired = 0

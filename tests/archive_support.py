@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from driver_support import (
@@ -186,8 +187,6 @@ class RawControlClient:
 
     def quiet_for(self, duration_s: float) -> list[tuple[str, object]]:
         """Everything that arrives within ``duration_s`` (a bounded wait for nothing)."""
-        import time
-
         end = time.monotonic() + duration_s
         got: list[tuple[str, object]] = []
         while time.monotonic() < end:

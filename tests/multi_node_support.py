@@ -5,11 +5,16 @@ cluster acknowledged."""
 
 from __future__ import annotations
 
+import signal
 import struct
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from driver_support import wait_for
 
@@ -257,3 +262,60 @@ def read_counter(client: ClusterClient) -> int:
 
 def member_log_path(cluster: LocalCluster, member: int) -> Path:
     return cluster.log_path(member, "consensus")
+
+
+def calls_across_a_leader_kill(
+    cluster: LocalCluster,
+    leader: int,
+    call: Callable[[int, int], Future[Any]],
+    threads: int,
+    per_thread: int,
+    window: int,
+    join_timeout_s: float,
+) -> tuple[dict[tuple[int, int], Any], int]:
+    """``threads`` threads each make ``per_thread`` calls (``call(thread, i)``
+    -> a future), ``window`` in flight; once a quarter are answered the
+    leader's service is stopped (SIGSTOP: the calls sent meanwhile are
+    committed, and applied by the followers, but nobody answers them) and,
+    when the commit position has moved on, the leader's member is killed.
+    Returns every call's outcome (its result, or the exception it raised) by
+    (thread, i), and how many were answered before the kill."""
+    answers: dict[tuple[int, int], Any] = {}
+    lock = threading.Lock()
+
+    def settle(key: tuple[int, int], future: Future[Any]) -> None:
+        try:
+            outcome: Any = future.result()
+        except Exception as error:  # noqa: BLE001 - every outcome is the caller's to check
+            outcome = error
+        with lock:
+            answers[key] = outcome
+
+    def work(thread: int) -> None:
+        in_flight: deque[tuple[tuple[int, int], Future[Any]]] = deque()
+        for i in range(per_thread):
+            in_flight.append(((thread, i), call(thread, i)))
+            if len(in_flight) >= window:
+                settle(*in_flight.popleft())
+        while in_flight:
+            settle(*in_flight.popleft())
+
+    workers = [threading.Thread(target=work, args=(t,), name=f"caller-{t}") for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    wait_for(lambda: len(answers) >= threads * per_thread // 4, 60, "a quarter of the calls answered")
+    service = cluster.process(leader, "service")
+    assert service is not None
+    committed_at_stop = member_view(cluster, leader).commit_position or 0
+    service.process.send_signal(signal.SIGSTOP)
+    wait_for(
+        lambda: (member_view(cluster, leader).commit_position or 0) > committed_at_stop,
+        30,
+        "calls committed while the leader's service is stopped",
+    )
+    answered_at_kill = len(answers)
+    cluster.kill_member(leader)
+    for worker in workers:
+        worker.join(join_timeout_s)
+    assert not any(worker.is_alive() for worker in workers), "a caller thread is still waiting"
+    return answers, answered_at_kill

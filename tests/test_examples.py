@@ -35,12 +35,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tomllib
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -50,7 +48,7 @@ import psutil
 import pytest
 from cluster_support import LocalCluster
 from driver_support import wait_for
-from multi_node_support import member_view, wait_for_commit, wait_for_leader
+from multi_node_support import calls_across_a_leader_kill, member_view, wait_for_commit, wait_for_leader
 
 import fulmar
 from fulmar import CommandError
@@ -739,45 +737,16 @@ class TestBank:
         client = fulmar.connect(cluster.ingress_endpoints, timeout=CALL_TIMEOUT_S)
         try:
             client.call("deposit", "pool", pool)
-            answers: dict[tuple[int, int], Any] = {}
-            lock = threading.Lock()
-
-            def settle(key: tuple[int, int], future: Future[Any]) -> None:
-                try:
-                    result: Any = future.result()
-                except Exception as error:  # noqa: BLE001 - every outcome is checked below
-                    result = error
-                with lock:
-                    answers[key] = result
-
-            def work(thread: int) -> None:
-                in_flight: deque[tuple[tuple[int, int], Future[Any]]] = deque()
-                for i in range(transfers):
-                    in_flight.append(((thread, i), client.call_async("transfer", "pool", f"t{thread}", 1)))
-                    if len(in_flight) >= window:
-                        settle(*in_flight.popleft())
-                while in_flight:
-                    settle(*in_flight.popleft())
-
-            workers = [threading.Thread(target=work, args=(t,), name=f"transfers-{t}") for t in range(threads)]
-            for worker in workers:
-                worker.start()
-            total = threads * transfers
-            wait_for(lambda: len(answers) >= total // 4, 60, "a quarter of the transfers answered")
-            service = cluster.process(leader.member, "service")
-            assert service is not None
-            committed = member_view(cluster, leader.member).commit_position or 0
-            service.process.send_signal(signal.SIGSTOP)
-            wait_for(
-                lambda: (member_view(cluster, leader.member).commit_position or 0) > committed,
-                30,
-                "transfers committed while the leader's service is stopped",
+            answers, answered_at_kill = calls_across_a_leader_kill(
+                cluster,
+                leader.member,
+                lambda thread, i: client.call_async("transfer", "pool", f"t{thread}", 1),
+                threads,
+                transfers,
+                window,
+                CALL_TIMEOUT_S + 30,
             )
-            answered_at_kill = len(answers)
-            cluster.kill_member(leader.member)
-            for worker in workers:
-                worker.join(CALL_TIMEOUT_S + 30)
-            assert not any(worker.is_alive() for worker in workers), "a transfer thread is still waiting"
+            total = threads * transfers
             # Without these the test would prove nothing: calls in flight at the kill, and resent.
             assert answered_at_kill < total, "every transfer was answered before the kill"
             assert client.calls_resent > 0, "nothing was resent after the failover"

@@ -26,6 +26,7 @@ from cluster_support import LocalCluster
 from driver_support import kill_process, wait_for
 
 import fulmar
+from fulmar.consensus import call_client
 from fulmar import (
     AsyncClient,
     CallTimeoutError,
@@ -204,6 +205,10 @@ def test_calls_from_several_threads_at_once(cluster: LocalCluster) -> None:
         entries = client.call("read")["entries"]
         assert len(results) == 800 and len(set(results.values())) == 800
         assert all(entries[index] == ["threads", t, i] for (t, i), index in results.items())
+        # The answered calls do not stay in the client until their deadlines (30 s): without the
+        # pruning all 801 would still be there, with their messages and futures.  (At most twice the
+        # live calls, the read alone when it was queued, and the slack.)
+        assert len(client._deadlines) <= 2 * 1 + call_client._DEADLINES_SLACK, len(client._deadlines)
 
 
 def test_a_call_unanswered_within_its_timeout_raises_and_close_fails_the_rest(cluster: LocalCluster) -> None:

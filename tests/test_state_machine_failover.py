@@ -15,17 +15,11 @@ each answer is the index its entry holds."""
 
 from __future__ import annotations
 
-import signal
-import threading
-from collections import deque
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cluster_support import LocalCluster
-from driver_support import wait_for
-from multi_node_support import member_view, wait_for_leader
+from multi_node_support import calls_across_a_leader_kill, wait_for_leader
 
 import fulmar
 
@@ -46,46 +40,16 @@ def test_calls_in_flight_from_several_threads_are_answered_once_across_a_leader_
         leader = wait_for_leader(cluster, 30)
         client = fulmar.connect(cluster.ingress_endpoints, timeout=CALL_TIMEOUT_S)
         try:
-            answers: dict[tuple[int, int], Any] = {}
-            lock = threading.Lock()
-
-            def settle(key: tuple[int, int], future: Future[Any]) -> None:
-                try:
-                    outcome: Any = future.result()
-                except Exception as error:  # noqa: BLE001 - every outcome is checked below
-                    outcome = error
-                with lock:
-                    answers[key] = outcome
-
-            def work(thread: int) -> None:
-                in_flight: deque[tuple[tuple[int, int], Future[Any]]] = deque()
-                for i in range(CALLS_PER_THREAD):
-                    in_flight.append(((thread, i), client.call_async("append", [thread, i])))
-                    if len(in_flight) >= IN_FLIGHT_PER_THREAD:
-                        settle(*in_flight.popleft())
-                while in_flight:
-                    settle(*in_flight.popleft())
-
-            threads = [threading.Thread(target=work, args=(t,), name=f"caller-{t}") for t in range(THREADS)]
-            for thread in threads:
-                thread.start()
-            total = THREADS * CALLS_PER_THREAD
-            wait_for(lambda: len(answers) >= total // 4, 60, "a quarter of the calls answered")
-            service = cluster.process(leader.member, "service")
-            assert service is not None
-            committed_at_stop = member_view(cluster, leader.member).commit_position or 0
-            service.process.send_signal(signal.SIGSTOP)
-            # Calls committed (so applied by the followers) that the stopped service cannot answer.
-            wait_for(
-                lambda: (member_view(cluster, leader.member).commit_position or 0) > committed_at_stop,
-                30,
-                "calls committed while the leader's service is stopped",
+            answers, answered_at_kill = calls_across_a_leader_kill(
+                cluster,
+                leader.member,
+                lambda thread, i: client.call_async("append", [thread, i]),
+                THREADS,
+                CALLS_PER_THREAD,
+                IN_FLIGHT_PER_THREAD,
+                CALL_TIMEOUT_S + 30,
             )
-            answered_at_kill = len(answers)
-            cluster.kill_member(leader.member)
-            for thread in threads:
-                thread.join(CALL_TIMEOUT_S + 30)
-            assert not any(thread.is_alive() for thread in threads), "a caller thread is still waiting"
+            total = THREADS * CALLS_PER_THREAD
 
             # The kill happened with calls in flight, and the client resent them to the new leader.
             new_leader = wait_for_leader(cluster, 30, not_member=leader.member)
