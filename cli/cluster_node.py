@@ -69,6 +69,7 @@ from fulmar.cli.options import (
     ARCHIVE_SECRET_ENV,
     CLUSTER_SECRET_ENV,
     DRIVER_DIR_ENV,
+    MEMBER_SECRET_ENV,
     Duration,
     IdleStrategyName,
     Size,
@@ -640,6 +641,14 @@ _CM_DEFAULTS = ConsensusModuleContext
     help="The secret this module presents to archives (its own, the other members' it replicates the "
     "log from); default: --authenticator-secret.  cluster-node start sets it from the archive's secret.",
 )
+@click.option(
+    "--member-secret",
+    envvar=MEMBER_SECRET_ENV,
+    default=None,
+    help="The secret the members sign their consensus messages and log datagrams with (every member the "
+    "same); default: derived from --authenticator-secret, which the clients hold too, so a client could "
+    "sign as a member.  Set it apart to keep the members' key from the clients.",
+)
 @click.option("--app-version", type=int, default=0)
 @click.option(
     "--cluster-members",
@@ -789,6 +798,7 @@ def consensus(
     max_concurrent_sessions: int,
     authenticator_secret: str | None,
     archive_secret: str | None,
+    member_secret: str | None,
     app_version: int,
     cluster_members: str,
     appointed_leader_id: int,
@@ -861,6 +871,7 @@ def consensus(
     if authenticator_secret:
         context.authenticator = CredentialsAuthenticator(authenticator_secret.encode())
     context.archive_credentials = (archive_secret or authenticator_secret or "").encode()
+    context.member_secret = (member_secret or "").encode()
 
     def announce(module: ConsensusModule) -> None:
         click.echo(

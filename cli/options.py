@@ -26,6 +26,10 @@ CLUSTER_SECRET_ENV = "FULMAR_CLUSTER_SECRET"
 # differs from the cluster's secret (cluster-node start sets it from the
 # archive's secret; nobody else needs to).
 ARCHIVE_SECRET_ENV = "FULMAR_ARCHIVE_SECRET"
+# What the members prove to each other that they are members with (the
+# consensus stream's trailers, the MACs of the log's datagrams), when it is
+# not to be derived from the cluster's secret: clients hold that one.
+MEMBER_SECRET_ENV = "FULMAR_MEMBER_SECRET"
 
 _DURATION_UNITS = (("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000), ("ns", 1))
 _SIZE_UNITS = (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10))

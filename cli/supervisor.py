@@ -29,14 +29,18 @@ environment (``FULMAR_DRIVER_DIR``, ``FULMAR_CLUSTER_SECRET``), the default.
 The options of the processes are derived from the commands themselves, so
 they cannot drift apart: a value is checked here with the very type the
 process will parse it with, and handed to it on its command line (the
-cluster secret through its environment, never on a command line).
+secrets through the environment, never on a command line).
 
 A node has one secret: ``[consensus] authenticator_secret`` (or
 ``FULMAR_CLUSTER_SECRET``) makes the cluster's clients present it, and the
 archive takes the same one for its control sessions from the network unless
 ``[archive] authenticator_secret`` names another; the consensus module (and
 the services, when they reach the archive over UDP) are handed the archive's
-secret to present to it and to the other members' archives.
+secret to present to it and to the other members' archives.  The members
+prove to each other that they are members with ``[consensus] member_secret``
+(``FULMAR_MEMBER_SECRET``), else with the cluster's secret: the consensus
+module signs its consensus messages with it and the driver the datagrams of
+the channels between members.
 
 Supervision
 -----------
@@ -114,7 +118,7 @@ import psutil
 
 from fulmar import log_lines
 from fulmar.channel_uri import ChannelUri
-from fulmar.cli.options import ARCHIVE_SECRET_ENV, Duration, format_duration, format_size, Size
+from fulmar.cli.options import ARCHIVE_SECRET_ENV, MEMBER_SECRET_ENV, Duration, format_duration, format_size, Size
 from fulmar.cpu_policy import CPU_POLICIES, CPU_POLICY_ENV, DEFAULT_CPU_POLICY
 from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, parse_cluster_members
 from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
@@ -422,7 +426,7 @@ def _mirrored_options(section: str, command: click.Command) -> list[Option]:
                 default_text,
                 is_flag=bool(param.is_flag),
                 envvar=envvar,
-                secret=envvar == SECRET_ENV,
+                secret=envvar in (SECRET_ENV, MEMBER_SECRET_ENV),
                 child_opts=(*param.opts, *param.secondary_opts),
             )
         )
@@ -513,7 +517,11 @@ class NodeConfig:
     options: dict[tuple[str, str], Option] = field(default_factory=dict)
 
     def child_specs(self) -> list[ChildSpec]:
-        base_env = {key: value for key, value in os.environ.items() if key not in (SECRET_ENV, ARCHIVE_SECRET_ENV)}
+        base_env = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in (SECRET_ENV, ARCHIVE_SECRET_ENV, MEMBER_SECRET_ENV)
+        }
         base_env["PYTHONUNBUFFERED"] = "1"
         base_env[log_lines.LOG_FORMAT_ENV] = self.log_format
         base_env[CPU_POLICY_ENV] = self.cpu_policy
@@ -539,6 +547,15 @@ class NodeConfig:
         if archive_secret:
             archive_env[SECRET_ENV] = str(archive_secret)
             consensus_env[ARCHIVE_SECRET_ENV] = str(archive_secret)
+        # The members' secret (its own, else the cluster's) signs the consensus
+        # messages and, in the driver, the MACs of the datagrams of the log and
+        # replay channels between members (``datagram-mac=true``).
+        driver_env = dict(base_env)
+        member_secret = self.values.get(("consensus", "member_secret"))
+        if member_secret:
+            consensus_env[MEMBER_SECRET_ENV] = str(member_secret)
+        if self.values.get(("consensus", "authenticate_members"), True) and (member_secret or secret):
+            driver_env[MEMBER_SECRET_ENV] = str(member_secret or secret)
         # A signal to every process of the node at once (a service manager's
         # stop) must still stop it in order: the archive outlasts the consensus
         # module and services (their snapshots go to it), the driver all of
@@ -560,7 +577,7 @@ class NodeConfig:
                 "driver",
                 ["driver", "--dir", driver_dir, *driver_stop, *mirrored("driver")],
                 "media driver pid",
-                base_env,
+                driver_env,
             ),
             ChildSpec(
                 "archive",

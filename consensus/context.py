@@ -137,11 +137,21 @@ class ConsensusModuleContext:
     # Where this member's archive receives a replication's replay (port 0: any).
     replication_channel: str = "aeron:udp?endpoint=127.0.0.1:0"
 
+    # The members' own secret (the same on every member): what the member key
+    # derives from.  Empty: the authenticator's secret, which the clients
+    # hold too (a client could then sign as a member).
+    member_secret: bytes = b""
+
+    def member_secret_in_use(self) -> bytes:
+        """What the member key derives from: ``member_secret``, else the
+        authenticator's secret (b"" without either)."""
+        return self.member_secret or secret_of(self.authenticator)
+
     def member_key(self) -> bytes | None:
         """The key the members sign their consensus messages with, or None
         when they do not (no secret, ``authenticate_members`` off, or a
         cluster of one)."""
-        secret = secret_of(self.authenticator)
+        secret = self.member_secret_in_use()
         if not secret or not self.authenticate_members or not self.cluster_members:
             return None
         return derive_key(secret)

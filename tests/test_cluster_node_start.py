@@ -951,6 +951,55 @@ def test_the_archive_takes_the_nodes_secret_and_whoever_talks_to_it_is_handed_it
     ] == "s3cret-three"
 
 
+def test_the_members_secret_reaches_the_consensus_module_and_the_driver_only(
+    tmp_path: Path, driver_dir: Path
+) -> None:
+    """The members sign with ``[consensus] member_secret``, else with the
+    cluster's secret: the consensus module is handed the first (it falls back
+    itself), the driver whichever is in use (it MACs the datagrams of the
+    channels between members); no one else gets it, never on a command line;
+    with member authentication off the driver gets none."""
+    options = supervisor.build_options(
+        {name: getattr(cluster_node, name) for name in ("driver", "archive", "consensus", "service")}
+    )
+    config = write_config(
+        tmp_path / "node.toml",
+        driver_dir,
+        9999,
+        consensus={"authenticator_secret": "clients-one", "member_secret": "members-one"},
+    )
+    specs = {spec.log_name: spec for spec in supervisor.resolve_config(options, {}, config, env={}).child_specs()}
+    assert specs["consensus"].env["FULMAR_MEMBER_SECRET"] == "members-one"
+    assert specs["driver"].env["FULMAR_MEMBER_SECRET"] == "members-one"
+    assert "FULMAR_CLUSTER_SECRET" not in specs["driver"].env
+    assert "FULMAR_MEMBER_SECRET" not in specs["archive"].env
+    assert "FULMAR_MEMBER_SECRET" not in specs["service0"].env
+    assert all("members-one" not in " ".join(spec.args) for spec in specs.values())
+    # The cluster's secret alone: the driver signs with it, the module derives its key from it.
+    config = write_config(tmp_path / "one.toml", driver_dir, 9999, consensus={"authenticator_secret": "clients-two"})
+    specs = {spec.log_name: spec for spec in supervisor.resolve_config(options, {}, config, env={}).child_specs()}
+    assert specs["driver"].env["FULMAR_MEMBER_SECRET"] == "clients-two"
+    assert "FULMAR_MEMBER_SECRET" not in specs["consensus"].env
+    # From the environment; a stray one in the supervisor's own environment reaches no one else.
+    config = write_config(tmp_path / "env.toml", driver_dir, 9999)
+    specs = {
+        spec.log_name: spec
+        for spec in supervisor.resolve_config(options, {}, config, env={"FULMAR_MEMBER_SECRET": "members-three"})
+        .child_specs()
+    }
+    assert specs["consensus"].env["FULMAR_MEMBER_SECRET"] == "members-three"
+    assert specs["driver"].env["FULMAR_MEMBER_SECRET"] == "members-three"
+    # Member authentication off: the driver MACs nothing.
+    config = write_config(
+        tmp_path / "off.toml",
+        driver_dir,
+        9999,
+        consensus={"authenticator_secret": "clients-four", "authenticate_members": False},
+    )
+    specs = {spec.log_name: spec for spec in supervisor.resolve_config(options, {}, config, env={}).child_specs()}
+    assert "FULMAR_MEMBER_SECRET" not in specs["driver"].env
+
+
 def test_the_service_error_setting_reaches_the_service(tmp_path: Path, driver_dir: Path) -> None:
     """``[service] on_service_error`` (and ``--service-on-service-error``,
     which beats it) is passed to each service container as its own
