@@ -951,9 +951,7 @@ def test_the_archive_takes_the_nodes_secret_and_whoever_talks_to_it_is_handed_it
     ] == "s3cret-three"
 
 
-def test_the_members_secret_reaches_the_consensus_module_and_the_driver_only(
-    tmp_path: Path, driver_dir: Path
-) -> None:
+def test_the_members_secret_reaches_the_consensus_module_and_the_driver_only(tmp_path: Path, driver_dir: Path) -> None:
     """The members sign with ``[consensus] member_secret``, else with the
     cluster's secret: the consensus module is handed the first (it falls back
     itself), the driver whichever is in use (it MACs the datagrams of the
@@ -984,8 +982,9 @@ def test_the_members_secret_reaches_the_consensus_module_and_the_driver_only(
     config = write_config(tmp_path / "env.toml", driver_dir, 9999)
     specs = {
         spec.log_name: spec
-        for spec in supervisor.resolve_config(options, {}, config, env={"FULMAR_MEMBER_SECRET": "members-three"})
-        .child_specs()
+        for spec in supervisor.resolve_config(
+            options, {}, config, env={"FULMAR_MEMBER_SECRET": "members-three"}
+        ).child_specs()
     }
     assert specs["consensus"].env["FULMAR_MEMBER_SECRET"] == "members-three"
     assert specs["driver"].env["FULMAR_MEMBER_SECRET"] == "members-three"
