@@ -58,7 +58,8 @@ test-slow: $(STAMP) bytecode
 # one line per run and the totals; it fails if any run had an anomaly or did
 # not converge.  CHAOS_SEED is the first seed (then +1 each run), so a
 # campaign, or one run, replays; a failure leaves its history, schedule and
-# logs in chaos-artifacts/.
+# logs in chaos-artifacts/.  CHAOS_SECRET runs every cluster with that secret
+# (clients authenticate, members sign and MAC what they send each other).
 CHAOS_SECONDS ?= 120
 CHAOS_SEED ?=
 CHAOS_SEEDS ?= 1
@@ -67,7 +68,8 @@ CHAOS = $(PY) tests/chaos.py $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 chaos: $(STAMP) bytecode
 	$(PY) tests/chaos_campaign.py --seeds $(CHAOS_SEEDS) --seconds $(CHAOS_SECONDS) \
-		$(foreach m,$(CHAOS_MEMBERS),--members $(m)) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+		$(foreach m,$(CHAOS_MEMBERS),--members $(m)) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) \
+		$(if $(CHAOS_SECRET),--secret $(CHAOS_SECRET))
 
 # The chaos workload for a long time (SOAK_SECONDS, 10 minutes by default).
 SOAK_SECONDS ?= 600

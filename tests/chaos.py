@@ -171,6 +171,9 @@ class ChaosConfig:
     # A cluster backup follows the log through the faults; at the end its
     # copy must equal the members' log (issue 20).
     backup: bool = True
+    # The cluster's secret (None: none): clients authenticate, the members
+    # sign their consensus messages and MAC the log's datagrams (issue 48).
+    secret: str | None = None
 
     def nemesis_kinds(self) -> tuple[str, ...]:
         if self.nemeses:
@@ -337,6 +340,7 @@ class KvClient(threading.Thread):
                 egress_channel="aeron:udp?endpoint=127.0.0.1:0",
                 message_timeout_ns=int(5e9),
                 on_message=lambda _session, _timestamp, payload: self.history.on_reply(bytes(payload), self._source),
+                credentials=self.cluster.secret.encode() if self.cluster.secret is not None else b"",
             )
             _note_reply_sources(self.client, self)
             self.sessions += 1
@@ -945,7 +949,9 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
         config={**asdict(config), "artifacts": str(config.artifacts), "nemeses": list(config.nemesis_kinds())}
     )
     history = History()
-    cluster = LocalCluster(config.members, KEY_VALUE_SERVICE, extra_consensus_args=CHAOS_CONSENSUS_ARGS)
+    cluster = LocalCluster(
+        config.members, KEY_VALUE_SERVICE, extra_consensus_args=CHAOS_CONSENSUS_ARGS, secret=config.secret
+    )
     nemesis: Nemesis | None = None
     backup: Backup | None = None
     stop = threading.Event()
@@ -954,7 +960,7 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
         cluster.start()
         wait_for(lambda: len(leaders(cluster)) == 1, 60, "a first leader")
         if config.backup:
-            backup = Backup(cluster)
+            backup = Backup(cluster, credentials=config.secret)
         progress(f"cluster of {config.members} up; workload and nemesis for {config.seconds:g} s (seed {config.seed})")
         started_ns = time.monotonic_ns()
         nemesis = Nemesis(cluster, config, time.monotonic())
@@ -1158,6 +1164,12 @@ def _save_artifacts(
     default=None,
     help="Also write the whole report there as JSON (what make chaos's campaign reads).",
 )
+@click.option(
+    "--secret",
+    default=None,
+    help="Run the cluster with this secret: clients and the backup authenticate, the members sign their "
+    "consensus messages and MAC the datagrams between them.",
+)
 def main(
     members: int,
     seconds: float,
@@ -1168,6 +1180,7 @@ def main(
     keep: bool,
     reconnect_after: float,
     report_json: Path | None,
+    secret: str | None,
 ) -> None:
     """Run the chaos workload once and print its summary; exit 1 on any anomaly."""
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
@@ -1180,6 +1193,7 @@ def main(
         artifacts=artifacts,
         keep_artifacts=keep,
         reconnect_after_s=reconnect_after,
+        secret=secret,
     )
     report = run_chaos(config, progress=lambda text: click.echo(f"[chaos] {text}", err=True))
     click.echo(report.summary())

@@ -80,7 +80,9 @@ class SeedResult:
         return text
 
 
-def run_seed(members: int, seed: int, seconds: float, clients: int, artifacts: Path) -> SeedResult:
+def run_seed(
+    members: int, seed: int, seconds: float, clients: int, artifacts: Path, secret: str | None = None
+) -> SeedResult:
     """One chaos run in its own process group; its report, or what went wrong."""
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fulmar-campaign-") as scratch:
@@ -101,6 +103,7 @@ def run_seed(members: int, seed: int, seconds: float, clients: int, artifacts: P
             str(artifacts),
             "--report-json",
             str(report_path),
+            *(["--secret", secret] if secret is not None else []),
         ]
         with open(output_path, "w") as output:
             process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
@@ -187,8 +190,15 @@ def summarize(results: list[SeedResult]) -> list[str]:
     default=Path("chaos-artifacts"),
     help="Where a failed run leaves its history, schedule and logs.",
 )
+@click.option("--secret", default=None, help="Every run's cluster has this secret (chaos.py --secret).")
 def main(
-    seeds: int, member_counts: tuple[int, ...], seconds: float, seed: int | None, clients: int | None, artifacts: Path
+    seeds: int,
+    member_counts: tuple[int, ...],
+    seconds: float,
+    seed: int | None,
+    clients: int | None,
+    artifacts: Path,
+    secret: str | None,
 ) -> None:
     """Run SEEDS chaos runs per member count, one after another; one line per run, then the totals."""
     first = seed if seed is not None else random.SystemRandom().randrange(1 << 30)
@@ -197,7 +207,7 @@ def main(
     for members in member_counts:
         for index in range(seeds):
             run_clients = clients if clients is not None else (4 if members < 5 else 5)
-            result = run_seed(members, first + index, seconds, run_clients, artifacts)
+            result = run_seed(members, first + index, seconds, run_clients, artifacts, secret)
             results.append(result)
             click.echo(result.line(), nl=True)
             sys.stdout.flush()

@@ -44,7 +44,15 @@ class NodeProcess:
     the caller holds the object, so it can reap the process whatever happens.
     """
 
-    def __init__(self, args: list[str], ready_text: str, log_path: Path, *, wait: bool = True) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        ready_text: str,
+        log_path: Path,
+        *,
+        wait: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.args = args
         self.ready_text = ready_text
         self.log_path = log_path
@@ -55,6 +63,7 @@ class NodeProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,
+            env=env,
         )
         if wait:
             self.wait_ready(30)
@@ -260,8 +269,13 @@ class LocalCluster:
         extra_driver_args: Sequence[str] = (),
         extra_service_args: Sequence[str] = (),
         ready_timeout_s: float = 60,
+        secret: str | None = None,
     ) -> None:
         self.size = members
+        # The node's secret, as cluster-node start hands it out: the consensus
+        # module and the archive authenticate with it, the driver MACs the
+        # channels between members with it; clients present it.
+        self.secret = secret
         self.service_name = service
         # Lists, so that a test may change them before (re)starting a process.
         self.extra_consensus_args = list(extra_consensus_args)
@@ -362,6 +376,22 @@ class LocalCluster:
             ]
         raise ValueError(f"no process kind {kind!r} (kinds: {', '.join(KINDS)})")
 
+    def environment(self, kind: str) -> dict[str, str] | None:
+        """A process's environment: with a secret, what ``cluster-node start``
+        would hand that kind of process (None: this one's own)."""
+        if self.secret is None:
+            return None
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in ("FULMAR_CLUSTER_SECRET", "FULMAR_MEMBER_SECRET", "FULMAR_ARCHIVE_SECRET")
+        }
+        if kind == "driver":
+            env["FULMAR_MEMBER_SECRET"] = self.secret
+        elif kind in ("consensus", "archive"):
+            env["FULMAR_CLUSTER_SECRET"] = self.secret
+        return env
+
     # -- processes
 
     def process(self, member: int, kind: str) -> NodeProcess | None:
@@ -379,7 +409,11 @@ class LocalCluster:
                 raise AssertionError(f"member {member}'s {kind} (pid {previous.process.pid}) is still running")
             previous.kill()  # reaped already; this closes its log file
         process = NodeProcess(
-            [*self.command(member, kind), *extra_args], _READY[kind], self.log_path(member, kind), wait=False
+            [*self.command(member, kind), *extra_args],
+            _READY[kind],
+            self.log_path(member, kind),
+            wait=False,
+            env=self.environment(kind),
         )
         self.processes[member][kind] = process  # held before waiting: close() reaps it whatever happens
         return process
@@ -462,6 +496,8 @@ class LocalCluster:
         finds the leader), through ``connect(member)``."""
         options.setdefault("egress_channel", "aeron:udp?endpoint=127.0.0.1:0")
         options.setdefault("message_timeout_ns", 20_000_000_000)
+        if self.secret is not None:
+            options.setdefault("credentials", self.secret.encode())
         client = ClusterClient.connect(self.connect(member), "aeron:udp", self.ingress_endpoints, **options)
         self.clients.append(client)
         return client
