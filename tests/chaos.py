@@ -78,6 +78,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -790,6 +791,10 @@ class ChaosReport:
     backup_matches: bool | None = None
     # What verify-log found in the members' recorded logs (None: not checked).
     log_violations: int | None = None
+    # Member messages a member dropped as not a member's (None: not checked):
+    # no stranger speaks in a chaos run, so any is a member's own message
+    # its peer refused (a trailer or replay window gone wrong).
+    refused_member_messages: int | None = None
 
     def summary(self) -> str:
         c = self.config
@@ -832,6 +837,8 @@ class ChaosReport:
             lines.append(f"  backup          {'log identical to the members' if self.backup_matches else 'DIFFERS'}")
         if self.log_violations is not None:
             lines.append(f"  verify-log      {self.log_violations} violations")
+        if self.refused_member_messages is not None:
+            lines.append(f"  refused         {self.refused_member_messages} member messages dropped as not a member's")
         lines.append(f"  anomalies       {len(self.anomalies)}")
         lines.extend(f"    - {a}" for a in self.anomalies[:20])
         if len(self.anomalies) > 20:
@@ -999,6 +1006,7 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _
         if backup is not None:
             _check_backup(cluster, backup, report, position, config.converge_timeout_s)
         _verify_logs(cluster, report)
+        _check_member_refusals(cluster, report)
         report.availability = _availability(history.all(), nemesis.events, started_ns, nemesis.ended)
         report.events = [asdict(e) for e in nemesis.events]
         report.sessions = sum(c.sessions for c in clients)
@@ -1059,6 +1067,25 @@ def _verify_logs(cluster: LocalCluster, report: ChaosReport) -> None:
     report.log_violations = len(verification.violations)
     report.anomalies += [f"verify-log: {violation.text()}" for violation in verification.violations]
     report.anomalies += [f"verify-log could not read {u.member}: {u.reason}" for u in verification.unreadable]
+
+
+# What a consensus module logs (at most once a second) when it drops a
+# member message: "... (N more dropped since the last line)" counts the rest.
+_REFUSAL_LINE = re.compile(r"consensus stream: dropped a message.*?(?:\((\d+) more dropped since the last line\))?$")
+
+
+def _check_member_refusals(cluster: LocalCluster, report: ChaosReport) -> None:
+    """No member message was refused: every member's consensus log, across its
+    restarts, holds no line of a dropped member message."""
+    refused = 0
+    for member in range(cluster.size):
+        path = cluster.log_path(member, "consensus")
+        for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+            found = _REFUSAL_LINE.search(line)
+            if found is not None:
+                refused += 1 + int(found.group(1) or 0)
+                report.anomalies.append(f"member {member} refused a member message: {line[-200:]}")
+    report.refused_member_messages = refused
 
 
 def _has_snapshot_after(cluster: LocalCluster, member: int, position: int) -> bool:
