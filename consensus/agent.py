@@ -3048,7 +3048,7 @@ class ConsensusModuleAgent:
             if descriptor is None:
                 raise ClusterTerminationError(f"the log recording {self.log_recording_id} is missing from the archive")
         channel = leader_log_channel(
-            self.context.log_channel,
+            self.context.between_members(self.context.log_channel),
             descriptor.term_buffer_length if descriptor else None,
             descriptor.mtu_length if descriptor else None,
             descriptor.initial_term_id if descriptor else None,
@@ -3432,7 +3432,9 @@ class ConsensusModuleAgent:
         # No linger (as Aeron's catchup channel): a stopped catchup replay's
         # publication keeps the log's session id on this endpoint until it is
         # freed, and the follower's next catchup needs it at once.
-        channel = f"aeron:udp?endpoint={catchup_endpoint}|session-id={self.log_session_id}|linger=0"
+        channel = self.context.between_members(
+            f"aeron:udp?endpoint={catchup_endpoint}|session-id={self.log_session_id}|linger=0"
+        )
         try:
             follower.catchup_replay_session_id = self.archive.start_replay(
                 self.log_recording_id, channel, self.context.log_stream_id, log_position

@@ -9,6 +9,7 @@ from pathlib import Path
 from fulmar.archive import protocol as archive_protocol
 from fulmar.consensus import protocol
 from fulmar.consensus.authenticator import AllowAllAuthenticator, Authenticator
+from fulmar.channel_uri import DATAGRAM_MAC_PARAM, ChannelUri
 from fulmar.consensus.member_auth import derive_key
 from fulmar.security import secret_of
 
@@ -155,6 +156,20 @@ class ConsensusModuleContext:
         if not secret or not self.authenticate_members or not self.cluster_members:
             return None
         return derive_key(secret)
+
+    def between_members(self, channel: str) -> str:
+        """A UDP channel that carries the log between members (the log, a
+        catchup replay, a replication's replay), with the driver's datagram
+        MACs (``datagram-mac=true``) when the members authenticate: a stranger
+        who can reach a member's log endpoint cannot inject frames into it.
+        The drivers MAC with the members' secret (``cluster-node start`` hands
+        it to them); other channels are as given."""
+        if self.member_key() is None:
+            return channel
+        uri = ChannelUri.parse(channel)
+        if uri.media != "udp":
+            return channel
+        return str(uri.with_param(DATAGRAM_MAC_PARAM, "true"))
 
     def archive_client_credentials(self) -> bytes:
         """What the module presents to archives: ``archive_credentials``, else

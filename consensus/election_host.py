@@ -208,7 +208,7 @@ class NodeElectionHost:
             CONTROL_STREAM_ID,
             dst_recording_id=agent.log_recording_id,
             stop_position=stop_position,
-            replication_channel=self.context.replication_channel,
+            replication_channel=self.context.between_members(self.context.replication_channel),
             # What this member's archive presents to the leader's.
             encoded_credentials=self.context.archive_client_credentials(),
         )
@@ -321,7 +321,8 @@ class NodeElectionHost:
         quiet_doorbell_id = self.agent.quiet_log_doorbell_id()
         if quiet_doorbell_id is not None:
             params["doorbell-id"] = str(quiet_doorbell_id)
-        return self.agent.aeron.add_subscription(str(ChannelUri("udp", params)), self.context.log_stream_id)
+        channel = self.context.between_members(str(ChannelUri("udp", params)))
+        return self.agent.aeron.add_subscription(channel, self.context.log_stream_id)
 
     def _request_recording(self) -> bool:
         """The archive records the log subscription's image (asked once, again after a refusal)."""
@@ -352,7 +353,8 @@ class NodeElectionHost:
     def shared_log_channel(self) -> str:
         """The follower's log as the archive and the services subscribe to it: the
         subscription's receive endpoint, found by its tag."""
-        return str(ChannelUri("udp", {"tags": str(self._channel_tag), "session-id": str(self._log_session_id)}))
+        channel = ChannelUri("udp", {"tags": str(self._channel_tag), "session-id": str(self._log_session_id)})
+        return self.context.between_members(str(channel))
 
     def _log_params(self) -> dict[str, str]:
         log = ChannelUri.parse(self.context.log_channel)

@@ -101,6 +101,10 @@ WAKE_ON_DATA_PARAM = "wake-on-data"
 # of the client's.  The archive's recorder thread sleeps on one, so a block
 # to record does not wake the archive's agent too.
 DOORBELL_ID_PARAM = "doorbell-id"
+# fulmar's own too: every datagram of the channel carries a MAC keyed by the
+# driver's members' secret, and one without a valid MAC is dropped (the
+# channels between cluster members; fulmar-to-fulmar only).
+DATAGRAM_MAC_PARAM = "datagram-mac"
 
 CONTROL_MODE_MANUAL = "manual"
 CONTROL_MODE_DYNAMIC = "dynamic"
