@@ -334,9 +334,7 @@ def test_a_challenged_backup_query_is_answered_once_its_tool_answers_the_challen
     response channel; the tool's ChallengeResponse goes on the consensus
     stream under the session id the challenge named.  The right secret gets
     the BackupResponse, a wrong one a SessionEvent AUTHENTICATION_REJECTED."""
-    with LocalCluster(
-        3, ECHO_SERVICE, extra_consensus_args=[*FAST_ELECTION_ARGS, "--authenticator-secret", "s3cret"]
-    ) as secured:
+    with LocalCluster(3, ECHO_SERVICE, extra_consensus_args=FAST_ELECTION_ARGS, secret="s3cret") as secured:
         secured.start()
         leader = wait_for_leader(secured, 30).member
         answers = {}

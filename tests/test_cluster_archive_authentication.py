@@ -110,8 +110,8 @@ def secured() -> Iterator[Secured]:
     with LocalCluster(
         3,
         COUNTER_SERVICE,
-        extra_consensus_args=[*FAST_ELECTION_ARGS, "--authenticator-secret", SECRET],
-        extra_archive_args=["--authenticator-secret", SECRET],
+        extra_consensus_args=FAST_ELECTION_ARGS,
+        secret=SECRET,
     ) as cluster:
         cluster.start()
         leader = wait_for_leader(cluster, 30).member

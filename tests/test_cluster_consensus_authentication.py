@@ -113,7 +113,7 @@ class Secured:
 
 
 def _consensus_args() -> list[str]:
-    args = [*HEARTBEAT_TIMEOUT_ARGS, "--authenticator-secret", SECRET]
+    args = list(HEARTBEAT_TIMEOUT_ARGS)
     return [*args, "--no-authenticate-members"] if NO_MEMBER_AUTH else args
 
 
@@ -123,7 +123,7 @@ def secured() -> Iterator[Secured]:
         3,
         COUNTER_SERVICE,
         extra_consensus_args=_consensus_args(),
-        extra_archive_args=["--authenticator-secret", SECRET],
+        secret=SECRET,
     ) as cluster:
         cluster.start()
         wait_for_leader(cluster, 30)
