@@ -290,6 +290,8 @@ def _connect(aeron: Aeron, node: Ingress, on_message: Any) -> ClusterClient:
         egress_channel=EGRESS_CHANNEL,
         message_timeout_ns=30_000_000_000,
         on_message=on_message,
+        # A cluster started with a secret (bench.cluster3's secret runs) asks its clients for it.
+        credentials=getattr(node, "credentials", b""),
     )
 
 

@@ -737,7 +737,8 @@ _CM_DEFAULTS = ConsensusModuleContext
     help="With a secret (--authenticator-secret), sign every message this member sends on the consensus "
     "stream and drop member messages that no member signed (forged, or replayed).  Aeron's members do "
     "not sign: turn it off in a cluster with Aeron members; members then take consensus messages from "
-    "the members' hosts only, as without a secret.  While on, the native consensus threads stay off.",
+    "the members' hosts only, as without a secret.  The native consensus threads (--native-commit, "
+    "--native-follower-commit, --native-append-position) sign and check too, and stay on.",
 )
 @click.option(
     "--check-consensus-sources/--no-check-consensus-sources",

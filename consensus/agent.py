@@ -17,7 +17,6 @@ multi-member states of the election come with the consensus stream.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import struct
 import time
@@ -67,6 +66,7 @@ from fulmar.consensus.consensus_publisher import ConsensusPublisher
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.member_auth import (
     ConsensusGuard,
+    MemberAuth,
     MemberSigner,
     MemberVerifier,
     SourceFilter,
@@ -298,16 +298,25 @@ class ConsensusModuleAgent:
         self.is_multi_member = len(self.members) > 1
         # Who may speak on the consensus stream (fulmar.consensus.member_auth):
         # with the cluster's secret, the members sign and check each member
-        # message; the native consensus threads neither sign nor check, so
-        # they stay off (the agent sends and reads those messages itself).
+        # message, in one native context that the agent's publisher and
+        # guard and the native consensus threads share (one send counter for
+        # the process, one memory of the counters taken from each member).
         self._member_key = context.member_key() if self.is_multi_member else None
-        if self._member_key is not None and (
-            context.native_commit or context.native_follower_commit or context.native_append_position
-        ):
-            context = self.context = dataclasses.replace(
-                context, native_commit=False, native_follower_commit=False, native_append_position=False
+        self._member_auth = (
+            MemberAuth(
+                self.member_id,
+                self._member_key,
+                [member.id for member in self.members],
+                context.leader_heartbeat_timeout_ns // 1_000_000,
             )
+            if self._member_key is not None
+            else None
+        )
         self._refusal_line_due_ms = 0
+        # The last arming of each native consensus thread said in the log
+        # (once per term, not for each re-arming after a hand-back): an
+        # operator, and the tests, see which threads run and whether they sign.
+        self._armings_said: dict[str, tuple[int, ...]] = {}
         self._refusals_unsaid = 0
         self.leader_member_id = NULL_VALUE
         self.notified_commit_position = 0
@@ -2183,7 +2192,7 @@ class ConsensusModuleAgent:
     def _member_signer(self) -> MemberSigner | None:
         if self._member_key is None:
             return None
-        return MemberSigner(self.member_id, self._member_key, self.epoch_ms)
+        return MemberSigner(self.member_id, self._member_key, self.epoch_ms, auth=self._member_auth)
 
     def _consensus_guard(self, my_endpoint: str) -> ConsensusGuard:
         """What the consensus adapter asks of each member message: a valid
@@ -2195,6 +2204,7 @@ class ConsensusModuleAgent:
                 [member.id for member in self.members],
                 self.context.leader_heartbeat_timeout_ns // 1_000_000,
                 self.epoch_ms,
+                auth=self._member_auth,
             )
             return ConsensusGuard(self._on_consensus_refused, verifier=verifier, source_of=self._consensus_source)
         if not is_loopback(source_host(my_endpoint)):
@@ -2216,6 +2226,13 @@ class ConsensusModuleAgent:
             return None
         image = subscription.image_by_session_id(header.session_id)
         return image.source_identity if image is not None else None
+
+    def _say_armed(self, thread: str, key: tuple[int, ...]) -> None:
+        if self._armings_said.get(thread) == key:
+            return
+        self._armings_said[thread] = key
+        trailers = "member trailers signed and checked" if self._member_auth is not None else "no member trailers"
+        self.log_event(f"{thread} armed for term {self.leadership_term_id} ({trailers})")
 
     def _on_consensus_refused(self, reason: str, source: str | None) -> None:
         """A consensus message no member sent: counted, one distinct entry per
@@ -2502,12 +2519,14 @@ class ConsensusModuleAgent:
                 recording_position_id=counter_id,
                 recording_position_registration_id=self._recording_position_registration_id,
                 commit_position_id=self.commit_position_counter.id,
+                auth=self._member_auth,
             )
         except ValueError as error:
             self._error(f"{error}; this module commits itself this term")
             self._leader_commit_refused_for = key
             return False
         self._leader_commit_armed_for = key
+        self._say_armed("the leader's commit thread", key)
         # The thread's doorbell watches rec-pos when the leader's recording
         # holds the commit; the agent has nothing to do for it.
         self._watch_own_recording(False)
@@ -2727,12 +2746,14 @@ class ConsensusModuleAgent:
                 recording_position_id=counter_id,
                 recording_position_registration_id=self._recording_position_registration_id,
                 commit_position_id=self.commit_position_counter.id,
+                auth=self._member_auth,
             )
         except ValueError as error:
             self._error(f"{error}; this module applies the log itself this term")
             self._follower_commit_refused_for = key
             return False
         self._follower_commit_armed_for = key
+        self._say_armed("the follower's commit thread", key)
         # The thread's doorbell watches rec-pos while a commit waits on it.
         self._watch_own_recording(False)
         return True
@@ -2844,6 +2865,8 @@ class ConsensusModuleAgent:
             follower_member_id=self.member_id,
             sent_position=self._last_append_position_sent,
             sent_time_ns=self._time_of_last_append_position_sent_ns,
+            auth=self._member_auth,
+            leader_member_id=self.leader_member_id,
         ):
             self._print_error(
                 f"rec-pos counter {counter_id} has no free watcher slot: this module sends the AppendPositions itself"
@@ -2851,6 +2874,7 @@ class ConsensusModuleAgent:
             self._append_position_refused_for = key
             return False
         self._append_position_armed_for = key
+        self._say_armed("the AppendPosition thread", key)
         return True
 
     def _append_position_by_thread(self, now_ns: int) -> bool:

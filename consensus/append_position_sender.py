@@ -8,6 +8,8 @@ sleeps on a doorbell of its own that watches the log recording's rec-pos
 counter, and appends the AppendPosition itself.  The agent arms it once it
 is a steady follower, asks it for the heartbeat, and halts it before it
 sends anything of the term's end (an election, a step down, the close).
+In a cluster with a secret it is armed with the process's member auth
+context, and signs each report for the leader.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, CounterWatch
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron
+    from fulmar.consensus.member_auth import MemberAuth
     from fulmar.publication import Publication
 
 IDLE = int(lib.FULMAR_APPEND_POSITION_IDLE)
@@ -58,6 +61,8 @@ class AppendPositionSender:
         # open and mapped), and the counter its doorbell watches.
         self._publication: Publication | None = None
         self._watched_counter_id: int | None = None
+        # The auth context the thread signs with, kept alive while it may.
+        self._auth: MemberAuth | None = None
 
     @property
     def is_armed(self) -> bool:
@@ -73,11 +78,16 @@ class AppendPositionSender:
         follower_member_id: int,
         sent_position: int,
         sent_time_ns: int,
+        auth: MemberAuth | None = None,
+        leader_member_id: int | None = None,
     ) -> bool:
         """Report rec-pos to the leader from now on, on ``publication`` (a
-        concurrent one: the agent offers on it too).  False when the counter
-        has no free watcher slot: the thread would not be woken, the agent
-        goes on reporting."""
+        concurrent one: the agent offers on it too), each report signed for
+        ``leader_member_id`` with ``auth`` when given.  False when the
+        counter has no free watcher slot: the thread would not be woken, the
+        agent goes on reporting."""
+        if auth is not None and leader_member_id is None:
+            raise ValueError("a signed AppendPosition needs the leader's member id (its trailer's receiver)")
         self.halt()
         if not self._watch.watch(recording_position_id):
             return False
@@ -99,12 +109,15 @@ class AppendPositionSender:
         arm.message_length = length
         arm.position_offset = _POSITION_OFFSET
         ffi.memmove(arm.message, bytes(self._encoded[:length]), length)
+        arm.auth = auth.handle if auth is not None else ffi.NULL
+        arm.leader_member_id = leader_member_id if leader_member_id is not None else -1
         if lib.fulmar_append_position_arm(self._handle, arm) < 0:
             raise ValueError(
                 f"the AppendPosition thread refused its arming (message of {length} bytes, "
                 f"rec-pos counter {recording_position_id})"
             )
         self._publication = publication
+        self._auth = auth
         return True
 
     def halt(self) -> None:
@@ -114,6 +127,7 @@ class AppendPositionSender:
             return
         lib.fulmar_append_position_halt(self._handle)
         self._publication = None
+        self._auth = None
         if self._watched_counter_id is not None:
             self._watch.unwatch(self._watched_counter_id)
             self._watched_counter_id = None

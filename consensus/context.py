@@ -117,9 +117,10 @@ class ConsensusModuleContext:
     # a member message without it (fulmar.consensus.member_auth).  Aeron's
     # members send no such proof: a cluster with Aeron members turns this off,
     # and its members then take consensus messages from the members' hosts
-    # only, as a cluster without a secret does.  While on, the native
-    # consensus threads (native_append_position, native_commit,
-    # native_follower_commit), which neither sign nor check, stay off.
+    # only, as a cluster without a secret does.  The native consensus threads
+    # (native_append_position, native_commit, native_follower_commit) sign
+    # and check as the agent does, through the same native context (one send
+    # counter per process), so they stay on with it.
     authenticate_members: bool = True
     # Without member authentication, take member messages only from images
     # whose source address is one of the members' hosts (resolved at start).

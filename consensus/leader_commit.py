@@ -20,6 +20,12 @@ each follower per commit, on the cores the leader's service and driver need
 to answer the client.  Armed as a follower's (``arm_follower``), the thread
 reads the CommitPositions and the log's client messages, and moves
 commit-pos; anything else in either stream it hands back.
+
+In a cluster with a secret both arms take the process's member auth context:
+the thread checks the trailer of each AppendPosition (a leader's) or
+CommitPosition (a follower's) before it reads it, and hands back one that
+fails (the agent's guard refuses it, counts it and logs it); a leader's
+signs each CommitPosition for its follower.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron
+    from fulmar.consensus.member_auth import MemberAuth
     from fulmar.publication import Publication
     from fulmar.subscription import Image
 
@@ -122,6 +129,7 @@ class CommitThread:
         self._publications: tuple[Publication, ...] = ()
         self.log_image: Image | None = None  # a follower's
         self._armed_as_leader = False
+        self._auth: MemberAuth | None = None  # kept alive while the thread may use it
 
     @property
     def is_armed(self) -> bool:
@@ -145,11 +153,13 @@ class CommitThread:
         recording_position_id: int,
         recording_position_registration_id: int,
         commit_position_id: int,
+        auth: MemberAuth | None = None,
     ) -> None:
         """Commit from now on.  The images are read from their positions now:
         the agent must not poll them until it halts the thread.  With no
         followers (and no images) it is a single member's: its own
-        recording is committed as it is made."""
+        recording is committed as it is made.  With ``auth`` the
+        AppendPositions are checked and the CommitPositions signed."""
         self.halt()
         if len(followers) > MAX_FOLLOWERS or len(images) > MAX_IMAGES:
             raise ValueError(
@@ -192,6 +202,7 @@ class CommitThread:
         arm.message_length = length
         arm.position_offset = _COMMIT_POSITION_OFFSET
         ffi.memmove(arm.message, bytes(self._encoded[:length]), length)
+        arm.auth = auth.handle if auth is not None else ffi.NULL
         if lib.fulmar_leader_commit_arm(self._handle, arm) < 0:
             raise ValueError(
                 f"the commit thread refused its arming (rec-pos counter {recording_position_id}, "
@@ -201,6 +212,7 @@ class CommitThread:
         self.follower_ids = tuple(follower.member_id for follower in followers)
         self._armed_as_leader = True
         self._publications = tuple(follower.publication for follower in followers)
+        self._auth = auth
 
     def arm_follower(
         self,
@@ -215,10 +227,12 @@ class CommitThread:
         recording_position_id: int,
         recording_position_registration_id: int,
         commit_position_id: int,
+        auth: MemberAuth | None = None,
     ) -> None:
         """Commit as a follower from now on.  The consensus images and the log
         image are read from their positions now: the agent must not poll them
-        until it halts the thread."""
+        until it halts the thread.  With ``auth`` the CommitPositions are
+        checked."""
         self.halt()
         if len(images) > MAX_IMAGES:
             raise ValueError(f"the commit thread takes up to {MAX_IMAGES} images, not {len(images)}")
@@ -245,6 +259,7 @@ class CommitThread:
         arm.session_message_template_id = codecs.SessionMessageHeaderDecoder.TEMPLATE_ID
         arm.session_message_block_length = codecs.SessionMessageHeaderDecoder.BLOCK_LENGTH
         arm.cluster_session_id_offset = _SESSION_ID_OFFSET
+        arm.auth = auth.handle if auth is not None else ffi.NULL
         if lib.fulmar_leader_commit_arm_follower(self._handle, arm) < 0:
             raise ValueError(
                 f"the commit thread refused its arming as a follower's (rec-pos counter {recording_position_id}, "
@@ -252,6 +267,7 @@ class CommitThread:
             )
         self.images = tuple(images)
         self.log_image = log_image
+        self._auth = auth
 
     def halt(self) -> CommitState | None:
         """Halt the thread; its final state (None if it was not armed as a
@@ -266,6 +282,7 @@ class CommitThread:
         self.follower_ids = ()
         self._publications = ()
         self._armed_as_leader = False
+        self._auth = None
         return state
 
     def halt_follower(self) -> FollowerCommitState | None:
@@ -281,6 +298,7 @@ class CommitThread:
         _adopt((log_image,), (state.log_position,))
         self.images = ()
         self.log_image = None
+        self._auth = None
         return state
 
     def send_now(self, unless_sent_since_ns: int | None = None) -> None:
@@ -335,6 +353,7 @@ class CommitThread:
             "relayed": int(state.relayed),
             "commit_positions_read": int(state.commit_positions_read),
             "log_messages": int(state.log_messages),
+            "unauthenticated": int(state.unauthenticated),
             "last_failure": int(state.last_failure),
         }
 

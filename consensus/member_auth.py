@@ -31,8 +31,19 @@ CommitPosition.  Two guards, applied where the consensus adapter decodes
   member, the message's own member id field (where it has one) names the
   sender (StopCatchup's names the receiver), the timestamp is within
   ``window_ms`` of its own clock (bounding a replay across restarts: its
-  memory of counters goes with it), and the counter is above the last it took
-  from that sender's boot (a replay within a boot).
+  memory of counters goes with it), and the counter was not taken before from
+  that sender's boot (a replay within a boot).
+
+  The trailer is made and checked in C (``_native/src/member_auth.h``), in one
+  context per process (``MemberAuth``) that the agent's publisher and
+  guard and the native consensus threads share: one send counter for all of
+  them, and, per sender, for the last few boots, the highest counter taken
+  and a 64-counter window below it (IPsec's anti-replay window).  Two
+  signers (the agent and a thread) may offer to the same member out of
+  counter order, so a counter below the highest is taken once if it is
+  within the window; a counter taken, or older than the window, is refused.
+  A check that fails changes nothing: a thread that hands a message back to
+  the agent leaves the agent's check to find the same fault.
 
 * Without a secret, a member takes consensus messages only from images whose
   source address (the image's source identity, its host part) is one of the
@@ -48,25 +59,23 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import os
 import socket
-import struct
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fulmar._native import ffi, lib
 from fulmar.codecs.generated import cluster as codecs
-from fulmar.codecs.runtime import HEADER_LENGTH
 from fulmar.consensus.protocol import field_offset
 
 KEY_INFO = b"fulmar consensus v1"
 MAGIC = b"FMC1"
-MAC_LENGTH = 16
-_FIELDS = struct.Struct("<4siiIQQq")
-TRAILER_LENGTH = _FIELDS.size + MAC_LENGTH  # 56
-_SIGNED_FIELDS_LENGTH = _FIELDS.size  # 40
-# How many boots of one sender a receiver remembers the counters of.
-_BOOTS_KEPT = 4
-_INT32 = struct.Struct("<i")
+MAC_LENGTH = int(lib.FULMAR_MAC_LENGTH)
+TRAILER_LENGTH = int(lib.FULMAR_MEMBER_AUTH_TRAILER_LENGTH)  # 56
+# How many boots of one sender a receiver remembers the counters of, and how
+# far below the highest counter taken a counter may still be taken once.
+BOOTS_KEPT = int(lib.FULMAR_MEMBER_AUTH_BOOTS_KEPT)
+REPLAY_WINDOW = int(lib.FULMAR_MEMBER_AUTH_REPLAY_WINDOW)
+MAX_MEMBERS = int(lib.FULMAR_MEMBER_AUTH_MAX_MEMBERS)
 
 # The member messages: what members send each other (seeds 000, 001).  For
 # each, where its own member id field is, and whether it names the sender
@@ -95,6 +104,23 @@ _MEMBER_FIELD: dict[int, tuple[int, bool] | None] = {
 }
 MEMBER_TEMPLATE_IDS = frozenset(_MEMBER_FIELD)
 
+# What each refusal of the native check is called (the same text for every
+# refusal of a kind: the error log keeps one entry per text).
+_REASONS = {
+    int(lib.FULMAR_MEMBER_AUTH_NO_TRAILER): "member message without a member trailer",
+    int(lib.FULMAR_MEMBER_AUTH_WRONG_MAC): "member message with a wrong MAC",
+    int(lib.FULMAR_MEMBER_AUTH_OTHER_RECEIVER): "member message addressed to another member",
+    int(lib.FULMAR_MEMBER_AUTH_NOT_A_MEMBER): "member message from a sender that is not another member",
+    int(lib.FULMAR_MEMBER_AUTH_TOO_SHORT_FOR_MEMBER_ID): "member message too short for its member id",
+    int(lib.FULMAR_MEMBER_AUTH_MEMBER_ID_MISMATCH): "member message whose member id is not its sender's",
+    int(lib.FULMAR_MEMBER_AUTH_OUTSIDE_WINDOW): (
+        "member message with a timestamp outside the window (a replay, or clocks apart)"
+    ),
+    int(lib.FULMAR_MEMBER_AUTH_REPLAYED): (
+        "member message replayed (its counter was taken already, or is older than the replay window)"
+    ),
+}
+
 
 def derive_key(secret: bytes) -> bytes:
     """The key the members sign consensus messages with: derived from the
@@ -104,27 +130,111 @@ def derive_key(secret: bytes) -> bytes:
     return hmac.new(secret, KEY_INFO, hashlib.sha256).digest()
 
 
-def _mac(key: bytes, signed: bytes | memoryview) -> bytes:
-    return hmac.digest(key, signed, "sha256")[:MAC_LENGTH]
+class MemberAuth:
+    """The native context (``_native/src/member_auth.h``) that signs and
+    checks the trailers of one process: its key, its member id and the
+    members', its boot id and its one send counter, and what it has taken
+    from each sender.  The agent's publisher and guard and the native
+    consensus threads all use the same one (``handle``), which must outlive
+    the threads armed with it."""
+
+    def __init__(
+        self,
+        member_id: int,
+        key: bytes,
+        member_ids: Iterable[int],
+        window_ms: int,
+        boot_id: int | None = None,
+        counter: int = 0,
+    ) -> None:
+        ids = sorted(set(member_ids) | {member_id})
+        if len(ids) > MAX_MEMBERS:
+            raise ValueError(f"member authentication takes up to {MAX_MEMBERS} members, not {len(ids)}")
+        if window_ms < 0:
+            raise ValueError(f"the member trailer's window must not be negative, not {window_ms} ms")
+        boot = ffi.NULL if boot_id is None else ffi.new("uint64_t *", boot_id)
+        handle = lib.fulmar_member_auth_new(key, len(key), member_id, ids, len(ids), boot, counter, window_ms)
+        if handle == ffi.NULL:
+            raise OSError(ffi.errno, f"cannot make the member auth context: errno {ffi.errno}")
+        self.handle = ffi.gc(handle, lib.fulmar_member_auth_free)
+        self.member_id = member_id
+        self.member_ids = frozenset(ids)
+        self.window_ms = window_ms
+        self.boot_id = int(lib.fulmar_member_auth_boot_id(handle))
+        self._sender = ffi.new("int32_t *")
+        self._buffer = ffi.new("char[]", 4096)
+
+    @property
+    def counter(self) -> int:
+        """The last counter signed with, by any signer of this context."""
+        return int(lib.fulmar_member_auth_counter(self.handle))
+
+    def sign(self, message: bytes, to_member_id: int, now_ms: int) -> bytes:
+        length = len(message)
+        buffer = self._buffer if length + TRAILER_LENGTH <= len(self._buffer) else ffi.new("char[]", length + 64)
+        ffi.memmove(buffer, message, length)
+        signed = lib.fulmar_member_auth_sign(self.handle, buffer, length, to_member_id, now_ms)
+        return bytes(ffi.buffer(buffer, signed))
+
+    def check(self, message: Any, length: int, now_ms: int, member_field: tuple[int, bool] | None = None) -> int:
+        """The body's length once accepted, else a negative refusal code
+        (``reason`` names it).  ``message`` starts at the message's first
+        byte; ``member_field``: where its own member id field is, and
+        whether it names the sender (True) or the receiver (False)."""
+        if member_field is None:
+            field_at, field = 0, int(lib.FULMAR_MEMBER_AUTH_FIELD_NONE)
+        else:
+            field_at = member_field[0]
+            field = int(
+                lib.FULMAR_MEMBER_AUTH_FIELD_NAMES_SENDER
+                if member_field[1]
+                else lib.FULMAR_MEMBER_AUTH_FIELD_NAMES_RECEIVER
+            )
+        return int(lib.fulmar_member_auth_check(self.handle, message, length, now_ms, field_at, field, self._sender))
+
+    @staticmethod
+    def reason(code: int) -> str:
+        return _REASONS.get(code, f"member message refused (code {code})")
+
+
+def _message_view(buffer: Any, offset: int, length: int) -> Any:
+    """The message as the native check reads it, without a copy where the
+    buffer allows (bytes, bytearray, a memoryview, a mapped buffer)."""
+    try:
+        return ffi.from_buffer("char[]", buffer)[offset : offset + length]
+    except TypeError:
+        return bytes(memoryview(buffer)[offset : offset + length])
 
 
 class MemberSigner:
-    """Appends the trailer to each message this member sends."""
+    """Appends the trailer to each message this member sends (through the
+    process's ``MemberAuth``: its counter is the threads' too)."""
 
     def __init__(
-        self, member_id: int, key: bytes, epoch_ms: Callable[[], int], boot_id: int | None = None, counter: int = 0
+        self,
+        member_id: int,
+        key: bytes,
+        epoch_ms: Callable[[], int],
+        boot_id: int | None = None,
+        counter: int = 0,
+        *,
+        auth: MemberAuth | None = None,
     ) -> None:
         self.member_id = member_id
-        self._key = key
         self._epoch_ms = epoch_ms
-        self.boot_id = int.from_bytes(os.urandom(8), "little") if boot_id is None else boot_id
-        self.counter = counter
+        if auth is None:
+            auth = MemberAuth(member_id, key, (member_id,), 0, boot_id=boot_id, counter=counter)
+        elif auth.member_id != member_id:
+            raise ValueError(f"a signer of member {member_id} given the auth context of member {auth.member_id}")
+        self.auth = auth
+        self.boot_id = auth.boot_id
+
+    @property
+    def counter(self) -> int:
+        return self.auth.counter
 
     def sign(self, message: bytes, to_member_id: int) -> bytes:
-        self.counter += 1
-        fields = _FIELDS.pack(MAGIC, self.member_id, to_member_id, 0, self.boot_id, self.counter, self._epoch_ms())
-        signed = message + fields
-        return signed + _mac(self._key, signed)
+        return self.auth.sign(message, to_member_id, self._epoch_ms())
 
 
 class Refusal(Exception):
@@ -133,7 +243,8 @@ class Refusal(Exception):
 
 
 class MemberVerifier:
-    """Checks the trailer of the member messages this member receives."""
+    """Checks the trailer of the member messages this member receives
+    (through the process's ``MemberAuth``, which holds what was taken)."""
 
     def __init__(
         self,
@@ -142,54 +253,30 @@ class MemberVerifier:
         member_ids: Iterable[int],
         window_ms: int,
         epoch_ms: Callable[[], int],
+        *,
+        auth: MemberAuth | None = None,
     ) -> None:
         self.member_id = member_id
-        self._key = key
-        self._others = frozenset(member_ids) - {member_id}
         self.window_ms = window_ms
         self._epoch_ms = epoch_ms
-        # Per sender: boot id -> the highest counter taken, most recent boot last.
-        self._counters: dict[int, dict[int, int]] = {}
+        if auth is None:
+            auth = MemberAuth(member_id, key, member_ids, window_ms)
+        elif auth.member_id != member_id or auth.window_ms != window_ms:
+            raise ValueError(
+                f"a verifier of member {member_id} ({window_ms} ms) given the auth context of member "
+                f"{auth.member_id} ({auth.window_ms} ms)"
+            )
+        self.auth = auth
 
     def check(self, template_id: int, buffer: Any, offset: int, length: int) -> int:
         """The length of the message without its trailer, once accepted;
         raises ``Refusal`` otherwise."""
-        body_length = length - TRAILER_LENGTH
-        if body_length < HEADER_LENGTH:
-            raise Refusal("member message without a member trailer")
-        trailer_at = offset + body_length
-        magic, sender, receiver, _key_id, boot_id, counter, timestamp_ms = _FIELDS.unpack_from(buffer, trailer_at)
-        if magic != MAGIC:
-            raise Refusal("member message without a member trailer")
-        view = memoryview(buffer)
-        signed_end = trailer_at + _SIGNED_FIELDS_LENGTH
-        expected = _mac(self._key, view[offset:signed_end])
-        if not hmac.compare_digest(expected, bytes(view[signed_end : signed_end + MAC_LENGTH])):
-            raise Refusal("member message with a wrong MAC")
-        if receiver != self.member_id:
-            raise Refusal("member message addressed to another member")
-        if sender not in self._others:
-            raise Refusal("member message from a sender that is not another member")
-        member_field = _MEMBER_FIELD.get(template_id)
-        if member_field is not None:
-            field_at, names_sender = member_field
-            if offset + field_at + 4 > trailer_at:
-                raise Refusal("member message too short for its member id")
-            (named,) = _INT32.unpack_from(buffer, offset + field_at)
-            if named != (sender if names_sender else self.member_id):
-                raise Refusal("member message whose member id is not its sender's")
-        now_ms = self._epoch_ms()
-        if abs(now_ms - timestamp_ms) > self.window_ms:
-            raise Refusal("member message with a timestamp outside the window (a replay, or clocks apart)")
-        boots = self._counters.setdefault(sender, {})
-        last = boots.pop(boot_id, 0)
-        if counter <= last:
-            boots[boot_id] = last
-            raise Refusal("member message replayed (its counter is not above the last taken)")
-        boots[boot_id] = counter  # re-inserted last: the most recent boot
-        while len(boots) > _BOOTS_KEPT:
-            del boots[next(iter(boots))]
-        return body_length
+        result = self.auth.check(
+            _message_view(buffer, offset, length), length, self._epoch_ms(), _MEMBER_FIELD.get(template_id)
+        )
+        if result < 0:
+            raise Refusal(MemberAuth.reason(result))
+        return result
 
 
 def source_host(source_identity: str) -> str:

@@ -5,6 +5,7 @@ appends to it."""
 
 from __future__ import annotations
 
+import hmac
 import struct
 import time
 from collections.abc import Iterator
@@ -16,7 +17,10 @@ from driver_support import wait_for
 from fulmar._native import ffi, lib
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
+from fulmar.clock import epoch_ms
 from fulmar.consensus.append_position_sender import IDLE, NEEDS_AGENT, RUNNING, AppendPositionSender
+from fulmar.consensus.member_auth import TRAILER_LENGTH, MemberAuth, MemberSigner, derive_key
+from fulmar.consensus.protocol import field_offset
 from fulmar.log_writer import NOT_CONNECTED
 from fulmar.publication import Publication
 from fulmar.reader_doorbells import CounterWatch
@@ -190,3 +194,80 @@ def test_an_arming_the_thread_cannot_use_is_refused(aeron: Aeron, sender: Append
         setattr(bad, field, value)
         assert lib.fulmar_append_position_arm(handle, bad) == -1, field
         assert sender.state()[0] == IDLE
+
+
+def test_with_a_secret_each_report_leaves_with_a_fresh_trailer_for_the_leader(
+    aeron: Aeron, sender: AppendPositionSender
+) -> None:
+    """Armed with the process's auth context, the thread signs each report for
+    the leader: a trailer the leader's check takes (byte for byte the format's,
+    by a pure-Python MAC), its counter the process's one counter, shared with
+    the agent's signer."""
+    key = derive_key(b"cluster-secret")
+    auth = MemberAuth(2, key, [0, 1, 2], 10_000)
+    agent_signer = MemberSigner(2, key, epoch_ms, auth=auth)
+    leader = MemberAuth(0, key, [0, 1, 2], 10_000)
+    publication = aeron.add_publication(TO_LEADER, STREAM)
+    subscription = aeron.add_subscription(TO_LEADER, STREAM)
+    wait_for(lambda: publication.is_connected, 10, "the publication to connect")
+    counter = rec_pos_stand_in(aeron)
+    received: list[bytes] = []
+
+    def arrived(count: int) -> list[bytes]:
+        def on_fragment(buffer: memoryview, offset: int, length: int, header: Any) -> None:
+            received.append(bytes(buffer[offset : offset + length]))
+
+        wait_for(lambda: subscription.poll(on_fragment, 10) >= 0 and len(received) >= count, 10, f"{count} reports")
+        return received
+
+    with pytest.raises(ValueError, match="leader's member id"):
+        sender.arm(publication, counter.id, counter.registration_id, leadership_term_id=7, follower_member_id=2,
+                   sent_position=NULL_POSITION, sent_time_ns=0, auth=auth)  # fmt: skip
+    assert sender.arm(
+        publication,
+        counter.id,
+        counter.registration_id,
+        leadership_term_id=7,
+        follower_member_id=2,
+        sent_position=NULL_POSITION,
+        sent_time_ns=0,
+        auth=auth,
+        leader_member_id=0,
+    )
+    arrived(1)
+    assert agent_signer.sign(b"\x00" * 29, 0)  # the agent's message between two of the thread's: counter 2
+    record(aeron, counter, 4096)
+    arrived(2)
+    body_length = codecs.HEADER_LENGTH + codecs.AppendPositionEncoder.BLOCK_LENGTH
+    member_field = (field_offset(codecs._APPEND_POSITION_LAYOUT, "followerMemberId"), True)
+    for message, position, counter_value in zip(received, (0, 4096), (1, 3)):
+        assert len(message) == body_length + TRAILER_LENGTH
+        body = message[:body_length]
+        magic, sender_id, receiver, key_id, boot_id, taken, timestamp_ms = struct.unpack_from(
+            "<4siiIQQq", message, body_length
+        )
+        assert (magic, sender_id, receiver, key_id, boot_id, taken) == (b"FMC1", 2, 0, 0, auth.boot_id, counter_value)
+        assert abs(timestamp_ms - epoch_ms()) < 5_000
+        signed = message[: body_length + 40]
+        assert message[body_length + 40 :] == hmac.digest(key, signed, "sha256")[:16]
+        assert struct.unpack_from("<q", body, 16)[0] == position
+        assert leader.check(message, len(message), epoch_ms(), member_field) == body_length
+    assert auth.counter == 3
+    sender.halt()
+
+
+def test_a_signed_message_must_fit_the_threads_buffer(aeron: Aeron, sender: AppendPositionSender) -> None:
+    publication = aeron.add_publication(TO_LEADER, STREAM)
+    counter = rec_pos_stand_in(aeron)
+    auth = MemberAuth(2, derive_key(b"cluster-secret"), [0, 1, 2], 10_000)
+    arm_fields = ffi.new("fulmar_append_position_arm_t *")
+    arm_fields.writer = publication.native_writer[0]
+    arm_fields.recording_position_id = counter.id
+    arm_fields.position_offset = 16
+    arm_fields.auth = auth.handle
+    arm_fields.message_length = int(lib.FULMAR_APPEND_POSITION_MESSAGE_CAPACITY) - TRAILER_LENGTH
+    assert lib.fulmar_append_position_arm(sender._handle, arm_fields) == 0
+    lib.fulmar_append_position_halt(sender._handle)
+    arm_fields.message_length += 1  # no room left for its trailer
+    assert lib.fulmar_append_position_arm(sender._handle, arm_fields) == -1
+    assert sender.state()[0] == IDLE

@@ -147,6 +147,27 @@ def _signal_member(cluster: LocalCluster, member: int, signum: int) -> None:
             process.process.send_signal(signum)
 
 
+def test_the_native_consensus_threads_run_and_sign(secured: Secured) -> None:
+    """With the secret the native consensus threads stay on, signing and
+    checking: the leader's commit thread, and each follower's commit and
+    AppendPosition threads, say in the module's log that they were armed
+    with member trailers (so the attacks below meet the threads first)."""
+    cluster = secured.cluster
+    leader, followers, _ = _roles(secured)
+    trailers = "no member trailers" if NO_MEMBER_AUTH else "member trailers signed and checked"
+
+    def said(member: int) -> str:
+        return cluster.log_path(member, "consensus").read_text(errors="replace")
+
+    wait_for(lambda: "the leader's commit thread armed for term" in said(leader), 10, "the leader's thread")
+    assert f"({trailers})" in said(leader), said(leader)[-2000:]
+    for follower in followers:
+        for thread in ("the follower's commit thread", "the AppendPosition thread"):
+            wait_for(lambda: f"{thread} armed for term" in said(follower), 10, f"{thread} of member {follower}")
+        lines = [line for line in said(follower).splitlines() if " thread armed for term " in line]
+        assert lines and all(line.endswith(f"({trailers})") for line in lines), lines
+
+
 def test_a_forged_append_position_commits_nothing(secured: Secured) -> None:
     """Both followers stopped, a client's call pending: a stranger's
     AppendPositions in the followers' names (the current term, a huge

@@ -24,6 +24,7 @@ from cluster_support import bare_member_agent
 from driver_support import wait_for
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
 from fulmar.consensus.agent import ConsensusModuleAgent, ConsensusModuleState
+from fulmar.security import CredentialsAuthenticator
 
 
 class RecordingPublisher:
@@ -212,3 +213,31 @@ def test_a_steady_leader_is_woken_by_its_own_recording_only_while_that_holds_the
         assert watched()
     finally:
         rec_pos.close()
+
+
+def test_with_a_secret_the_module_keeps_its_native_threads_and_one_auth_context(
+    start_driver: Any, tmp_path: Path
+) -> None:
+    """A secret no longer turns the native consensus threads off: the context
+    keeps them, and the publisher's signer, the guard's verifier and the
+    threads' arms share one member auth context (one send counter for the
+    process, one memory of the counters taken)."""
+    aeron = start_driver().connect()
+    agent = bare_member_agent(aeron, tmp_path, authenticator=CredentialsAuthenticator(b"cluster-s3cret"))
+    try:
+        context = agent.context
+        assert (context.native_commit, context.native_follower_commit, context.native_append_position) == (
+            True,
+            True,
+            True,
+        )
+        auth = agent._member_auth
+        assert auth is not None and auth.member_id == agent.member_id and auth.member_ids == {0, 1, 2}
+        assert auth.window_ms == context.leader_heartbeat_timeout_ns // 1_000_000
+        assert agent.consensus_publisher is not None and agent.consensus_publisher.signer.auth is auth
+        guard = agent.consensus_adapter.guard
+        assert guard is not None and guard.verifier is not None and guard.verifier.auth is auth
+        assert agent._leader_commit is not None  # started with the consensus streams
+    finally:
+        agent.close()
+        aeron.close()

@@ -26,12 +26,17 @@ from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_positi
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ConsensusModuleState
+from fulmar.clock import epoch_ms
 from fulmar.consensus.cluster_member import find_member
 from fulmar.consensus.leader_commit import IDLE, RUNNING
+from fulmar.consensus.member_auth import MemberAuth, derive_key
+from fulmar.consensus.protocol import field_offset
 from fulmar.log_reader import Header
 from fulmar.reader_doorbells import CounterWatch
+from fulmar.security import CredentialsAuthenticator
 
 TERM = 3
+SECRET = b"cluster-s3cret"
 
 
 @pytest.fixture
@@ -217,4 +222,86 @@ def test_without_the_thread_the_module_commits_itself(start_driver: Any, tmp_pat
         finally:
             agent.close()
     finally:
+        aeron.close()
+
+
+def test_with_a_secret_the_native_thread_commits_signed_reports_and_hands_forgeries_to_the_guard(
+    start_driver: Any, tmp_path: Path
+) -> None:
+    """A cluster with a secret keeps the commit thread on: a follower's signed
+    AppendPosition commits from the thread, the CommitPositions it sends are
+    signed for each follower, and a stranger's AppendPosition (unsigned, or
+    signed with a guessed key) commits nothing: the thread hands it to the
+    agent, whose guard counts it (consensus-refused) and logs why, and the
+    thread is armed again."""
+    aeron = start_driver().connect()
+    agent = bare_member_agent(aeron, tmp_path, authenticator=CredentialsAuthenticator(SECRET))
+    errors: list[str] = []
+    agent.record_error = errors.append
+    try:
+        now_ns = time.monotonic_ns()
+        rec_pos = make_leader(agent, aeron, now_ns)
+        followers = Followers(agent, aeron)
+        key = derive_key(SECRET)
+        member0 = MemberAuth(0, key, [0, 1, 2], 10_000)
+        agent.do_work(now_ns)
+        thread = agent._leader_commit
+        assert thread is not None and thread.is_armed, "the commit thread is off with a secret"
+
+        def report(auth: MemberAuth, position: int) -> None:
+            buffer = bytearray(64)
+            length = codecs.AppendPositionEncoder.encode(
+                buffer, 0, leadership_term_id=TERM, log_position=position, follower_member_id=0, flags=0
+            )
+            signed = auth.sign(bytes(buffer[:length]), 1, epoch_ms())
+            wait_for(lambda: followers.to_leader[0].offer(signed) > 0, 10, "member 0's offer")
+
+        rec_pos.set(4096)
+        aeron.conductor.ring_counter_watchers(rec_pos.id)
+        report(member0, 4096)
+        reader = aeron.counters_reader
+        wait_for(lambda: reader.counter_value(agent.commit_position_counter.id) == 4096, 10, "the thread to commit")
+        assert followers.commit_positions(0, 2)[-1] == 4096
+        assert thread.counts()["unauthenticated"] == 0
+
+        # A CommitPosition as member 0 gets it: signed by the leader for member 0.
+        at_member0: list[bytes] = []
+        subscription = aeron.add_subscription(followers.at_follower[0].channel, agent.context.consensus_stream_id)
+        wait_for(lambda: subscription.images, 10, "a second subscription at member 0")
+        agent._leader_commit.send_now()  # type: ignore[union-attr]
+        wait_for(
+            lambda: (
+                subscription.poll(lambda b, o, n, h: at_member0.append(bytes(b[o : o + n])), 10) >= 0
+                and bool(at_member0)
+            ),
+            10,
+            "a CommitPosition at member 0",
+        )
+        member_field = (field_offset(codecs._COMMIT_POSITION_LAYOUT, "leaderMemberId"), True)
+        assert member0.check(at_member0[0], len(at_member0[0]), epoch_ms(), member_field) > 0
+
+        refused = agent.consensus_refused_counter.get()
+        rec_pos.set(1 << 30)  # the leader would commit whatever a quorum reported
+        aeron.conductor.ring_counter_watchers(rec_pos.id)
+        followers.report(0, 1 << 30)  # unsigned
+        report(MemberAuth(0, derive_key(b"a guess"), [0, 1, 2], 10_000), 1 << 30)
+        wait_for(lambda: thread.state().status != RUNNING, 10, "the thread to hand the forgery back")
+
+        def guard_refused_both() -> bool:
+            agent.do_work(now_ns)
+            return agent.consensus_refused_counter.get() >= refused + 2
+
+        wait_for(guard_refused_both, 10, "the agent's guard to refuse both")
+        assert thread.counts()["unauthenticated"] >= 1
+        assert agent.commit_position == 4096
+        assert reader.counter_value(agent.commit_position_counter.id) == 4096
+        assert agent._followers[0].log_position == 4096
+        assert any("without a member trailer" in text for text in errors), errors
+        assert any("wrong MAC" in text for text in errors), errors
+        agent.do_work(now_ns)
+        assert thread.is_armed and thread.state().status == RUNNING  # armed again
+        report(member0, 1 << 30)
+        wait_for(lambda: reader.counter_value(agent.commit_position_counter.id) == 1 << 30, 10, "a genuine commit")
+    finally:
+        agent.close()
         aeron.close()

@@ -28,7 +28,8 @@ from fulmar.consensus.leader_commit import (
     ArmedFollower,
     CommitThread,
 )
-from fulmar.consensus.protocol import session_message_frame
+from fulmar.consensus.member_auth import MemberAuth, derive_key
+from fulmar.consensus.protocol import field_offset, session_message_frame
 from fulmar.reader_doorbells import CounterWatch
 from fulmar.subscription import Subscription
 
@@ -55,9 +56,11 @@ class CommitPositions:
     def __init__(self, subscription: Subscription) -> None:
         self.subscription = subscription
         self.received: list[tuple[int, int, int]] = []
+        self.raw: list[bytes] = []  # each message as it came, a trailer included
         self._body = codecs.CommitPositionDecoder()
 
     def _on_fragment(self, buffer: memoryview, offset: int, length: int, header: Any) -> None:
+        self.raw.append(bytes(buffer[offset : offset + length]))
         _, template_id, schema_id, _ = struct.unpack_from("<HHHH", buffer, offset)
         assert (template_id, schema_id) == (codecs.CommitPositionEncoder.TEMPLATE_ID, codecs.SCHEMA_ID)
         body = self._body.wrap(buffer, offset + codecs.HEADER_LENGTH, length=length - codecs.HEADER_LENGTH)
@@ -95,6 +98,7 @@ class Leader:
             wait_for(lambda: publication.is_connected, 10, "the publication to a follower to connect")
         self.rec_pos = aeron.add_counter(STAND_IN_TYPE_ID, "rec-pos stand-in")
         self.commit_pos = aeron.add_counter(STAND_IN_TYPE_ID, "commit-pos stand-in")
+        self.auth: MemberAuth | None = None  # the leader's, in a cluster with a secret
 
     def arm(self, **fields: int) -> None:
         self.thread.arm(
@@ -112,6 +116,7 @@ class Leader:
             recording_position_id=self.rec_pos.id,
             recording_position_registration_id=fields.pop("registration_id", self.rec_pos.registration_id),
             commit_position_id=self.commit_pos.id,
+            auth=self.auth,
         )
         assert not fields, fields
 
@@ -427,6 +432,7 @@ class Follower:
         )
         self.rec_pos = aeron.add_counter(STAND_IN_TYPE_ID, "rec-pos stand-in")
         self.commit_pos = aeron.add_counter(STAND_IN_TYPE_ID, "commit-pos stand-in")
+        self.auth: MemberAuth | None = None  # the follower's, in a cluster with a secret
 
     def arm(self, **fields: int) -> None:
         self.thread.arm_follower(
@@ -440,8 +446,12 @@ class Follower:
             recording_position_id=self.rec_pos.id,
             recording_position_registration_id=self.rec_pos.registration_id,
             commit_position_id=self.commit_pos.id,
+            auth=self.auth,
         )
         assert not fields, fields
+
+    def offer(self, message: bytes) -> None:
+        wait_for(lambda: self.from_leader.offer(message) > 0, 10, "the leader's offer")
 
     def append(self, message: bytes) -> int:
         """The leader's log: the position after ``message``."""
@@ -634,3 +644,141 @@ def test_a_follower_arming_the_thread_cannot_use_is_refused(aeron: Aeron, thread
     assert lib.fulmar_leader_commit_arm_follower(handle, good) == 0
     assert lib.fulmar_leader_commit_send_now(handle, 0) == -1  # a leader's heartbeat: not a follower's thread
     lib.fulmar_leader_commit_halt(handle)
+
+
+# ---------------------------------------------------------------- with a secret
+
+KEY = derive_key(b"cluster-secret")
+WINDOW_MS = 10_000
+_LEADER_ID_OFFSET = field_offset(codecs._COMMIT_POSITION_LAYOUT, "leaderMemberId")
+
+
+def member_auth(member_id: int, key: bytes = KEY) -> MemberAuth:
+    return MemberAuth(member_id, key, [0, 1, 2], WINDOW_MS)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def skip_one(image: Any) -> None:
+    """What the agent does with a message the thread handed back: reads it (its guard refuses it)."""
+    wait_for(lambda: image.poll(lambda *_: None, 1) > 0, 10, "the agent to read the handed-back message")
+
+
+def test_a_leader_thread_with_a_secret_takes_only_signed_reports_and_signs_each_commit_position(
+    aeron: Aeron, thread: CommitThread
+) -> None:
+    leader = Leader(aeron, thread)
+    leader.auth = member_auth(LEADER)
+    followers = {member: member_auth(member) for member in (1, 2)}
+    leader.record(8192)
+    leader.arm(sent_position=0)
+    leader.offer(1, followers[1].sign(append_position(TERM, 1024, 1), LEADER, now_ms()))
+    wait_for(lambda: leader.commit() == 1024, 10, "a signed report to commit")
+
+    # Each follower's CommitPositions carry a trailer for it, from the leader,
+    # with the one counter of the leader's process.
+    for member in (1, 2):
+        assert leader.commit_positions[member].wait_for(1) == [(TERM, 1024, LEADER)]
+        raw = leader.commit_positions[member].raw
+        for message in raw:
+            body = followers[member].check(message, len(message), now_ms(), (_LEADER_ID_OFFSET, True))
+            assert body == codecs.HEADER_LENGTH + codecs.CommitPositionEncoder.BLOCK_LENGTH, (member, body)
+    counters = sorted(
+        struct.unpack_from("<Q", message, len(message) - 56 + 24)[0]
+        for member in (1, 2)
+        for message in leader.commit_positions[member].raw
+    )
+    assert counters == [1, 2] and leader.auth.counter == 2
+
+    # Unsigned, forged (another key), in another member's name, replayed: none
+    # is counted toward the commit; each is handed back for the agent's guard,
+    # which finds the same fault (the thread's failed check took no counter).
+    genuine = followers[2].sign(append_position(TERM, 8192, 2), LEADER, now_ms())
+    leader.offer(2, genuine)
+    wait_for(lambda: leader.commit() == 8192, 10, "the genuine report to commit")
+    images = {image.session_id: image for image in leader.subscription.images}
+    image = images[leader.from_followers[2].session_id]
+    wrong_member = followers[2].sign(append_position(TERM, 1 << 40, 1), LEADER, now_ms())
+    bad = [
+        (append_position(TERM, 1 << 40, 2), int(lib.FULMAR_MEMBER_AUTH_NO_TRAILER)),
+        (member_auth(2, derive_key(b"guess")).sign(append_position(TERM, 1 << 40, 2), LEADER, now_ms()),
+         int(lib.FULMAR_MEMBER_AUTH_WRONG_MAC)),
+        (wrong_member, int(lib.FULMAR_MEMBER_AUTH_MEMBER_ID_MISMATCH)),
+        (genuine, int(lib.FULMAR_MEMBER_AUTH_REPLAYED)),
+    ]  # fmt: skip
+    for count, (message, code) in enumerate(bad, start=1):
+        leader.record(1 << 41)  # the leader would commit whatever a quorum reported
+        leader.arm(position_1=1024, position_2=8192, commit_position=8192, sent_position=8192)
+        leader.offer(2, message)
+        wait_for(lambda: thread.state().status == NEEDS_AGENT, 10, "the thread to hand back")
+        assert thread.state().reason == OTHER_MESSAGE
+        assert thread.counts()["unauthenticated"] == count
+        assert thread.state().follower_positions == (1024, 8192)
+        assert leader.commit() == 8192
+        thread.halt()
+        # The agent's check finds the real reason.
+        assert leader.auth.check(message, len(message), now_ms(), (field_offset(
+            codecs._APPEND_POSITION_LAYOUT, "followerMemberId"), True)) == code  # fmt: skip
+        skip_one(image)
+    # After the hand-backs, a genuine report is taken again.
+    leader.arm(position_1=1024, position_2=8192, commit_position=8192, sent_position=8192)
+    leader.offer(1, followers[1].sign(append_position(TERM, 1 << 40, 1), LEADER, now_ms()))
+    wait_for(lambda: leader.commit() == 1 << 40, 10, "a genuine report to commit")
+    assert thread.state().status == RUNNING
+
+
+def test_an_unsigned_thread_sends_the_agents_bytes_exactly(aeron: Aeron, thread: CommitThread) -> None:
+    """Without a context the CommitPosition is the encoded message, no trailer."""
+    leader = Leader(aeron, thread, follower_ids=(1,))
+    leader.record(512)
+    leader.arm(position_1=512, commit_position=512, sent_position=512)
+    thread.send_now()
+    leader.commit_positions[1].wait_for(1)
+    expected = bytearray(64)
+    length = codecs.CommitPositionEncoder.encode(
+        expected, 0, leadership_term_id=TERM, log_position=512, leader_member_id=LEADER
+    )
+    assert leader.commit_positions[1].raw == [bytes(expected[:length])]
+
+
+def test_a_follower_thread_with_a_secret_takes_only_its_leaders_signed_commit_positions(
+    aeron: Aeron, thread: CommitThread
+) -> None:
+    follower = Follower(aeron, thread)
+    follower.auth = member_auth(1)
+    leader_auth = member_auth(LEADER_OF_FOLLOWER)
+    positions = [follower.client_message(session_id) for session_id in (1, 2)]
+    follower.record(positions[1])
+    follower.arm()
+
+    def commit_position(position: int, leader: int = LEADER_OF_FOLLOWER, term: int = TERM) -> bytes:
+        message = bytearray(64)
+        length = codecs.CommitPositionEncoder.encode(
+            message, 0, leadership_term_id=term, log_position=position, leader_member_id=leader
+        )
+        return bytes(message[:length])
+
+    follower.offer(leader_auth.sign(commit_position(positions[0]), 1, now_ms()))
+    wait_for(lambda: follower.commit() == positions[0], 10, "a signed CommitPosition to commit")
+    image = follower.subscription.image_by_session_id(follower.from_leader.session_id)
+    assert image is not None
+    bad = [
+        commit_position(positions[1]),  # unsigned
+        member_auth(LEADER_OF_FOLLOWER, derive_key(b"guess")).sign(commit_position(positions[1]), 1, now_ms()),
+        member_auth(0).sign(commit_position(positions[1]), 1, now_ms()),  # naming another leader than its sender
+        leader_auth.sign(commit_position(positions[1]), 0, now_ms()),  # addressed to another member
+    ]
+    for count, message in enumerate(bad, start=1):
+        follower.offer(message)
+        wait_for(lambda: thread.follower_state().status == NEEDS_AGENT, 10, "the thread to hand back")
+        assert thread.follower_state().reason == OTHER_MESSAGE
+        assert thread.counts()["unauthenticated"] == count
+        assert thread.follower_state().notified_commit_position == positions[0]
+        assert follower.commit() == positions[0]
+        thread.halt_follower()
+        skip_one(image)
+        follower.arm(notified=positions[0], commit_position=positions[0])
+    follower.offer(leader_auth.sign(commit_position(positions[1]), 1, now_ms()))
+    wait_for(lambda: follower.commit() == positions[1], 10, "the leader's signed CommitPosition to commit")

@@ -25,8 +25,9 @@ def _relative(path: Path) -> str:
 
 
 # cffi reads the headers in order, so a header whose types others use comes
-# first (the rest alphabetically).
-FOUNDATIONS = ("term.h", "udp.h")
+# first (the rest alphabetically): the consensus threads' arms name the
+# members' auth context.
+FOUNDATIONS = ("term.h", "udp.h", "member_auth.h")
 public_headers = sorted(
     (p for p in SRC.glob("*.h") if not p.name.startswith("_")),
     key=lambda p: (p.name not in FOUNDATIONS, p.name),

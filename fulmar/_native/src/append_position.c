@@ -6,6 +6,7 @@
 #include "counters.h"
 #include "doorbell.h"
 #include "term.h"
+#include "member_auth.h"
 #include "append_position.h"
 
 #include <errno.h>
@@ -72,11 +73,19 @@ static int32_t report(fulmar_append_position_sender_t *sender, int32_t *need_age
         return 0;
     }
     memcpy(arm->message + arm->position_offset, &position, sizeof(position));
-    int64_t result = fulmar_concurrent_offer(&arm->writer, arm->message, arm->message_length, 0);
+    int32_t length = arm->message_length;
+    if (NULL != arm->auth)
+    {
+        /* A fresh counter for each offer: the leader takes each counter once. */
+        length = fulmar_member_auth_sign(
+            arm->auth, arm->message, arm->message_length, arm->leader_member_id, fulmar_member_auth_now_ms());
+    }
+    int64_t result = fulmar_concurrent_offer(&arm->writer, arm->message, length, 0);
     if (FULMAR_ADMIN_ACTION == result)
     {
-        /* The term rotated under this offer: the next takes the new term. */
-        result = fulmar_concurrent_offer(&arm->writer, arm->message, arm->message_length, 0);
+        /* The term rotated under this offer (nothing was appended, so the
+         * same signed bytes go): the next takes the new term. */
+        result = fulmar_concurrent_offer(&arm->writer, arm->message, length, 0);
     }
     if (result > 0)
     {
@@ -196,7 +205,8 @@ void fulmar_append_position_stop(fulmar_append_position_sender_t *sender)
 int32_t fulmar_append_position_arm(fulmar_append_position_sender_t *sender, const fulmar_append_position_arm_t *arm)
 {
     const int64_t counters = sender->values_length / FULMAR_COUNTER_LENGTH;
-    if (arm->message_length <= 0 || arm->message_length > FULMAR_APPEND_POSITION_MESSAGE_CAPACITY ||
+    const int32_t trailer_length = NULL != arm->auth ? FULMAR_MEMBER_AUTH_TRAILER_LENGTH : 0;
+    if (arm->message_length <= 0 || arm->message_length + trailer_length > FULMAR_APPEND_POSITION_MESSAGE_CAPACITY ||
         arm->position_offset < 0 || arm->position_offset + (int32_t)sizeof(int64_t) > arm->message_length ||
         arm->recording_position_id < 0 || arm->recording_position_id >= counters || NULL == arm->writer.log)
     {

@@ -23,6 +23,12 @@
  * reports (an election, a step down, the close): after halt returns the
  * thread touches neither the writer nor the counter again.
  *
+ * In a cluster with a secret the arm names the members' auth context
+ * (member_auth.h) and the leader's member id: each AppendPosition leaves
+ * with a fresh trailer (the next counter of the process, CLOCK_REALTIME's
+ * epoch milliseconds, the MAC); without one (auth NULL) it leaves as the
+ * agent encoded it, unsigned.
+ *
  * A RUNNING sender turns NEEDS_AGENT, and rings the agent's doorbell, when
  * it cannot go on alone: the rec-pos counter is no longer the one armed (its
  * registration id changed: the recording stopped), or the publication is
@@ -33,7 +39,8 @@
 #define FULMAR_APPEND_POSITION_IDLE 0
 #define FULMAR_APPEND_POSITION_RUNNING 1
 #define FULMAR_APPEND_POSITION_NEEDS_AGENT 2
-#define FULMAR_APPEND_POSITION_MESSAGE_CAPACITY 64
+/* An AppendPosition (29 bytes today, more in a later version) and its trailer (56). */
+#define FULMAR_APPEND_POSITION_MESSAGE_CAPACITY 128
 
 typedef struct fulmar_append_position_sender_stct fulmar_append_position_sender_t;
 
@@ -47,6 +54,8 @@ typedef struct
     int32_t message_length;                  /* the encoded AppendPosition, position aside */
     int32_t position_offset;                 /* where its int64 log position goes */
     char message[FULMAR_APPEND_POSITION_MESSAGE_CAPACITY];
+    fulmar_member_auth_t *auth;              /* signs each message for the leader; NULL: unsigned */
+    int32_t leader_member_id;                /* the trailer's receiver (with auth) */
 } fulmar_append_position_arm_t;
 
 typedef struct
@@ -67,7 +76,7 @@ fulmar_append_position_sender_t *fulmar_append_position_start(
 /* Stops and joins the thread and frees it. */
 void fulmar_append_position_stop(fulmar_append_position_sender_t *sender);
 /* RUNNING from now, with what arm holds; -1 (and nothing changes) for a
- * message that does not fit, a position offset outside it, or a counter id
+ * message that does not fit (with its trailer, when signed), a position offset outside it, or a counter id
  * outside the counters.  The caller watches rec-pos with this thread's
  * doorbell first. */
 int32_t fulmar_append_position_arm(fulmar_append_position_sender_t *sender, const fulmar_append_position_arm_t *arm);

@@ -6,6 +6,7 @@
 #include "counters.h"
 #include "doorbell.h"
 #include "term.h"
+#include "member_auth.h"
 #include "leader_commit.h"
 
 #include <errno.h>
@@ -100,15 +101,59 @@ static int32_t is_message(
         fa_read_u16(message + SBE_SCHEMA_ID_OFFSET) == (uint16_t)schema_id;
 }
 
+/* With a member auth context: whether the signed message (length bytes,
+ * its trailer included) is a member's, its member id field at
+ * member_id_offset naming the sender.  One that is not is counted and left
+ * for the agent, whose guard finds the same fault (the failed check took no
+ * counter) and counts and logs the refusal. */
+static int32_t is_authentic(
+    fulmar_leader_commit_t *thread, fulmar_member_auth_t *auth, const char *message, int32_t length,
+    int32_t member_id_offset)
+{
+    if (fulmar_member_auth_check(auth, message, length, fulmar_member_auth_now_ms(), member_id_offset,
+            FULMAR_MEMBER_AUTH_FIELD_NAMES_SENDER, NULL) < 0)
+    {
+        thread->state.unauthenticated++;
+        return 0;
+    }
+    return 1;
+}
+
+/* With a member auth context, whether the message (of the template looked
+ * for, by its header) holds the whole body and a trailer after it: an
+ * unsigned one does not, and is counted and left for the agent. */
+static int32_t has_room_for_trailer(
+    fulmar_leader_commit_t *thread, const char *message, int32_t length, int32_t min_length, int32_t block_length,
+    int32_t schema_id, int32_t template_id)
+{
+    if (!is_message(message, length - FULMAR_MEMBER_AUTH_TRAILER_LENGTH, min_length, block_length, schema_id,
+            template_id))
+    {
+        thread->state.unauthenticated++;
+        return 0;
+    }
+    return 1;
+}
+
 /* A leader's: an AppendPosition is read (1), anything else is not (0). */
 static int32_t take_append_position(fulmar_leader_commit_t *thread, const char *message, int32_t length, int64_t now_ns)
 {
     const fulmar_leader_commit_arm_t *arm = &thread->arm;
+    /* The header is looked at before the trailer is checked: a check that
+     * passes takes the sender's counter, so only a message this thread
+     * reads may be checked here (the agent checks the rest). */
     if (!is_message(
             message, length, arm->append_position_length, arm->append_position_block_length, arm->schema_id,
             arm->append_position_template_id))
     {
         return 0;
+    }
+    if (NULL != arm->auth &&
+        (!has_room_for_trailer(thread, message, length, arm->append_position_length, arm->append_position_block_length,
+             arm->schema_id, arm->append_position_template_id) ||
+            !is_authentic(thread, arm->auth, message, length, arm->follower_member_id_offset)))
+    {
+        return 0;  /* not counted toward the commit: the agent refuses it */
     }
     thread->state.append_positions++;
     if (fa_read_i64(message + arm->leadership_term_id_offset) != arm->leadership_term_id)
@@ -143,8 +188,18 @@ static int32_t take_commit_position(fulmar_leader_commit_t *thread, const char *
     {
         return 0;
     }
+    if (NULL != arm->auth &&
+        !has_room_for_trailer(thread, message, length, arm->commit_position_length, arm->commit_position_block_length,
+            arm->schema_id, arm->commit_position_template_id))
+    {
+        return 0;
+    }
     const int64_t term = fa_read_i64(message + arm->leadership_term_id_offset);
     if (term > arm->leadership_term_id)
+    {
+        return 0;  /* (not checked here: the agent's check must find its counter untaken) */
+    }
+    if (NULL != arm->auth && !is_authentic(thread, arm->auth, message, length, arm->leader_member_id_offset))
     {
         return 0;
     }
@@ -235,14 +290,24 @@ static void send_commit_position(fulmar_leader_commit_t *thread, int64_t now_ns)
     fulmar_leader_commit_arm_t *arm = &thread->arm;
     const int64_t position = thread->state.commit_position;
     memcpy(arm->message + arm->position_offset, &position, sizeof(position));
+    const int64_t now_ms = NULL != arm->auth ? fulmar_member_auth_now_ms() : 0;
     for (int32_t i = 0; i < arm->follower_count; i++)
     {
         fulmar_log_writer_t *writer = &arm->followers[i].writer;
-        int64_t result = fulmar_concurrent_offer(writer, arm->message, arm->message_length, 0);
+        int32_t length = arm->message_length;
+        if (NULL != arm->auth)
+        {
+            /* Each follower's own trailer (its receiver, a fresh counter),
+             * written over the last one's. */
+            length = fulmar_member_auth_sign(arm->auth, arm->message, arm->message_length, arm->followers[i].member_id,
+                now_ms);
+        }
+        int64_t result = fulmar_concurrent_offer(writer, arm->message, length, 0);
         if (FULMAR_ADMIN_ACTION == result)
         {
-            /* The term rotated under this offer: the next takes the new term. */
-            result = fulmar_concurrent_offer(writer, arm->message, arm->message_length, 0);
+            /* The term rotated under this offer (nothing was appended, so the
+             * same signed bytes go): the next takes the new term. */
+            result = fulmar_concurrent_offer(writer, arm->message, length, 0);
         }
         if (result > 0)
         {
@@ -520,7 +585,8 @@ int32_t fulmar_leader_commit_arm(fulmar_leader_commit_t *thread, const fulmar_le
     const int64_t counters = thread->values_length / FULMAR_COUNTER_LENGTH;
     if (arm->image_count < 0 || arm->image_count > FULMAR_LEADER_COMMIT_MAX_IMAGES || arm->follower_count < 0 ||
         arm->follower_count > FULMAR_LEADER_COMMIT_MAX_FOLLOWERS || arm->message_length <= 0 ||
-        arm->message_length > FULMAR_LEADER_COMMIT_MESSAGE_CAPACITY ||
+        arm->message_length + (NULL != arm->auth ? FULMAR_MEMBER_AUTH_TRAILER_LENGTH : 0) >
+            FULMAR_LEADER_COMMIT_MESSAGE_CAPACITY ||
         !fits(arm->position_offset, 8, arm->message_length) ||
         !fits(arm->leadership_term_id_offset, 8, arm->append_position_length) ||
         !fits(arm->log_position_offset, 8, arm->append_position_length) ||

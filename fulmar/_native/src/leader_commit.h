@@ -76,14 +76,28 @@
  * The agent takes the notified position, the leader's time, the log's
  * position and the commit from the state at the start of each cycle, and
  * halts the thread for anything else (an election, a hand-back, a new or
- * lost image). */
+ * lost image).
+ *
+ * In a cluster with a secret both arms name the members' auth context
+ * (member_auth.h).  A leader's thread checks each AppendPosition's trailer
+ * before it takes it (its followerMemberId must be the trailer's sender)
+ * and signs each CommitPosition for the follower it goes to; a follower's
+ * checks each CommitPosition (its leaderMemberId must be the sender).  A
+ * message that fails the check is handed back unread (NEEDS_AGENT,
+ * OTHER_MESSAGE, and state.unauthenticated counts it): the agent's guard
+ * checks it again, and since a failed check changes no replay state, it
+ * finds the same fault, counts the refusal and logs it.  Anyone who can
+ * reach the consensus endpoint can thus make the thread hand the stream back
+ * (and the agent arm it again); that costs the agent a wake-up, not
+ * correctness: nothing unauthenticated is ever taken. */
 
 #define FULMAR_LEADER_COMMIT_IDLE 0
 #define FULMAR_LEADER_COMMIT_RUNNING 1
 #define FULMAR_LEADER_COMMIT_NEEDS_AGENT 2
 #define FULMAR_LEADER_COMMIT_MAX_IMAGES 16
 #define FULMAR_LEADER_COMMIT_MAX_FOLLOWERS 8
-#define FULMAR_LEADER_COMMIT_MESSAGE_CAPACITY 64
+/* A CommitPosition (28 bytes) and its trailer (56). */
+#define FULMAR_LEADER_COMMIT_MESSAGE_CAPACITY 128
 /* Why a RUNNING thread turned NEEDS_AGENT (state.reason). */
 #define FULMAR_LEADER_COMMIT_OTHER_MESSAGE 1   /* a message that is not a whole AppendPosition */
 #define FULMAR_LEADER_COMMIT_BAD_FRAME 2       /* a frame length or type no reader accepts */
@@ -136,6 +150,7 @@ typedef struct
     int32_t message_length;
     int32_t position_offset;
     char message[FULMAR_LEADER_COMMIT_MESSAGE_CAPACITY];
+    fulmar_member_auth_t *auth;              /* checks the AppendPositions, signs the CommitPositions; NULL: neither */
 } fulmar_leader_commit_arm_t;
 
 typedef struct
@@ -164,6 +179,7 @@ typedef struct
     int32_t session_message_template_id;
     int32_t session_message_block_length;
     int32_t cluster_session_id_offset;       /* from the message's first byte */
+    fulmar_member_auth_t *auth;              /* checks the CommitPositions; NULL: no check */
 } fulmar_follower_commit_arm_t;
 
 typedef struct
@@ -190,6 +206,7 @@ typedef struct
     int64_t log_position;
     int64_t commit_positions_read;           /* CommitPositions read, all in all */
     int64_t log_messages;                    /* client messages of the log read, all in all */
+    int64_t unauthenticated;                 /* messages handed back for their trailer, all in all */
 } fulmar_leader_commit_state_t;
 
 /* Starts the thread, IDLE (NULL and errno when it cannot).  The doorbells
