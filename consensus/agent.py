@@ -2206,6 +2206,12 @@ class ConsensusModuleAgent:
                 self.epoch_ms,
                 auth=self._member_auth,
             )
+            if not self.context.member_secret:
+                self.log_event(
+                    "member messages and the log's datagrams are signed with a key derived from the cluster's "
+                    "secret, which its clients hold too: set [consensus] member_secret (the same on every member) "
+                    "to keep the members' key from them"
+                )
             return ConsensusGuard(self._on_consensus_refused, verifier=verifier, source_of=self._consensus_source)
         if not is_loopback(source_host(my_endpoint)):
             self.log_event(

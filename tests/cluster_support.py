@@ -270,12 +270,16 @@ class LocalCluster:
         extra_service_args: Sequence[str] = (),
         ready_timeout_s: float = 60,
         secret: str | None = None,
+        member_secret: str | None = None,
     ) -> None:
         self.size = members
         # The node's secret, as cluster-node start hands it out: the consensus
         # module and the archive authenticate with it, the driver MACs the
-        # channels between members with it; clients present it.
+        # channels between members with it; clients present it.  A members'
+        # secret apart (``member_secret``) is what the members sign and MAC
+        # with instead.
         self.secret = secret
+        self.member_secret = member_secret
         self.service_name = service
         # Lists, so that a test may change them before (re)starting a process.
         self.extra_consensus_args = list(extra_consensus_args)
@@ -387,9 +391,11 @@ class LocalCluster:
             if key not in ("FULMAR_CLUSTER_SECRET", "FULMAR_MEMBER_SECRET", "FULMAR_ARCHIVE_SECRET")
         }
         if kind == "driver":
-            env["FULMAR_MEMBER_SECRET"] = self.secret
+            env["FULMAR_MEMBER_SECRET"] = self.member_secret or self.secret
         elif kind in ("consensus", "archive"):
             env["FULMAR_CLUSTER_SECRET"] = self.secret
+        if kind == "consensus" and self.member_secret is not None:
+            env["FULMAR_MEMBER_SECRET"] = self.member_secret
         return env
 
     # -- processes

@@ -50,6 +50,8 @@ from fulmar.counters import CountersReader
 from multi_node_support import member_view, read_counter, wait_for_commit, wait_for_leader
 
 SECRET = "cluster-s3cret"
+# The members' own secret: the clients hold SECRET, not this one.
+MEMBER_SECRET = "members-s3cret"
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 CONSENSUS_STREAM_ID = 108
 NO_MEMBER_AUTH = os.environ.get("FULMAR_TEST_NO_MEMBER_AUTH") == "1"
@@ -124,6 +126,7 @@ def secured() -> Iterator[Secured]:
         COUNTER_SERVICE,
         extra_consensus_args=_consensus_args(),
         secret=SECRET,
+        member_secret=MEMBER_SECRET,
     ) as cluster:
         cluster.start()
         wait_for_leader(cluster, 30)
@@ -281,7 +284,7 @@ def test_a_replayed_member_message_is_dropped(secured: Secured) -> None:
     leader, followers, term = _roles(secured)
     committed = member_view(cluster, leader).commit_position
     assert committed is not None
-    signer = MemberSigner(followers[0], derive_key(SECRET.encode()), epoch_ms)
+    signer = MemberSigner(followers[0], derive_key(MEMBER_SECRET.encode()), epoch_ms)
     buffer = bytearray(64)
     length = codecs.AppendPositionEncoder.encode(
         buffer, 0, leadership_term_id=term, log_position=committed, follower_member_id=followers[0], flags=0
@@ -299,6 +302,40 @@ def test_a_replayed_member_message_is_dropped(secured: Secured) -> None:
     node = cluster_commands.ClusterNode("leader", cluster.cluster_dir(leader))
     texts = [error["text"] for file in cluster_commands.cluster_errors_node(node)["files"] for error in file["errors"]]
     assert any("replayed" in text for text in texts), texts
+
+
+def test_a_client_holding_the_clusters_secret_cannot_sign_as_a_member(secured: Secured) -> None:
+    """The members sign with their own secret: a CommitPosition of a newer
+    term in the leader's name, to each follower, with a trailer right in
+    every field but made with the key of the secret the clients hold, is
+    dropped as having a wrong MAC, and starts no election.  (Checked with the
+    members' key derived from the clients' secret, no member secret set: the
+    same message started an election on both followers.)"""
+    cluster = secured.cluster
+    leader, followers, term = _roles(secured)
+    elections = {m: secured.elections(m) for m in followers}
+    refused = {m: secured.refused(m) for m in followers}
+    signer = MemberSigner(leader, derive_key(SECRET.encode()), epoch_ms)
+    for follower in followers:
+        buffer = bytearray(64)
+        length = codecs.CommitPositionEncoder.encode(
+            buffer, 0, leadership_term_id=term + 1, log_position=HUGE_POSITION, leader_member_id=leader
+        )
+        secured.send_raw(follower, signer.sign(bytes(buffer[:length]), follower))
+    wait_for(
+        lambda: (
+            all(secured.refused(m) > refused[m] for m in followers)
+            or any(secured.elections(m) != elections[m] for m in followers)
+        ),
+        10,
+        "the client's forgeries to be counted",
+    )
+    assert {m: secured.elections(m) for m in followers} == elections, "a client's signature started an election"
+    assert all(member_view(cluster, m).leadership_term_id == term for m in range(cluster.size))
+    node = cluster_commands.ClusterNode("follower", cluster.cluster_dir(followers[0]))
+    texts = [error["text"] for file in cluster_commands.cluster_errors_node(node)["files"] for error in file["errors"]]
+    assert any("wrong MAC" in text for text in texts), texts
+    assert secured.client.request(b"+", timeout_s=10)
 
 
 def test_the_signing_cluster_fails_over_and_serves(secured: Secured) -> None:
