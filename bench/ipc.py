@@ -31,11 +31,14 @@ CHANNEL = "aeron:ipc"
 BATCH = 1024
 
 
-def _driver_main(directory: str, spin_ns: int, ready: Connection, stop: Connection) -> None:
+def _driver_main(
+    directory: str, spin_ns: int, member_secret: bytes | None, ready: Connection, stop: Connection
+) -> None:
     context = DriverContext(
         directory=Path(directory),
         cnc_layout=CncLayout.sized(to_driver_capacity=256 * 1024),
         data_plane_spin_ns=spin_ns,
+        member_secret=member_secret,
     )
     driver = MediaDriver.launch(context)
     import threading
@@ -208,11 +211,13 @@ def ping_pong(
 class Driver:
     """A media driver process for a benchmark, stopped and removed on close."""
 
-    def __init__(self, spin_ns: int = 0) -> None:
+    def __init__(self, spin_ns: int = 0, member_secret: bytes | None = None) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="fulmar-bench-", dir="/dev/shm")) / "driver"
         ready_end, ready = SPAWN.Pipe()
         self._stop_end, stop = SPAWN.Pipe()
-        self.process = SPAWN.Process(target=_driver_main, args=(str(self.directory), spin_ns, ready, stop))
+        self.process = SPAWN.Process(
+            target=_driver_main, args=(str(self.directory), spin_ns, member_secret, ready, stop)
+        )
         self.process.start()
         if not ready_end.poll(30):
             self.close()

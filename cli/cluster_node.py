@@ -46,7 +46,7 @@ from fulmar.cnc import (
 )
 from fulmar.channel_uri import INT32_MAX
 from fulmar.counters import COUNTER_LENGTH
-from fulmar.driver.context import DriverContext
+from fulmar.driver.context import MEMBER_SECRET_ENV, DriverContext
 from fulmar.driver.counters import SystemCounter
 from fulmar.driver.media_driver import (
     DriverAlreadyActiveError,
@@ -328,6 +328,14 @@ def stop_gate(directories: Sequence[str], timeout_ns: int, name: str) -> StopGat
     default=None,
     help="Accept TERMINATE_DRIVER requests carrying this token (refused by default).",
 )
+@click.option(
+    "--member-secret",
+    envvar=MEMBER_SECRET_ENV,
+    default=None,
+    help="The secret the members' drivers share: channels with datagram-mac=true put a MAC of it "
+    "(HMAC-SHA256) on every datagram and refuse datagrams without a valid one.  Without it such "
+    "channels are refused.",
+)
 @click.option("--keep-files", is_flag=True, help="Keep the directory when the driver stops.")
 @click.option(
     "--to-driver-buffer",
@@ -370,6 +378,7 @@ def driver(
     data_plane_spin: int,
     idle_strategy: str,
     terminate_token: str | None,
+    member_secret: str | None,
     keep_files: bool,
     to_driver_buffer: int,
     to_clients_buffer: int,
@@ -415,6 +424,7 @@ def driver(
         data_plane_spin_ns=data_plane_spin,
         idle_strategy=idle_strategy,
         terminate_token=None if terminate_token is None else terminate_token.encode("utf-8"),
+        member_secret=member_secret.encode("utf-8") if member_secret else None,
         delete_dir_on_shutdown=not keep_files,
     )
     sys.exit(run_driver_until_signalled(context, stop_gate(stop_after, stop_after_timeout, "media driver")))

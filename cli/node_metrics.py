@@ -443,6 +443,11 @@ SYSTEM_KINDS: dict[int, CounterKind] = {
     SystemCounter.DATAGRAMS_DROPPED_BY_LOSS_INJECTION: _system(
         "driver_loss_injection_dropped_datagrams", "Datagrams the loss injection dropped."
     ),
+    SystemCounter.DATAGRAMS_REFUSED_NO_MAC: _system(
+        "driver_datagrams_refused_no_mac",
+        "Datagrams of datagram-mac=true channels refused unread: no valid MAC (a forger, or a driver "
+        "with another member secret).",
+    ),
 }
 
 _BYTES_POSITION = "a position in the stream, in bytes"

@@ -120,6 +120,7 @@ from fulmar import log_lines
 from fulmar.channel_uri import ChannelUri
 from fulmar.cli.options import ARCHIVE_SECRET_ENV, MEMBER_SECRET_ENV, Duration, format_duration, format_size, Size
 from fulmar.cpu_policy import CPU_POLICIES, CPU_POLICY_ENV, DEFAULT_CPU_POLICY
+from fulmar.driver.context import MEMBER_SECRET_ENV
 from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, parse_cluster_members
 from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
 from fulmar.orderly_stop import STOP_REPORT_FD_ENV, OrderlyStop, read_report
@@ -144,7 +145,9 @@ SECRET_ENV = "FULMAR_CLUSTER_SECRET"
 # Options of the process commands that the node configuration sets itself
 # (directories, identity, the service list) rather than mirroring.
 _DERIVED = {
-    "driver": {"directory", "stop_after", "stop_after_timeout"},
+    # The driver's member secret is the node's [consensus] member_secret (or its
+    # cluster secret), handed to it in its environment: one place to set it.
+    "driver": {"directory", "stop_after", "stop_after_timeout", "member_secret"},
     "archive": {"archive_dir", "driver_dir", "stop_after", "stop_after_timeout"},
     "consensus": {"cluster_dir", "driver_dir", "member_id", "cluster_id", "service_count", "archive_secret"},
     "service": {
@@ -426,6 +429,8 @@ def _mirrored_options(section: str, command: click.Command) -> list[Option]:
                 default_text,
                 is_flag=bool(param.is_flag),
                 envvar=envvar,
+                # Secrets reach a process through its environment only (never a
+                # command line or the resolved node.toml).
                 secret=envvar in (SECRET_ENV, MEMBER_SECRET_ENV),
                 child_opts=(*param.opts, *param.secondary_opts),
             )

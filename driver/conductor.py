@@ -16,7 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fulmar.broadcast import BroadcastTransmitter
-from fulmar.channel_uri import ChannelUri, InvalidChannelError, Tag
+from fulmar.channel_uri import (
+    DATAGRAM_MAC_LENGTH,
+    DATAGRAM_MAC_PARAM,
+    MAX_DATAGRAM_MAC_MTU_LENGTH,
+    ChannelUri,
+    InvalidChannelError,
+    Tag,
+    datagram_mac_mtu_reason,
+)
 from fulmar.client_liveness import declared_process, is_process_gone, pid_namespace
 from fulmar.cnc import CncFile
 from fulmar.codecs import CodecError
@@ -29,7 +37,7 @@ from fulmar.errors import InvalidLogBufferError
 from fulmar.logbuffer import LogBuffers
 from fulmar.ring_buffer import ManyToOneRingBuffer
 
-from fulmar.driver.context import DriverContext
+from fulmar.driver.context import MEMBER_SECRET_ENV, DriverContext
 from fulmar.driver.counters import (
     CLIENT_HEARTBEAT_TYPE_ID,
     CHANNEL_ENDPOINT_ACTIVE,
@@ -365,6 +373,7 @@ class DriverConductor:
             raise ControlProtocolError(ErrorCode.INVALID_CHANNEL, f"channel '{channel}': a publication cannot be a spy")
         session_id = self._session_id_filter(uri)
         if uri.is_udp:
+            self._check_datagram_mac(uri, channel, [e for e in self.send_endpoints.values() if e.is_dynamic])
             existing = self.send_endpoints.get(self._endpoint_key(uri))
             if existing is not None:
                 self._check_same_socket_lengths(uri, channel, existing)
@@ -424,9 +433,42 @@ class DriverConductor:
         )
 
     @staticmethod
-    def _endpoint_key(uri: ChannelUri) -> str:
-        """Channels that share a socket: the same addresses and control mode."""
+    def _address_key(uri: ChannelUri) -> str:
+        """The addresses and control mode of a channel: what a spy names."""
         return f"{uri.endpoint()}|{uri.control()}|{uri.control_mode()}|{uri.interface()}"
+
+    @classmethod
+    def _endpoint_key(cls, uri: ChannelUri) -> str:
+        """Channels that share a socket: the same addresses and control mode,
+        and both with datagram MACs or both without (a socket's datagrams are
+        all authenticated or none are)."""
+        return f"{cls._address_key(uri)}|mac={uri.datagram_mac()}"
+
+    def _check_datagram_mac(
+        self, uri: ChannelUri, channel: str, bound: list[SendChannelEndpoint] | list[ReceiveChannelEndpoint]
+    ) -> None:
+        """A datagram-mac channel needs this driver's member secret; and its
+        addresses must not be those of an open endpoint (of ``bound``, the
+        endpoints with a port of their own) of the other kind: one socket
+        cannot take both, and a second could not bind the port."""
+        mac = uri.datagram_mac()
+        if mac and not self.data_plane.has_datagram_key:
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL,
+                f"channel '{channel}': datagram-mac=true needs a member secret, and this driver has none "
+                f"(set {MEMBER_SECRET_ENV} or --member-secret where the driver starts)",
+            )
+        if uri.control_mode() == "manual":
+            return  # its endpoint is its own, its ports are its destinations'
+        address_key = self._address_key(uri)
+        for endpoint in bound:
+            if endpoint.datagram_mac != mac and self._address_key(endpoint.channel) == address_key:
+                raise ControlProtocolError(
+                    ErrorCode.INVALID_CHANNEL,
+                    f"channel '{channel}': its addresses are open as '{endpoint.channel}' "
+                    f"{'without' if mac else 'with'} datagram-mac; one socket's datagrams are all "
+                    "authenticated or none are",
+                )
 
     def _new_publication(
         self,
@@ -442,6 +484,8 @@ class DriverConductor:
         try:
             term_length = uri.term_length() or context.ipc_term_length
             mtu = uri.mtu() or context.ipc_mtu
+            if uri.is_udp and uri.datagram_mac() and mtu > MAX_DATAGRAM_MAC_MTU_LENGTH:
+                raise InvalidChannelError(channel, datagram_mac_mtu_reason(mtu))
             initial_position = uri.initial_position(term_length)
             linger_ns = uri.linger_ns()
         except InvalidChannelError as error:
@@ -537,7 +581,8 @@ class DriverConductor:
             self._socket_lengths(uri) if endpoint is None else (endpoint.socket_rcvbuf, endpoint.socket_sndbuf)
         )
         try:
-            self._check_mtu_fits(channel, log.mtu, sndbuf)
+            # A datagram is the frames (up to the mtu) and its MAC after them.
+            self._check_mtu_fits(channel, log.mtu + (DATAGRAM_MAC_LENGTH if uri.datagram_mac() else 0), sndbuf)
         except ControlProtocolError:
             discard_log()
             raise
@@ -640,8 +685,11 @@ class DriverConductor:
         )
         status_id = NULL_VALUE
         if uri.is_spy:
-            subscription.spy_key = self._endpoint_key(uri)
+            # A spy reads the publication's log, not its datagrams: whether
+            # they carry MACs does not matter to it.
+            subscription.spy_key = self._address_key(uri)
         elif uri.is_udp:
+            self._check_datagram_mac(uri, channel, list(self.receive_endpoints.values()))
             subscription.endpoint = self._receive_endpoint(uri, channel, correlation_id)
             # Each subscription counts once on its stream: the endpoint closes
             # when the last subscription of its last stream goes, whoever opened it.
@@ -740,6 +788,14 @@ class DriverConductor:
         ``UdpChannel.matchesTag``): the same control mode or none, and no
         addresses or the same ones."""
         opened = endpoint.channel
+        # As control-mode: a channel that names the tag and says nothing of
+        # datagram-mac takes the endpoint's (the archive and the services
+        # subscribe to a follower's log by its tag alone).
+        if DATAGRAM_MAC_PARAM in uri and uri.datagram_mac() != endpoint.datagram_mac:
+            raise ControlProtocolError(
+                ErrorCode.INVALID_CHANNEL,
+                f"channel '{channel}': tag {endpoint.tag} names '{opened}', whose datagram-mac differs",
+            )
         if uri.control_mode() is not None and uri.control_mode() != opened.control_mode():
             raise ControlProtocolError(
                 ErrorCode.INVALID_CHANNEL,
@@ -839,7 +895,7 @@ class DriverConductor:
 
     def _spies_on(self, subscription: SubscriptionLink, publication: NetworkPublication) -> bool:
         return (
-            subscription.spy_key == self._endpoint_key(publication.uri)
+            subscription.spy_key == self._address_key(publication.uri)
             and subscription.stream_id == publication.stream_id
             and (subscription.session_id is None or subscription.session_id == publication.session_id)
         )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import getpass
+import hashlib
+import hmac
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +18,19 @@ def default_driver_dir() -> Path:
     """``/dev/shm/fulmar-<user>`` (Aeron's ``/dev/shm/aeron-<user>`` convention)."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
     return Path(base) / f"fulmar-{getpass.getuser()}"
+
+
+# The secret the members' drivers share (datagram-mac=true channels).
+MEMBER_SECRET_ENV = "FULMAR_MEMBER_SECRET"
+# What the datagram key is derived for: a key of its own, so that a MAC of a
+# datagram can never pass for any other use of the member secret.
+DATAGRAM_KEY_LABEL = b"fulmar datagram v1"
+
+
+def member_secret_from_environment() -> bytes | None:
+    """``$FULMAR_MEMBER_SECRET`` (UTF-8), or None when unset or empty."""
+    text = os.environ.get(MEMBER_SECRET_ENV)
+    return text.encode("utf-8") if text else None
 
 
 @dataclass
@@ -99,6 +114,11 @@ class DriverContext:
     idle_strategy: str = "doorbell"
     # Seed of the loss injector (rates are counters, zero unless set).
     loss_seed: int = 0
+    # The secret of datagram-mac=true channels, shared by the drivers at both
+    # ends (None: such a channel is refused).  The environment's by default,
+    # so every way a driver starts (its command, an embedded driver, a test's
+    # process) takes it from there.
+    member_secret: bytes | None = field(default_factory=member_secret_from_environment, repr=False)
     file_mode: int = 0o600
 
     @property
@@ -108,6 +128,12 @@ class DriverContext:
     @property
     def images_dir(self) -> Path:
         return self.directory / "images"
+
+    def datagram_key(self) -> bytes | None:
+        """HMAC-SHA256(member secret, "fulmar datagram v1"): the key of the datagrams' MACs."""
+        if not self.member_secret:
+            return None
+        return hmac.new(self.member_secret, DATAGRAM_KEY_LABEL, hashlib.sha256).digest()
 
     def term_window_length(self, term_length: int) -> int:
         window = self.ipc_publication_term_window_length

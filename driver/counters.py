@@ -69,6 +69,9 @@ class SystemCounter(IntEnum):
     LOSS_SEND_RATE_PPM = 33
     LOSS_FRAME_TYPE_MASK = 34
     DATAGRAMS_DROPPED_BY_LOSS_INJECTION = 35
+    # datagram-mac channels: datagrams refused before any frame was read,
+    # their MAC missing or wrong (a stranger's, or a driver with another secret).
+    DATAGRAMS_REFUSED_NO_MAC = 36
 
 
 _LABELS = {
@@ -108,6 +111,7 @@ _LABELS = {
     SystemCounter.LOSS_SEND_RATE_PPM: "Loss injection: outgoing datagrams dropped per million",
     SystemCounter.LOSS_FRAME_TYPE_MASK: "Loss injection: frame types affected (bit per type, 0 = all)",
     SystemCounter.DATAGRAMS_DROPPED_BY_LOSS_INJECTION: "Loss injection: datagrams dropped",
+    SystemCounter.DATAGRAMS_REFUSED_NO_MAC: "Datagrams refused (no valid MAC)",
 }
 
 

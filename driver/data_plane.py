@@ -197,6 +197,7 @@ class DataPlane:
         prompt_interval_ns: int,
         loss_seed: int,
         spin_ns: int = 0,
+        datagram_key: bytes | None = None,
     ) -> None:
         config = ffi.new("fulmar_dp_config_t *")
         config.counters_values = counters_values.address
@@ -208,6 +209,12 @@ class DataPlane:
         config.prompt_interval_ns = prompt_interval_ns
         config.spin_ns = spin_ns
         config.loss_seed = loss_seed & (2**64 - 1)
+        if datagram_key is not None:
+            if len(datagram_key) != len(config.datagram_key):
+                raise ValueError(f"a datagram key is {len(config.datagram_key)} bytes, not {len(datagram_key)}")
+            config.datagram_key = datagram_key
+            config.has_datagram_key = 1
+        self.has_datagram_key = datagram_key is not None
         # The mappings the thread writes to must outlive it.
         self._keep = (counters_values, conductor_doorbell, data_doorbell)
         self._handle = lib.fulmar_dp_start(config)
@@ -227,11 +234,17 @@ class DataPlane:
     # ------------------------------------------------------------------ endpoints
 
     def add_send_endpoint(
-        self, endpoint_id: int, fd: int, control_mode: int, destination: UdpAddress | None, name: str
+        self,
+        endpoint_id: int,
+        fd: int,
+        control_mode: int,
+        destination: UdpAddress | None,
+        name: str,
+        datagram_mac: bool = False,
     ) -> None:
         _check(
             lib.fulmar_dp_add_send_endpoint(
-                self._handle, endpoint_id, fd, control_mode, _address(destination), name.encode()[:159]
+                self._handle, endpoint_id, fd, control_mode, _address(destination), datagram_mac, name.encode()[:159]
             ),
             f"send endpoint {name}",
         )
@@ -257,11 +270,12 @@ class DataPlane:
         control: UdpAddress | None,
         is_manual: bool,
         name: str,
+        datagram_mac: bool = False,
     ) -> None:
         _check(
             lib.fulmar_dp_add_receive_endpoint(
                 self._handle, endpoint_id, receiver_id, group_tag is not None, group_tag or 0,
-                _address(control), is_manual, name.encode()[:159],
+                _address(control), is_manual, datagram_mac, name.encode()[:159],
             ),
             f"receive endpoint {name}",
         )  # fmt: skip

@@ -168,6 +168,7 @@ class MediaDriver:
             data_plane = DataPlane(
                 cnc.counters_values, doorbell, cnc.driver_data_doorbell(), fifo_fd,
                 context.idle_max_wait_ns, context.timer_interval_ns, context.loss_seed, context.data_plane_spin_ns,
+                datagram_key=context.datagram_key(),
             )  # fmt: skip
         except BaseException:
             os.close(fifo_fd)

@@ -52,11 +52,13 @@ class ReceiveChannelEndpoint:
         self.images: dict[tuple[int, int], PublicationImage] = {}
         self.transports: list[UdpTransport | None] = []
         self.receiver_id = random.getrandbits(63)
+        self.datagram_mac = channel.datagram_mac()
         try:
             # A receiver in a flow-control group says so in every status message (gtag).
             data_plane.add_receive_endpoint(
-                endpoint_id, self.receiver_id, channel.group_tag(), control_address, self.is_manual, str(channel)
-            )
+                endpoint_id, self.receiver_id, channel.group_tag(), control_address, self.is_manual, str(channel),
+                datagram_mac=self.datagram_mac,
+            )  # fmt: skip
         except DataPlaneError as error:
             raise ChannelEndpointError(f"channel '{channel}': {error}") from None
         if endpoint is not None:

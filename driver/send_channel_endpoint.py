@@ -47,6 +47,7 @@ class SendChannelEndpoint:
         mode = channel.control_mode()
         self.is_manual = mode == "manual"
         self.is_dynamic = mode == "dynamic" or (control is not None and mode is None)
+        self.datagram_mac = channel.datagram_mac()
         if endpoint is None and not (self.is_manual or self.is_dynamic):
             raise ChannelEndpointError(f"channel '{channel}': a UDP publication needs an endpoint or a control address")
         if self.is_dynamic and control is None:
@@ -77,6 +78,7 @@ class SendChannelEndpoint:
             data_plane.add_send_endpoint(
                 endpoint_id, self.transport.fileno(), control_mode,
                 destination if control_mode == CONTROL_UNICAST else None, str(channel),
+                datagram_mac=self.datagram_mac,
             )  # fmt: skip
         except DataPlaneError as error:
             self.transport.close()

@@ -101,10 +101,15 @@ WAKE_ON_DATA_PARAM = "wake-on-data"
 # of the client's.  The archive's recorder thread sleeps on one, so a block
 # to record does not wake the archive's agent too.
 DOORBELL_ID_PARAM = "doorbell-id"
-# fulmar's own too: every datagram of the channel carries a MAC keyed by the
-# driver's members' secret, and one without a valid MAC is dropped (the
-# channels between cluster members; fulmar-to-fulmar only).
+# fulmar's own, between fulmar drivers only (an Aeron peer neither sends nor
+# accepts it): datagram-mac=true puts a MAC, under a key derived from the
+# drivers' shared member secret, after the frames of every datagram of the
+# channel, both ways, and the receiving driver refuses any datagram without
+# a valid one before it reads a frame.  A stranger who can reach the
+# channel's ports cannot inject data or control frames into its streams.
+# The MAC is on top of the mtu: a datagram is up to mtu + 16 bytes.
 DATAGRAM_MAC_PARAM = "datagram-mac"
+DATAGRAM_MAC_LENGTH = 16
 
 CONTROL_MODE_MANUAL = "manual"
 CONTROL_MODE_DYNAMIC = "dynamic"
@@ -360,6 +365,18 @@ def _parse_mtu(text: str) -> int:
             f"must be a multiple of {FRAME_ALIGNMENT} from {HEADER_LENGTH + FRAME_ALIGNMENT} to {MAX_UDP_PAYLOAD_LENGTH}"
         )
     return value
+
+
+# The largest mtu of a datagram-mac channel: frames and MAC within the
+# largest UDP payload, in whole frames.
+MAX_DATAGRAM_MAC_MTU_LENGTH = (MAX_UDP_PAYLOAD_LENGTH - DATAGRAM_MAC_LENGTH) // FRAME_ALIGNMENT * FRAME_ALIGNMENT
+
+
+def datagram_mac_mtu_reason(mtu: int) -> str:
+    return (
+        f"mtu {mtu} leaves no room for the {DATAGRAM_MAC_LENGTH}-byte MAC of {DATAGRAM_MAC_PARAM}=true "
+        f"(at most {MAX_DATAGRAM_MAC_MTU_LENGTH})"
+    )
 
 
 def _parse_session_id(text: str) -> int | Tag:
@@ -668,6 +685,10 @@ class ChannelUri:
     def doorbell_id(self) -> int | None:
         return self._value(DOORBELL_ID_PARAM, lambda text: parse_int(text, 0, INT32_MAX))
 
+    def datagram_mac(self) -> bool:
+        """Whether the channel's datagrams carry a MAC (``datagram-mac=true``); absent: no."""
+        return bool(self._value(DATAGRAM_MAC_PARAM, parse_bool))
+
     def spies_simulate_connection(self) -> bool | None:
         return self._value(SPIES_SIMULATE_CONNECTION_PARAM, parse_bool)
 
@@ -780,6 +801,8 @@ class ChannelUri:
         self._check_udp_addressing()
         self.initial_position(default_term_length)
         term_length, mtu = self.term_length(), self.mtu()
+        if mtu is not None and self.datagram_mac() and mtu > MAX_DATAGRAM_MAC_MTU_LENGTH:
+            raise InvalidChannelError(self._text, datagram_mac_mtu_reason(mtu))
         if term_length is not None and mtu is not None and mtu > compute_max_message_length(term_length):
             raise InvalidChannelError(
                 self._text,
@@ -847,6 +870,7 @@ _CHECKS: dict[str, Callable[[ChannelUri], object]] = {
     SPIES_SIMULATE_CONNECTION_PARAM: ChannelUri.spies_simulate_connection,
     WAKE_ON_DATA_PARAM: ChannelUri.wake_on_data,
     DOORBELL_ID_PARAM: ChannelUri.doorbell_id,
+    DATAGRAM_MAC_PARAM: ChannelUri.datagram_mac,
     GROUP_PARAM: ChannelUri.group,
     LINGER_PARAM: ChannelUri.linger_ns,
     NAK_DELAY_PARAM: lambda uri: uri.duration_ns(NAK_DELAY_PARAM),

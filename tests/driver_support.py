@@ -25,6 +25,9 @@ from fulmar.driver.media_driver import run_driver
 options = json.loads(sys.argv[1])
 layout = CncLayout.sized(**options.pop("layout", {}))
 token = options.pop("terminate_token", None)
+if "member_secret" in options:  # text (JSON has no bytes); "" for none whatever the environment says
+    secret = options.pop("member_secret")
+    options["member_secret"] = secret.encode() if secret else None
 run_driver(DriverContext(directory=Path(options.pop("directory")), cnc_layout=layout,
                          terminate_token=token.encode() if token else None, **options))
 """

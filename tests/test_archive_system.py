@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -52,11 +53,13 @@ from fulmar.archive.mark_file import SEMANTIC_VERSION, read_mark_file
 from fulmar.archive.protocol import ArchiveErrorCode
 from fulmar.archive.segment import list_segment_files
 from fulmar.channel_uri import ChannelUri
+from fulmar.cnc import CncFile
+from fulmar.counters import CountersReader
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.frames import FRAME_ALIGNMENT
 from fulmar.log_reader import Header
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
-from fulmar.driver.counters import PUBLISHER_POSITION_TYPE_ID
+from fulmar.driver.counters import PUBLISHER_POSITION_TYPE_ID, SystemCounter
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift, to_int32
 from fulmar.publication import ExclusivePublication
 from fulmar.subscription import Subscription
@@ -1185,3 +1188,45 @@ def test_an_idle_archive_sleeps_long_and_keeps_a_short_pace_while_a_control_sess
     assert ArchiveProxy(requests).connect("aeron:ipc?term-length=64k", 4321, correlation_id=1)
     connecting = main_thread_wakes_per_second(pid, 1.0)["archive"]
     assert connecting > 50, (idle, connecting)
+
+
+def test_a_recording_and_its_replay_over_datagram_mac_channels(system: System) -> None:
+    """datagram-mac=true on a recorded publication's channel (recorded
+    locally: the archive's spy reads the log, not the datagrams) and on the
+    replay channel: the archive's replay keeps the parameter, and its
+    datagrams are authenticated (a stranger's, sent into the replay, is
+    refused)."""
+    system.start_driver(member_secret="the archive's member secret")
+    system.start_archive()
+    aeron, client = system.connect()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|term-length={TERM_LENGTH}|datagram-mac=true|ssc=true"
+    publication, recording_id = start_recorded_publication(system, aeron, client, channel, SourceLocation.LOCAL)
+    publisher = Publisher(publication)
+    publisher.publish(8 * MB, 60)
+    wait_recorded(client, recording_id, publisher.position)
+    stop_recording(client, channel, recording_id, publisher.position)
+
+    def refused() -> int:
+        with CncFile.open(system.driver.directory) as cnc:
+            return CountersReader(cnc.counters_metadata, cnc.counters_values).counter_value(
+                int(SystemCounter.DATAGRAMS_REFUSED_NO_MAC)
+            )
+
+    assert refused() == 0
+    replay_port = free_udp_port()
+    subscription = client.replay(
+        recording_id, f"aeron:udp?endpoint=127.0.0.1:{replay_port}|datagram-mac=true", 2004, 0, NULL_LENGTH
+    )
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
+            stranger.sendto(
+                struct.pack("<iBBhiiiiq", 64, 0, 0xC0, 1, 0, 1, 2004, 0, 0) + bytes(32), ("127.0.0.1", replay_port)
+            )
+        receiver = Receiver(0, publisher.starts)
+        drain = ReplayDrain(subscription, receiver)
+        drain.run(60, "the replay over a datagram-mac channel to end")
+    finally:
+        subscription.close()
+    assert receiver.digest.hexdigest() == publisher.digest.hexdigest()
+    assert drain.end_position == publisher.position
+    assert refused() == 1

@@ -273,6 +273,20 @@ def test_mtu() -> None:
         assert "must be a multiple of 32 from 64 to 65504" in error_of(f"aeron:ipc?mtu={bad}", "mtu")
 
 
+def test_datagram_mac() -> None:
+    assert ChannelUri.parse("aeron:udp?endpoint=h:1|datagram-mac=true").datagram_mac() is True
+    assert ChannelUri.parse("aeron:udp?endpoint=h:1|datagram-mac=false").datagram_mac() is False
+    assert ChannelUri.parse("aeron:udp?endpoint=h:1").datagram_mac() is False
+    assert "datagram-mac" in CHECKED_PARAMS
+    assert "bad value for 'datagram-mac'" in error_of("aeron:udp?endpoint=h:1|datagram-mac=yes")
+    # The MAC is on top of the mtu, and the datagram must still fit a UDP payload.
+    ChannelUri.parse("aeron:udp?endpoint=h:1|mtu=65472|datagram-mac=true").validate_for_publication()
+    ChannelUri.parse("aeron:udp?endpoint=h:1|mtu=65504").validate_for_publication()
+    assert "no room for the 16-byte MAC" in error_of(
+        "aeron:udp?endpoint=h:1|mtu=65504|datagram-mac=true", "validate_for_publication"
+    )
+
+
 def test_session_id() -> None:
     assert ChannelUri.parse("aeron:ipc?session-id=-5").session_id() == -5
     assert ChannelUri.parse("aeron:ipc?session-id=2147483647").session_id() == 2**31 - 1

@@ -338,6 +338,20 @@ def test_terminate_token_enables_terminate_driver(workspace: Path) -> None:
         assert not directory.exists()
 
 
+def test_member_secret_enables_datagram_mac_channels(workspace: Path) -> None:
+    channel = "aeron:udp?endpoint=127.0.0.1:0|datagram-mac=true"
+    with running_driver(workspace / "with", "--member-secret", "s3cret") as driver:
+        with Aeron.connect(workspace / "with") as aeron:
+            aeron.add_subscription(channel, 1)
+        # Its refusals are a system counter the tools list.
+        counters = by_label(tool_json("counters", "--dir", str(workspace / "with")))
+        assert counters["Datagrams refused (no valid MAC)"]["id"] == SystemCounter.DATAGRAMS_REFUSED_NO_MAC
+        assert driver.poll() is None
+    with running_driver(workspace / "without"), Aeron.connect(workspace / "without") as aeron:
+        with pytest.raises(RegistrationError, match="needs a member secret"):
+            aeron.add_subscription(channel, 1)
+
+
 # ---------------------------------------------------------------------- no driver, bad input
 
 

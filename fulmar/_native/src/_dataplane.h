@@ -17,6 +17,7 @@
 #include "counters.h"
 #include "doorbell.h"
 #include "term.h"
+#include "mac.h"
 
 /* Frame types and flags of Aeron's protocol (PROTOCOL.md). */
 #define DP_FRAME_PAD 0x00
@@ -64,10 +65,20 @@
 #define DP_LOSS_SEND_RATE_PPM 33
 #define DP_LOSS_FRAME_TYPE_MASK 34
 #define DP_DATAGRAMS_DROPPED_BY_LOSS_INJECTION 35
+#define DP_DATAGRAMS_REFUSED_NO_MAC 36
 
 #define DP_MAX_DATAGRAMS_PER_SEND 64
 #define DP_RECEIVE_BATCH 64
+/* The largest datagram plus its MAC (a frame batch is at most 65504 bytes,
+ * the MAC 16 more) fits a slot: an unauthenticated datagram that does not
+ * fit is cut, fails its check and is refused. */
 #define DP_RECEIVE_SLOT_LENGTH (64 * 1024)
+/* A flood of refused datagrams reports itself (an error event, an entry in
+ * the conductor's distinct error log) at most this often per endpoint: the
+ * counter counts every one, but an event per datagram would keep the
+ * conductor busy writing the same entry and crowd the SETUPs out of the
+ * event queue. */
+#define DP_REFUSAL_REPORT_INTERVAL_NS 10000000LL
 #define DP_EVENT_CAPACITY 256
 /* A dynamic MDC destination silent this long is dropped (Aeron's DESTINATION_TIMEOUT). */
 #define DP_DESTINATION_TIMEOUT_NS 5000000000LL
@@ -105,6 +116,8 @@ typedef struct dp_send_endpoint_stct
     dp_network_publication_t **publications;    /* the ones it sends; malloc'd */
     int32_t publication_capacity;
     int32_t reserved;
+    const fulmar_mac_key_t *mac_key;            /* datagram-mac: the data plane's key; NULL: none */
+    int64_t next_refusal_report_ns;
 }
 dp_send_endpoint_t;
 
@@ -170,6 +183,8 @@ typedef struct dp_receive_endpoint_stct
     int32_t image_capacity;
     dp_image_t **images;
     char name[160];
+    const fulmar_mac_key_t *mac_key;            /* datagram-mac: the data plane's key; NULL: none */
+    int64_t next_refusal_report_ns;
 }
 dp_receive_endpoint_t;
 
@@ -223,6 +238,8 @@ struct fulmar_dp_stct
     fulmar_loss_t loss_incoming;
     fulmar_loss_t loss_outgoing;
 
+    fulmar_mac_key_t datagram_key;  /* prepared from config.datagram_key when it has one */
+
     /* Receive scratch: one batch of slots, reused by every socket. */
     char *receive_buffer;
     fulmar_udp_datagram_t receive_datagrams[DP_RECEIVE_BATCH];
@@ -260,8 +277,15 @@ void dp_error(fulmar_dp_t *dp, const char *format, ...) __attribute__((format(pr
 int32_t dp_push_event(fulmar_dp_t *dp, const fulmar_dp_event_t *event);
 int32_t dp_drop_incoming(fulmar_dp_t *dp, const char *datagram, int32_t length);
 int32_t dp_drop_outgoing(fulmar_dp_t *dp, const char *datagram, int32_t length);
-/* Sends one datagram (loss injection applies); the errno on failure, 0 otherwise. */
-int dp_send_datagram(fulmar_dp_t *dp, int32_t fd, const char *datagram, int32_t length, const fulmar_udp_address_t *to);
+/* Sends one datagram (loss injection applies), with its MAC after it when
+ * mac_key is not NULL; the errno on failure, 0 otherwise. */
+int dp_send_datagram(fulmar_dp_t *dp, int32_t fd, const fulmar_mac_key_t *mac_key, const char *datagram,
+                     int32_t length, const fulmar_udp_address_t *to);
+/* A received datagram of an endpoint with mac_key: 1 when its trailer is
+ * the MAC of the bytes before it (*length is then the frames' length, the
+ * trailer stripped); 0 when not (counted, reported under name). */
+int32_t dp_authenticate(fulmar_dp_t *dp, const fulmar_mac_key_t *mac_key, const char *datagram, int32_t *length,
+                        int32_t truncated, const char *kind, const char *name, int64_t *next_report_ns);
 int64_t dp_min_reader_position(fulmar_dp_t *dp, const dp_readers_t *readers, int64_t otherwise);
 void dp_ring_beyond_table(fulmar_dp_t *dp, const dp_readers_t *readers);
 void dp_readers_free(dp_readers_t *readers);
@@ -273,7 +297,8 @@ int32_t dp_grow(void ***items, int32_t *capacity, int32_t count);
 
 /* dp_send.c */
 dp_send_endpoint_t *dp_send_endpoint_new(int64_t id, int32_t fd, int32_t control_mode,
-                                         const fulmar_udp_address_t *destination, const char *name);
+                                         const fulmar_udp_address_t *destination,
+                                         const fulmar_mac_key_t *mac_key, const char *name);
 void dp_send_endpoint_free(dp_send_endpoint_t *endpoint);
 int32_t dp_send_endpoint_poll(fulmar_dp_t *dp, dp_send_endpoint_t *endpoint);
 int32_t dp_network_publication_init(fulmar_dp_t *dp, dp_network_publication_t *publication,
@@ -289,7 +314,8 @@ void dp_network_publication_update_connected(dp_network_publication_t *publicati
 /* dp_receive.c */
 dp_receive_endpoint_t *dp_receive_endpoint_new(int64_t id, int64_t receiver_id, int32_t has_group_tag,
                                                int64_t group_tag, const fulmar_udp_address_t *control,
-                                               int32_t is_manual, const char *name);
+                                               int32_t is_manual, const fulmar_mac_key_t *mac_key,
+                                               const char *name);
 void dp_receive_endpoint_free(dp_receive_endpoint_t *endpoint);
 int32_t dp_receive_endpoint_poll(fulmar_dp_t *dp, dp_receive_endpoint_t *endpoint);
 int32_t dp_image_init(fulmar_dp_t *dp, dp_image_t *image, const fulmar_dp_image_t *config, dp_receive_endpoint_t *endpoint);

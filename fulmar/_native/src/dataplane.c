@@ -224,14 +224,21 @@ int32_t dp_drop_outgoing(fulmar_dp_t *dp, const char *datagram, int32_t length)
     return drop(dp, &dp->loss_outgoing, DP_LOSS_SEND_RATE_PPM, datagram, length);
 }
 
-int dp_send_datagram(fulmar_dp_t *dp, int32_t fd, const char *datagram, int32_t length, const fulmar_udp_address_t *to)
+int dp_send_datagram(fulmar_dp_t *dp, int32_t fd, const fulmar_mac_key_t *mac_key, const char *datagram,
+                     int32_t length, const fulmar_udp_address_t *to)
 {
     if (dp_drop_outgoing(dp, datagram, length))
     {
         return 0;
     }
     const int32_t region[2] = { 0, length };
-    const int32_t sent = fulmar_udp_send_batch(fd, datagram, length, region, 1, to);
+    uint8_t mac[FULMAR_MAC_LENGTH];
+    if (NULL != mac_key)
+    {
+        fulmar_mac2(mac_key, (const uint8_t *)datagram, length, NULL, 0, mac);
+    }
+    const int32_t sent = fulmar_udp_send_batch_trailed(fd, datagram, length, region, 1, NULL != mac_key ? mac : NULL,
+                                                       FULMAR_MAC_LENGTH, to);
     if (sent < 0)
     {
         return -sent;
@@ -239,6 +246,32 @@ int dp_send_datagram(fulmar_dp_t *dp, int32_t fd, const char *datagram, int32_t 
     if (0 == sent)
     {
         dp_counter_add(dp, DP_SHORT_SENDS, 1);
+    }
+    return 0;
+}
+
+int32_t dp_authenticate(fulmar_dp_t *dp, const fulmar_mac_key_t *mac_key, const char *datagram, int32_t *length,
+                        int32_t truncated, const char *kind, const char *name, int64_t *next_report_ns)
+{
+    /* A replay of a genuine datagram passes: DATA lands at its own position
+     * (a copy of what is there, or a repair), a SETUP or status message says
+     * again what was said, a NAK asks for a retransmit within the window the
+     * sender keeps anyway.  So no sequence numbers are kept. */
+    const int32_t frames_length = *length - FULMAR_MAC_LENGTH;
+    if (!truncated && frames_length > 0 &&
+        fulmar_mac2_check(mac_key, (const uint8_t *)datagram, frames_length, NULL, 0,
+                          (const uint8_t *)datagram + frames_length))
+    {
+        *length = frames_length;
+        return 1;
+    }
+    dp_counter_add(dp, DP_DATAGRAMS_REFUSED_NO_MAC, 1);
+    if (dp->now_ns >= *next_report_ns)
+    {
+        /* One text per endpoint whoever sent it (no address, no length), so
+         * that a flood is one entry of the distinct error log. */
+        *next_report_ns = dp->now_ns + DP_REFUSAL_REPORT_INTERVAL_NS;
+        dp_error(dp, "%s channel %s: datagram refused: no valid MAC (datagram-mac=true)", kind, name);
     }
     return 0;
 }
@@ -534,6 +567,12 @@ fulmar_dp_t *fulmar_dp_start(const fulmar_dp_config_t *config)
         return NULL;
     }
     dp->config = *config;
+    if (config->has_datagram_key)
+    {
+        fulmar_mac_key_init(&dp->datagram_key, config->datagram_key, (int32_t)sizeof(config->datagram_key));
+    }
+    /* The raw key is not needed past here: only its prepared form stays. */
+    memset(dp->config.datagram_key, 0, sizeof(dp->config.datagram_key));
     dp->data_doorbell_fd = config->data_doorbell_fd;
     dp->epoll_fd = -1;
     dp->wake_fd = -1;
@@ -708,10 +747,11 @@ static int32_t id_taken(fulmar_dp_t *dp, int64_t id)
 
 int32_t fulmar_dp_add_send_endpoint(
     fulmar_dp_t *dp, int64_t endpoint_id, int32_t fd, int32_t control_mode,
-    const fulmar_udp_address_t *destination, const char *name)
+    const fulmar_udp_address_t *destination, int32_t datagram_mac, const char *name)
 {
     if (fd < 0 || control_mode < FULMAR_DP_CONTROL_UNICAST || control_mode > FULMAR_DP_CONTROL_DYNAMIC ||
-        (FULMAR_DP_CONTROL_UNICAST == control_mode && NULL == destination))
+        (FULMAR_DP_CONTROL_UNICAST == control_mode && NULL == destination) ||
+        (datagram_mac && !dp->config.has_datagram_key))
     {
         return FULMAR_DP_INVALID;
     }
@@ -723,7 +763,8 @@ int32_t fulmar_dp_add_send_endpoint(
     }
     else if (0 == (result = dp_grow((void ***)&dp->send_endpoints, &dp->send_endpoint_capacity, dp->send_endpoint_count)))
     {
-        dp_send_endpoint_t *endpoint = dp_send_endpoint_new(endpoint_id, fd, control_mode, destination, name);
+        dp_send_endpoint_t *endpoint = dp_send_endpoint_new(endpoint_id, fd, control_mode, destination,
+                                                             datagram_mac ? &dp->datagram_key : NULL, name);
         if (NULL == endpoint)
         {
             result = FULMAR_DP_NO_MEMORY;
@@ -812,8 +853,12 @@ int32_t fulmar_dp_remove_destination(fulmar_dp_t *dp, int64_t endpoint_id, const
 
 int32_t fulmar_dp_add_receive_endpoint(
     fulmar_dp_t *dp, int64_t endpoint_id, int64_t receiver_id, int32_t has_group_tag, int64_t group_tag,
-    const fulmar_udp_address_t *control, int32_t is_manual, const char *name)
+    const fulmar_udp_address_t *control, int32_t is_manual, int32_t datagram_mac, const char *name)
 {
+    if (datagram_mac && !dp->config.has_datagram_key)
+    {
+        return FULMAR_DP_INVALID;
+    }
     int32_t result = 0;
     conductor_lock(dp);
     if (find_send_endpoint(dp, endpoint_id) >= 0 || find_receive_endpoint(dp, endpoint_id) >= 0)
@@ -824,7 +869,8 @@ int32_t fulmar_dp_add_receive_endpoint(
                                     dp->receive_endpoint_count)))
     {
         dp_receive_endpoint_t *endpoint =
-            dp_receive_endpoint_new(endpoint_id, receiver_id, has_group_tag, group_tag, control, is_manual, name);
+            dp_receive_endpoint_new(endpoint_id, receiver_id, has_group_tag, group_tag, control, is_manual,
+                                    datagram_mac ? &dp->datagram_key : NULL, name);
         if (NULL == endpoint)
         {
             result = FULMAR_DP_NO_MEMORY;

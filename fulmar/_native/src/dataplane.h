@@ -57,6 +57,12 @@ typedef struct fulmar_dp_config_stct
     int64_t prompt_interval_ns;     /* the sleep while readers are behind their writers */
     int64_t spin_ns;                /* after a cycle with work, how long the thread polls on before it sleeps (0: never) */
     uint64_t loss_seed;             /* seeds the loss injector's two generators */
+    /* The key of datagram-mac endpoints (HMAC-SHA256 over each datagram,
+     * truncated to FULMAR_MAC_LENGTH bytes); has_datagram_key 0: no key,
+     * and no such endpoint can be added. */
+    uint8_t datagram_key[32];
+    int32_t has_datagram_key;
+    int32_t reserved2;
 }
 fulmar_dp_config_t;
 
@@ -163,10 +169,16 @@ fulmar_dp_t *fulmar_dp_start(const fulmar_dp_config_t *config);
 void fulmar_dp_stop(fulmar_dp_t *dp);
 
 /* Send endpoints: a socket that sends publications and receives their
- * receivers' control frames.  name is for error messages (copied). */
+ * receivers' control frames.  name is for error messages (copied).
+ *
+ * datagram_mac (either kind of endpoint): every datagram sent from the
+ * endpoint carries a trailer, the MAC of its bytes under the data plane's
+ * datagram key, and every datagram received without a valid one is refused
+ * before any of its frames is read (counted, and reported as an error).
+ * FULMAR_DP_INVALID when the data plane has no key. */
 int32_t fulmar_dp_add_send_endpoint(
     fulmar_dp_t *dp, int64_t endpoint_id, int32_t fd, int32_t control_mode,
-    const fulmar_udp_address_t *destination, const char *name);
+    const fulmar_udp_address_t *destination, int32_t datagram_mac, const char *name);
 int32_t fulmar_dp_add_destination(fulmar_dp_t *dp, int64_t endpoint_id, const fulmar_udp_address_t *destination);
 /* 1 when it was there, 0 when not. */
 int32_t fulmar_dp_remove_destination(fulmar_dp_t *dp, int64_t endpoint_id, const fulmar_udp_address_t *destination);
@@ -174,7 +186,7 @@ int32_t fulmar_dp_remove_destination(fulmar_dp_t *dp, int64_t endpoint_id, const
 /* Receive endpoints: the sockets (transports) of a UDP subscription's channel. */
 int32_t fulmar_dp_add_receive_endpoint(
     fulmar_dp_t *dp, int64_t endpoint_id, int64_t receiver_id, int32_t has_group_tag, int64_t group_tag,
-    const fulmar_udp_address_t *control, int32_t is_manual, const char *name);
+    const fulmar_udp_address_t *control, int32_t is_manual, int32_t datagram_mac, const char *name);
 /* fd -1 takes the transport out (the conductor closes it after). */
 int32_t fulmar_dp_set_transport(fulmar_dp_t *dp, int64_t endpoint_id, int32_t transport_index, int32_t fd);
 /* The streams subscribed on the endpoint: data of others is counted invalid. */

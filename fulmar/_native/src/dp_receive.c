@@ -15,7 +15,8 @@
 
 dp_receive_endpoint_t *dp_receive_endpoint_new(int64_t id, int64_t receiver_id, int32_t has_group_tag,
                                                int64_t group_tag, const fulmar_udp_address_t *control,
-                                               int32_t is_manual, const char *name)
+                                               int32_t is_manual, const fulmar_mac_key_t *mac_key,
+                                               const char *name)
 {
     dp_receive_endpoint_t *endpoint = calloc(1, sizeof(dp_receive_endpoint_t));
     if (NULL == endpoint)
@@ -27,6 +28,7 @@ dp_receive_endpoint_t *dp_receive_endpoint_new(int64_t id, int64_t receiver_id, 
     endpoint->has_group_tag = has_group_tag;
     endpoint->group_tag = group_tag;
     endpoint->is_manual = is_manual;
+    endpoint->mac_key = mac_key;
     if (NULL != control)
     {
         endpoint->has_control = 1;
@@ -80,7 +82,7 @@ static void send_via(fulmar_dp_t *dp, dp_receive_endpoint_t *endpoint, int32_t t
     {
         return;
     }
-    dp_send_datagram(dp, endpoint->fds[transport_index], frame, length, to);
+    dp_send_datagram(dp, endpoint->fds[transport_index], endpoint->mac_key, frame, length, to);
 }
 
 static int32_t encode_status_message(const dp_receive_endpoint_t *endpoint, char *frame, int32_t session_id,
@@ -219,12 +221,21 @@ int32_t dp_receive_endpoint_poll(fulmar_dp_t *dp, dp_receive_endpoint_t *endpoin
         {
             const fulmar_udp_datagram_t *datagram = &dp->receive_datagrams[i];
             const char *bytes = dp->receive_buffer + datagram->offset;
-            dp_counter_add(dp, DP_BYTES_RECEIVED, datagram->length);
-            if (dp_drop_incoming(dp, bytes, datagram->length))
+            int32_t length = datagram->length;
+            dp_counter_add(dp, DP_BYTES_RECEIVED, length);
+            /* Authenticated first: nothing of a datagram without a valid MAC
+             * is read (not even its frame type by the loss injector). */
+            if (NULL != endpoint->mac_key &&
+                !dp_authenticate(dp, endpoint->mac_key, bytes, &length, datagram->truncated, "receive",
+                                 endpoint->name, &endpoint->next_refusal_report_ns))
             {
                 continue;
             }
-            dispatch(dp, endpoint, bytes, datagram->length, &datagram->source, transport_index);
+            if (dp_drop_incoming(dp, bytes, length))
+            {
+                continue;
+            }
+            dispatch(dp, endpoint, bytes, length, &datagram->source, transport_index);
         }
     }
     return count;

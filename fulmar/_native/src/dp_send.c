@@ -15,7 +15,8 @@
 /* ---------------------------------------------------------------- endpoints */
 
 dp_send_endpoint_t *dp_send_endpoint_new(int64_t id, int32_t fd, int32_t control_mode,
-                                         const fulmar_udp_address_t *destination, const char *name)
+                                         const fulmar_udp_address_t *destination,
+                                         const fulmar_mac_key_t *mac_key, const char *name)
 {
     dp_send_endpoint_t *endpoint = calloc(1, sizeof(dp_send_endpoint_t));
     if (NULL == endpoint)
@@ -25,6 +26,7 @@ dp_send_endpoint_t *dp_send_endpoint_new(int64_t id, int32_t fd, int32_t control
     endpoint->id = id;
     endpoint->fd = fd;
     endpoint->control_mode = control_mode;
+    endpoint->mac_key = mac_key;
     snprintf(endpoint->name, sizeof(endpoint->name), "%s", NULL == name ? "?" : name);
     if (NULL != destination)
     {
@@ -53,7 +55,8 @@ static void send_to_all(fulmar_dp_t *dp, dp_send_endpoint_t *endpoint, const cha
 {
     for (int32_t i = 0; i < endpoint->destination_count; i++)
     {
-        const int error = dp_send_datagram(dp, endpoint->fd, datagram, length, &endpoint->destinations[i].address);
+        const int error = dp_send_datagram(dp, endpoint->fd, endpoint->mac_key, datagram, length,
+                                           &endpoint->destinations[i].address);
         if (0 != error)
         {
             report_send_error(dp, endpoint, &endpoint->destinations[i].address, error);
@@ -68,10 +71,24 @@ static void send_regions(fulmar_dp_t *dp, dp_send_endpoint_t *endpoint, const ch
 {
     const int32_t lossy = dp_counter_get(dp, DP_LOSS_SEND_RATE_PPM) > 0;
     int32_t kept_regions[2 * DP_MAX_DATAGRAMS_PER_SEND];
+    /* datagram-mac: each datagram's MAC, computed once for every destination
+     * (it covers the frames only, not where they go) and sent after the
+     * frames as a second piece of the datagram, the log not copied. */
+    uint8_t macs[DP_MAX_DATAGRAMS_PER_SEND][FULMAR_MAC_LENGTH];
+    uint8_t kept_macs[DP_MAX_DATAGRAMS_PER_SEND][FULMAR_MAC_LENGTH];
+    const fulmar_mac_key_t *mac_key = endpoint->mac_key;
+    if (NULL != mac_key && endpoint->destination_count > 0)
+    {
+        for (int32_t r = 0; r < count; r++)
+        {
+            fulmar_mac2(mac_key, (const uint8_t *)log + regions[2 * r], regions[2 * r + 1], NULL, 0, macs[r]);
+        }
+    }
     for (int32_t i = 0; i < endpoint->destination_count; i++)
     {
         const fulmar_udp_address_t *to = &endpoint->destinations[i].address;
         const int32_t *sending = regions;
+        const uint8_t *trailers = NULL != mac_key ? &macs[0][0] : NULL;
         int32_t sending_count = count;
         if (lossy)
         {
@@ -83,16 +100,22 @@ static void send_regions(fulmar_dp_t *dp, dp_send_endpoint_t *endpoint, const ch
                 {
                     kept_regions[2 * sending_count] = regions[2 * r];
                     kept_regions[2 * sending_count + 1] = regions[2 * r + 1];
+                    if (NULL != mac_key)
+                    {
+                        memcpy(kept_macs[sending_count], macs[r], FULMAR_MAC_LENGTH);
+                    }
                     sending_count++;
                 }
             }
             sending = kept_regions;
+            trailers = NULL != mac_key ? &kept_macs[0][0] : NULL;
         }
         if (0 == sending_count)
         {
             continue;
         }
-        const int32_t sent = fulmar_udp_send_batch(endpoint->fd, log, log_length, sending, sending_count, to);
+        const int32_t sent = fulmar_udp_send_batch_trailed(endpoint->fd, log, log_length, sending, sending_count,
+                                                           trailers, FULMAR_MAC_LENGTH, to);
         if (sent < 0)
         {
             report_send_error(dp, endpoint, to, -sent);
@@ -256,11 +279,21 @@ int32_t dp_send_endpoint_poll(fulmar_dp_t *dp, dp_send_endpoint_t *endpoint)
     {
         const fulmar_udp_datagram_t *datagram = &dp->receive_datagrams[i];
         const char *bytes = dp->receive_buffer + datagram->offset;
-        if (dp_drop_incoming(dp, bytes, datagram->length))
+        int32_t length = datagram->length;
+        /* Authenticated first: a forged status message, NAK or error frame
+         * moves nothing, and a forged one announcing a receiver adds no
+         * dynamic destination. */
+        if (NULL != endpoint->mac_key &&
+            !dp_authenticate(dp, endpoint->mac_key, bytes, &length, datagram->truncated, "send", endpoint->name,
+                             &endpoint->next_refusal_report_ns))
         {
             continue;
         }
-        dispatch(dp, endpoint, bytes, datagram->length, &datagram->source);
+        if (dp_drop_incoming(dp, bytes, length))
+        {
+            continue;
+        }
+        dispatch(dp, endpoint, bytes, length, &datagram->source);
     }
     if (FULMAR_DP_CONTROL_DYNAMIC == endpoint->control_mode)
     {
@@ -687,7 +720,8 @@ static void on_rttm(fulmar_dp_t *dp, dp_network_publication_t *publication, cons
     memcpy(reply + 16, frame + 16, 8);      /* the echo timestamp */
     memcpy(reply + 24, &reception_delta_ns, 8);
     memcpy(reply + 32, frame + 32, 8);      /* the receiver id */
-    const int error = dp_send_datagram(dp, publication->endpoint->fd, reply, DP_RTTM_LENGTH, source);
+    const int error = dp_send_datagram(dp, publication->endpoint->fd, publication->endpoint->mac_key, reply,
+                                       DP_RTTM_LENGTH, source);
     if (0 != error)
     {
         report_send_error(dp, publication->endpoint, source, error);

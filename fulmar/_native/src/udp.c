@@ -125,12 +125,14 @@ static int32_t send_regions(
     const char *buffer,
     const int32_t *regions,
     int32_t count,
+    const uint8_t *trailers,
+    int32_t trailer_length,
     struct sockaddr_storage *destination,
     socklen_t destination_length,
     int *error)
 {
     struct mmsghdr messages[FULMAR_UDP_MAX_BATCH];
-    struct iovec iovecs[FULMAR_UDP_MAX_BATCH];
+    struct iovec iovecs[2 * FULMAR_UDP_MAX_BATCH];
     int32_t sent = 0;
 
     *error = 0;
@@ -140,13 +142,22 @@ static int32_t send_regions(
         for (int32_t j = 0; j < chunk; j++)
         {
             const int32_t region = sent + j;
-            iovecs[j].iov_base = (void *)(buffer + regions[2 * region]);
-            iovecs[j].iov_len = (size_t)regions[2 * region + 1];
+            struct iovec *iovec = &iovecs[2 * j];
+            iovec[0].iov_base = (void *)(buffer + regions[2 * region]);
+            iovec[0].iov_len = (size_t)regions[2 * region + 1];
             memset(&messages[j], 0, sizeof(messages[j]));
             messages[j].msg_hdr.msg_name = destination;
             messages[j].msg_hdr.msg_namelen = destination_length;
-            messages[j].msg_hdr.msg_iov = &iovecs[j];
+            messages[j].msg_hdr.msg_iov = iovec;
             messages[j].msg_hdr.msg_iovlen = 1;
+            if (NULL != trailers)
+            {
+                /* The trailer is a second piece of the same datagram: the
+                 * region itself (a log buffer's frames) is not copied. */
+                iovec[1].iov_base = (void *)(trailers + (size_t)region * (size_t)trailer_length);
+                iovec[1].iov_len = (size_t)trailer_length;
+                messages[j].msg_hdr.msg_iovlen = 2;
+            }
         }
 
         const int result = sendmmsg(fd, messages, (unsigned int)chunk, MSG_DONTWAIT);
@@ -175,11 +186,24 @@ int32_t fulmar_udp_send_batch(
     int32_t count,
     const fulmar_udp_address_t *destination)
 {
+    return fulmar_udp_send_batch_trailed(fd, buffer, buffer_length, regions, count, NULL, 0, destination);
+}
+
+int32_t fulmar_udp_send_batch_trailed(
+    int32_t fd,
+    const char *buffer,
+    int64_t buffer_length,
+    const int32_t *regions,
+    int32_t count,
+    const uint8_t *trailers,
+    int32_t trailer_length,
+    const fulmar_udp_address_t *destination)
+{
     struct sockaddr_storage storage;
     socklen_t storage_length = 0;
     int error;
 
-    if (count < 0)
+    if (count < 0 || trailer_length < 0)
     {
         return -EINVAL;
     }
@@ -193,7 +217,8 @@ int32_t fulmar_udp_send_batch(
     }
 
     const int32_t sent = send_regions(
-        fd, buffer, regions, count, NULL != destination ? &storage : NULL, storage_length, &error);
+        fd, buffer, regions, count, trailers, trailer_length, NULL != destination ? &storage : NULL, storage_length,
+        &error);
     /* Datagrams that went count even when a later one failed: the caller
      * retries the rest and then sees the error. */
     if (0 == sent && 0 != error && EAGAIN != error)
@@ -233,7 +258,7 @@ int32_t fulmar_udp_send_batch_to_many(
     for (int32_t d = 0; d < destination_count; d++)
     {
         const socklen_t storage_length = to_sockaddr(&destinations[d], &storage);
-        const int32_t sent = send_regions(fd, buffer, regions, count, &storage, storage_length, &error);
+        const int32_t sent = send_regions(fd, buffer, regions, count, NULL, 0, &storage, storage_length, &error);
         total += sent;
         /* An unreachable destination must not cost the others their data. */
         results[d] = (0 != error && EAGAIN != error) ? -error : sent;

@@ -58,6 +58,20 @@ int32_t fulmar_udp_send_batch(
     int32_t count,
     const fulmar_udp_address_t *destination);
 
+/* As fulmar_udp_send_batch, each datagram followed by trailer_length bytes:
+ * datagram i is its region and then trailers[i * trailer_length, (i + 1) *
+ * trailer_length), sent as two pieces (the region is not copied).  trailers
+ * NULL: no trailers, as fulmar_udp_send_batch. */
+int32_t fulmar_udp_send_batch_trailed(
+    int32_t fd,
+    const char *buffer,
+    int64_t buffer_length,
+    const int32_t *regions,
+    int32_t count,
+    const uint8_t *trailers,
+    int32_t trailer_length,
+    const fulmar_udp_address_t *destination);
+
 /* The same datagrams to each of destination_count destinations (multi-
  * destination-cast).  results[d] is the number sent to destination d, or
  * -errno when sending to it failed; a failure for one destination does not
