@@ -87,6 +87,8 @@ _STRIPPED_PARAMS = (
     "gtag",
     "alias",
     "session-id",
+    # The recording subscription must speak the channel's datagram MACs.
+    "datagram-mac",
 )
 # Parameters that make two recording subscriptions the same one (Aeron's makeKey).
 _KEY_PARAMS = ("endpoint", "interface", "control", "session-id", "tags")

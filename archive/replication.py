@@ -51,7 +51,7 @@ from fulmar.archive.protocol import (
     ControlResponseCode,
     RecordingSignal,
 )
-from fulmar.channel_uri import ChannelUri
+from fulmar.channel_uri import DATAGRAM_MAC_PARAM, ChannelUri
 from fulmar.codecs.generated import archive as codecs
 from fulmar.errors import FulmarError
 
@@ -320,7 +320,10 @@ class ReplicationSession:
         if self._replay_subscription is None:
             base = ChannelUri.parse(self.replication_channel)
             if self.is_merge:
-                channel = ChannelUri("udp", {"control-mode": "manual", "session-id": str(src.session_id)})
+                params = {"control-mode": "manual", "session-id": str(src.session_id)}
+                if base.datagram_mac():  # the MACs are the subscription's endpoint's, not its destinations'
+                    params[DATAGRAM_MAC_PARAM] = "true"
+                channel = ChannelUri("udp", params)
                 self._replay_subscription = self.aeron.add_subscription(
                     str(channel), src.stream_id, on_available_image=self._on_image
                 )

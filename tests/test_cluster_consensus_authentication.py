@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ import pytest
 from cluster_support import LocalCluster
 from driver_support import wait_for
 from fulmar.aeron import Aeron
+from fulmar.archive.catalog import Catalog
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
 from fulmar.cli import cluster_commands
 from fulmar.clock import epoch_ms
@@ -46,8 +49,18 @@ from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol as cluster_protocol
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.member_auth import MemberSigner, derive_key
+from fulmar.consensus.protocol import LOG_STREAM_ID
 from fulmar.counters import CountersReader
-from multi_node_support import member_view, read_counter, wait_for_commit, wait_for_leader
+from fulmar.driver.counters import RECEIVER_HWM_TYPE_ID, SystemCounter
+from fulmar.error_log import read_error_log
+from multi_node_support import (
+    assert_same_logs,
+    log_frames,
+    member_view,
+    read_counter,
+    wait_for_commit,
+    wait_for_leader,
+)
 
 SECRET = "cluster-s3cret"
 # The members' own secret: the clients hold SECRET, not this one.
@@ -84,6 +97,12 @@ class Secured:
             values = [reader.counter_value(c.counter_id) for c in reader if c.type_id == type_id]
         assert len(values) == 1, f"member {member}: {len(values)} counters of type {type_id}"
         return values[0]
+
+    def driver_counter(self, member: int, which: int) -> int:
+        """One of the member's driver's system counters (by its id)."""
+        with CncFile.open(self.cluster.driver_dir(member)) as cnc:
+            reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
+            return reader.counter_value(int(which))
 
     def refused(self, member: int) -> int:
         return self.counter(member, cluster_protocol.CLUSTER_CONSENSUS_REFUSED_TYPE_ID)
@@ -336,6 +355,82 @@ def test_a_client_holding_the_clusters_secret_cannot_sign_as_a_member(secured: S
     texts = [error["text"] for file in cluster_commands.cluster_errors_node(node)["files"] for error in file["errors"]]
     assert any("wrong MAC" in text for text in texts), texts
     assert secured.client.request(b"+", timeout_s=10)
+
+
+def _log_image(secured: Secured, member: int) -> tuple[int, int, str]:
+    """The session id and receiver high-water mark of ``member``'s log image,
+    and its channel, from its driver's rcv-hwm counter (label ``rcv-hwm:
+    registration session stream channel``)."""
+    with CncFile.open(secured.cluster.driver_dir(member)) as cnc:
+        reader = CountersReader(cnc.counters_metadata, cnc.counters_values)
+        images = []
+        for counter in reader:
+            if counter.type_id != RECEIVER_HWM_TYPE_ID:
+                continue
+            _, _registration, session, stream, channel = counter.label.split(" ", 4)
+            if int(stream) == LOG_STREAM_ID:
+                images.append((int(session), reader.counter_value(counter.counter_id), channel))
+    assert len(images) == 1, f"member {member}: log images {images}"
+    return images[0]
+
+
+def _forged_data(session_id: int, term_id: int, term_offset: int, payload: bytes) -> bytes:
+    """A DATA frame of the log, unfragmented: what a stranger who watched the
+    log go by (its session, term and offset are in every datagram) can build."""
+    header = struct.pack(
+        "<iBBhiiiiq", 32 + len(payload), 0, 0xC0, 1, term_offset, session_id, LOG_STREAM_ID, term_id, 0
+    )
+    return header + payload
+
+
+def test_a_strangers_datagrams_in_the_log_are_refused_unread(secured: Secured) -> None:
+    """The log between members carries the drivers' datagram MACs: a
+    stranger's DATA frames sent to a follower's log endpoint, for the log's
+    session and term, at the very offset the follower expects next and
+    further ahead, are refused by its driver (counted, in its error log), and
+    the follower's recorded log stays frame for frame the leader's while the
+    cluster commits past those offsets.  (Checked with the members not
+    authenticating, no MACs: the follower's log took the stranger's frame at
+    the next offset, and the follower never committed past it again.)"""
+    cluster = secured.cluster
+    leader, followers, _term = _roles(secured)
+    follower = followers[0]
+    session_id, high_water, channel = _log_image(secured, follower)
+    if not NO_MEMBER_AUTH:
+        assert "datagram-mac=true" in channel, channel
+    catalog = Catalog.open_read_only(cluster.archive_dir(follower))
+    try:
+        descriptor = max(catalog.recordings(), key=lambda d: d.start_timestamp if d.stream_id == LOG_STREAM_ID else -1)
+    finally:
+        catalog.close()
+    term_length = descriptor.term_buffer_length
+    term_id = descriptor.initial_term_id + high_water // term_length
+    term_offset = high_water % term_length
+    assert term_offset + 8192 < term_length, "the test's offsets must stay in this term"
+    refused = secured.driver_counter(follower, SystemCounter.DATAGRAMS_REFUSED_NO_MAC)
+    forged = [_forged_data(session_id, term_id, term_offset + ahead, b"stranger" * 4) for ahead in (0, 1024, 4096)]
+    endpoint = cluster.ports[follower].endpoint("log")
+    host, _, port = endpoint.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
+        for datagram in forged:
+            stranger.sendto(datagram, (host, int(port)))
+    if not NO_MEMBER_AUTH:
+        wait_for(
+            lambda: secured.driver_counter(follower, SystemCounter.DATAGRAMS_REFUSED_NO_MAC) >= refused + len(forged),
+            10,
+            "the follower's driver to refuse the stranger's datagrams",
+        )
+    for _ in range(200):  # about 20 KB of log: past every forged offset
+        secured.client.request(b"+", timeout_s=10)
+    committed = member_view(cluster, leader).commit_position
+    assert committed is not None and committed > high_water + 8192
+    wait_for_commit(cluster, list(range(cluster.size)), committed, 30)
+    assert_same_logs(cluster, [leader, follower], committed)
+    assert all(b"stranger" not in payload for _, _, payload in log_frames(cluster, follower, committed))
+    if not NO_MEMBER_AUTH:
+        with CncFile.open(cluster.driver_dir(follower)) as cnc:
+            texts = [observation.text for observation in read_error_log(cnc.error_log)]
+        assert any("datagram refused: no valid MAC" in text for text in texts), texts
 
 
 def test_the_signing_cluster_fails_over_and_serves(secured: Secured) -> None:
