@@ -129,8 +129,6 @@ fuzz: $(STAMP) bytecode
 		rmdir tests/fuzz/crashes/$$target tests/fuzz/crashes 2>/dev/null || true; \
 	done; exit $$status
 
-# BENCH_ARGS=--cluster3-secret: bench.cluster3 also pings a fresh cluster without
-# and one with a secret (every consensus message signed and checked), side by side.
 bench: $(STAMP) bytecode
 	$(PY) -m bench $(BENCH_ARGS)
 

@@ -63,6 +63,7 @@ MODULES = [
     "cluster",
     "pysyncobj_peer",
     "cluster3",
+    "cluster3_secret",
     "stages",
     "metrics",
     "restore",
@@ -76,15 +77,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short measurements, one repetition")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each benchmark (median reported)")
     parser.add_argument("--only", action="append", choices=MODULES, help="run only these benchmark modules")
-    parser.add_argument(
-        "--cluster3-secret",
-        action="store_true",
-        help="bench.cluster3 also pings a cluster without and one with a secret (members signing every "
-        "consensus message), side by side",
-    )
     args = parser.parse_args()
-    if args.cluster3_secret:
-        os.environ["FULMAR_BENCH_CLUSTER3_SECRET"] = "1"  # (bench.cluster3.SECRET_ENV: read in its run)
     repeat = 1 if args.quick else max(1, args.repeat)
 
     machine_before, machine_before_text = machine.describe()

@@ -48,15 +48,8 @@ dies).  Three times are taken from the kill:
 ``FAILOVERS`` runs (quick: one), each a row of its own under one name, so the
 table's median and min-max are over every failover of every repetition.
 
-The cost of the members' consensus trailer (issue 48): with
-``FULMAR_BENCH_CLUSTER3_SECRET=1`` (``python -m bench --cluster3-secret``,
-``make bench BENCH_ARGS=--cluster3-secret``) the run ends with the ping
-measured twice more, on a fresh cluster without a secret and on one whose
-nodes have one (``--consensus-authenticator-secret``: every member message
-signed and checked, by the agents and the native consensus threads alike),
-one after the other in the same run: rows ``cluster3 nosecret echo ping`` and
-``cluster3 secret echo ping``.  ``python -m bench.cluster3 --secret-ping``
-runs those two alone and prints their percentiles.
+With ``secret`` a ``LocalCluster``'s nodes ask their clients for it and
+their members authenticate each other (``bench.cluster3_secret``).
 
 Followers notice a dead leader only after the leader heartbeat timeout, so
 that timeout (printed) is the floor of every failover figure.  Between runs
@@ -87,7 +80,7 @@ from typing import Any
 import psutil
 
 from bench import resources
-from bench.openloop import EchoSettings, ping_rows
+from bench.openloop import EchoSettings
 from bench.cluster import (
     DISK_PARENT,
     EGRESS_CHANNEL,
@@ -98,8 +91,6 @@ from bench.cluster import (
     _wait_doorbell,
     echo_results,
     latency,
-    ping,
-    throughput,
 )
 from fulmar.aeron import Aeron
 from fulmar.cli.cluster_commands import ClusterNode, ClusterReadError, ModuleCounters, cluster_member_node
@@ -129,8 +120,6 @@ STOP_TIMEOUT_S = 60
 _REQUEST = struct.Struct("<qq")  # sequence, attempt
 _PADDING = b"\0" * 16
 _NODE_READY = re.compile(r"node (\d+) ready: .*; pids ([^;]*);")
-SECRET_ENV = "FULMAR_BENCH_CLUSTER3_SECRET"
-BENCH_SECRET = "bench-cluster3-s3cret"
 _announced = False
 
 
@@ -647,44 +636,6 @@ def _election_settings() -> str:
     )
 
 
-def secret_pings(quick: bool) -> list[dict[str, Any]]:
-    """The ping on a fresh cluster without a secret, then on one with a
-    secret: the members' trailer's cost, both in the same run."""
-    settings = EchoSettings(quick, 2_000 if quick else 20_000)
-    results: list[dict[str, Any]] = []
-    for label, secret in (("nosecret", None), ("secret", BENCH_SECRET)):
-        cluster = LocalCluster(secret=secret)
-        try:
-            assert cluster.client_driver is not None
-            with Aeron.connect(cluster.client_driver_dir) as aeron:
-                throughput_warmup(aeron, cluster)
-                rows = ping_rows(f"cluster3 {label}", ping(aeron, cluster, settings.pings, settings.ping_max_s))
-                rows[0]["histogram_id"] = f"ping-{label}"  # not merged with the main run's ping histogram
-                results += rows
-                _check_armed(cluster, signed=secret is not None)
-        except Exception as error:
-            raise RuntimeError(f"bench.cluster3 ({label}) failed: {error}\n{cluster.describe(30)}") from error
-        finally:
-            cluster.close()
-    return results
-
-
-def throughput_warmup(aeron: Aeron, cluster: LocalCluster) -> None:
-    """What echo_results warms up with: imports, the first log terms, caches."""
-    throughput(aeron, cluster, 32, 64, 2_000)
-
-
-def _check_armed(cluster: LocalCluster, signed: bool) -> None:
-    """The figures are the native threads' only if they ran: each member's
-    consensus log says which threads were armed and whether they sign."""
-    trailers = "member trailers signed and checked" if signed else "no member trailers"
-    for member in range(MEMBERS):
-        said = (cluster.base / f"node{member}" / "logs" / "consensus.log").read_text(errors="replace")
-        armed = [line for line in said.splitlines() if " thread armed for term " in line]
-        if not armed or not all(line.endswith(f"({trailers})") for line in armed):
-            raise RuntimeError(f"node {member}: the native consensus threads did not run as expected: {armed}")
-
-
 def run(quick: bool) -> list[dict[str, Any]]:
     global _announced
     settings = EchoSettings(quick, 2_000 if quick else 20_000)
@@ -753,8 +704,6 @@ def run(quick: bool) -> list[dict[str, Any]]:
         raise RuntimeError(f"bench.cluster3 failed: {error}\n{cluster.describe(30)}") from error
     finally:
         cluster.close()
-    if os.environ.get(SECRET_ENV) == "1":
-        results += secret_pings(quick)
     print(
         f"bench.cluster3: run of {time.monotonic() - began:.0f} s, 1-minute load average "
         f"{load_before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (shared machine: noisy figures)",
@@ -764,10 +713,5 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    if "--secret-ping" in sys.argv:
-        for row in secret_pings("--quick" in sys.argv):
-            if row["unit"] == "us" or "round trips" in row["name"]:
-                print(f"{row['name']}: {'n/a' if row['value'] is None else format(row['value'], ',.1f')} {row['unit']}")
-        sys.exit(0)
     for row in run("--quick" in sys.argv):
         print(f"{row['name']}: {'n/a' if row['value'] is None else format(row['value'], ',.2f')} {row['unit']}")

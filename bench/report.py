@@ -49,6 +49,8 @@ REFERENCE_NOTES = {
     "run (ratio = from the snapshot / from the whole log)",
     "no_mac": "udp_stream datagram-mac rows: the same stream or round trip on a channel without "
     "datagram-mac, between the same two drivers, alternated with it in this run (ratio = with / without)",
+    "no_secret": "cluster3 secret rows: the same work on a fresh 3-node cluster without a secret, just "
+    "before, in this run (ratio = with / without)",
     "read": "spark_decode rows: the read named in the row's parentheses, of the same log in this run "
     "(ratio = this / that; local[2] vs local[1] is the scaling from 1 to 2 cores)",
 }
