@@ -46,7 +46,7 @@ from fulmar.cnc import (
 )
 from fulmar.channel_uri import INT32_MAX
 from fulmar.counters import COUNTER_LENGTH
-from fulmar.driver.context import MEMBER_SECRET_ENV, DriverContext
+from fulmar.driver.context import DriverContext
 from fulmar.driver.counters import SystemCounter
 from fulmar.driver.media_driver import (
     DriverAlreadyActiveError,

@@ -16,6 +16,7 @@ import click
 
 from fulmar.buffers import AtomicBuffer
 from fulmar.channel_uri import parse_duration_ns, parse_size
+from fulmar.driver.context import MEMBER_SECRET_ENV as DRIVER_MEMBER_SECRET_ENV
 from fulmar.driver.context import default_driver_dir
 from fulmar.idle import IDLE_STRATEGY_NAMES, Doorbell, idle_strategy_from_name
 
@@ -28,8 +29,9 @@ CLUSTER_SECRET_ENV = "FULMAR_CLUSTER_SECRET"
 ARCHIVE_SECRET_ENV = "FULMAR_ARCHIVE_SECRET"
 # What the members prove to each other that they are members with (the
 # consensus stream's trailers, the MACs of the log's datagrams), when it is
-# not to be derived from the cluster's secret: clients hold that one.
-MEMBER_SECRET_ENV = "FULMAR_MEMBER_SECRET"
+# not to be derived from the cluster's secret: clients hold that one.  The
+# driver reads it as well (its datagram MACs): its context names it.
+MEMBER_SECRET_ENV = DRIVER_MEMBER_SECRET_ENV
 
 _DURATION_UNITS = (("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000), ("ns", 1))
 _SIZE_UNITS = (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10))
