@@ -4,7 +4,6 @@ and a publisher that records what it would send (seed 001)."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ElectionSt
 from fulmar.consensus.cluster_member import ClusterMember
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
 from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, ConsensusPublisher
+from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.election import Election, ElectionTimeouts, TermEntry, compare_log, next_term_for
 from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE
 from test_cluster_suspend import MEMBERS, new_agent
@@ -871,7 +871,7 @@ def leading_agent() -> tuple[ConsensusModuleAgent, FakeArchive, list[tuple[int, 
     agent._leader_services_joined = True
     agent.log_session_id = 77
     agent.log_recording_id = 0
-    agent.context = SimpleNamespace(log_stream_id=100)  # type: ignore[assignment]
+    agent.context = ConsensusModuleContext(log_stream_id=100)
     agent._now_ns = 0
     agent._send_new_leadership_term = lambda to, log_term: answers.append((to, log_term))  # type: ignore[method-assign]
     return agent, archive, answers
