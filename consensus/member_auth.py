@@ -29,10 +29,14 @@ CommitPosition.  Two guards, applied where the consensus adapter decodes
   credential is never itself the key.  A receiver accepts a member message
   only if the MAC is right, the receiver is itself, the sender is another
   member, the message's own member id field (where it has one) names the
-  sender (StopCatchup's names the receiver), the timestamp is within
-  ``window_ms`` of its own clock (bounding a replay across restarts: its
-  memory of counters goes with it), and the counter was not taken before from
-  that sender's boot (a replay within a boot).
+  sender (StopCatchup's names the receiver), the timestamp is not more than
+  ``window_ms`` ahead of its own clock, and the counter was not taken before
+  from that sender's boot (a replay within a boot).  A boot the receiver does
+  not know yet (it restarted and forgot its counters, or the sender is new)
+  must also have signed no earlier than ``window_ms`` before the first
+  message the receiver took (a message recorded before the receiver restarted, sent
+  again, is refused); a known boot's message is taken however late it is
+  read (a member, or its peer, paused: what its socket buffer held).
 
   The trailer is made and checked in C (``_native/src/member_auth.h``), in one
   context per process (``MemberAuth``) that the agent's publisher and

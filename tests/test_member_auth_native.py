@@ -213,3 +213,24 @@ def test_a_context_it_cannot_make_is_refused() -> None:
         MemberAuth(0, KEY, range(17), WINDOW_MS)
     with pytest.raises(ValueError, match="must not be negative"):
         MemberAuth(0, KEY, [0, 1], -1)
+
+
+def test_a_known_boots_message_read_late_is_taken_and_a_new_boots_only_if_sent_while_checking() -> None:
+    """A receiver paused past the window (or reading what a paused sender's
+    socket held) takes a known boot's next messages however old their
+    timestamps: their counters guard them.  A boot it does not know must have
+    signed within the window before the first message it took: one signed
+    since is taken however late, one from before is refused (a recording
+    made before this member restarted)."""
+    auth = MemberAuth(0, KEY, [0, 1, 2], WINDOW_MS)
+    first = MemberAuth(1, KEY, [0, 1, 2], WINDOW_MS, boot_id=5)
+    assert check(auth, first.sign(append_position(1), 0, NOW_MS), NOW_MS) > 0
+    late = NOW_MS + 10 * WINDOW_MS  # this member paused for ten windows
+    signed_before_the_pause = first.sign(append_position(1), 0, NOW_MS + 1)
+    assert check(auth, signed_before_the_pause, late) > 0
+    new_boot = MemberAuth(2, KEY, [0, 1, 2], WINDOW_MS, boot_id=6)
+    assert check(auth, new_boot.sign(append_position(2), 0, NOW_MS + 2), late) > 0
+    recorded_before = MemberAuth(2, KEY, [0, 1, 2], WINDOW_MS, boot_id=7)
+    old = recorded_before.sign(append_position(2), 0, NOW_MS - WINDOW_MS - 1)
+    assert check(auth, old, late) == OUTSIDE_WINDOW
+    assert check(auth, old, NOW_MS) == OUTSIDE_WINDOW

@@ -49,6 +49,8 @@ struct fulmar_member_auth_stct
     int64_t window_ms;
     pthread_mutex_t lock;          /* the replay state below */
     uint64_t use_clock;
+    int32_t checking_since_set;
+    int64_t checking_since_ms;     /* the now of the first message this context took */
     sender_t senders[FULMAR_MEMBER_AUTH_MAX_MEMBERS];  /* by the sender's index in member_ids */
 };
 
@@ -268,20 +270,37 @@ int32_t fulmar_member_auth_check(
         }
     }
     /* (In 128 bits: a timestamp that is anything at all cannot overflow.) */
-    const __int128 apart = (__int128)now_ms - (__int128)timestamp_ms;
-    if (apart > auth->window_ms || -apart > auth->window_ms)
+    if ((__int128)timestamp_ms - (__int128)now_ms > auth->window_ms)
+    {
+        return FULMAR_MEMBER_AUTH_OUTSIDE_WINDOW;  /* from the future: clocks apart */
+    }
+    pthread_mutex_lock(&auth->lock);
+    const int64_t checking_since_ms = auth->checking_since_set ? auth->checking_since_ms : now_ms;
+    boot_t *boot;
+    int32_t is_new;
+    int32_t taken = may_take(&auth->senders[index], boot_id, counter, &boot, &is_new);
+    /* A boot this receiver knows is guarded by its counters alone: a message
+     * read late (this member or its sender was paused, its socket buffer held
+     * it) is still that boot's next, and refusing it would refuse a member.
+     * A boot it does not know (it restarted and forgot, or the sender is new)
+     * has no counters to go by: its message must have been sent no earlier
+     * than the window before this receiver began checking, so that one
+     * recorded before a restart of this member and sent again is refused. */
+    const int32_t too_old = is_new && (__int128)checking_since_ms - (__int128)timestamp_ms > auth->window_ms;
+    if (taken && !too_old)
+    {
+        take(auth, boot, is_new, boot_id, counter);
+        if (!auth->checking_since_set)
+        {
+            auth->checking_since_set = 1;  /* the first message taken: a refused check changes nothing */
+            auth->checking_since_ms = now_ms;
+        }
+    }
+    pthread_mutex_unlock(&auth->lock);
+    if (too_old)
     {
         return FULMAR_MEMBER_AUTH_OUTSIDE_WINDOW;
     }
-    pthread_mutex_lock(&auth->lock);
-    boot_t *boot;
-    int32_t is_new;
-    const int32_t taken = may_take(&auth->senders[index], boot_id, counter, &boot, &is_new);
-    if (taken)
-    {
-        take(auth, boot, is_new, boot_id, counter);
-    }
-    pthread_mutex_unlock(&auth->lock);
     if (!taken)
     {
         return FULMAR_MEMBER_AUTH_REPLAYED;

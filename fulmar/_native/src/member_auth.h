@@ -63,8 +63,11 @@ int32_t fulmar_member_auth_sign(
  * now_ms, in this order: a trailer, its MAC, the receiver (this member), the
  * sender (another member), the message's own member id field (at
  * member_id_offset from the message's first byte, which names the sender or
- * the receiver as field says; FIELD_NONE: none), the timestamp (within
- * window_ms of now_ms), the counter (not taken before).  Returns the body's
+ * the receiver as field says; FIELD_NONE: none), the timestamp (not more
+ * than window_ms ahead of now_ms; and, from a boot this context does not
+ * know, not more than window_ms before the first message it took: a known boot's
+ * counters guard it, however late it is read), the counter (not taken
+ * before).  Returns the body's
  * length, and the sender in *sender (may be NULL), once accepted (its counter
  * is then taken); a FULMAR_MEMBER_AUTH_* refusal, and nothing changed,
  * otherwise. */
