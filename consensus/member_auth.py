@@ -108,6 +108,12 @@ _MEMBER_FIELD: dict[int, tuple[int, bool] | None] = {
 }
 MEMBER_TEMPLATE_IDS = frozenset(_MEMBER_FIELD)
 
+# A member that has just started may be handed what its driver held for its
+# previous run (the image outlives the subscription that died): those
+# messages, and replays of recorded ones, are dropped with this reason.
+BEFORE_START_REASON = (
+    "member message signed before this member began taking messages (one to its previous run, or a replay)"
+)
 # What each refusal of the native check is called (the same text for every
 # refusal of a kind: the error log keeps one entry per text).
 _REASONS = {
@@ -120,6 +126,7 @@ _REASONS = {
     int(lib.FULMAR_MEMBER_AUTH_OUTSIDE_WINDOW): (
         "member message with a timestamp outside the window (a replay, or clocks apart)"
     ),
+    int(lib.FULMAR_MEMBER_AUTH_BEFORE_START): BEFORE_START_REASON,
     int(lib.FULMAR_MEMBER_AUTH_REPLAYED): (
         "member message replayed (its counter was taken already, or is older than the replay window)"
     ),

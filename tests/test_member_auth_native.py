@@ -36,6 +36,7 @@ NOT_A_MEMBER = int(lib.FULMAR_MEMBER_AUTH_NOT_A_MEMBER)
 TOO_SHORT = int(lib.FULMAR_MEMBER_AUTH_TOO_SHORT_FOR_MEMBER_ID)
 MISMATCH = int(lib.FULMAR_MEMBER_AUTH_MEMBER_ID_MISMATCH)
 OUTSIDE_WINDOW = int(lib.FULMAR_MEMBER_AUTH_OUTSIDE_WINDOW)
+BEFORE_START = int(lib.FULMAR_MEMBER_AUTH_BEFORE_START)
 REPLAYED = int(lib.FULMAR_MEMBER_AUTH_REPLAYED)
 
 
@@ -111,7 +112,7 @@ def test_what_the_check_refuses() -> None:
         (MemberAuth(7, KEY, [7], WINDOW_MS).sign(append_position(7), 0, NOW_MS), NOT_A_MEMBER),
         (MemberAuth(0, KEY, [0], WINDOW_MS).sign(append_position(0), 0, NOW_MS), NOT_A_MEMBER),  # itself
         (MemberAuth(2, KEY, [0, 1, 2], WINDOW_MS).sign(append_position(1), 0, NOW_MS), MISMATCH),
-        (signed_with_counter(1, now_ms=NOW_MS - WINDOW_MS - 1), OUTSIDE_WINDOW),
+        (signed_with_counter(1, now_ms=NOW_MS - WINDOW_MS - 1), BEFORE_START),
         (signed_with_counter(1, now_ms=NOW_MS + WINDOW_MS + 1), OUTSIDE_WINDOW),
     ]
     for one, code in cases:
@@ -168,8 +169,9 @@ def test_duplicates_and_counters_older_than_the_window_are_refused() -> None:
 def test_a_refused_check_leaves_the_replay_state_as_it_was() -> None:
     auth = receiver()
     message = signed_with_counter(5)
-    # Refused for its timestamp, then for its member id field: its counter is not taken.
-    assert check(auth, message, now_ms=NOW_MS + WINDOW_MS + 1) == OUTSIDE_WINDOW
+    # Refused for its timestamp (signed before this receiver took anything), then for its
+    # member id field: its counter is not taken.
+    assert check(auth, message, now_ms=NOW_MS + WINDOW_MS + 1) == BEFORE_START
     assert check(auth, message, member_field=(MEMBER_FIELD[0], False)) == MISMATCH
     assert check(auth, message) > 0
     # A replay refused changes nothing either: the counters around it are still free.
@@ -232,5 +234,5 @@ def test_a_known_boots_message_read_late_is_taken_and_a_new_boots_only_if_sent_w
     assert check(auth, new_boot.sign(append_position(2), 0, NOW_MS + 2), late) > 0
     recorded_before = MemberAuth(2, KEY, [0, 1, 2], WINDOW_MS, boot_id=7)
     old = recorded_before.sign(append_position(2), 0, NOW_MS - WINDOW_MS - 1)
-    assert check(auth, old, late) == OUTSIDE_WINDOW
-    assert check(auth, old, NOW_MS) == OUTSIDE_WINDOW
+    assert check(auth, old, late) == BEFORE_START
+    assert check(auth, old, NOW_MS) == BEFORE_START

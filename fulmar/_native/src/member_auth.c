@@ -299,7 +299,7 @@ int32_t fulmar_member_auth_check(
     pthread_mutex_unlock(&auth->lock);
     if (too_old)
     {
-        return FULMAR_MEMBER_AUTH_OUTSIDE_WINDOW;
+        return FULMAR_MEMBER_AUTH_BEFORE_START;
     }
     if (!taken)
     {

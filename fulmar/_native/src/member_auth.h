@@ -34,6 +34,10 @@
 #define FULMAR_MEMBER_AUTH_MEMBER_ID_MISMATCH -6
 #define FULMAR_MEMBER_AUTH_OUTSIDE_WINDOW -7
 #define FULMAR_MEMBER_AUTH_REPLAYED -8
+/* From a boot not known yet, signed longer than the window before the first
+ * message this context took: one sent to this member's previous run (its
+ * driver's image held it for the subscription that died), or a replay. */
+#define FULMAR_MEMBER_AUTH_BEFORE_START -9
 /* The message's own member id field, as a check is told of it. */
 #define FULMAR_MEMBER_AUTH_FIELD_NONE 0
 #define FULMAR_MEMBER_AUTH_FIELD_NAMES_SENDER 1
