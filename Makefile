@@ -31,7 +31,7 @@ bytecode: $(STAMP)
 	$(PY) -m compileall -q -j 0 fulmar/ codecs driver archive consensus service cli analytics > /dev/null
 
 run: $(STAMP) bytecode
-	$(PY) -m fulmar.demo
+	$(PY) -m fulmar.cli.demo
 
 # Everything except the runs marked slow (make test-slow runs those).
 # Each run gets its own temporary base directory (removed afterwards), so

@@ -265,7 +265,7 @@ def analyse_logs(base: Path, model: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m fulmar.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fulmar.cli.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=10_000, help="puts and gets in the workload")
     parser.add_argument("--keys", type=int, default=1_000, help="distinct keys")
     parser.add_argument("--window", type=int, default=64, help="requests in flight")
