@@ -6,7 +6,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-NATIVE_SOURCES := $(wildcard fulmar/_native/src/*.c fulmar/_native/src/*.h) fulmar/_native/build.py
+# The C of the one extension: the shared primitives and each process's folder.
+NATIVE_DIRS := fulmar/_native/src driver/native consensus/native archive/native analytics/native
+NATIVE_SOURCES := $(foreach d,$(NATIVE_DIRS),$(wildcard $(d)/*.c $(d)/*.h)) fulmar/_native/build.py
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.py,%,$(wildcard tests/fuzz/fuzz_*.py))

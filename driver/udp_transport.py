@@ -1,8 +1,8 @@
 """A UDP socket for the media driver's sender and receiver: non-blocking,
 moving batches of datagrams per system call (recvmmsg/sendmmsg in
-``_native/src/udp.c``), IPv4 and IPv6, unicast and multicast.  The media
+``driver/native/udp.c``), IPv4 and IPv6, unicast and multicast.  The media
 driver opens and binds its sockets here; its data plane then moves their
-datagrams in C (and injects loss there, ``_native/src/loss.h``).
+datagrams in C (and injects loss there, ``driver/native/loss.h``).
 
 The socket is never blocked on: an agent polls ``receive`` in its duty cycle
 and waits for readiness on ``fileno()`` (or its doorbell) when idle.  Linux is
