@@ -464,8 +464,9 @@ class UdpTransport:
         ]
 
     def _send_native(self, pointer: Any, length: int, flat: array[int], target: UdpAddress) -> int:
+        # no trailers: the media driver's data plane adds the datagrams' MACs, not this path
         sent = lib.fulmar_udp_send_batch(
-            self._fd, pointer, length, ffi.from_buffer("int32_t[]", flat), len(flat) // 2, target.native
+            self._fd, pointer, length, ffi.from_buffer("int32_t[]", flat), len(flat) // 2, ffi.NULL, 0, target.native
         )
         if sent == lib.FULMAR_UDP_REGION_OUT_OF_BOUNDS:
             raise ValueError(f"a region lies outside the {length}-byte buffer")
