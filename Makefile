@@ -1,6 +1,7 @@
 # The two commands a new user runs on a fresh machine: `make run` and `make test`.
 # Both create .venv when missing and (re)install the package, which compiles the
 # cffi extension, whenever the sources of the build change.
+# make test-native-asan runs the C's own tests under ASan and UBSan.
 
 PYTHON ?= python3
 VENV := .venv
