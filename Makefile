@@ -1,17 +1,20 @@
 # The two commands a new user runs on a fresh machine: `make run` and `make test`.
 # Both create .venv when missing and (re)install the package, which compiles the
 # cffi extension, whenever the sources of the build change.
+# make test-native-asan runs the C's own tests under ASan and UBSan.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-NATIVE_SOURCES := $(wildcard fulmar/_native/src/*.c fulmar/_native/src/*.h) fulmar/_native/build.py
+# The C of the one extension: the shared primitives and each process's folder.
+NATIVE_DIRS := fulmar/_native/src driver/native consensus/native archive/native analytics/native
+NATIVE_SOURCES := $(foreach d,$(NATIVE_DIRS),$(wildcard $(d)/*.c $(d)/*.h)) fulmar/_native/build.py
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.py,%,$(wildcard tests/fuzz/fuzz_*.py))
 
-.PHONY: install bytecode run test test-all soak test-slow chaos lint format typecheck docs codecs bench bench-quick fuzz clean
+.PHONY: install bytecode run test test-native-asan test-all soak test-slow chaos lint format typecheck docs codecs bench bench-quick fuzz clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,12 +42,46 @@ run: $(STAMP) bytecode
 PYTEST = tmp=$$(mktemp -d /tmp/fulmar-test-XXXXXX); $(PY) -m pytest --basetemp=$$tmp
 PYTEST_END = ; status=$$?; rm -rf $$tmp; exit $$status
 
+# The C must compile without a warning (-Werror, the build's own flags and
+# sources); the install itself stays without -Werror, so a newer compiler's
+# new warning never fails a user's pip install.
 test: $(STAMP) bytecode
+	$(PY) fulmar/_native/build.py --check
 	$(PY) -m mypy
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(DOCS_BUILD)
 	$(PYTEST) -m 'not slow' $(PYTEST_ARGS) $(PYTEST_END)
+
+# The tests that drive the C directly (no whole clusters), under AddressSanitizer
+# and UndefinedBehaviorSanitizer: the extension is built with the sanitizers into
+# its own venv (.venv-asan), so the normal build stays as it is.  The ASan runtime
+# must be loaded before Python; Python's own allocations at exit are not leaks of ours.
+ASAN_VENV := .venv-asan
+ASAN_PY := $(ASAN_VENV)/bin/python
+ASAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -O1 -g
+NATIVE_TESTS := tests/test_log_frame_blocks.py tests/test_frame_scanner_fuzz.py tests/test_ring_buffer.py \
+	tests/test_broadcast.py tests/test_counters.py tests/test_reader_doorbells.py \
+	tests/test_member_auth_native.py tests/test_native_flow_control.py tests/test_native_image_state.py \
+	tests/test_native_loss.py tests/test_native_loss_detector.py tests/test_native_pack_datagrams.py \
+	tests/test_native_retransmit.py tests/test_native_sender_timing.py tests/test_leader_commit.py \
+	tests/test_leader_ingress.py tests/test_append_position_sender.py tests/test_archive_native_recorder.py \
+	tests/test_data_plane.py tests/test_driver_datagram_mac.py tests/test_analytics_decoder.py
+
+$(ASAN_PY):
+	$(PYTHON) -m venv $(ASAN_VENV)
+	$(ASAN_PY) -m pip install --quiet --upgrade pip setuptools wheel
+
+# python -P: the repository root must not be on sys.path, or its fulmar/ (with
+# the normal build's extension in it) would shadow the sanitized install.
+test-native-asan: $(ASAN_PY)
+	FULMAR_NATIVE_CFLAGS='$(ASAN_FLAGS)' $(ASAN_PY) -m pip install --quiet '.[test]' pyarrow numpy
+	FULMAR_NATIVE_CFLAGS='$(ASAN_FLAGS)' $(ASAN_PY) -m pip install --quiet --force-reinstall --no-deps .
+	tmp=$$(mktemp -d /tmp/fulmar-asan-XXXXXX); \
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	$(ASAN_PY) -P -m pytest --basetemp=$$tmp -p no:cacheprovider -m 'not slow' $(NATIVE_TESTS) $(PYTEST_ARGS); \
+	status=$$?; rm -rf $$tmp; exit $$status
 
 # The runs marked slow: a million messages over lossy UDP, 10,000 election
 # simulation seeds, a round of every chaos fault on 3 members and on 5.
@@ -136,4 +173,4 @@ bench-quick: $(STAMP) bytecode
 	$(PY) -m bench --quick $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info fulmar/_native/_fulmar_native.* .mypy_cache .pytest_cache site
+	rm -rf $(VENV) $(ASAN_VENV) build *.egg-info src/*.egg-info fulmar/_native/_fulmar_native.* .mypy_cache .pytest_cache site

@@ -8,7 +8,7 @@ publishes the new position on the recording position counter, which is the
 after the write returned, so a failed write loses nothing it acknowledged.
 
 With a :class:`NativeRecorder` the blocks are written by its thread
-(``_native/src/recorder.h``), woken by the image's data without the agent;
+(``archive/native/recorder.h``), woken by the image's data without the agent;
 the session keeps what is not a block write: the first block of each
 segment (which opens the file), errors, the end of the image, the catalog's
 recorded position and progress events, all on the agent's next pass.
@@ -43,7 +43,7 @@ _STAGES = {
 
 
 class NativeRecorder:
-    """The archive's recorder thread (``_native/src/recorder.h``), which
+    """The archive's recorder thread (``archive/native/recorder.h``), which
     sleeps on a thread doorbell of the archive's client: the recording
     subscriptions name it (``doorbell_channel``), so data to record wakes
     the thread and not the agent.  It rings ``agent_doorbell_id`` when a

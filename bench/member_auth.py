@@ -1,7 +1,7 @@
 """The cost of the consensus stream's member trailer (issue 48): signing and
 checking one AppendPosition, next to encoding it alone.
 
-The trailer is made and checked in C (``_native/src/member_auth.c``, one
+The trailer is made and checked in C (``consensus/native/member_auth.c``, one
 context per process): the native consensus threads call it directly, the
 agent through ``MemberSigner`` and ``MemberVerifier`` (cffi calls, a copy of
 the message into and out of the C buffer).  Both are timed, and the

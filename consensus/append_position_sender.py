@@ -1,4 +1,4 @@
-"""The follower's AppendPosition thread (``_native/src/append_position.h``).
+"""The follower's AppendPosition thread (``consensus/native/append_position.h``).
 
 A follower reports to its leader how far its archive has recorded the log;
 the leader commits on those reports, so each one is a hop of every round

@@ -1,4 +1,4 @@
-"""The consensus module's commit thread (``_native/src/leader_commit.h``),
+"""The consensus module's commit thread (``consensus/native/leader_commit.h``),
 a leader's or a follower's.
 
 A leader commits when a quorum of its members has recorded the log: on the

@@ -1,4 +1,4 @@
-"""The leader's ingress thread (``_native/src/leader_ingress.h``).
+"""The leader's ingress thread (``consensus/native/leader_ingress.h``).
 
 Every request starts with the leader's module: a client's message lands in
 the ingress and the module appends it to the log behind a session header

@@ -38,7 +38,7 @@ CommitPosition.  Two guards, applied where the consensus adapter decodes
   again, is refused); a known boot's message is taken however late it is
   read (a member, or its peer, paused: what its socket buffer held).
 
-  The trailer is made and checked in C (``_native/src/member_auth.h``), in one
+  The trailer is made and checked in C (``consensus/native/member_auth.h``), in one
   context per process (``MemberAuth``) that the agent's publisher and
   guard and the native consensus threads share: one send counter for all of
   them, and, per sender, for the last few boots, the highest counter taken
@@ -142,7 +142,7 @@ def derive_key(secret: bytes) -> bytes:
 
 
 class MemberAuth:
-    """The native context (``_native/src/member_auth.h``) that signs and
+    """The native context (``consensus/native/member_auth.h``) that signs and
     checks the trailers of one process: its key, its member id and the
     members', its boot id and its one send counter, and what it has taken
     from each sender.  The agent's publisher and guard and the native

@@ -26,6 +26,7 @@ import html
 import inspect
 import logging
 import re
+import runpy
 import sys
 import types
 from pathlib import Path
@@ -90,12 +91,11 @@ def _native_stand_in() -> None:
         return
     from cffi import FFI
 
-    source = ROOT / "fulmar" / "_native" / "src"
-    foundations = ("term.h", "udp.h")  # the order fulmar/_native/build.py gives them
-    headers = sorted(
-        (path for path in source.glob("*.h") if not path.name.startswith("_")),
-        key=lambda path: (path.name not in foundations, path.name),
-    )
+    # the build script's own list of headers, in its order (cffi needs a
+    # header after those whose types it names); run from its file because
+    # importing fulmar._native is what fails here
+    build = runpy.run_path(str(ROOT / "fulmar" / "_native" / "build.py"))
+    headers = build["public_headers"]
     ffi = FFI()
     ffi.cdef("\n".join(path.read_text() for path in headers))
     constants = ffi.dlopen(None)

@@ -1,6 +1,6 @@
 """The media driver's data plane: the native thread that sends network
 publications, receives images and moves IPC publishers' limits
-(``_native/src/dataplane.h``), seen from the conductor.
+(``driver/native/dataplane.h``), seen from the conductor.
 
 The conductor opens the sockets, maps the log buffers and allocates the
 counters, then hands them over here by id; it asks for the state it needs for

@@ -7,7 +7,7 @@ Aeron does this with loss generators wrapped around its channel endpoints
 fulmar keeps the knobs in driver counters instead of configuration, so that a
 tool or a test partitions a running node by writing counter values in its
 cnc.dat: no restart, no command protocol.  The driver's data plane reads them
-on every datagram (``_native/src/loss.h``).
+on every datagram (``driver/native/loss.h``).
 
 * ``LOSS_RECEIVE_RATE_PPM`` and ``LOSS_SEND_RATE_PPM``: parts per million of
   the selected datagrams to drop; 0 drops nothing, 1_000_000 drops

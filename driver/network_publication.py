@@ -2,7 +2,7 @@
 (which local publishers append to and spies read), its counters, the clients
 that use it and its life cycle.  The sending itself (data within the
 receivers' window, SETUPs, heartbeats, retransmits, flow control) is the data
-plane's (``data_plane.py``, ``_native/src/dp_send.c``)."""
+plane's (``data_plane.py``, ``driver/native/dp_send.c``)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 buffer (which local subscribers map), its counters, its subscribers and its
 life cycle.  Receiving (the log rebuilt from datagrams, status messages and
 NAKs to the sources) is the data plane's (``data_plane.py``,
-``_native/src/dp_receive.c``)."""
+``driver/native/dp_receive.c``)."""
 
 from __future__ import annotations
 

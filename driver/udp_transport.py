@@ -1,8 +1,8 @@
 """A UDP socket for the media driver's sender and receiver: non-blocking,
 moving batches of datagrams per system call (recvmmsg/sendmmsg in
-``_native/src/udp.c``), IPv4 and IPv6, unicast and multicast.  The media
+``driver/native/udp.c``), IPv4 and IPv6, unicast and multicast.  The media
 driver opens and binds its sockets here; its data plane then moves their
-datagrams in C (and injects loss there, ``_native/src/loss.h``).
+datagrams in C (and injects loss there, ``driver/native/loss.h``).
 
 The socket is never blocked on: an agent polls ``receive`` in its duty cycle
 and waits for readiness on ``fileno()`` (or its doorbell) when idle.  Linux is
@@ -464,8 +464,9 @@ class UdpTransport:
         ]
 
     def _send_native(self, pointer: Any, length: int, flat: array[int], target: UdpAddress) -> int:
+        # no trailers: the media driver's data plane adds the datagrams' MACs, not this path
         sent = lib.fulmar_udp_send_batch(
-            self._fd, pointer, length, ffi.from_buffer("int32_t[]", flat), len(flat) // 2, target.native
+            self._fd, pointer, length, ffi.from_buffer("int32_t[]", flat), len(flat) // 2, ffi.NULL, 0, target.native
         )
         if sent == lib.FULMAR_UDP_REGION_OUT_OF_BOUNDS:
             raise ValueError(f"a region lies outside the {length}-byte buffer")

@@ -1,4 +1,4 @@
-"""The archive's recorder thread (archive/recorder.py, _native/src/recorder.h):
+"""The archive's recorder thread (archive/recorder.py, archive/native/recorder.h):
 data to record rings the thread's own doorbell (the subscription's
 doorbell-id) and the thread writes it, without the archive's agent; the
 agent opens each segment, and takes over errors and the end of the image.

@@ -1,5 +1,5 @@
 """The media driver's data plane (driver/data_plane.py over
-_native/src/dataplane.h), driven directly: its calls refuse what they must,
+driver/native/dataplane.h), driven directly: its calls refuse what they must,
 the FIFO doorbell wakes its thread once per sleep, a SETUP becomes an event,
 datagrams for nobody are counted, and it stops cleanly with everything still
 registered.  The driver's own tests (test_driver_*.py) run it end to end."""

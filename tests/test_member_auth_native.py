@@ -1,4 +1,4 @@
-"""The native member auth context (``_native/src/member_auth.h``, through
+"""The native member auth context (``consensus/native/member_auth.h``, through
 ``fulmar.consensus.member_auth.MemberAuth``): the trailer it writes, checked
 byte for byte against a pure-Python reference of the format (hmac.digest),
 each refusal, the anti-replay window, that a refused check changes nothing,

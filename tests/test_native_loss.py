@@ -1,4 +1,4 @@
-"""Loss injection's decisions (``_native/src/loss.h``): rates in parts per
+"""Loss injection's decisions (``driver/native/loss.h``): rates in parts per
 million, frame-type masks, seeded determinism, knobs switched while in use.
 The driver applies them to every datagram it sends and receives
 (test_driver_udp.py's lossy streams, test_cli.py's partition and heal)."""

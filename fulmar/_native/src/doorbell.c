@@ -351,29 +351,30 @@ void fulmar_doorbell_thread_stop(
     pthread_mutex_destroy(lock);
 }
 
-/* One look under the lock; rings the agent when the thread handed back. */
-static int32_t relay_loop_look(const fulmar_relay_loop_t *loop, int32_t *stop, int32_t *running)
+/* One look under the lock; rings the agent when the step asked for it. */
+static int32_t loop_look(const fulmar_doorbell_loop_t *loop, int32_t *stop, fulmar_doorbell_step_t *step)
 {
+    *step = (fulmar_doorbell_step_t){0};
     pthread_mutex_lock(loop->lock);
     *stop = *loop->stop;
-    const int32_t was_running = loop->is_running(loop->thread);
-    const int32_t work = *stop ? 0 : loop->work(loop->thread);
-    *running = loop->is_running(loop->thread);
+    const int32_t work = *stop ? 0 : loop->step(loop->owner, step);
     pthread_mutex_unlock(loop->lock);
-    if (was_running && !*running && !*stop)
+    if (step->ring_agent)
     {
         fulmar_doorbell_ring(loop->values, loop->agent_doorbell_offset);
     }
     return work;
 }
 
-void fulmar_relay_loop_run(const fulmar_relay_loop_t *loop)
+static void *loop_run(void *argument)
 {
+    const fulmar_doorbell_loop_t *loop = argument;
     char *values = loop->values;
     for (;;)
     {
-        int32_t stop, running;
-        if (relay_loop_look(loop, &stop, &running) > 0)
+        int32_t stop;
+        fulmar_doorbell_step_t step;
+        if (loop_look(loop, &stop, &step) > 0)
         {
             continue;  /* more may have landed meanwhile */
         }
@@ -385,7 +386,7 @@ void fulmar_relay_loop_run(const fulmar_relay_loop_t *loop)
          * registration wakes the wait below at once, so none is lost between
          * the look and the sleep. */
         const int32_t token = fulmar_doorbell_prepare(values, loop->doorbell_offset);
-        const int32_t again = relay_loop_look(loop, &stop, &running) > 0;
+        const int32_t again = loop_look(loop, &stop, &step) > 0;
         if (again || stop)
         {
             fulmar_doorbell_cancel(values, loop->doorbell_offset);
@@ -395,19 +396,25 @@ void fulmar_relay_loop_run(const fulmar_relay_loop_t *loop)
             }
             continue;
         }
-        if (!running)
+        if (step.relay)
         {
             /* Not armed: whatever landed is the agent's to read.  The ring is
              * passed on after the registration above, so one that came while
              * this thread was awake (it can tell no ring from its timeout
              * then) reaches the agent too; at worst the agent wakes for
-             * nothing once per relay_wait_ns. */
+             * nothing once per wait. */
             pthread_mutex_lock(loop->lock);
             (*loop->relayed)++;
             pthread_mutex_unlock(loop->lock);
             fulmar_doorbell_ring(values, loop->agent_doorbell_offset);
         }
-        fulmar_doorbell_wait_without_gil(
-            values, loop->doorbell_offset, token, running ? loop->running_wait_ns : loop->relay_wait_ns);
+        fulmar_doorbell_wait_without_gil(values, loop->doorbell_offset, token, step.wait_ns);
     }
+    return NULL;
+}
+
+int fulmar_doorbell_loop_start(pthread_t *thread, const fulmar_doorbell_loop_t *loop)
+{
+    /* the thread only reads *loop; the cast is pthread_create's void * */
+    return fulmar_doorbell_thread_start(thread, loop->lock, loop_run, (void *)loop);
 }

@@ -24,6 +24,7 @@ struct fulmar_append_position_sender_stct
 {
     pthread_t thread;
     pthread_mutex_t lock;
+    fulmar_doorbell_loop_t loop;     /* what the thread runs: step below */
     char *values;
     int64_t values_length;
     int64_t doorbell_offset;
@@ -111,53 +112,14 @@ static int32_t report(fulmar_append_position_sender_t *sender, int32_t *need_age
     return 0;
 }
 
-static int32_t report_locked(fulmar_append_position_sender_t *sender, int32_t *stop, int32_t *refused_pending)
-{
-    int32_t need_agent = 0;
-    pthread_mutex_lock(&sender->lock);
-    *stop = sender->stop;
-    const int32_t work = *stop ? 0 : report(sender, &need_agent);
-    *refused_pending = sender->refused_pending;
-    pthread_mutex_unlock(&sender->lock);
-    if (need_agent)
-    {
-        fulmar_doorbell_ring(sender->values, sender->agent_doorbell_offset);
-    }
-    return work;
-}
-
-static void *run(void *argument)
+/* One step of the thread (with the lock held): a refused offer is tried
+ * again after retry_wait_ns, else the sleep only bounds a lost ring. */
+static int32_t step(void *argument, fulmar_doorbell_step_t *out)
 {
     fulmar_append_position_sender_t *sender = argument;
-    char *values = sender->values;
-    for (;;)
-    {
-        int32_t stop, refused_pending;
-        if (report_locked(sender, &stop, &refused_pending) > 0)
-        {
-            continue;  /* rec-pos may have moved again meanwhile */
-        }
-        if (stop)
-        {
-            break;
-        }
-        /* Register as a sleeper, then look once more: a ring between the
-         * look above and the registration is not lost. */
-        const int32_t token = fulmar_doorbell_prepare(values, sender->doorbell_offset);
-        const int32_t again = report_locked(sender, &stop, &refused_pending) > 0;
-        if (again || stop)
-        {
-            fulmar_doorbell_cancel(values, sender->doorbell_offset);
-            if (stop)
-            {
-                break;
-            }
-            continue;
-        }
-        fulmar_doorbell_wait_without_gil(
-            values, sender->doorbell_offset, token, refused_pending ? sender->retry_wait_ns : IDLE_WAIT_NS);
-    }
-    return NULL;
+    const int32_t work = report(sender, &out->ring_agent);
+    out->wait_ns = sender->refused_pending ? sender->retry_wait_ns : IDLE_WAIT_NS;
+    return work;
 }
 
 fulmar_append_position_sender_t *fulmar_append_position_start(
@@ -182,7 +144,16 @@ fulmar_append_position_sender_t *fulmar_append_position_start(
     sender->agent_doorbell_offset = agent_doorbell_offset;
     sender->retry_wait_ns = retry_wait_ns;
     sender->state.status = FULMAR_APPEND_POSITION_IDLE;
-    const int error = fulmar_doorbell_thread_start(&sender->thread, &sender->lock, run, sender);
+    sender->loop = (fulmar_doorbell_loop_t){
+        .owner = sender,
+        .lock = &sender->lock,
+        .stop = &sender->stop,
+        .values = sender->values,
+        .doorbell_offset = sender->doorbell_offset,
+        .agent_doorbell_offset = sender->agent_doorbell_offset,
+        .step = step,  /* never relays: no rings for the agent to take */
+    };
+    const int error = fulmar_doorbell_loop_start(&sender->thread, &sender->loop);
     if (0 != error)
     {
         free(sender);

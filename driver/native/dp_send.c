@@ -114,8 +114,8 @@ static void send_regions(fulmar_dp_t *dp, dp_send_endpoint_t *endpoint, const ch
         {
             continue;
         }
-        const int32_t sent = fulmar_udp_send_batch_trailed(endpoint->fd, log, log_length, sending, sending_count,
-                                                           trailers, FULMAR_MAC_LENGTH, to);
+        const int32_t sent = fulmar_udp_send_batch(endpoint->fd, log, log_length, sending, sending_count, trailers,
+                                                   FULMAR_MAC_LENGTH, to);
         if (sent < 0)
         {
             report_send_error(dp, endpoint, to, -sent);

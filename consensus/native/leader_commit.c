@@ -36,6 +36,7 @@ struct fulmar_leader_commit_stct
 {
     pthread_t thread;
     pthread_mutex_t lock;
+    fulmar_doorbell_loop_t loop;             /* what the thread runs: step below */
     char *values;
     int64_t values_length;
     int32_t doorbell_id;
@@ -500,30 +501,14 @@ static int32_t is_running(void *argument)
     return FULMAR_LEADER_COMMIT_RUNNING == ((fulmar_leader_commit_t *)argument)->state.status;
 }
 
-static int32_t look(void *argument)
+/* One step of the thread (with the lock held). */
+static int32_t step(void *argument, fulmar_doorbell_step_t *out)
 {
     fulmar_leader_commit_t *thread = argument;
-    return MODE_FOLLOWER == thread->mode ? follower_work(thread) : commit_work(thread);
-}
-
-static void *run(void *argument)
-{
-    fulmar_leader_commit_t *thread = argument;
-    const fulmar_relay_loop_t loop = {
-        .thread = thread,
-        .lock = &thread->lock,
-        .values = thread->values,
-        .doorbell_offset = thread->doorbell_offset,
-        .agent_doorbell_offset = thread->agent_doorbell_offset,
-        .stop = &thread->stop,
-        .relayed = &thread->state.relayed,
-        .running_wait_ns = IDLE_WAIT_NS,
-        .relay_wait_ns = RELAY_WAIT_NS,
-        .work = look,
-        .is_running = is_running,
-    };
-    fulmar_relay_loop_run(&loop);
-    return NULL;
+    const int32_t was_running = is_running(thread);
+    const int32_t work = MODE_FOLLOWER == thread->mode ? follower_work(thread) : commit_work(thread);
+    fulmar_doorbell_armed_step(out, was_running, is_running(thread), IDLE_WAIT_NS, RELAY_WAIT_NS);
+    return work;
 }
 
 fulmar_leader_commit_t *fulmar_leader_commit_start(
@@ -547,7 +532,17 @@ fulmar_leader_commit_t *fulmar_leader_commit_start(
     thread->doorbell_offset = doorbell_offset;
     thread->agent_doorbell_offset = agent_doorbell_offset;
     thread->state.status = FULMAR_LEADER_COMMIT_IDLE;
-    const int error = fulmar_doorbell_thread_start(&thread->thread, &thread->lock, run, thread);
+    thread->loop = (fulmar_doorbell_loop_t){
+        .owner = thread,
+        .lock = &thread->lock,
+        .stop = &thread->stop,
+        .values = thread->values,
+        .doorbell_offset = thread->doorbell_offset,
+        .agent_doorbell_offset = thread->agent_doorbell_offset,
+        .relayed = &thread->state.relayed,
+        .step = step,
+    };
+    const int error = fulmar_doorbell_loop_start(&thread->thread, &thread->loop);
     if (0 != error)
     {
         free(thread);

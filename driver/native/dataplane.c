@@ -237,8 +237,8 @@ int dp_send_datagram(fulmar_dp_t *dp, int32_t fd, const fulmar_mac_key_t *mac_ke
     {
         fulmar_mac2(mac_key, (const uint8_t *)datagram, length, NULL, 0, mac);
     }
-    const int32_t sent = fulmar_udp_send_batch_trailed(fd, datagram, length, region, 1, NULL != mac_key ? mac : NULL,
-                                                       FULMAR_MAC_LENGTH, to);
+    const int32_t sent = fulmar_udp_send_batch(fd, datagram, length, region, 1, NULL != mac_key ? mac : NULL,
+                                               FULMAR_MAC_LENGTH, to);
     if (sent < 0)
     {
         return -sent;

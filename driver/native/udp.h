@@ -45,24 +45,14 @@ int32_t fulmar_udp_receive_batch(
     int32_t fd, char *buffer, int32_t slot_length, int32_t max_datagrams, fulmar_udp_datagram_t *datagrams);
 
 /* Send count datagrams to one destination: datagram i is the region
- * buffer[regions[2i], regions[2i] + regions[2i+1]).  Regions are checked
- * against buffer_length first (FULMAR_UDP_REGION_OUT_OF_BOUNDS, nothing
- * sent).  Returns how many were sent, in order: fewer than count when the
- * socket's send buffer filled (the rest would block), or -errno when the
- * first one failed. */
+ * buffer[regions[2i], regions[2i] + regions[2i+1]), followed by trailers[i *
+ * trailer_length, (i + 1) * trailer_length) when trailers is not NULL and
+ * trailer_length not 0 (sent as a second piece: the region is not copied).
+ * Regions are checked against buffer_length first
+ * (FULMAR_UDP_REGION_OUT_OF_BOUNDS, nothing sent).  Returns how many were
+ * sent, in order: fewer than count when the socket's send buffer filled (the
+ * rest would block), or -errno when the first one failed. */
 int32_t fulmar_udp_send_batch(
-    int32_t fd,
-    const char *buffer,
-    int64_t buffer_length,
-    const int32_t *regions,
-    int32_t count,
-    const fulmar_udp_address_t *destination);
-
-/* As fulmar_udp_send_batch, each datagram followed by trailer_length bytes:
- * datagram i is its region and then trailers[i * trailer_length, (i + 1) *
- * trailer_length), sent as two pieces (the region is not copied).  trailers
- * NULL: no trailers, as fulmar_udp_send_batch. */
-int32_t fulmar_udp_send_batch_trailed(
     int32_t fd,
     const char *buffer,
     int64_t buffer_length,

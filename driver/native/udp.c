@@ -184,17 +184,6 @@ int32_t fulmar_udp_send_batch(
     int64_t buffer_length,
     const int32_t *regions,
     int32_t count,
-    const fulmar_udp_address_t *destination)
-{
-    return fulmar_udp_send_batch_trailed(fd, buffer, buffer_length, regions, count, NULL, 0, destination);
-}
-
-int32_t fulmar_udp_send_batch_trailed(
-    int32_t fd,
-    const char *buffer,
-    int64_t buffer_length,
-    const int32_t *regions,
-    int32_t count,
     const uint8_t *trailers,
     int32_t trailer_length,
     const fulmar_udp_address_t *destination)
@@ -206,6 +195,10 @@ int32_t fulmar_udp_send_batch_trailed(
     if (count < 0 || trailer_length < 0)
     {
         return -EINVAL;
+    }
+    if (0 == trailer_length)
+    {
+        trailers = NULL;  /* an empty trailer is none: one piece per datagram */
     }
     if (!regions_in_bounds(buffer_length, regions, count))
     {
