@@ -24,7 +24,6 @@ from array import array
 from pathlib import Path
 from collections import deque
 from collections.abc import Callable
-from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
@@ -64,6 +63,7 @@ from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionActio
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
 from fulmar.consensus.consensus_publisher import ConsensusPublisher
 from fulmar.consensus.context import ConsensusModuleContext
+from fulmar.consensus.election import Election, ElectionTimeouts, next_term_for
 from fulmar.consensus.member_auth import (
     ConsensusGuard,
     MemberAuth,
@@ -92,6 +92,7 @@ from fulmar.consensus.protocol import (
 )
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
 from fulmar.consensus.recording_log import RecordingLog, RecordingLogError
+from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
 from fulmar.consensus.timer_service import TimerService
 from fulmar.counters import RECORD_ALLOCATED
 from fulmar.duty_cycle import DutyCycleStallTracker
@@ -121,56 +122,6 @@ ABOVE_ANY_POSITION = 2**63 - 1
 # How soon the AppendPosition thread offers again after the publication
 # refused (back pressure, or the leader's image not connected yet).
 APPEND_POSITION_RETRY_WAIT_NS = 1_000_000
-
-
-class ConsensusModuleState(IntEnum):
-    INIT = 0
-    ACTIVE = 1
-    SUSPENDED = 2
-    SNAPSHOT = 3
-    QUITTING = 4
-    TERMINATING = 5
-    CLOSED = 6
-
-
-class ClusterRole(IntEnum):
-    FOLLOWER = 0
-    CANDIDATE = 1
-    LEADER = 2
-
-
-class ControlToggle(IntEnum):
-    """The cluster control toggle counter's values (Aeron's ClusterControl.ToggleState)."""
-
-    INACTIVE = 0
-    NEUTRAL = 1
-    SUSPEND = 2
-    RESUME = 3
-    SNAPSHOT = 4
-    SHUTDOWN = 5
-    ABORT = 6
-    STANDBY_SNAPSHOT = 7
-
-
-class ElectionState(IntEnum):
-    INIT = 0
-    CANVASS = 1
-    NOMINATE = 2
-    CANDIDATE_BALLOT = 3
-    FOLLOWER_BALLOT = 4
-    LEADER_LOG_REPLICATION = 5
-    LEADER_REPLAY = 6
-    LEADER_INIT = 7
-    LEADER_READY = 8
-    FOLLOWER_LOG_REPLICATION = 9
-    FOLLOWER_REPLAY = 10
-    FOLLOWER_CATCHUP_INIT = 11
-    FOLLOWER_CATCHUP_AWAIT = 12
-    FOLLOWER_CATCHUP = 13
-    FOLLOWER_LOG_INIT = 14
-    FOLLOWER_LOG_AWAIT = 15
-    FOLLOWER_READY = 16
-    CLOSED = 17
 
 
 def log_line(member_id: int, text: str) -> None:
@@ -2272,8 +2223,6 @@ class ConsensusModuleAgent:
         )
 
     def new_election(self, is_startup: bool, graceful_closed_leader_id: int = NULL_MEMBER_ID) -> Any:
-        from fulmar.consensus.election import Election, ElectionTimeouts
-
         context = self.context
         timeouts = ElectionTimeouts(
             election_timeout_ns=context.election_timeout_ns,
@@ -3313,8 +3262,6 @@ class ConsensusModuleAgent:
     def _send_new_leadership_term(self, to_member_id: int, follower_log_leadership_term_id: int) -> None:
         """A member canvassing after the election (it restarted, or lost the leader):
         where its log stands against this leader's (seed 001)."""
-        from fulmar.consensus.election import next_term_for
-
         assert self.consensus_publisher is not None
         next_id, next_base, next_position = next_term_for(
             self.host.term_entries(),
