@@ -68,6 +68,7 @@ from fulmar.consensus.election import Election, ElectionTimeouts, next_term_for
 from fulmar.consensus.election_host import NodeElectionHost, leader_log_channel
 from fulmar.consensus.election_runner import LoneMemberConsensusListener, MemberElection, SingleNodeElection
 from fulmar.consensus.errors import ClusterTerminationError
+from fulmar.consensus.ingress_adapter import IngressAdapter
 from fulmar.consensus.member_auth import (
     ConsensusGuard,
     MemberAuth,
@@ -332,12 +333,9 @@ class ConsensusModuleAgent:
             aeron.add_exclusive_publication(context.control_channel, context.service_stream_id)
         )
         self.from_services = aeron.add_subscription(context.control_channel, context.consensus_module_stream_id)
-        # Capped at each image's max message length: a publisher that never
-        # ends a message cannot grow the module's memory (see FragmentAssembler).
-        self._ingress_assembler = FragmentAssembler(self._on_ingress_message, on_dropped=self._on_ingress_dropped)
         self._service_assembler = FragmentAssembler(self._on_service_message)
         self._log_assembler = FragmentAssembler(self._on_log_message)
-        # One flyweight for every session message (ingress and log): no decoder per message.
+        # One flyweight for every session message of the log: no decoder per message.
         self._session_header = codecs.SessionMessageHeaderDecoder()
         # Counters (keyed by cluster id, so tools find them).
         key = _CLUSTER_KEY.pack(context.cluster_id)
@@ -407,6 +405,18 @@ class ConsensusModuleAgent:
         self.consensus_publisher: ConsensusPublisher | None = None
         self.consensus_adapter: ConsensusAdapter | None = None
         self._consensus_subscription: Subscription | None = None  # (stream 108: several members, or a named one)
+        # Decodes what clients send on the ingress, and calls this agent's on_* for it.
+        self.ingress_adapter = IngressAdapter(
+            self,
+            is_leader=lambda: self.role is ClusterRole.LEADER,
+            invalid_requests=self.invalid_requests_counter,
+            error=self._error,
+        )
+        # Capped at each image's max message length: a publisher that never
+        # ends a message cannot grow the module's memory (see FragmentAssembler).
+        self._ingress_assembler = FragmentAssembler(
+            self._on_ingress_message, on_dropped=self.ingress_adapter.on_dropped
+        )
         self.backup_sessions = BackupSessions(
             aeron=aeron,
             context=context,
@@ -848,7 +858,7 @@ class ConsensusModuleAgent:
         work = 0
         while self._pending_ingress:
             message = self._pending_ingress[0]
-            if not self._dispatch_ingress(memoryview(message), 0, len(message)):
+            if not self.ingress_adapter.dispatch(memoryview(message), 0, len(message)):
                 return work
             self._pending_ingress.popleft()
             work += 1
@@ -862,7 +872,7 @@ class ConsensusModuleAgent:
         self._take_ingress(buffer, offset, length)
 
     def _take_ingress(self, buffer: memoryview, offset: int, length: int) -> None:
-        if self._pending_ingress or not self._dispatch_ingress(buffer, offset, length):
+        if self._pending_ingress or not self.ingress_adapter.dispatch(buffer, offset, length):
             # The log is back pressured: keep the message, in order, for the next cycle.
             self._pending_ingress.append(bytes(buffer[offset : offset + length]))
 
@@ -946,64 +956,7 @@ class ConsensusModuleAgent:
                     f"mark file {path}): the service is gone, so this member stops"
                 )
 
-    def _on_ingress_dropped(self, publication_session_id: int, length: int, max_length: int) -> None:
-        self.invalid_requests_counter.increment()
-        # The same text for every message of one publisher: the distinct error
-        # log counts repeats instead of filling up.
-        self._error(
-            f"ingress: dropped a message from publication session {publication_session_id} "
-            f"longer than its max message length {max_length}"
-        )
-
-    def _dispatch_ingress(self, buffer: memoryview, offset: int, length: int) -> bool:
-        """Act on one ingress message; False to be retried (log back pressure)."""
-        if length >= SESSION_HEADER_LENGTH:
-            # The hot path, a client's message: its frame unpacked in one go.
-            block_length, template, schema, _version, term_id, session_id, _timestamp = (
-                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset)
-            )
-            if (
-                template == SESSION_MESSAGE_TEMPLATE_ID
-                and schema == CLUSTER_SCHEMA_ID
-                and block_length == SESSION_MESSAGE_BLOCK_LENGTH
-            ):
-                if self.role is not ClusterRole.LEADER:
-                    return True  # not for a follower
-                return self._on_ingress_session_message(term_id, session_id, buffer, offset, length)
-        try:
-            header = codecs.read_header(buffer, offset, length)
-        except CodecError:
-            self.invalid_requests_counter.increment()
-            return True
-        template = header.template_id
-        if self.role is not ClusterRole.LEADER and template != codecs.SessionConnectRequestEncoder.TEMPLATE_ID:
-            # Not the leader: a connect is redirected, a client's request is
-            # not for this member; a template no client sends is counted, as
-            # the leader counts it, rather than ignored unseen.
-            if template != codecs.SessionMessageHeaderEncoder.TEMPLATE_ID and template not in _INGRESS_HANDLERS:
-                self.invalid_requests_counter.increment()
-            return True
-        if template == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
-            try:
-                session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
-            except CodecError:
-                self.invalid_requests_counter.increment()
-                return True
-            return self._on_ingress_session_message(
-                session_header.leadership_term_id, session_header.cluster_session_id, buffer, offset, length
-            )
-        try:
-            message = codecs.decode(buffer, offset, length)
-        except CodecError:
-            self.invalid_requests_counter.increment()
-            return True
-        handler = _INGRESS_HANDLERS.get(template)
-        if handler is None:
-            self.invalid_requests_counter.increment()
-            return True
-        return handler(self, message)
-
-    def _on_ingress_session_message(
+    def on_ingress_session_message(
         self, leadership_term_id: int, cluster_session_id: int, buffer: memoryview, offset: int, length: int
     ) -> bool:
         session = self.sessions.get(cluster_session_id)
@@ -3435,12 +3388,3 @@ class ConsensusModuleAgent:
             self.ingress.close()
         for resource in (self.from_services, self.service_proxy.publication):
             resource.close()
-
-
-_INGRESS_HANDLERS: dict[int, Callable[[ConsensusModuleAgent, Any], bool]] = {
-    codecs.SessionConnectRequestEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_session_connect,
-    codecs.SessionCloseRequestEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_session_close_request,
-    codecs.SessionKeepAliveEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_session_keep_alive,
-    codecs.ChallengeResponseEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_challenge_response,
-    codecs.AdminRequestEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_admin_request,
-}
