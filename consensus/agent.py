@@ -95,6 +95,7 @@ from fulmar.consensus.protocol import (
     EventCode,
     cluster_action_flags,
 )
+from fulmar.consensus.pending_service_messages import PendingServiceMessageTracker
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
@@ -116,9 +117,6 @@ if TYPE_CHECKING:
     from fulmar.publication import ExclusivePublication
     from fulmar.subscription import Image, Subscription
 
-# Service session ids (for messages a service offers to the cluster) count up
-# from here, far below any client session id.
-SERVICE_SESSION_ID_BASE = -(2**63) + 1
 # Beyond every log position: the leader's place in a quorum that it is sure to reach.
 ABOVE_ANY_POSITION = 2**63 - 1
 # How soon the AppendPosition thread offers again after the publication
@@ -162,8 +160,8 @@ class ConsensusModuleAgent:
         self.append_position = 0
         self.commit_position = 0
         self.next_session_id = 1
-        self.next_service_session_id = SERVICE_SESSION_ID_BASE
-        self.log_service_session_id = SERVICE_SESSION_ID_BASE - 1
+        # What the services offer to the cluster, until the log holds it.
+        self.service_messages = PendingServiceMessageTracker()
         self.sessions: dict[int, ClusterSession] = {}
         self.pending_sessions: list[ClusterSession] = []
         self.rejected_sessions: list[ClusterSession] = []
@@ -173,7 +171,7 @@ class ConsensusModuleAgent:
         # and closed, never in the log, so never given a client session id.
         self._session_events_pending = False  # an OK or NewLeaderEvent still to send (_check_sessions)
         self.timers = TimerService()
-        self.pending_service_messages: deque[tuple[int, bytes]] = deque()
+        self.pending_service_messages = self.service_messages.pending  # (the same deque)
         self.terminated = False
         self.termination_reason = ""
         # Set with ``terminated`` when the stop was an orderly one (the node's
@@ -306,7 +304,7 @@ class ConsensusModuleAgent:
         self._followers: dict[int, ClusterMember] = {m.id: m for m in self.members if m.id != self.member_id}
         # What the leader appended and may lose if it steps down before a quorum has it.
         self._uncommitted_timers: deque[tuple[int, int]] = deque()
-        self._uncommitted_service_messages: deque[tuple[int, int, bytes]] = deque()
+        self._uncommitted_service_messages = self.service_messages.uncommitted  # (the same deque)
         self._uncommitted_closed_sessions: deque[tuple[int, ClusterSession]] = deque()
         self._leader_services_ack_id = NULL_VALUE
         self._leader_services_joined = False
@@ -1281,7 +1279,7 @@ class ConsensusModuleAgent:
         try:
             message_header = codecs.read_header(buffer, offset, length)
             if message_header.template_id == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
-                self._enqueue_service_message(bytes(buffer[offset + SESSION_HEADER_LENGTH : offset + length]))
+                self.service_messages.enqueue(bytes(buffer[offset + SESSION_HEADER_LENGTH : offset + length]))
                 return
             message = codecs.decode(buffer, offset, length)
         except CodecError as error:
@@ -1304,36 +1302,36 @@ class ConsensusModuleAgent:
             self._error(f"unexpected {type(message).__name__} from a service ignored")
         self.timers_counter.set(len(self.timers))
 
-    def _enqueue_service_message(self, payload: bytes) -> None:
-        """A service offered a message to the cluster: it gets the next service
-        session id.  During a replay the same messages come again; those the
-        log already holds are dropped when the log shows them."""
-        self.next_service_session_id += 1
-        session_id = self.next_service_session_id
-        if session_id > self.log_service_session_id:
-            self.pending_service_messages.append((session_id, payload))
-
     def _append_pending_service_messages(self) -> int:
-        work = 0
-        while self.pending_service_messages:
-            session_id, payload = self.pending_service_messages[0]
-            if session_id <= self.log_service_session_id:
-                self.pending_service_messages.popleft()
-                continue
-            position = self.log_publisher.append_message(
-                self.leadership_term_id, session_id, self.cluster_time(), payload
-            )
-            if position <= 0:
-                break
-            if self.is_multi_member:
-                self._uncommitted_service_messages.append((position, session_id, payload))
-            self.log_service_session_id = session_id
-            self.pending_service_messages.popleft()
-            work += 1
+        term = self.leadership_term_id
+        work = self.service_messages.append(
+            lambda session_id, payload: self.log_publisher.append_message(
+                term, session_id, self.cluster_time(), payload
+            ),
+            track_uncommitted=self.is_multi_member,
+        )
         for session in list(self.sessions.values()):
             if session.state is ClusterSessionState.CLOSING:
                 self._close_session(session, CloseReason.SERVICE_ACTION, notify=True)
         return work
+
+    # The service session ids are the tracker's; the snapshot writes and the
+    # recovery restores them here.
+    @property
+    def next_service_session_id(self) -> int:
+        return self.service_messages.next_service_session_id
+
+    @next_service_session_id.setter
+    def next_service_session_id(self, value: int) -> None:
+        self.service_messages.next_service_session_id = value
+
+    @property
+    def log_service_session_id(self) -> int:
+        return self.service_messages.log_service_session_id
+
+    @log_service_session_id.setter
+    def log_service_session_id(self, value: int) -> None:
+        self.service_messages.log_service_session_id = value
 
     def next_ack_id(self) -> int:
         ack_id = self._expected_ack_id
@@ -1492,10 +1490,7 @@ class ConsensusModuleAgent:
     def _on_replay_session_message(self, cluster_session_id: int) -> None:
         if cluster_session_id < 0:
             # A service message: the log holds it, so the service's re-offer is not appended again.
-            if cluster_session_id > self.log_service_session_id:
-                self.log_service_session_id = cluster_session_id
-            while self.pending_service_messages and self.pending_service_messages[0][0] <= cluster_session_id:
-                self.pending_service_messages.popleft()
+            self.service_messages.on_log_service_message(cluster_session_id)
             return
         session = self.sessions.get(cluster_session_id)
         if session is not None:
@@ -2979,14 +2974,7 @@ class ConsensusModuleAgent:
         for position, correlation_id in self._uncommitted_timers:
             if position > commit:
                 self.timers.schedule(correlation_id, now)
-        restored = [
-            (session_id, payload)
-            for position, session_id, payload in self._uncommitted_service_messages
-            if position > commit
-        ]
-        if restored:
-            self.pending_service_messages.extendleft(reversed(restored))
-            self.log_service_session_id = restored[0][0] - 1
+        self.service_messages.restore_uncommitted(commit)
         uncommitted_actions = [before for position, before in self._uncommitted_actions if position > commit]
         if uncommitted_actions:
             # The state as of the commit position: the log the next leader keeps
