@@ -97,7 +97,7 @@ from fulmar.cli.cluster_commands import ClusterNode, ClusterReadError, ModuleCou
 from fulmar.clock import epoch_ms
 from fulmar.cnc import CncError, CncFile
 from fulmar.consensus import protocol as cluster_protocol
-from fulmar.consensus.agent import ClusterRole
+from fulmar.consensus.states import ClusterRole
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.log_writer import CLOSED, MAX_POSITION_EXCEEDED

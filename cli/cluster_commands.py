@@ -52,7 +52,7 @@ from fulmar.cli.tool_common import (
 from fulmar.cnc import CncError, CncFile
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.consensus import protocol as cluster_protocol
-from fulmar.consensus.agent import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
+from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
 from fulmar.consensus.backup import CLUSTER_BACKUP_ERROR_COUNT_TYPE_ID as BACKUP_ERROR_COUNT_TYPE_ID
 from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID as BACKUP_LIVE_LOG_POSITION_TYPE_ID
 from fulmar.consensus.backup import CLUSTER_BACKUP_QUERY_DEADLINE_TYPE_ID as BACKUP_QUERY_DEADLINE_TYPE_ID

@@ -52,7 +52,7 @@ from typing import Any
 import fulmar
 from fulmar.cli.cluster_commands import ClusterNode, ClusterReadError, cluster_member_node
 from fulmar.clock import epoch_ms
-from fulmar.consensus.agent import ClusterRole
+from fulmar.consensus.states import ClusterRole
 from fulmar.errors import FulmarError
 
 SERVICE = "fulmar.service.samples:KeyValueStore"

@@ -50,7 +50,7 @@ from fulmar.cli.cluster_commands import (
 from fulmar.cli.node_metrics import MetricsNode, NodeCollector, NodeFiles
 from fulmar.cli.tool_common import EXIT_PROBLEM, EXIT_UNREADABLE, fail
 from fulmar.clock import epoch_ms
-from fulmar.consensus.agent import ClusterRole, ConsensusModuleState, ElectionState
+from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ElectionState
 
 DEFAULT_PORT = 9464  # Prometheus' registry of exporter ports: the one most exporters' examples use
 DEFAULT_HOST = "127.0.0.1"

@@ -51,7 +51,7 @@ from fulmar.cli.cnc_reader import read_driver_status
 from fulmar.clock import epoch_ms
 from fulmar.cnc import CncError, CncFile
 from fulmar.consensus import protocol as cluster_protocol
-from fulmar.consensus.agent import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
+from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
 from fulmar.consensus.backup import (
     CLUSTER_BACKUP_ERROR_COUNT_TYPE_ID,
     CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID,

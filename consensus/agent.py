@@ -24,7 +24,6 @@ from array import array
 from pathlib import Path
 from collections import deque
 from collections.abc import Callable
-from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
@@ -51,6 +50,7 @@ from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
+from fulmar.consensus.backup_sessions import BackupSessions
 from fulmar.consensus.cluster_member import (
     ClusterMember,
     encode_cluster_members,
@@ -60,10 +60,15 @@ from fulmar.consensus.cluster_member import (
     quorum_position,
     quorum_threshold,
 )
-from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionAction, ClusterSessionState, SessionProxy
+from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionState, SessionProxy
 from fulmar.consensus.consensus_adapter import ConsensusAdapter
 from fulmar.consensus.consensus_publisher import ConsensusPublisher
 from fulmar.consensus.context import ConsensusModuleContext
+from fulmar.consensus.election import Election, ElectionTimeouts, next_term_for
+from fulmar.consensus.election_host import NodeElectionHost, leader_log_channel
+from fulmar.consensus.election_runner import LoneMemberConsensusListener, MemberElection, SingleNodeElection
+from fulmar.consensus.errors import ClusterTerminationError
+from fulmar.consensus.ingress_adapter import IngressAdapter
 from fulmar.consensus.member_auth import (
     ConsensusGuard,
     MemberAuth,
@@ -90,8 +95,10 @@ from fulmar.consensus.protocol import (
     EventCode,
     cluster_action_flags,
 )
+from fulmar.consensus.pending_service_messages import PendingServiceMessageTracker
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
-from fulmar.consensus.recording_log import RecordingLog, RecordingLogError
+from fulmar.consensus.recording_log import RecordingLog
+from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
 from fulmar.consensus.timer_service import TimerService
 from fulmar.counters import RECORD_ALLOCATED
 from fulmar.duty_cycle import DutyCycleStallTracker
@@ -107,15 +114,9 @@ from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, CounterWatch
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron, Counter
-    from fulmar.publication import ExclusivePublication, Publication
+    from fulmar.publication import ExclusivePublication
     from fulmar.subscription import Image, Subscription
 
-# Service session ids (for messages a service offers to the cluster) count up
-# from here, far below any client session id.
-SERVICE_SESSION_ID_BASE = -(2**63) + 1
-# Backup, heartbeat and standby snapshot sessions count down from here: an
-# authenticator tells them apart, and none is a client's (those are >= 1).
-BACKUP_SESSION_ID_FIRST = -2
 # Beyond every log position: the leader's place in a quorum that it is sure to reach.
 ABOVE_ANY_POSITION = 2**63 - 1
 # How soon the AppendPosition thread offers again after the publication
@@ -123,63 +124,9 @@ ABOVE_ANY_POSITION = 2**63 - 1
 APPEND_POSITION_RETRY_WAIT_NS = 1_000_000
 
 
-class ConsensusModuleState(IntEnum):
-    INIT = 0
-    ACTIVE = 1
-    SUSPENDED = 2
-    SNAPSHOT = 3
-    QUITTING = 4
-    TERMINATING = 5
-    CLOSED = 6
-
-
-class ClusterRole(IntEnum):
-    FOLLOWER = 0
-    CANDIDATE = 1
-    LEADER = 2
-
-
-class ControlToggle(IntEnum):
-    """The cluster control toggle counter's values (Aeron's ClusterControl.ToggleState)."""
-
-    INACTIVE = 0
-    NEUTRAL = 1
-    SUSPEND = 2
-    RESUME = 3
-    SNAPSHOT = 4
-    SHUTDOWN = 5
-    ABORT = 6
-    STANDBY_SNAPSHOT = 7
-
-
-class ElectionState(IntEnum):
-    INIT = 0
-    CANVASS = 1
-    NOMINATE = 2
-    CANDIDATE_BALLOT = 3
-    FOLLOWER_BALLOT = 4
-    LEADER_LOG_REPLICATION = 5
-    LEADER_REPLAY = 6
-    LEADER_INIT = 7
-    LEADER_READY = 8
-    FOLLOWER_LOG_REPLICATION = 9
-    FOLLOWER_REPLAY = 10
-    FOLLOWER_CATCHUP_INIT = 11
-    FOLLOWER_CATCHUP_AWAIT = 12
-    FOLLOWER_CATCHUP = 13
-    FOLLOWER_LOG_INIT = 14
-    FOLLOWER_LOG_AWAIT = 15
-    FOLLOWER_READY = 16
-    CLOSED = 17
-
-
 def log_line(member_id: int, text: str) -> None:
     """A line of a consensus module's output (its node's consensus.log)."""
     log_lines.stamped(f"member {member_id}", text)
-
-
-class ClusterTerminationError(FulmarError):
-    """The module stops: a SHUTDOWN/ABORT completed, or a step it cannot do without failed."""
 
 
 _CLUSTER_KEY = struct.Struct("<i")
@@ -213,8 +160,8 @@ class ConsensusModuleAgent:
         self.append_position = 0
         self.commit_position = 0
         self.next_session_id = 1
-        self.next_service_session_id = SERVICE_SESSION_ID_BASE
-        self.log_service_session_id = SERVICE_SESSION_ID_BASE - 1
+        # What the services offer to the cluster, until the log holds it.
+        self.service_messages = PendingServiceMessageTracker()
         self.sessions: dict[int, ClusterSession] = {}
         self.pending_sessions: list[ClusterSession] = []
         self.rejected_sessions: list[ClusterSession] = []
@@ -222,12 +169,9 @@ class ConsensusModuleAgent:
         # Seed 000: the sessions of tools that are not clients (a backup's
         # BackupQuery, a HeartbeatRequest, a StandbySnapshot): answered once
         # and closed, never in the log, so never given a client session id.
-        self.pending_backup_sessions: list[ClusterSession] = []
-        self.rejected_backup_sessions: list[ClusterSession] = []
         self._session_events_pending = False  # an OK or NewLeaderEvent still to send (_check_sessions)
-        self._next_backup_session_id = BACKUP_SESSION_ID_FIRST
         self.timers = TimerService()
-        self.pending_service_messages: deque[tuple[int, bytes]] = deque()
+        self.pending_service_messages = self.service_messages.pending  # (the same deque)
         self.terminated = False
         self.termination_reason = ""
         # Set with ``terminated`` when the stop was an orderly one (the node's
@@ -360,7 +304,7 @@ class ConsensusModuleAgent:
         self._followers: dict[int, ClusterMember] = {m.id: m for m in self.members if m.id != self.member_id}
         # What the leader appended and may lose if it steps down before a quorum has it.
         self._uncommitted_timers: deque[tuple[int, int]] = deque()
-        self._uncommitted_service_messages: deque[tuple[int, int, bytes]] = deque()
+        self._uncommitted_service_messages = self.service_messages.uncommitted  # (the same deque)
         self._uncommitted_closed_sessions: deque[tuple[int, ClusterSession]] = deque()
         self._leader_services_ack_id = NULL_VALUE
         self._leader_services_joined = False
@@ -387,12 +331,9 @@ class ConsensusModuleAgent:
             aeron.add_exclusive_publication(context.control_channel, context.service_stream_id)
         )
         self.from_services = aeron.add_subscription(context.control_channel, context.consensus_module_stream_id)
-        # Capped at each image's max message length: a publisher that never
-        # ends a message cannot grow the module's memory (see FragmentAssembler).
-        self._ingress_assembler = FragmentAssembler(self._on_ingress_message, on_dropped=self._on_ingress_dropped)
         self._service_assembler = FragmentAssembler(self._on_service_message)
         self._log_assembler = FragmentAssembler(self._on_log_message)
-        # One flyweight for every session message (ingress and log): no decoder per message.
+        # One flyweight for every session message of the log: no decoder per message.
         self._session_header = codecs.SessionMessageHeaderDecoder()
         # Counters (keyed by cluster id, so tools find them).
         key = _CLUSTER_KEY.pack(context.cluster_id)
@@ -462,12 +403,42 @@ class ConsensusModuleAgent:
         self.consensus_publisher: ConsensusPublisher | None = None
         self.consensus_adapter: ConsensusAdapter | None = None
         self._consensus_subscription: Subscription | None = None  # (stream 108: several members, or a named one)
+        # Decodes what clients send on the ingress, and calls this agent's on_* for it.
+        self.ingress_adapter = IngressAdapter(
+            self,
+            is_leader=lambda: self.role is ClusterRole.LEADER,
+            invalid_requests=self.invalid_requests_counter,
+            error=self._error,
+        )
+        # Capped at each image's max message length: a publisher that never
+        # ends a message cannot grow the module's memory (see FragmentAssembler).
+        self._ingress_assembler = FragmentAssembler(
+            self._on_ingress_message, on_dropped=self.ingress_adapter.on_dropped
+        )
+        self.backup_sessions = BackupSessions(
+            aeron=aeron,
+            context=context,
+            egress=self._egress,
+            recording_log=self.recording_log,
+            member_id=self.member_id,
+            invalid_requests=self.invalid_requests_counter,
+            standby_snapshots=self.standby_snapshot_counter,
+            commit_position_counter=self.commit_position_counter,
+            is_open=self._takes_backup_requests,
+            now_ns=lambda: self._now_ns,
+            epoch_ms=self.epoch_ms,
+            leader_member_id=lambda: self.leader_member_id if self.is_multi_member else self.member_id,
+            cluster_members=lambda: encode_cluster_members(self.members) if self.members else "",
+            error=self._error,
+            log_event=self.log_event,
+        )
+        # (The same lists: the agent sends their rejections and disconnects them on close.)
+        self.pending_backup_sessions = self.backup_sessions.pending
+        self.rejected_backup_sessions = self.backup_sessions.rejected
         self.election: Any
         self.election_count_counter.increment()
         if self.is_multi_member:
             self._open_consensus_streams()
-            from fulmar.consensus.election_host import NodeElectionHost
-
             self.host = NodeElectionHost(self)
             self.election = MemberElection(self, is_startup=True)
         else:
@@ -750,12 +721,12 @@ class ConsensusModuleAgent:
         if self.election is None and self.role is ClusterRole.LEADER:
             work += self._check_control_toggle(now_ns)
             work += self._process_pending_sessions(now_ns)
-            work += self._process_pending_backup_sessions(now_ns)
+            work += self.backup_sessions.process_pending(now_ns)
             work += self._check_sessions(now_ns)
         elif self.election is None:
             # Seed 000: a follower answers the backup, heartbeat and standby
             # snapshot sessions too (a backup's answer names the leader).
-            work += self._process_pending_backup_sessions(now_ns)
+            work += self.backup_sessions.process_pending(now_ns)
         return work
 
     def _leader_work(self, now_ns: int) -> int:
@@ -885,7 +856,7 @@ class ConsensusModuleAgent:
         work = 0
         while self._pending_ingress:
             message = self._pending_ingress[0]
-            if not self._dispatch_ingress(memoryview(message), 0, len(message)):
+            if not self.ingress_adapter.dispatch(memoryview(message), 0, len(message)):
                 return work
             self._pending_ingress.popleft()
             work += 1
@@ -899,7 +870,7 @@ class ConsensusModuleAgent:
         self._take_ingress(buffer, offset, length)
 
     def _take_ingress(self, buffer: memoryview, offset: int, length: int) -> None:
-        if self._pending_ingress or not self._dispatch_ingress(buffer, offset, length):
+        if self._pending_ingress or not self.ingress_adapter.dispatch(buffer, offset, length):
             # The log is back pressured: keep the message, in order, for the next cycle.
             self._pending_ingress.append(bytes(buffer[offset : offset + length]))
 
@@ -983,64 +954,7 @@ class ConsensusModuleAgent:
                     f"mark file {path}): the service is gone, so this member stops"
                 )
 
-    def _on_ingress_dropped(self, publication_session_id: int, length: int, max_length: int) -> None:
-        self.invalid_requests_counter.increment()
-        # The same text for every message of one publisher: the distinct error
-        # log counts repeats instead of filling up.
-        self._error(
-            f"ingress: dropped a message from publication session {publication_session_id} "
-            f"longer than its max message length {max_length}"
-        )
-
-    def _dispatch_ingress(self, buffer: memoryview, offset: int, length: int) -> bool:
-        """Act on one ingress message; False to be retried (log back pressure)."""
-        if length >= SESSION_HEADER_LENGTH:
-            # The hot path, a client's message: its frame unpacked in one go.
-            block_length, template, schema, _version, term_id, session_id, _timestamp = (
-                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset)
-            )
-            if (
-                template == SESSION_MESSAGE_TEMPLATE_ID
-                and schema == CLUSTER_SCHEMA_ID
-                and block_length == SESSION_MESSAGE_BLOCK_LENGTH
-            ):
-                if self.role is not ClusterRole.LEADER:
-                    return True  # not for a follower
-                return self._on_ingress_session_message(term_id, session_id, buffer, offset, length)
-        try:
-            header = codecs.read_header(buffer, offset, length)
-        except CodecError:
-            self.invalid_requests_counter.increment()
-            return True
-        template = header.template_id
-        if self.role is not ClusterRole.LEADER and template != codecs.SessionConnectRequestEncoder.TEMPLATE_ID:
-            # Not the leader: a connect is redirected, a client's request is
-            # not for this member; a template no client sends is counted, as
-            # the leader counts it, rather than ignored unseen.
-            if template != codecs.SessionMessageHeaderEncoder.TEMPLATE_ID and template not in _INGRESS_HANDLERS:
-                self.invalid_requests_counter.increment()
-            return True
-        if template == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
-            try:
-                session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
-            except CodecError:
-                self.invalid_requests_counter.increment()
-                return True
-            return self._on_ingress_session_message(
-                session_header.leadership_term_id, session_header.cluster_session_id, buffer, offset, length
-            )
-        try:
-            message = codecs.decode(buffer, offset, length)
-        except CodecError:
-            self.invalid_requests_counter.increment()
-            return True
-        handler = _INGRESS_HANDLERS.get(template)
-        if handler is None:
-            self.invalid_requests_counter.increment()
-            return True
-        return handler(self, message)
-
-    def _on_ingress_session_message(
+    def on_ingress_session_message(
         self, leadership_term_id: int, cluster_session_id: int, buffer: memoryview, offset: int, length: int
     ) -> bool:
         session = self.sessions.get(cluster_session_id)
@@ -1140,44 +1054,12 @@ class ConsensusModuleAgent:
         return True
 
     # ----------------------------- backup, heartbeat and standby snapshot sessions
+    # (consensus/backup_sessions.py; the consensus adapter calls these on the agent)
 
-    def _new_backup_session(
-        self, action: ClusterSessionAction, correlation_id: int, response_stream_id: int, response_channel: str
-    ) -> ClusterSession | None:
-        """A session for a tool's one request (Aeron's onBackupQuery and the
-        like): only while no election runs and the module runs, as in Aeron;
-        the tool asks again when it hears nothing."""
-        if self.election is not None or self.state not in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
-            return None
-        if (
-            len(self.pending_backup_sessions) + len(self.rejected_backup_sessions)
-            >= self.context.max_concurrent_sessions
-        ):
-            # A flood of requests gets no more response publications than clients could.
-            self.invalid_requests_counter.increment()
-            return None
-        session = ClusterSession(
-            self._next_backup_session_id, response_stream_id, response_channel, correlation_id, self._now_ns, action
-        )
-        self._next_backup_session_id -= 1
-        try:
-            session.async_connect(self.aeron, self._error)
-        except FulmarError as error:
-            self._error(f"cannot connect the response channel of a {action.name} request ({response_channel}): {error}")
-            self.invalid_requests_counter.increment()
-            return None
-        return session
-
-    def _admit_backup_session(self, session: ClusterSession, version: int | None, encoded_credentials: bytes) -> None:
-        if version is not None and major_version(version) != protocol.PROTOCOL_MAJOR_VERSION:
-            session.detail = (
-                f"invalid client version {version_text(version)}, "
-                f"cluster is {version_text(protocol.PROTOCOL_SEMANTIC_VERSION)}"
-            )
-            self.rejected_backup_sessions.append(session)
-            return
-        self._authenticator.on_connect_request(session.id, encoded_credentials, self.epoch_ms())
-        self.pending_backup_sessions.append(session)
+    def _takes_backup_requests(self) -> bool:
+        """Only while no election runs and the module runs, as in Aeron; the
+        tool asks again when it hears nothing."""
+        return self.election is None and self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED)
 
     def on_backup_query(
         self,
@@ -1187,20 +1069,16 @@ class ConsensusModuleAgent:
         response_channel: str,
         encoded_credentials: bytes,
     ) -> None:
-        session = self._new_backup_session(
-            ClusterSessionAction.BACKUP, correlation_id, response_stream_id, response_channel
+        self.backup_sessions.on_backup_query(
+            correlation_id, response_stream_id, version, response_channel, encoded_credentials
         )
-        if session is not None:
-            self._admit_backup_session(session, version, encoded_credentials)
 
     def on_heartbeat_request(
         self, correlation_id: int, response_stream_id: int, response_channel: str, encoded_credentials: bytes
     ) -> None:
-        session = self._new_backup_session(
-            ClusterSessionAction.HEARTBEAT, correlation_id, response_stream_id, response_channel
+        self.backup_sessions.on_heartbeat_request(
+            correlation_id, response_stream_id, response_channel, encoded_credentials
         )
-        if session is not None:
-            self._admit_backup_session(session, None, encoded_credentials)  # (the request has no version)
 
     def on_standby_snapshot(
         self,
@@ -1211,136 +1089,14 @@ class ConsensusModuleAgent:
         response_channel: str,
         encoded_credentials: bytes,
     ) -> None:
-        if not self.context.accept_standby_snapshots:
-            # Aeron's default too: another node's snapshots are not taken into
-            # this member's recording log unless it is configured to.
-            self.invalid_requests_counter.increment()
-            self._error(
-                "a StandbySnapshot was refused: this member does not accept standby snapshots "
-                "(accept_standby_snapshots is off)"
-            )
-            return
-        session = self._new_backup_session(
-            ClusterSessionAction.STANDBY_SNAPSHOT, correlation_id, response_stream_id, response_channel
+        self.backup_sessions.on_standby_snapshot(
+            correlation_id, version, response_stream_id, snapshots, response_channel, encoded_credentials
         )
-        if session is not None:
-            session.request_input = snapshots
-            self._admit_backup_session(session, version, encoded_credentials)
 
     def on_consensus_challenge_response(
         self, correlation_id: int, cluster_session_id: int, encoded_credentials: bytes
     ) -> None:
-        for session in self.pending_backup_sessions:
-            if session.id == cluster_session_id and session.state is ClusterSessionState.CHALLENGED:
-                session.time_of_last_activity(self._now_ns)
-                session.correlation_id = correlation_id
-                self._authenticator.on_challenge_response(session.id, encoded_credentials, self.epoch_ms())
-                return
-        self.invalid_requests_counter.increment()
-
-    def _process_pending_backup_sessions(self, now_ns: int) -> int:
-        """Seed 000's pendingBackupSessions: once a session's response channel is
-        connected and its tool authenticated, answer its one request and close it."""
-        work = 0
-        for session in list(self.pending_backup_sessions):
-            if session.state is ClusterSessionState.INVALID:  # the driver refused its response publication
-                self.pending_backup_sessions.remove(session)
-                session.close()
-                self.invalid_requests_counter.increment()
-                continue
-            if now_ns - session.time_of_last_activity_ns > self.context.session_timeout_ns:
-                self.pending_backup_sessions.remove(session)
-                session.close(CloseReason.TIMEOUT)
-                continue
-            if session.state is ClusterSessionState.CONNECTING and session.is_response_publication_connected:
-                session.state = ClusterSessionState.CONNECTED
-                self._authenticator.on_connected_session(SessionProxy(session), self.epoch_ms())
-                work += 1
-            if session.state is ClusterSessionState.CHALLENGED:
-                if session.encoded_challenge is not None and session.publication is not None:
-                    if self._egress.challenge(
-                        session.publication, session.correlation_id, session.id, session.encoded_challenge
-                    ):
-                        session.encoded_challenge = None
-                self._authenticator.on_challenged_session(SessionProxy(session), self.epoch_ms())
-            if session.state is ClusterSessionState.AUTHENTICATED:
-                if self._answer_backup_session(session):
-                    self.pending_backup_sessions.remove(session)
-                    session.close(CloseReason.CLIENT_ACTION)
-                    work += 1
-            elif session.state is ClusterSessionState.REJECTED:
-                self.pending_backup_sessions.remove(session)
-                session.detail = "authentication rejected"
-                self.rejected_backup_sessions.append(session)
-        return work
-
-    def _answer_backup_session(self, session: ClusterSession) -> bool:
-        """The answer to an authenticated session's request; False to try again
-        on the next slow tick (its response publication is back pressured)."""
-        publication = session.publication
-        if publication is None:
-            return False
-        if session.action is ClusterSessionAction.HEARTBEAT:
-            return self._egress.heartbeat_response(publication, session.correlation_id)
-        if session.action is ClusterSessionAction.STANDBY_SNAPSHOT:
-            recorded = 0
-            for entry in session.request_input:
-                try:
-                    self.recording_log.append_standby_snapshot(
-                        entry.recording_id,
-                        entry.leadership_term_id,
-                        entry.term_base_log_position,
-                        entry.log_position,
-                        entry.timestamp,
-                        entry.service_id,
-                        entry.archive_endpoint,
-                    )
-                    recorded += 1
-                except RecordingLogError as error:  # a tool's bad entry: refused, the rest kept
-                    self.invalid_requests_counter.increment()
-                    self._error(f"a standby snapshot entry was refused: {error}")
-            self.standby_snapshot_counter.increment()
-            self.log_event(f"standby snapshots: {recorded} of {len(session.request_input)} entries recorded")
-            return True
-        return self._send_backup_response(session, publication)
-
-    def _send_backup_response(self, session: ClusterSession, publication: Publication) -> bool:
-        """BackupResponse (Aeron's ConsensusPublisher.backupResponse): where this
-        member's log is recorded, its newest complete set of snapshots, the
-        members and the leader, from the recording log (no archive round trip
-        on the duty cycle)."""
-        last_term = self.recording_log.find_last_term()
-        if last_term is None:
-            return False  # nothing recorded yet: the backup asks again
-        snapshots = [
-            {
-                "recording_id": snapshot.recording_id,
-                "leadership_term_id": snapshot.leadership_term_id,
-                "term_base_log_position": snapshot.term_base_log_position,
-                "log_position": snapshot.log_position,
-                "timestamp": snapshot.timestamp,
-                "service_id": snapshot.service_id,
-            }
-            for snapshot in self.recording_log.latest_snapshot_set(self.context.service_count)
-        ]
-        leader = self.leader_member_id if self.is_multi_member else self.member_id
-        members = encode_cluster_members(self.members) if self.members else ""
-        return self._egress.backup_response(
-            publication,
-            session.correlation_id,
-            log_recording_id=last_term.recording_id,
-            # (Aeron's from its recovery plan's log, which is the last term too
-            # when the plan is fresh; this one always is.)
-            log_leadership_term_id=last_term.leadership_term_id,
-            log_term_base_log_position=last_term.term_base_log_position,
-            last_leadership_term_id=last_term.leadership_term_id,
-            last_term_base_log_position=last_term.term_base_log_position,
-            commit_position_counter_id=self.commit_position_counter.id,
-            leader_member_id=leader,
-            member_id=self.member_id,
-            snapshots=snapshots,
-            cluster_members=members,
-        )
+        self.backup_sessions.on_consensus_challenge_response(correlation_id, cluster_session_id, encoded_credentials)
 
     # -------------------------------------------------------------- sessions
 
@@ -1523,7 +1279,7 @@ class ConsensusModuleAgent:
         try:
             message_header = codecs.read_header(buffer, offset, length)
             if message_header.template_id == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
-                self._enqueue_service_message(bytes(buffer[offset + SESSION_HEADER_LENGTH : offset + length]))
+                self.service_messages.enqueue(bytes(buffer[offset + SESSION_HEADER_LENGTH : offset + length]))
                 return
             message = codecs.decode(buffer, offset, length)
         except CodecError as error:
@@ -1546,36 +1302,36 @@ class ConsensusModuleAgent:
             self._error(f"unexpected {type(message).__name__} from a service ignored")
         self.timers_counter.set(len(self.timers))
 
-    def _enqueue_service_message(self, payload: bytes) -> None:
-        """A service offered a message to the cluster: it gets the next service
-        session id.  During a replay the same messages come again; those the
-        log already holds are dropped when the log shows them."""
-        self.next_service_session_id += 1
-        session_id = self.next_service_session_id
-        if session_id > self.log_service_session_id:
-            self.pending_service_messages.append((session_id, payload))
-
     def _append_pending_service_messages(self) -> int:
-        work = 0
-        while self.pending_service_messages:
-            session_id, payload = self.pending_service_messages[0]
-            if session_id <= self.log_service_session_id:
-                self.pending_service_messages.popleft()
-                continue
-            position = self.log_publisher.append_message(
-                self.leadership_term_id, session_id, self.cluster_time(), payload
-            )
-            if position <= 0:
-                break
-            if self.is_multi_member:
-                self._uncommitted_service_messages.append((position, session_id, payload))
-            self.log_service_session_id = session_id
-            self.pending_service_messages.popleft()
-            work += 1
+        term = self.leadership_term_id
+        work = self.service_messages.append(
+            lambda session_id, payload: self.log_publisher.append_message(
+                term, session_id, self.cluster_time(), payload
+            ),
+            track_uncommitted=self.is_multi_member,
+        )
         for session in list(self.sessions.values()):
             if session.state is ClusterSessionState.CLOSING:
                 self._close_session(session, CloseReason.SERVICE_ACTION, notify=True)
         return work
+
+    # The service session ids are the tracker's; the snapshot writes and the
+    # recovery restores them here.
+    @property
+    def next_service_session_id(self) -> int:
+        return self.service_messages.next_service_session_id
+
+    @next_service_session_id.setter
+    def next_service_session_id(self, value: int) -> None:
+        self.service_messages.next_service_session_id = value
+
+    @property
+    def log_service_session_id(self) -> int:
+        return self.service_messages.log_service_session_id
+
+    @log_service_session_id.setter
+    def log_service_session_id(self, value: int) -> None:
+        self.service_messages.log_service_session_id = value
 
     def next_ack_id(self) -> int:
         ack_id = self._expected_ack_id
@@ -1734,10 +1490,7 @@ class ConsensusModuleAgent:
     def _on_replay_session_message(self, cluster_session_id: int) -> None:
         if cluster_session_id < 0:
             # A service message: the log holds it, so the service's re-offer is not appended again.
-            if cluster_session_id > self.log_service_session_id:
-                self.log_service_session_id = cluster_session_id
-            while self.pending_service_messages and self.pending_service_messages[0][0] <= cluster_session_id:
-                self.pending_service_messages.popleft()
+            self.service_messages.on_log_service_message(cluster_session_id)
             return
         session = self.sessions.get(cluster_session_id)
         if session is not None:
@@ -2272,8 +2025,6 @@ class ConsensusModuleAgent:
         )
 
     def new_election(self, is_startup: bool, graceful_closed_leader_id: int = NULL_MEMBER_ID) -> Any:
-        from fulmar.consensus.election import Election, ElectionTimeouts
-
         context = self.context
         timeouts = ElectionTimeouts(
             election_timeout_ns=context.election_timeout_ns,
@@ -3070,8 +2821,6 @@ class ConsensusModuleAgent:
     # -- the leader's log ---------------------------------------------------------------------
 
     def create_leader_log_publication(self, log_position: int) -> int:
-        from fulmar.consensus.election_host import leader_log_channel
-
         descriptor = None
         if self.log_recording_id != NULL_VALUE:
             descriptor = self.archive.list_recording(self.log_recording_id)
@@ -3225,14 +2974,7 @@ class ConsensusModuleAgent:
         for position, correlation_id in self._uncommitted_timers:
             if position > commit:
                 self.timers.schedule(correlation_id, now)
-        restored = [
-            (session_id, payload)
-            for position, session_id, payload in self._uncommitted_service_messages
-            if position > commit
-        ]
-        if restored:
-            self.pending_service_messages.extendleft(reversed(restored))
-            self.log_service_session_id = restored[0][0] - 1
+        self.service_messages.restore_uncommitted(commit)
         uncommitted_actions = [before for position, before in self._uncommitted_actions if position > commit]
         if uncommitted_actions:
             # The state as of the commit position: the log the next leader keeps
@@ -3313,8 +3055,6 @@ class ConsensusModuleAgent:
     def _send_new_leadership_term(self, to_member_id: int, follower_log_leadership_term_id: int) -> None:
         """A member canvassing after the election (it restarted, or lost the leader):
         where its log stands against this leader's (seed 001)."""
-        from fulmar.consensus.election import next_term_for
-
         assert self.consensus_publisher is not None
         next_id, next_base, next_position = next_term_for(
             self.host.term_entries(),
@@ -3636,323 +3376,3 @@ class ConsensusModuleAgent:
             self.ingress.close()
         for resource in (self.from_services, self.service_proxy.publication):
             resource.close()
-
-
-_INGRESS_HANDLERS: dict[int, Callable[[ConsensusModuleAgent, Any], bool]] = {
-    codecs.SessionConnectRequestEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_session_connect,
-    codecs.SessionCloseRequestEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_session_close_request,
-    codecs.SessionKeepAliveEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_session_keep_alive,
-    codecs.ChallengeResponseEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_challenge_response,
-    codecs.AdminRequestEncoder.TEMPLATE_ID: ConsensusModuleAgent.on_admin_request,
-}
-
-
-class LoneMemberConsensusListener:
-    """What a cluster of one hears on its consensus stream.  No other member
-    talks there, but the tools that are not members do: a ClusterBackup's
-    BackupQuery, a HeartbeatRequest, a StandbySnapshot, and their answers to
-    a challenge; those go to the agent.  A member's message (a canvass, a
-    vote, a leader's word) is someone's mistake, or a stranger's: counted as
-    an invalid request and reported, never the start of an election."""
-
-    def __init__(self, agent: ConsensusModuleAgent) -> None:
-        self.agent = agent
-        self.on_backup_query = agent.on_backup_query
-        self.on_heartbeat_request = agent.on_heartbeat_request
-        self.on_standby_snapshot = agent.on_standby_snapshot
-        self.on_consensus_challenge_response = agent.on_consensus_challenge_response
-
-    def _refuse(self, message: str, member_id: int) -> None:
-        self.agent.invalid_requests_counter.increment()
-        self.agent.report_error(f"consensus stream: a {message} from member {member_id} refused: this member is alone")
-
-    def on_canvass_position(
-        self,
-        log_leadership_term_id: int,
-        log_position: int,
-        leadership_term_id: int,
-        follower_member_id: int,
-        protocol_version: int,
-    ) -> None:
-        self._refuse("CanvassPosition", follower_member_id)
-
-    def on_request_vote(
-        self,
-        log_leadership_term_id: int,
-        log_position: int,
-        candidate_term_id: int,
-        candidate_member_id: int,
-        protocol_version: int,
-    ) -> None:
-        self._refuse("RequestVote", candidate_member_id)
-
-    def on_vote(
-        self,
-        candidate_term_id: int,
-        log_leadership_term_id: int,
-        log_position: int,
-        candidate_member_id: int,
-        follower_member_id: int,
-        vote: bool,
-    ) -> None:
-        self._refuse("Vote", follower_member_id)
-
-    def on_new_leadership_term(
-        self,
-        log_leadership_term_id: int,
-        next_leadership_term_id: int,
-        next_term_base_log_position: int,
-        next_log_position: int,
-        leadership_term_id: int,
-        term_base_log_position: int,
-        log_position: int,
-        leader_recording_id: int,
-        timestamp: int,
-        leader_member_id: int,
-        log_session_id: int,
-        app_version: int,
-        is_startup: bool,
-    ) -> None:
-        self._refuse("NewLeadershipTerm", leader_member_id)
-
-    def on_append_position(
-        self, leadership_term_id: int, log_position: int, follower_member_id: int, flags: int
-    ) -> None:
-        self._refuse("AppendPosition", follower_member_id)
-
-    def on_commit_position(self, leadership_term_id: int, log_position: int, leader_member_id: int) -> None:
-        self._refuse("CommitPosition", leader_member_id)
-
-    def on_catchup_position(
-        self, leadership_term_id: int, log_position: int, follower_member_id: int, catchup_endpoint: str
-    ) -> None:
-        self._refuse("CatchupPosition", follower_member_id)
-
-    def on_stop_catchup(self, leadership_term_id: int, follower_member_id: int) -> None:
-        self._refuse("StopCatchup", follower_member_id)
-
-    def on_termination_position(self, leadership_term_id: int, log_position: int) -> None:
-        self._refuse("TerminationPosition", NULL_MEMBER_ID)
-
-    def on_termination_ack(self, leadership_term_id: int, log_position: int, member_id: int) -> None:
-        self._refuse("TerminationAck", member_id)
-
-
-class LogReplay:
-    """Seed 002: replay the local log recording from ``from_position`` to
-    ``to_position`` through the module and its services.  ``do_work`` is
-    called every duty cycle until ``is_done``."""
-
-    def __init__(self, agent: ConsensusModuleAgent, from_position: int, to_position: int, now_ns: int) -> None:
-        self.agent = agent
-        self.from_position = from_position
-        self.to_position = to_position
-        self._ack_id = NULL_VALUE
-        self._services_ready = False
-        self._deadline_ns = now_ns + agent.context.service_ack_timeout_ns
-        self.is_done = from_position >= to_position
-
-    def do_work(self, now_ns: int) -> int:
-        if self.is_done:
-            return 0
-        agent = self.agent
-        if self._ack_id == NULL_VALUE:
-            session_id = agent.start_log_replay(self.from_position, self.to_position)
-            self._ack_id = agent.next_ack_id()
-            agent.service_proxy.join_log(
-                self.from_position,
-                self.to_position,
-                agent.member_id,
-                session_id,
-                agent.context.replay_stream_id,
-                False,
-                int(ClusterRole.FOLLOWER),
-                agent.context.replay_channel,
-            )
-            return 1
-        if not self._services_ready:
-            if agent.services_acked(self._ack_id, self.from_position) is None:
-                self._check_deadline(now_ns, "waiting for the services to join the log replay")
-                return 0
-            self._services_ready = True
-        work = agent.poll_log(self.to_position)
-        if agent.log_position >= self.to_position:
-            agent.close_log_replay()
-            self.is_done = True
-            return 1
-        if work:
-            self._deadline_ns = now_ns + agent.context.service_ack_timeout_ns
-        else:
-            self._check_deadline(now_ns, f"replaying the log (at {agent.log_position} of {self.to_position})")
-        return work
-
-    def _check_deadline(self, now_ns: int, what: str) -> None:
-        if now_ns > self._deadline_ns:
-            raise ClusterTerminationError(f"log replay: timed out {what}")
-
-    def close(self) -> None:
-        if not self.is_done:
-            self.agent.close_log_replay()
-
-
-class SingleNodeElection:
-    """The election of a one-member cluster (seed 001's single-node path):
-    INIT -> LEADER_LOG_REPLICATION -> LEADER_REPLAY -> LEADER_INIT ->
-    LEADER_READY -> CLOSED.  One method per state; every transition goes
-    through ``state``, which writes the election state counter."""
-
-    def __init__(self, agent: ConsensusModuleAgent) -> None:
-        self.agent = agent
-        self.state = ElectionState.INIT
-        self.deadline_ns = 0
-        self._ack_id = NULL_VALUE
-        self._replay: LogReplay | None = None
-        self._joined = False
-
-    def set_state(self, state: ElectionState, now_ns: int) -> None:
-        self.state = state
-        self.agent.election_state_counter.set(int(state))
-        self.deadline_ns = now_ns + self.agent.context.service_ack_timeout_ns
-        self._joined = False
-
-    def wake_deadline_ns(self) -> int | None:
-        return None  # nothing random to keep to: it only waits for its own processes
-
-    def do_work(self, now_ns: int) -> int:
-        if self.deadline_ns == 0:  # the first cycle: the election's clock starts now
-            self.deadline_ns = now_ns + self.agent.context.service_ack_timeout_ns
-        handler = getattr(self, self.state.name.lower())
-        return int(handler(now_ns))
-
-    def _check_deadline(self, now_ns: int, what: str) -> None:
-        if now_ns > self.deadline_ns:
-            raise ClusterTerminationError(f"election {self.state.name}: timed out {what}")
-
-    def init(self, now_ns: int) -> int:
-        """Clear the decks: the services have started from the same snapshot
-        as this module (their first acknowledgement) before anything moves."""
-        agent = self.agent
-        if self._ack_id == NULL_VALUE:
-            self._ack_id = agent.next_ack_id()
-        if agent.services_acked(self._ack_id, agent.log_position) is None:
-            self._check_deadline(now_ns, "waiting for the services to start")
-            return 0
-        self.set_state(ElectionState.LEADER_LOG_REPLICATION, now_ns)
-        return 1
-
-    def leader_log_replication(self, now_ns: int) -> int:
-        # Alone, this member's log is the quorum's log.
-        self.set_state(ElectionState.LEADER_REPLAY, now_ns)
-        return 1
-
-    def leader_replay(self, now_ns: int) -> int:
-        agent = self.agent
-        if self._replay is None:
-            self._replay = LogReplay(agent, agent.log_position, agent.append_position, now_ns)
-        work = self._replay.do_work(now_ns)
-        if self._replay.is_done:
-            self._replay = None
-            self.set_state(ElectionState.LEADER_INIT, now_ns)
-            return 1
-        return work
-
-    def leader_init(self, now_ns: int) -> int:
-        agent = self.agent
-        if not self._joined:
-            agent.start_leadership_term()
-            self._ack_id = agent.next_ack_id()
-            agent.service_proxy.join_log(
-                agent.append_position,
-                NULL_POSITION,
-                agent.member_id,
-                agent.log_session_id,
-                agent.context.log_stream_id,
-                False,
-                int(ClusterRole.LEADER),
-                agent.live_log_channel(),
-            )
-            self._joined = True
-            return 1
-        if agent.services_acked(self._ack_id, agent.append_position) is None:
-            self._check_deadline(now_ns, "waiting for the services to join the live log")
-            return 0
-        self.set_state(ElectionState.LEADER_READY, now_ns)
-        return 1
-
-    def leader_ready(self, now_ns: int) -> int:
-        agent = self.agent
-        publisher = agent.log_publisher
-        if (
-            publisher.append_new_leadership_term(
-                agent.leadership_term_id,
-                agent.cluster_time(),
-                agent.term_base_log_position,
-                agent.member_id,
-                agent.log_session_id,
-                agent.context.app_version,
-            )
-            <= 0
-        ):
-            self._check_deadline(now_ns, "appending the NewLeadershipTermEvent")
-            return 0
-        self.set_state(ElectionState.CLOSED, now_ns)
-        agent.on_election_complete()
-        return 1
-
-    def closed(self, now_ns: int) -> int:
-        return 0
-
-
-class MemberElection:
-    """The election of a member of a multi-member cluster: on start-up it first
-    waits for the services to have loaded the same snapshot as the module (their
-    first acknowledgement), then runs ``election.Election`` with this node as its
-    host.  ``state`` is the election state (INIT until it runs)."""
-
-    def __init__(
-        self,
-        agent: ConsensusModuleAgent,
-        is_startup: bool,
-        not_before_ns: int = 0,
-        graceful_closed_leader_id: int = NULL_MEMBER_ID,
-    ) -> None:
-        self.agent = agent
-        self.is_startup = is_startup
-        self.graceful_closed_leader_id = graceful_closed_leader_id
-        self.election: Any = None
-        self._ack_id = agent.next_ack_id() if is_startup else NULL_VALUE
-        self._deadline_ns = 0
-        self._not_before_ns = not_before_ns  # (after a failed election: its back-off)
-
-    @property
-    def state(self) -> ElectionState:
-        return ElectionState(self.election.state_value) if self.election is not None else ElectionState.INIT
-
-    def start_now(self) -> Any:
-        """Begin at once (a peer's message that starts the election is handed to it)."""
-        if self.election is None and self._ack_id == NULL_VALUE:
-            self.election = self.agent.new_election(self.is_startup, self.graceful_closed_leader_id)
-            self.election.do_work(self.agent.now_ns)
-        return self.election
-
-    def wake_deadline_ns(self) -> int | None:
-        election = self.election
-        if election is None:
-            return self._not_before_ns if self._not_before_ns else None
-        return election.wake_deadline_ns()
-
-    def do_work(self, now_ns: int) -> int:
-        agent = self.agent
-        if self.election is None:
-            if now_ns < self._not_before_ns:
-                return 0
-            if self._ack_id != NULL_VALUE:
-                if self._deadline_ns == 0:
-                    self._deadline_ns = now_ns + agent.context.service_ack_timeout_ns
-                if agent.services_acked(self._ack_id, agent.log_position) is None:
-                    if now_ns > self._deadline_ns:
-                        raise ClusterTerminationError("election INIT: timed out waiting for the services to start")
-                    return 0
-                self._ack_id = NULL_VALUE
-            self.election = agent.new_election(self.is_startup, self.graceful_closed_leader_id)
-        return int(self.election.do_work(now_ns))

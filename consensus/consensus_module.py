@@ -26,7 +26,9 @@ from fulmar.archive.client import AeronArchive
 from fulmar.clock import epoch_ms
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
-from fulmar.consensus.agent import ClusterTerminationError, ConsensusModuleAgent, ControlToggle, log_line
+from fulmar.consensus.agent import ConsensusModuleAgent, log_line
+from fulmar.consensus.errors import ClusterTerminationError
+from fulmar.consensus.states import ControlToggle
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionState
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.mark_file import ClusterMarkFile

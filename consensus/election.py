@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from fulmar.consensus.agent import ClusterRole, ElectionState
+from fulmar.consensus.states import ClusterRole, ElectionState
 from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, APPEND_POSITION_FLAG_NONE
 from fulmar.consensus.protocol import NULL_MEMBER_ID, NULL_POSITION, NULL_VALUE
 from fulmar.errors import FulmarError

@@ -189,7 +189,7 @@ def _marker(message: bytes) -> Any:
 
 def take_consensus_module_snapshot(agent: Any, log_position: int) -> int:
     """Write the consensus module's state at ``log_position``; the recording id."""
-    from fulmar.consensus.agent import ConsensusModuleState  # (the agent imports this module)
+    from fulmar.consensus.states import ConsensusModuleState
 
     writer = SnapshotWriter(
         agent.aeron, agent.archive, agent.context.snapshot_channel, agent.context.snapshot_stream_id
