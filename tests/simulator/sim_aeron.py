@@ -295,9 +295,9 @@ class SimImage:
         return self.bounded_poll(handler, INT64_MAX, fragment_limit)
 
     def bounded_poll(self, handler: Callable[..., Any], limit_position: int, fragment_limit: int) -> int:
-        if self._closed:
-            return 0
         log = self.log
+        if self._closed or self.position >= limit_position or self.position >= log.base + len(log.data):
+            return 0
         data = log.data
         view = memoryview(data)
         base = log.base
@@ -623,16 +623,21 @@ class SimDatagramImage:
 
 
 class SimCounterWatch:
-    """``fulmar.reader_doorbells.CounterWatch``: watches always succeed (the
-    simulator runs every agent every step, so no wake-up is modelled)."""
+    """``fulmar.reader_doorbells.CounterWatch``: a client watching a counter
+    is woken when a writer rings the counter's watchers (the module rings
+    commit-pos, the archive rec-pos), as the doorbells do."""
 
     doorbell_id = 0
 
+    def __init__(self, client: SimAeron) -> None:
+        self.client = client
+
     def watch(self, counter_id: int) -> bool:
+        self.client.driver.watchers.setdefault(counter_id, set()).add(self.client)
         return True
 
     def unwatch(self, counter_id: int) -> None:
-        pass
+        self.client.driver.watchers.get(counter_id, set()).discard(self.client)
 
 
 class SimDoorbell:
@@ -651,10 +656,10 @@ class SimConductor:
         return bool(self.client.news)
 
     def ring_counter_watchers(self, counter_id: int) -> int:
-        return 0
+        return self.client.driver.ring_watchers(counter_id)
 
     def counter_watch(self) -> SimCounterWatch:
-        return SimCounterWatch()
+        return SimCounterWatch(self.client)
 
 
 class SimAeron:
@@ -735,9 +740,11 @@ class SimAeron:
     def do_work(self, now_ns: int = 0) -> int:
         if self.on_do_work is not None:
             self.on_do_work()
-        for subscription in self.subscriptions:
-            if subscription.images and not subscription.is_closed:
-                self.driver.reap(subscription)
+        if self.driver.closing:
+            for subscription in self.subscriptions:
+                if subscription.images and not subscription.is_closed:
+                    self.driver.reap(subscription)
+            self.driver.closing = [p for p in self.driver.closing if any(not i.is_closed for i in p.local_images)]
         news, self.news = self.news, []
         for kind, subscription, image in news:
             if subscription.is_closed:
@@ -778,9 +785,19 @@ class SimDriver:
         self._next_counter_id = 0
         self.publications: list[SimPublication] = []
         self.subscriptions: list[SimSubscription] = []
+        self.watchers: dict[int, set[SimAeron]] = {}
+        self.closing: list[SimPublication] = []  # closed publications whose local images may linger
 
     def next_id(self) -> int:
         return self.world.next_id()
+
+    def ring_watchers(self, counter_id: int) -> int:
+        watchers = self.watchers.get(counter_id)
+        if not watchers:
+            return 0
+        for client in sorted(watchers, key=lambda c: c.client_id):
+            client.wake()
+        return len(watchers)
 
     # -- counters
 
@@ -822,6 +839,8 @@ class SimDriver:
         once it has read to the end, or after the linger (as the driver's
         IPC and spy images of a closed publication do)."""
         publication.log.linger_deadline_ns = self.world.events.now_ns + LINGER_NS
+        if publication.local_images:
+            self.closing.append(publication)
         for reader in publication.log.readers:
             reader.wake()
 
@@ -934,7 +953,7 @@ class SimDriver:
         log.closed = True
         for other in [subscription] + self.subscriptions:
             for image in other.images:
-                if image.log is log:
+                if getattr(image, "log", None) is log:
                     other.client.tell("remove", other, image)
 
 

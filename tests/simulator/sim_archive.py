@@ -319,6 +319,7 @@ class SimArchiveProcess:
         image.position = end
         assert recording.counter is not None
         recording.counter.set(recording.recorded_position)
+        self.aeron.conductor.ring_counter_watchers(recording.counter.id)
         return 1
 
     def _link(self, task: _RecordingTask, image: SimImage) -> None:
@@ -519,6 +520,7 @@ class SimArchiveProcess:
             dst.data += src.data[dst.recorded_position - src.start_position : end - src.start_position]
             assert dst.counter is not None
             dst.counter.set(dst.recorded_position)
+            self.aeron.conductor.ring_counter_watchers(dst.counter.id)
             work = 1
         if replication.stop_position != NULL_POSITION and dst.recorded_position >= replication.stop_position:
             del self.replications[replication.replication_id]

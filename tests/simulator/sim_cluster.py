@@ -176,9 +176,10 @@ class ModuleProcess(Process):
         except Exception as error:
             self.sim.finding(f"m{self.node.member_id} duty cycle raised {type(error).__name__}: {error}")
             raise
-        self.node.archive_process_wake()
-        if self.node.service is not None:
-            self.node.service.wake()
+        if work:
+            # (It may have asked its archive for something: the archive's
+            # control stream is a doorbell of its own.)
+            self.node.archive_process_wake()
         self.sim.check_member(self.node)
         if work and not agent.is_steady():
             return 100_000
@@ -201,7 +202,7 @@ class ArchiveRunner(Process):
         work = self.node.archive.do_work()
         if work and self.node.module is not None:
             self.node.module.wake()
-        return 200_000 if work else 50 * MS
+        return 200_000 if work else 20 * MS
 
 
 class SimService(Process):
@@ -257,6 +258,7 @@ class SimService(Process):
         if not recovery or not commit:
             return False
         self.commit_counter_id = commit[-1]
+        self.aeron.conductor.counter_watch().watch(self.commit_counter_id)  # (woken when commit-pos moves)
         term_id, log_position, _ts, _replay, _cluster, snapshot_ids = parse_recovery_state_key(
             reader.counter_key(recovery[-1])
         )
@@ -476,7 +478,7 @@ class SimClient(Process):
             if publication.offer(bytes(header) + REQUEST.pack(self.client_id, request)) > 0:
                 self.next_request += 1
                 self.sent[request] = now_ns
-            self.next_send_ns = now_ns + self.rng.randint(5 * MS, 60 * MS)
+            self.next_send_ns = now_ns + self.rng.randint(10 * MS, 200 * MS)
         if now_ns >= self.next_keepalive_ns:
             length = codecs.SessionKeepAliveEncoder.encode(
                 self.buffer, 0, leadership_term_id=self.leadership_term_id, cluster_session_id=self.session_id
@@ -689,7 +691,7 @@ class Simulation:
 
     # -- scheduling
 
-    def start_network_ticks(self, interval_ns: int = 10 * MS) -> None:
+    def start_network_ticks(self, interval_ns: int = 25 * MS) -> None:
         """The network's periodic work (stalled flows retried, lost connections
         timed out, SETUPs sent again), every ``interval_ns``."""
 

@@ -207,6 +207,9 @@ class SimNetwork:
         up = self._link_up(src, flow.endpoint) and not publication.crashed
         if up:
             flow.last_up_ns = now_ns
+            # (A connection lost before: the sender's next frames make a new
+            # image at the receiver, where they start.)
+            flow.lost = False
         elif now_ns - flow.last_up_ns >= self.image_liveness_timeout_ns and not flow.lost:
             flow.lost = True
             self._lose(flow)
