@@ -20,9 +20,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from sim_cluster import MS, SECOND, Simulation, SimulationFailure  # noqa: E402
 from sim_invariants import Invariants  # noqa: E402
-from fulmar.consensus.agent import ClusterRole  # noqa: E402
+from fulmar.consensus.agent import ClusterRole, ControlToggle  # noqa: E402
 
 LEADER_BOUND_NS = 20 * SECOND  # a leader within this after the faults heal
+
+# Bugs the simulator found in the production code, not fixed here (reported):
+# a finding whose text contains the pattern does not fail its seed, and is
+# counted.  Each names a seed that shows it.
+KNOWN_FINDINGS = {
+    # BUG-1 (seed 2, 3 members): a SNAPSHOT action that is the last entry of
+    # the log replayed by a new leader.  The services acknowledge the snapshot
+    # (relevant id: its recording) and then the leader's JoinLog, both at the
+    # same log position; ConsensusModuleAgent._services_acked_since matches
+    # acks by position only, so the JoinLog wait takes the snapshot's ack and
+    # _check_follower_snapshot takes the JoinLog's (relevant id -1):
+    # RecordingLog.append_snapshot raises out of the duty cycle and the
+    # snapshot is never entered in the recording log.
+    "BUG-1": "recording_id=-1 is out of range",
+}
 
 
 @dataclass
@@ -37,6 +52,7 @@ class Result:
     acknowledged: int = 0
     elections: int = 0
     faults: list[str] = field(default_factory=list)
+    known: list[str] = field(default_factory=list)  # KNOWN_FINDINGS this seed showed
 
     def replay_line(self) -> str:
         return f"reproduce: make simulate SEED={self.seed} MEMBERS={self.members}"
@@ -127,8 +143,8 @@ class Scenario:
         network = sim.network
         hosts = list(range(len(sim.nodes)))
         kind = rng.choices(
-            ["net", "partition", "one-way", "isolate", "heal", "crash", "crash-node", "restart-all"],
-            [3, 2, 1, 1, 2, 2, 1, 0.3],
+            ["net", "partition", "one-way", "isolate", "heal", "crash", "crash-node", "restart-all", "snapshot"],
+            [3, 2, 1, 1, 2, 2, 1, 0.3, 1],
         )[0]
         if kind == "net":
             network.faults.drop = rng.choice([0.0, 0.0, 0.01, 0.05, 0.2])
@@ -171,6 +187,23 @@ class Scenario:
                 delay = rng.randint(200 * MS, 5 * SECOND)
                 self.note(f"{kind} {node.member_id}, restart in {delay / 1e9:.1f} s")
                 sim.events.at(now + delay, lambda n=node: self._restart(n))
+        elif kind == "snapshot":
+            # What cluster-tool snapshot does: the leader's control toggle.
+            leader_node = next(
+                (
+                    n
+                    for n in sim.nodes
+                    if n.module is not None
+                    and n.module.agent.role is ClusterRole.LEADER
+                    and n.module.agent.election is None
+                ),
+                None,
+            )
+            if leader_node is not None and leader_node.module is not None:
+                toggle = leader_node.module.agent.control_toggle
+                if toggle.get() == ControlToggle.NEUTRAL:
+                    toggle.set(ControlToggle.SNAPSHOT)
+                    self.note(f"snapshot asked of leader {leader_node.member_id}")
         elif kind == "restart-all":
             for node in sim.nodes:
                 if node.up:
@@ -229,6 +262,7 @@ def run_seed(seed: int, members: int = 3, duration_s: float = 60.0, faults: bool
     sim = Simulation(seed, members, client_count=clients)
     invariants = Invariants(sim)
     sim.invariants = invariants
+    sim.tolerated = list(KNOWN_FINDINGS.values())
     sim.observers.append(invariants.after_member)
     scenario = Scenario(sim, int(duration_s * SECOND), faults)
     result = Result(seed, members, ok=True)
@@ -237,6 +271,11 @@ def run_seed(seed: int, members: int = 3, duration_s: float = 60.0, faults: bool
         sim.run_until(scenario.duration_ns)
         invariants.checkpoint()
         scenario.check_end()
+        for finding in dict.fromkeys(sim.findings):
+            known = [name for name, pattern in KNOWN_FINDINGS.items() if pattern in finding]
+            if not known:
+                raise SimulationFailure(f"finding: {finding}")
+            result.known.extend(name for name in known if name not in result.known)
     except SimulationFailure as failure:
         result.ok = False
         result.reason = str(failure)
@@ -270,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for seed in range(first, first + count):
         result = run_seed(seed, args.members, args.duration)
-        status = "ok" if result.ok else "FAIL"
+        status = ("ok" if result.ok else "FAIL") + (f" (known: {','.join(result.known)})" if result.known else "")
         print(
             f"seed {seed} members {args.members}: {status} committed={result.committed}B "
             f"acknowledged={result.acknowledged} leader-terms={result.elections} faults={len(result.faults)} "

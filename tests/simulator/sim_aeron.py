@@ -39,6 +39,7 @@ failures and timeouts except the image liveness timeout.
 from __future__ import annotations
 
 import struct
+from types import SimpleNamespace
 from collections.abc import Callable
 from typing import Any
 
@@ -672,6 +673,7 @@ class SimAeron:
         self.conductor = SimConductor(self)
         self.counters_reader = SimCountersReader(driver.counters)
         self.directory = f"/sim/node{driver.node_id}"
+        self.context = SimpleNamespace(use_conductor_thread=False)  # (its conductor runs in do_work)
         self.is_closed = False
         self.news: list[tuple[str, SimSubscription, Any]] = []  # images to link or unlink at the next do_work
         self.publications: list[SimPublication] = []

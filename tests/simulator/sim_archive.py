@@ -150,7 +150,10 @@ class SimArchiveStore:
 
 
 class _RecordingTask:
-    def __init__(self, subscription: SimSubscription, recording_id: int, stream_id: int, channel: str) -> None:
+    def __init__(
+        self, subscription: SimSubscription, recording_id: int, stream_id: int, channel: str, client: Any
+    ) -> None:
+        self.client = client
         self.subscription = subscription
         self.extend_id = recording_id  # NULL_VALUE: a new recording
         self.stream_id = stream_id
@@ -168,7 +171,9 @@ class _Replay:
         position: int,
         limit: int | None,
         now_ns: int,
+        client: Any = None,
     ) -> None:
+        self.client = client
         self.replay_id = replay_id
         self.recording = recording
         self.publication = publication
@@ -187,7 +192,11 @@ class _Replication:
         dst: SimRecording,
         stop_position: int,
         now_ns: int,
+        client: Any = None,
+        subscription_id: int = NULL_VALUE,
     ) -> None:
+        self.client = client
+        self.subscription_id = subscription_id
         self.replication_id = replication_id
         self.source = source
         self.src_recording_id = src_recording_id
@@ -213,15 +222,18 @@ class SimArchiveProcess:
 
     # -- signals to the clients
 
-    def _signal(self, recording_id: int, subscription_id: int, position: int, signal: RecordingSignal) -> None:
-        for client in self.clients:
-            client._pending.append(
-                RecordingSignalEvent(client.control_session_id, 0, recording_id, subscription_id, position, signal)
+    def _signal(
+        self, recording_id: int, subscription_id: int, position: int, signal: RecordingSignal, client: Any = None
+    ) -> None:
+        """To the control session that asked for what is signalled (all, if it is not known)."""
+        for target in [client] if client is not None else self.clients:
+            target._pending.append(
+                RecordingSignalEvent(target.control_session_id, 0, recording_id, subscription_id, position, signal)
             )
 
-    def _async_error(self, code: ArchiveErrorCode, correlation_id: int, text: str) -> None:
-        for client in self.clients:
-            client._errors.append(ArchiveResponseError(int(code), correlation_id, text))
+    def _async_error(self, code: ArchiveErrorCode, correlation_id: int, text: str, client: Any = None) -> None:
+        for target in [client] if client is not None else self.clients:
+            target._errors.append(ArchiveResponseError(int(code), correlation_id, text))
 
     # -- recordings
 
@@ -254,15 +266,17 @@ class SimArchiveProcess:
         )
         recording.counter.set(recording.recorded_position)
 
-    def _stop(self, recording: SimRecording) -> None:
+    def _stop(self, recording: SimRecording, client: Any = None) -> None:
         if recording.active:
             recording.stop_position = recording.recorded_position
             if recording.counter is not None:
                 recording.counter.close()
                 recording.counter = None
-            self._signal(recording.recording_id, NULL_VALUE, recording.stop_position, RecordingSignal.STOP)
+            self._signal(recording.recording_id, NULL_VALUE, recording.stop_position, RecordingSignal.STOP, client)
 
-    def start_recording(self, channel: str, stream_id: int, source_location: int, recording_id: int) -> int:
+    def start_recording(
+        self, channel: str, stream_id: int, source_location: int, recording_id: int, client: Any = None
+    ) -> int:
         uri = ChannelUri.parse(channel)
         subscribed = channel
         if int(source_location) == SourceLocation.LOCAL and uri.media == "udp" and not uri.prefix:
@@ -278,7 +292,9 @@ class SimArchiveProcess:
                     int(ArchiveErrorCode.ACTIVE_RECORDING), 0, f"cannot extend active recording {recording_id}"
                 )
         subscription = self.aeron.add_subscription(subscribed, stream_id)
-        self.tasks[subscription.registration_id] = _RecordingTask(subscription, recording_id, stream_id, channel)
+        self.tasks[subscription.registration_id] = _RecordingTask(
+            subscription, recording_id, stream_id, channel, client
+        )
         return subscription.registration_id
 
     def stop_recording_subscription(self, subscription_id: int) -> None:
@@ -292,7 +308,7 @@ class SimArchiveProcess:
     def _end_task(self, task: _RecordingTask) -> None:
         if task.recording is not None:
             self._record(task)
-            self._stop(task.recording)
+            self._stop(task.recording, task.client)
         task.subscription.close()
 
     def stop_recording_by_identity(self, recording_id: int) -> bool:
@@ -354,11 +370,15 @@ class SimArchiveProcess:
             signal = RecordingSignal.START
         task.image = image
         task.recording = recording
-        self._signal(recording.recording_id, task.subscription.registration_id, recording.recorded_position, signal)
+        self._signal(
+            recording.recording_id, task.subscription.registration_id, recording.recorded_position, signal, task.client
+        )
 
     # -- replays
 
-    def start_replay(self, recording_id: int, channel: str, stream_id: int, position: int, length: int) -> int:
+    def start_replay(
+        self, recording_id: int, channel: str, stream_id: int, position: int, length: int, client: Any = None
+    ) -> int:
         recording = self.store.recordings.get(recording_id)
         if recording is None:
             raise ArchiveResponseError(int(ArchiveErrorCode.UNKNOWN_RECORDING), 0, f"unknown recording {recording_id}")
@@ -383,7 +403,9 @@ class SimArchiveProcess:
         )
         publication = self.aeron.add_exclusive_publication(replay_channel, stream_id)
         limit = None if length < 0 or length >= (1 << 62) else position + length
-        self.replays[replay_id] = _Replay(replay_id, recording, publication, position, limit, self.world.events.now_ns)
+        self.replays[replay_id] = _Replay(
+            replay_id, recording, publication, position, limit, self.world.events.now_ns, client
+        )
         return (replay_id << 32) | (session_id & 0xFFFF_FFFF)
 
     def stop_replay(self, replay_session_id: int) -> None:
@@ -399,7 +421,7 @@ class SimArchiveProcess:
                 if self.world.events.now_ns > replay.connect_deadline_ns:
                     del self.replays[replay.replay_id]
                     publication.close(crashed=True)
-                    self._async_error(ArchiveErrorCode.GENERIC, 0, "replay publication did not connect")
+                    self._async_error(ArchiveErrorCode.GENERIC, 0, "replay publication did not connect", replay.client)
                 return 0
             replay.connected = True
         recording = replay.recording
@@ -425,7 +447,12 @@ class SimArchiveProcess:
     # -- replication
 
     def replicate(
-        self, src_recording_id: int, src_control_channel: str, dst_recording_id: int, stop_position: int
+        self,
+        src_recording_id: int,
+        src_control_channel: str,
+        dst_recording_id: int,
+        stop_position: int,
+        client: Any = None,
     ) -> int:
         endpoint = ChannelUri.parse(src_control_channel).params.get("endpoint", "")
         source = self.world.archive_at(endpoint)
@@ -436,12 +463,16 @@ class SimArchiveProcess:
                 ArchiveErrorCode.REPLICATION_CONNECTION_FAILURE,
                 replication_id,
                 f"cannot reach the source archive at {endpoint}",
+                client,
             )
             return replication_id
         src = source.store.recordings.get(src_recording_id)
         if src is None:
             self._async_error(
-                ArchiveErrorCode.UNKNOWN_RECORDING, replication_id, f"unknown source recording {src_recording_id}"
+                ArchiveErrorCode.UNKNOWN_RECORDING,
+                replication_id,
+                f"unknown source recording {src_recording_id}",
+                client,
             )
             return replication_id
         if dst_recording_id != NULL_VALUE:
@@ -468,10 +499,10 @@ class SimArchiveProcess:
         # (The replication records through a subscription of its own: its
         # signals carry that subscription's id, as the real archive's do.)
         subscription_id = self.world.next_id()
-        self._signal(dst.recording_id, subscription_id, dst.recorded_position, RecordingSignal.REPLICATE)
-        self._signal(dst.recording_id, subscription_id, dst.recorded_position, signal)
+        self._signal(dst.recording_id, subscription_id, dst.recorded_position, RecordingSignal.REPLICATE, client)
+        self._signal(dst.recording_id, subscription_id, dst.recorded_position, signal, client)
         self.replications[replication_id] = _Replication(
-            replication_id, source, src_recording_id, dst, stop_position, now_ns
+            replication_id, source, src_recording_id, dst, stop_position, now_ns, client, subscription_id
         )
         return replication_id
 
@@ -487,9 +518,13 @@ class SimArchiveProcess:
         replication = self.replications.pop(replication_id, None)
         if replication is None:
             raise ArchiveResponseError(int(ArchiveErrorCode.UNKNOWN_REPLICATION), 0, f"no replication {replication_id}")
-        self._stop(replication.dst)
+        self._stop(replication.dst, replication.client)
         self._signal(
-            replication.dst.recording_id, NULL_VALUE, replication.dst.stop_position, RecordingSignal.REPLICATE_END
+            replication.dst.recording_id,
+            NULL_VALUE,
+            replication.dst.stop_position,
+            RecordingSignal.REPLICATE_END,
+            replication.client,
         )
 
     def _replication_work(self, replication: _Replication) -> int:
@@ -498,19 +533,22 @@ class SimArchiveProcess:
         if not self._reaches(replication.source):
             if now_ns - replication.last_contact_ns > CONNECT_TIMEOUT_NS:
                 del self.replications[replication.replication_id]
-                self._stop(dst)
+                self._stop(dst, replication.client)
                 self._async_error(
                     ArchiveErrorCode.REPLICATION_CONNECTION_FAILURE,
                     replication.replication_id,
                     "the source archive went out of reach",
+                    replication.client,
                 )
             return 0
         replication.last_contact_ns = now_ns
         src = replication.source.store.recordings.get(replication.src_recording_id)
         if src is None or dst.recorded_position < src.start_position:
             del self.replications[replication.replication_id]
-            self._stop(dst)
-            self._async_error(ArchiveErrorCode.GENERIC, replication.replication_id, "source recording gone")
+            self._stop(dst, replication.client)
+            self._async_error(
+                ArchiveErrorCode.GENERIC, replication.replication_id, "source recording gone", replication.client
+            )
             return 0
         end = src.recorded_position
         if replication.stop_position != NULL_POSITION:
@@ -524,12 +562,16 @@ class SimArchiveProcess:
             work = 1
         if replication.stop_position != NULL_POSITION and dst.recorded_position >= replication.stop_position:
             del self.replications[replication.replication_id]
-            self._stop(dst)
-            self._signal(dst.recording_id, NULL_VALUE, dst.stop_position, RecordingSignal.REPLICATE_END)
+            self._stop(dst, replication.client)
+            self._signal(
+                dst.recording_id, NULL_VALUE, dst.stop_position, RecordingSignal.REPLICATE_END, replication.client
+            )
         elif not src.active and dst.recorded_position >= src.recorded_position:
             del self.replications[replication.replication_id]
-            self._stop(dst)
-            self._signal(dst.recording_id, NULL_VALUE, dst.stop_position, RecordingSignal.REPLICATE_END)
+            self._stop(dst, replication.client)
+            self._signal(
+                dst.recording_id, NULL_VALUE, dst.stop_position, RecordingSignal.REPLICATE_END, replication.client
+            )
         return work
 
     # -- the duty cycle
@@ -576,8 +618,9 @@ class _Proxy:
 class SimArchive:
     """``fulmar.archive.client.AeronArchive`` for one client process of the node's archive."""
 
-    def __init__(self, process: SimArchiveProcess, control_session_id: int) -> None:
+    def __init__(self, process: SimArchiveProcess, control_session_id: int, aeron: SimAeron | None = None) -> None:
         self.process = process
+        self.aeron = aeron  # the client's own (a replay it subscribes to is its)
         self.control_session_id = control_session_id
         self.signals: deque[RecordingSignalEvent] = deque()
         self.last_correlation_id = NULL_VALUE
@@ -611,7 +654,7 @@ class SimArchive:
     def start_recording(
         self, channel: str, stream_id: int, source_location: int = SourceLocation.LOCAL, auto_stop: bool = False
     ) -> int:
-        return self._check().start_recording(channel, stream_id, source_location, NULL_VALUE)
+        return self._check().start_recording(channel, stream_id, source_location, NULL_VALUE, self)
 
     def extend_recording(
         self,
@@ -621,7 +664,7 @@ class SimArchive:
         source_location: int = SourceLocation.LOCAL,
         auto_stop: bool = False,
     ) -> int:
-        return self._check().start_recording(channel, stream_id, source_location, recording_id)
+        return self._check().start_recording(channel, stream_id, source_location, recording_id, self)
 
     def stop_recording_subscription(self, subscription_id: int) -> None:
         self._check().stop_recording_subscription(subscription_id)
@@ -633,6 +676,8 @@ class SimArchive:
         return stopped
 
     def get_recording_position(self, recording_id: int) -> int:
+        """(A client that polls this waits on the wall clock: the archive runs meanwhile.)"""
+        self._check().do_work()
         recording = self._recording(recording_id)
         return recording.recorded_position if recording.active else NULL_POSITION
 
@@ -700,7 +745,24 @@ class SimArchive:
         length: int = -1,
         limit_counter_id: int | None = None,
     ) -> int:
-        return self._check().start_replay(recording_id, replay_channel, replay_stream_id, position, length)
+        return self._check().start_replay(recording_id, replay_channel, replay_stream_id, position, length, self)
+
+    def replay(
+        self,
+        recording_id: int,
+        replay_channel: str,
+        replay_stream_id: int,
+        position: int = NULL_POSITION,
+        length: int = -1,
+        limit_counter_id: int | None = None,
+    ) -> Any:
+        """Start a replay and subscribe the client to it (its session id's image)."""
+        assert self.aeron is not None
+        replay_session_id = self.start_replay(recording_id, replay_channel, replay_stream_id, position, length)
+        low = replay_session_id & 0xFFFF_FFFF
+        session_id = low - (1 << 32) if low >= 1 << 31 else low
+        channel = ChannelUri.parse(replay_channel).with_param("session-id", session_id)
+        return self.aeron.add_subscription(str(channel), replay_stream_id)
 
     def stop_replay(self, replay_session_id: int) -> None:
         self._check().stop_replay(replay_session_id)
@@ -714,7 +776,7 @@ class SimArchive:
         stop_position: int = NULL_POSITION,
         **options: Any,
     ) -> int:
-        return self._check().replicate(src_recording_id, src_control_channel, dst_recording_id, stop_position)
+        return self._check().replicate(src_recording_id, src_control_channel, dst_recording_id, stop_position, self)
 
     def stop_replication(self, replication_id: int) -> None:
         self._check().stop_replication(replication_id)

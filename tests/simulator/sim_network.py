@@ -217,7 +217,7 @@ class SimNetwork:
         if not up:
             return
         end = publication.log.end
-        if flow.sent >= end and not publication.is_closed and now_ns >= flow.setup_due_ns:
+        if not publication.is_closed and now_ns >= flow.setup_due_ns:
             # Aeron's SETUP and heartbeat frames: a receiver that has no image
             # of this stream makes one at the sender's position, data or not.
             subscription = self.bindings.get(flow.endpoint)
@@ -227,7 +227,7 @@ class SimNetwork:
                     flow.setup_due_ns = now_ns + 50 * MS
                     position = flow.sent
                     delay = self.rng.randint(self.faults.delay_min_ns, self.faults.delay_max_ns)
-                    self.events.at(now_ns + delay, lambda: self._deliver_chunk(flow, position, b""))
+                    self.events.at(now_ns + delay, lambda: self._deliver_setup(flow, position))
         if flow.sent < end:
             chunk = publication.log.chunk(flow.sent, end)
             position = flow.sent
@@ -248,29 +248,40 @@ class SimNetwork:
             at = now_ns + self.faults.delay_max_ns
             self.events.at(at, lambda: self._deliver_eos(flow, end))
 
-    def _receiver_log(self, flow: _Flow, position: int) -> Any:
+    def _receiver_log(self, flow: _Flow) -> Any:
         subscription = self.bindings.get(flow.endpoint)
         if subscription is None or subscription.is_closed:
             return None
-        publication = flow.publication
-        log = subscription.received.get(publication.session_id)
-        if log is None or log.closed:
-            from sim_aeron import SimLogBuffer
+        log = subscription.received.get(flow.publication.session_id)
+        return None if log is None or log.closed else log
 
-            source = publication.log
-            log = SimLogBuffer(
-                position, source.session_id, source.stream_id, source.term_length, source.initial_term_id, source.mtu
-            )
-            subscription.received[publication.session_id] = log
-            subscription.client.driver.on_received(subscription, log, True)
-            flow.lost = False
-        return log
+    def _deliver_setup(self, flow: _Flow, position: int) -> None:
+        """A SETUP reached the receiver: it makes the image at the position the
+        SETUP carries, and the sender sends again what the image lacks from
+        there (what it sent meanwhile was dropped: there was no image)."""
+        if flow.lost or self._receiver_log(flow) is not None:
+            return
+        subscription = self.bindings.get(flow.endpoint)
+        if subscription is None or subscription.is_closed:
+            return
+        from sim_aeron import SimLogBuffer
+
+        source = flow.publication.log
+        log = SimLogBuffer(
+            position, source.session_id, source.stream_id, source.term_length, source.initial_term_id, source.mtu
+        )
+        subscription.received[source.session_id] = log
+        subscription.client.driver.on_received(subscription, log, True)
+        if flow.sent > position:
+            flow.sent = position
+        self._pump(flow)
 
     def _deliver_chunk(self, flow: _Flow, position: int, chunk: bytes) -> None:
         if flow.lost:
             return
-        log = self._receiver_log(flow, position)
+        log = self._receiver_log(flow)
         if log is None:
+            flow.setup_due_ns = 0  # (data for no image: dropped; the sender's SETUP comes next)
             return
         log.receive(position, chunk)
         self.chunks_delivered += 1
