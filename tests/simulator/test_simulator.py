@@ -61,3 +61,29 @@ def test_a_seed_replays_the_same_run() -> None:
     second = run_seed(seed=5, members=3, duration_s=10)
     assert first.trace == second.trace
     assert (first.committed, first.acknowledged) == (second.committed, second.acknowledged)
+
+
+# The invariants catch what they are for: a planted bug in the production
+# classes fails its seed (if these tests break after a refactoring moved the
+# patched names, patch where the rule now lives).
+
+
+def test_a_commit_without_a_quorum_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fulmar.consensus.agent as agent_module
+
+    monkeypatch.setattr(agent_module, "quorum_position", lambda positions: max(positions))
+    result = run_seed(seed=1, members=3, duration_s=10)
+    assert not result.ok
+    assert "recorded that far by 1 members only" in result.reason
+
+
+def test_a_follower_that_keeps_entries_the_leader_does_not_have_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fulmar.consensus import election_host
+
+    def truncate_the_recording_log_only(self: object, position: int) -> None:
+        self.agent.recording_log.truncate_terms_to(position)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(election_host.NodeElectionHost, "truncate_log_to", truncate_the_recording_log_only)
+    result = run_seed(seed=2, members=3, duration_s=60)
+    assert not result.ok
+    assert "committed log differs" in result.reason
