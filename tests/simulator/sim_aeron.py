@@ -907,7 +907,10 @@ class SimDriver:
         if s_uri.media == "ipc":
             return p_uri.media == "ipc" and not p_uri.prefix
         if s_uri.prefix == "aeron-spy":
-            return p_uri.media == "udp"
+            # A spy sees the publications of its own send channel (the same
+            # endpoint and control), as the driver matches them.
+            keys = ("endpoint", "control", "control-mode")
+            return p_uri.media == "udp" and all(s_uri.params.get(k) == p_uri.params.get(k) for k in keys)
         return False
 
     @staticmethod

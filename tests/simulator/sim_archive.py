@@ -347,6 +347,7 @@ class SimArchiveProcess:
                     0,
                     f"cannot extend recording {recording.recording_id}: image joined at "
                     f"{image.join_position}, recording stops at {recording.stop_position}",
+                    task.client,
                 )
                 del self.tasks[task.subscription.registration_id]
                 task.subscription.close()
