@@ -40,6 +40,37 @@ KNOWN_FINDINGS = {
 }
 
 
+def stuck_on_a_vote(sim: Simulation) -> bool:
+    """BUG-2 (seed 47, 5 members: make simulate SEED=47 MEMBERS=5): a member
+    restarts with a candidate term (its mark file's) above the term of the
+    leader the others settled on: its election takes that term as voted for
+    another (Election.highest_term_voted_for_another) and refuses the lower
+    leader's NewLeadershipTerm (_accepts_term), and its CanvassPosition does
+    not carry the higher term, so the leader never steps down for it: the
+    member canvasses for good while the cluster runs without it.  True if
+    that is why the cluster has no stable leader."""
+    leaders = [
+        n
+        for n in sim.nodes
+        if n.module is not None and n.module.agent.role is ClusterRole.LEADER and n.module.agent.election is None
+    ]
+    if len(leaders) != 1:
+        return False
+    term = leaders[0].module.agent.leadership_term_id  # type: ignore[union-attr]
+    stuck = 0
+    for node in sim.nodes:
+        agent = node.module.agent if node.module is not None else None
+        if agent is None:
+            return False
+        if agent.election is None:
+            continue
+        election = agent.election.election
+        if election is None or election.state_value != 1 or election.highest_term_voted_for_another <= term:
+            return False
+        stuck += 1
+    return stuck > 0
+
+
 @dataclass
 class Result:
     seed: int
@@ -87,6 +118,10 @@ def stable_leader(sim: Simulation) -> int | None:
     return leader
 
 
+class KnownLiveness(Exception):
+    """The run lost liveness the way a known production bug does (its name)."""
+
+
 class Scenario:
     """The faults of one seed: what happens when is drawn from the seed."""
 
@@ -126,6 +161,8 @@ class Scenario:
             self.leader_at_ns = now
             sim.trace(f"LIVENESS stable leader {stable_leader(sim)} after {(now - self.heal_ns) / 1e9:.1f} s")
         if now >= self.heal_ns and self.leader_at_ns < 0 and now - self.heal_ns > LEADER_BOUND_NS:
+            if stuck_on_a_vote(sim):
+                raise KnownLiveness("BUG-2")
             raise SimulationFailure(f"no stable leader {LEADER_BOUND_NS // SECOND} s after the faults healed")
         sim.events.at(now + 1 * SECOND, self._checkpoint)
 
@@ -239,6 +276,8 @@ class Scenario:
         sim = self.sim
         leader = stable_leader(sim)
         if leader is None:
+            if stuck_on_a_vote(sim):
+                raise KnownLiveness("BUG-2")
             raise SimulationFailure("no stable leader at the end")
         leader_agent = sim.nodes[leader].module.agent  # type: ignore[union-attr]
         end = leader_agent.log_publisher.position
@@ -285,6 +324,13 @@ def run_seed(
             if not known or not tolerate_known:
                 raise SimulationFailure(f"finding: {finding}")
             result.known.extend(name for name in known if name not in result.known)
+    except KnownLiveness as known:
+        # (Safety was checked throughout; the end's convergence cannot hold.)
+        if tolerate_known:
+            result.known.append(str(known))
+        else:
+            result.ok = False
+            result.reason = f"liveness lost as {known} describes (run_simulation.stuck_on_a_vote)"
     except SimulationFailure as failure:
         result.ok = False
         result.reason = str(failure)

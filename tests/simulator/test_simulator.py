@@ -95,3 +95,13 @@ def test_bug_1_seed_runs_clean() -> None:
     # xfail and its KNOWN_FINDINGS entry.
     result = run_seed(seed=109, members=3, duration_s=60, tolerate_known=False)
     assert result.ok, _show(result)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="BUG-2 (run_simulation.stuck_on_a_vote): a restarted voter refuses a lower leader"
+)
+def test_bug_2_seed_runs_clean() -> None:
+    # Once BUG-2 is fixed this passes (strict: XPASS fails): remove the
+    # xfail and the stuck_on_a_vote classification.
+    result = run_seed(seed=47, members=5, duration_s=60, tolerate_known=False)
+    assert result.ok, _show(result)
