@@ -28,12 +28,18 @@ service use):
 * Counters (a node's ``cnc.dat`` counters: id, type, key, label,
   registration id, value), shared by every client of the node's driver.
 
+* Runs of client messages handed to the production hot paths as one
+  ``SessionMessages``-like batch (``bounded_poll_session_runs``,
+  ``poll_session_runs``), by the rule of ``fulmar_batch_session_messages``.
+* Doorbells: data for an image, driver news, and a ring of a watched counter
+  (commit-pos, rec-pos) wake the process that reads them.
+
 What it does not model: term buffers and their rotation (no padding frames at
 term ends, no term-length bound on what an image holds ahead of its reader),
 flow control and back pressure (an offer is accepted unless the publication
-is closed), fragmentation (a message is one frame), doorbells and wake-ups
-(the simulator runs every agent every step), the driver's registration
-failures and timeouts except the image liveness timeout.
+is closed), fragmentation (a message is one frame), the driver's registration
+failures and timeouts except the image liveness timeout, client liveness
+(a dead process's registrations go at once).
 """
 
 from __future__ import annotations
@@ -247,6 +253,59 @@ class SimHeader:
         self.position = self.term_length = self.offset = 0
 
 
+_SESSION_HEAD = struct.Struct("<HHHHqqq")  # SBE header, then leadershipTermId, clusterSessionId, timestamp
+_SESSION_TEMPLATE_ID = 1
+_CLUSTER_SCHEMA_ID = 111
+_SESSION_BLOCK_LENGTH = 24
+
+
+class SimSessionMessages:
+    """``fulmar.log_reader.SessionMessages``: a run of client messages as
+    parallel lists (what the production hot paths read)."""
+
+    def __init__(self) -> None:
+        self.view: memoryview | None = None
+        self.clear()
+
+    def clear(self) -> None:
+        self.count = 0
+        self.leadership_term_ids: list[int] = []
+        self.session_ids: list[int] = []
+        self.timestamps: list[int] = []
+        self.end_positions: list[int] = []
+        self.message_offsets: list[int] = []
+        self.message_lengths: list[int] = []
+
+    def take(self, data: bytearray, offset: int, length: int, flags: int, end_position: int) -> bool:
+        if flags & UNFRAGMENTED != UNFRAGMENTED or length < HEADER_LENGTH + _SESSION_HEAD.size:
+            return False
+        block_length, template_id, schema_id, _version, term, session_id, timestamp = _SESSION_HEAD.unpack_from(
+            data, offset + HEADER_LENGTH
+        )
+        if (
+            block_length != _SESSION_BLOCK_LENGTH
+            or template_id != _SESSION_TEMPLATE_ID
+            or schema_id != _CLUSTER_SCHEMA_ID
+        ):
+            return False
+        self.count += 1
+        self.leadership_term_ids.append(term)
+        self.session_ids.append(session_id)
+        self.timestamps.append(timestamp)
+        self.end_positions.append(end_position)
+        self.message_offsets.append(offset + HEADER_LENGTH)
+        self.message_lengths.append(length - HEADER_LENGTH)
+        return True
+
+    def deliver(self, on_session_messages: Callable[..., Any]) -> None:
+        try:
+            on_session_messages(self)
+        finally:
+            view = self.view
+            self.clear()
+            self.view = view
+
+
 class SimImage:
     """One subscriber's reader over a ``SimLogBuffer`` (``fulmar.subscription.Image``)."""
 
@@ -262,6 +321,7 @@ class SimImage:
         self.source_identity = source_identity
         self._closed = False
         self._header = SimHeader()
+        self._runs = SimSessionMessages()
         if subscription.client not in log.readers:
             log.readers.append(subscription.client)
 
@@ -339,9 +399,57 @@ class SimImage:
         limit_position: int,
         fragment_limit: int,
     ) -> int:
-        """Every message through ``handler`` (the per-message path the production
-        readers take for anything outside a run; the run batching is not modelled)."""
-        return self.bounded_poll(handler, limit_position, fragment_limit)
+        """``LogReader.bounded_poll_session_runs``: each run of whole cluster
+        client messages in a row (the rule of ``fulmar_batch_session_messages``:
+        unfragmented, a SessionMessageHeader of the cluster schema with its
+        block length) goes to ``on_session_messages`` as one
+        ``SimSessionMessages``; every other fragment goes to ``handler``."""
+        log = self.log
+        if self._closed or self.position >= limit_position or self.position >= log.base + len(log.data):
+            return 0
+        data = log.data
+        base = log.base
+        end = min(log.base + len(data), limit_position)
+        header = self._header
+        header.term_length = log.term_length
+        count = 0
+        runs = self._runs
+        view = memoryview(data)
+        runs.view = view
+        try:
+            while count < fragment_limit and self.position < end:
+                offset = self.position - base
+                length, _v, flags, ftype, term_offset, session_id, stream_id, term_id, reserved = (
+                    DATA_HEADER.unpack_from(data, offset)
+                )
+                next_position = self.position + aligned(length)
+                if next_position > end:
+                    break
+                if runs.take(data, offset, length, flags, next_position):
+                    self.position = next_position
+                    count += 1
+                    continue
+                if runs.count:
+                    runs.deliver(on_session_messages)
+                header.frame_length = length
+                header.flags = flags
+                header.type = ftype
+                header.term_offset = term_offset
+                header.session_id = session_id
+                header.stream_id = stream_id
+                header.term_id = term_id
+                header.reserved_value = reserved
+                header.position = next_position
+                header.offset = offset
+                self.position = next_position
+                count += 1
+                handler(view, offset + HEADER_LENGTH, length - HEADER_LENGTH, header)
+            if runs.count:
+                runs.deliver(on_session_messages)
+        finally:
+            runs.clear()
+            view.release()
+        return count
 
     def _close(self) -> None:
         self._closed = True
@@ -552,7 +660,23 @@ class SimSubscription:
     def poll_session_runs(
         self, handler: Callable[..., Any], on_session_messages: Callable[..., Any], fragment_limit: int
     ) -> int:
-        return self.poll(handler, fragment_limit)
+        images = self._images
+        count = len(images)
+        if not count:
+            return 0
+        start = self._round_robin = (self._round_robin + 1) % count
+        fragments = 0
+        for i in range(count):
+            image = images[(start + i) % count]
+            if isinstance(image, SimImage):
+                fragments += image.bounded_poll_session_runs(
+                    handler, on_session_messages, INT64_MAX, fragment_limit - fragments
+                )
+            else:
+                fragments += image.poll(handler, fragment_limit - fragments)
+            if fragments >= fragment_limit:
+                break
+        return fragments
 
     def close(self) -> None:
         if not self._closed:
