@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.py,%,$(wildcard tests/fuzz/fuzz_*.py))
 
-.PHONY: install bytecode run test test-native-asan test-all soak test-slow chaos lint format typecheck docs codecs bench bench-quick fuzz clean
+.PHONY: install bytecode run test test-native-asan test-all soak test-slow chaos simulate lint format typecheck docs codecs bench bench-quick fuzz clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -107,6 +107,20 @@ chaos: $(STAMP) bytecode
 	$(PY) tests/chaos_campaign.py --seeds $(CHAOS_SEEDS) --seconds $(CHAOS_SECONDS) \
 		$(foreach m,$(CHAOS_MEMBERS),--members $(m)) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) \
 		$(if $(CHAOS_SECRET),--secret $(CHAOS_SECRET))
+
+# The deterministic simulator (tests/simulator/): every member's production
+# consensus module in one process over a simulated network, archive and clock.
+# make simulate SEEDS=N runs seeds 1..N (MEMBERS=3 or 5); SEED=S replays seed S
+# (or starts there with SEEDS); a failing seed prints the line that replays it
+# and its trace.  SIM_SECONDS: simulated seconds per seed.
+SEEDS ?=
+SEED ?=
+MEMBERS ?= 3
+SIM_SECONDS ?= 60
+
+simulate: $(STAMP) bytecode
+	$(PY) tests/simulator/run_simulation.py --members $(MEMBERS) --duration $(SIM_SECONDS) \
+		$(if $(SEED),--seed $(SEED)) $(if $(SEEDS),--seeds $(SEEDS))
 
 # The chaos workload for a long time (SOAK_SECONDS, 10 minutes by default).
 SOAK_SECONDS ?= 600

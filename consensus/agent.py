@@ -17,7 +17,6 @@ multi-member states of the election come with the consensus stream.
 
 from __future__ import annotations
 
-import random
 import struct
 import time
 from array import array
@@ -2041,7 +2040,7 @@ class ConsensusModuleAgent:
             [member.id for member in self.members],
             self.host,
             self.consensus_publisher,
-            random.Random(),
+            context.election_random(),
             timeouts,
             is_startup,
             entries[-1].leadership_term_id if entries else NULL_VALUE,

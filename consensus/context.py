@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,6 +129,9 @@ class ConsensusModuleContext:
     # Off: from anyone (what fulmar did before; for hosts that send from an
     # address their members string does not name).
     check_consensus_sources: bool = True
+    # Where each election's randomness (its nomination delay) comes from: a
+    # fresh ``random.Random()`` in production; the simulator gives seeded ones.
+    election_random: Callable[[], random.Random] = random.Random
     election_timeout_ns: int = 1_000_000_000
     election_status_interval_ns: int = 100_000_000
     startup_canvass_timeout_ns: int = 60_000_000_000
