@@ -107,7 +107,7 @@ codecs: $(STAMP)
 # the frame scanner, the channel-URI parser, the recording log and the catalog:
 # FUZZ_SECONDS per target.  New inputs go to a temporary directory; those that
 # reach new code are merged into tests/fuzz/corpus/<target>, which make test
-# replays (tests/test_fuzz_corpus.py).  A crash leaves its input in
+# replays (tests/fuzz/test_fuzz_corpus.py).  A crash leaves its input in
 # tests/fuzz/crashes/<target>/ and fails the run after the other targets.
 # libFuzzer re-executes a harness by its path (for -merge), hence the PATH.
 FUZZ_RUN = PATH=$(abspath $(VENV))/bin:$$PATH $(PY) tests/fuzz/fuzz_$$target.py

@@ -7,7 +7,7 @@ Everything here works on the aggregated rows of ``__main__`` and on
 histograms keyed by (system, histogram id), the system being the module's
 name unless a row says otherwise (``"histogram_system"``: each setting of
 the PySyncObj peer), so it can be exercised with synthetic figures
-(``tests/test_bench_report.py``).
+(``tests/bench/test_bench_report.py``).
 """
 
 from __future__ import annotations

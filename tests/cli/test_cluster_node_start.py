@@ -623,7 +623,7 @@ def test_a_service_that_exits_with_code_0_unasked_has_died(
     code called sys.exit(0) was told to stop by nobody, and the node cannot
     serve without it.  (What an orderly stop adds, the process's own report,
     is what tells the two apart.)"""
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # failing_service, for every process
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1]))  # failing_service, for every process
     config = write_config(
         tmp_path / "node.toml", driver_dir, free_udp_port(), service={"service": "failing_service:FailingService"}
     )

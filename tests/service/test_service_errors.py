@@ -38,7 +38,7 @@ from fulmar.service.errors import ServiceErrorHandler, ServiceFailedError
 from multi_node_support import member_view, wait_for_leader
 from test_service_join_log import join_log
 
-TESTS_DIR = Path(__file__).parent
+TESTS_DIR = Path(__file__).parents[1]
 FAILING_KV = "failing_service:FailingKeyValueService"
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-FUZZ_DIR = Path(__file__).resolve().parent / "fuzz"
+FUZZ_DIR = Path(__file__).resolve().parent
 CORPUS = FUZZ_DIR / "corpus"
 CRASHES = FUZZ_DIR / "crashes"
 TARGETS = sorted(p.name[len("fuzz_") : -len(".py")] for p in FUZZ_DIR.glob("fuzz_*.py"))

@@ -56,7 +56,7 @@ from fulmar.analytics.replay import ReplayError, latest_service_snapshot, snapsh
 from fulmar.cli.cluster_commands import cluster_operate
 from fulmar.service.state_machine import SNAPSHOT_CHUNK_MAGIC, StateMachine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 # The console scripts a user runs: `cluster-node` (not `python -m`, which would
 # put the current directory on the path and hide a failure to look there).

@@ -38,7 +38,7 @@ from fulmar import (
     UnknownCommandError,
 )
 
-TESTS_DIR = Path(__file__).parent
+TESTS_DIR = Path(__file__).parents[1]
 SESSION_TIMEOUT_S = 2.0
 KEEPALIVE_S = 0.5  # a quarter of the session timeout
 DRIVER_GONE_WITHIN_S = 10

@@ -18,7 +18,7 @@ from fulmar.consensus.recording_log import RecordingLog
 from fulmar.service.call_protocol import RequestKind, encode_request, pack
 from fulmar.service.state_machine import SNAPSHOT_CHUNK_LENGTH
 
-TESTS_DIR = Path(__file__).parent
+TESTS_DIR = Path(__file__).parents[1]
 BIG_ENTRY_LENGTH = 100_000
 
 

@@ -3,7 +3,7 @@ tagged, the retransmission length, bad arguments, and properties against
 small models written here (the limit, the tracked receivers) on random
 sequences of calls.
 
-Which strategy a channel gets is tests/test_driver_flow_control_settings.py.
+Which strategy a channel gets is tests/driver/test_driver_flow_control_settings.py.
 """
 
 from __future__ import annotations

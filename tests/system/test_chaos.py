@@ -27,7 +27,7 @@ from chaos import (
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.frames import FrameType
 
-ARTIFACTS = Path(os.environ.get("CHAOS_ARTIFACTS", Path(__file__).resolve().parent.parent / "chaos-artifacts"))
+ARTIFACTS = Path(os.environ.get("CHAOS_ARTIFACTS", Path(__file__).resolve().parents[2] / "chaos-artifacts"))
 
 
 def _seed() -> int:

@@ -23,7 +23,7 @@ from multi_node_support import calls_across_a_leader_kill, wait_for_leader
 
 import fulmar
 
-TESTS_DIR = Path(__file__).parent
+TESTS_DIR = Path(__file__).parents[1]
 THREADS = 4
 CALLS_PER_THREAD = 300
 IN_FLIGHT_PER_THREAD = 25

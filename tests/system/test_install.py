@@ -32,7 +32,7 @@ import pytest
 
 from driver_support import wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 IGNORED = shutil.ignore_patterns(
     ".git", ".venv", ".docs-venv", "build", "*.egg-info", "__pycache__", "*.so", "*.o", ".mypy_cache",
     ".pytest_cache", ".hypothesis", "site", "chaos-artifacts", "fulmar-analysis",

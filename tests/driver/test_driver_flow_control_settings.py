@@ -1,7 +1,7 @@
 """Which flow control a network publication's channel gets (data_plane.flow_control_settings):
 the strategy, Aeron's defaults, the driver's defaults and the channel's overrides, and the errors.
 
-What each strategy then does is tests/test_native_flow_control.py.
+What each strategy then does is tests/driver/test_native_flow_control.py.
 """
 
 from __future__ import annotations
