@@ -51,9 +51,9 @@ test: $(STAMP) bytecode
 test-slow: $(STAMP) bytecode
 	$(PYTEST) -m slow $(PYTEST_ARGS) $(PYTEST_END)
 
-# Chaos (tests/chaos.py): a 3-member and a 5-member cluster under a seeded
+# Chaos (tests/support/chaos.py): a 3-member and a 5-member cluster under a seeded
 # schedule of faults while clients record a history, then every check.
-# make chaos is a campaign (tests/chaos_campaign.py): CHAOS_SEEDS runs per
+# make chaos is a campaign (tests/support/chaos_campaign.py): CHAOS_SEEDS runs per
 # member count in CHAOS_MEMBERS, one after another, each in its own process,
 # one line per run and the totals; it fails if any run had an anomaly or did
 # not converge.  CHAOS_SEED is the first seed (then +1 each run), so a
@@ -64,10 +64,10 @@ CHAOS_SECONDS ?= 120
 CHAOS_SEED ?=
 CHAOS_SEEDS ?= 1
 CHAOS_MEMBERS ?= 3 5
-CHAOS = $(PY) tests/chaos.py $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+CHAOS = $(PY) tests/support/chaos.py $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 chaos: $(STAMP) bytecode
-	$(PY) tests/chaos_campaign.py --seeds $(CHAOS_SEEDS) --seconds $(CHAOS_SECONDS) \
+	$(PY) tests/support/chaos_campaign.py --seeds $(CHAOS_SEEDS) --seconds $(CHAOS_SECONDS) \
 		$(foreach m,$(CHAOS_MEMBERS),--members $(m)) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) \
 		$(if $(CHAOS_SECRET),--secret $(CHAOS_SECRET))
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from log_reference import BEGIN, END, FRAME, PAD, reference_rows, write_messages
+from support.log_reference import BEGIN, END, FRAME, PAD, reference_rows, write_messages
 from fulmar.analytics import log_decoder
 from fulmar.analytics.log_decoder import (
     CORRUPT_TYPE,

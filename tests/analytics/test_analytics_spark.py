@@ -1,5 +1,5 @@
 """The Spark pipeline on a log recorded by a real 3-member cluster in this
-test module (tests/analytics_support.py): the fulmar-log source, the analyze
+test module (tests/support/analytics.py): the fulmar-log source, the analyze
 job and the replay audit, in Spark local mode, and the cluster-tool commands
 on the module's Spark session."""
 
@@ -19,8 +19,8 @@ import pytest
 
 from click.testing import CliRunner, Result
 
-from analytics_support import FRAGMENTED_LENGTH, RecordedLog, record_counter_cluster
-from log_reference import reference_rows
+from support.analytics import FRAGMENTED_LENGTH, RecordedLog, record_counter_cluster
+from support.log_reference import reference_rows
 from fulmar.analytics.analyze import analyze
 from fulmar.analytics.log_decoder import find_log_segments, read_log
 from fulmar.analytics.replay import ReplayError, audit_snapshot, replay_state

@@ -1,6 +1,6 @@
 """``cluster-tool verify-log`` (fulmar.analytics.log_verify): the checker's
 functions on synthetic inputs, then the command on the logs a real 3-member
-cluster recorded (tests/analytics_support.py: traffic, a snapshot, the leader
+cluster recorded (tests/support/analytics.py: traffic, a snapshot, the leader
 killed so that a second term begins, an orderly stop), as recorded and with
 each invariant broken in a copy of one member's files."""
 
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from analytics_support import RecordedLog, record_counter_cluster
-from cluster_support import copy_sparse
-from log_reference import BEGIN, DATA, END, FRAME, HEADER_LENGTH, PAD, write_messages
+from support.analytics import RecordedLog, record_counter_cluster
+from support.cluster import copy_sparse
+from support.log_reference import BEGIN, DATA, END, FRAME, HEADER_LENGTH, PAD, write_messages
 from fulmar.analytics.log_decoder import read_log
 from fulmar.analytics.log_verify import (
     CHECK_AGREEMENT,

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from archive_support import ArchiveProcess, RawControlClient
-from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
+from support.archive import ArchiveProcess, RawControlClient
+from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 from fulmar.aeron import Aeron
 from fulmar.archive import protocol
 from fulmar.archive.client import AeronArchive, ArchiveResponseError

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from driver_support import wait_for
-from test_reader_doorbells import free_udp_port, offer, wait_for_table
+from support.driver import wait_for
+from support.doorbells import free_udp_port, offer, wait_for_table
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.archive.recorder import NativeRecorder, RecordingSession

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from archive_support import ArchiveNode as Node
-from driver_support import free_udp_port, wait_for
+from support.archive import ArchiveNode as Node
+from support.driver import free_udp_port, wait_for
 
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
 from fulmar.archive.protocol import ArchiveErrorCode

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from archive_support import ArchiveProcess
-from driver_support import (
+from support.archive import ArchiveProcess
+from support.driver import (
     DriverProcess,
     free_udp_port,
     main_thread_wakes_per_second,

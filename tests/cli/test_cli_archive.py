@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from archive_support import ArchiveProcess
+from support.archive import ArchiveProcess
 from click.testing import CliRunner, Result
-from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.archive.catalog import CATALOG_FILE_NAME, Catalog
 from fulmar.archive.client import NULL_VALUE, AeronArchive, SourceLocation

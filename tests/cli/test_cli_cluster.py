@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from cluster_support import SingleNodeCluster
-from driver_support import wait_for
+from support.cluster import SingleNodeCluster
+from support.driver import wait_for
 from fulmar.cli import cluster_commands, cluster_tool
 from fulmar.cnc import CncFile
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType

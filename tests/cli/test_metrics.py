@@ -29,10 +29,10 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from cluster_support import LocalCluster
-from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
-from multi_node_support import wait_for_leader
-from test_cluster_node_start import READY, START_S, Node, start_node  # noqa: F401 - start_node: a fixture
+from support.cluster import LocalCluster
+from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+from support.multi_node import wait_for_leader
+from support.node_start import READY, START_S, Node, start_node  # noqa: F401 - start_node: a fixture
 
 from fulmar.cli import cluster_node, cluster_tool, node_metrics, supervisor
 from fulmar.cli.metrics_server import MetricsServer

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import codec_strategies as testing
+from support import codec_strategies as testing
 from fulmar.codecs import CodecError
 from fulmar.codecs.generate import GroupDef, MessageDef, SchemaDef
 

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-import codec_strategies as testing
+from support import codec_strategies as testing
 from fulmar.codecs import CodecError
 from fulmar.codecs.generated import archive, cluster, driver
 

@@ -15,9 +15,9 @@ from typing import Any
 import psutil
 import pytest
 
-from cluster_support import SingleNodeCluster
+from support.cluster import SingleNodeCluster
 from conftest import FORK
-from driver_support import free_udp_port, wait_for
+from support.driver import free_udp_port, wait_for
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol

@@ -11,7 +11,7 @@ import pytest
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import snapshot
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleState, ControlToggle, LoneMemberConsensusListener
-from test_cluster_suspend import MEMBERS, apply_log, complete_election, new_agent, state_counter
+from support.agents import MEMBERS, apply_log, complete_election, new_agent, state_counter
 
 
 class CountingIngress:

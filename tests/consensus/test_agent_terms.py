@@ -15,7 +15,7 @@ from typing import Any
 
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.protocol import CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID
-from test_cluster_suspend import MEMBERS, FakePublication, log_of, new_agent
+from support.agents import MEMBERS, FakePublication, log_of, new_agent
 
 
 class FakeRecordingArchive:

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from cluster_support import FAST_ELECTION_ARGS, LocalCluster
-from driver_support import wait_for
+from support.cluster import FAST_ELECTION_ARGS, LocalCluster
+from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.cli import cluster_commands, supervisor
 from fulmar.cnc import CncFile
@@ -31,7 +31,7 @@ from fulmar.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_STAND
 from fulmar.counters import CountersReader
 from fulmar.semantic_version import compose_version
 from fulmar.subscription import Subscription
-from multi_node_support import log_frames, member_view, wait_for_commit, wait_for_leader
+from support.multi_node import log_frames, member_view, wait_for_commit, wait_for_leader
 
 ECHO_SERVICE = "fulmar.service.samples:EchoService"
 RESPONSE_STREAM_ID = 108

@@ -34,10 +34,10 @@ from typing import Any
 
 import pytest
 
-from archive_support import RawControlClient
-from backup_support import Backup
-from cluster_support import FAST_ELECTION_ARGS, LocalCluster
-from driver_support import free_udp_port, wait_for
+from support.archive import RawControlClient
+from support.backup import Backup
+from support.cluster import FAST_ELECTION_ARGS, LocalCluster
+from support.driver import free_udp_port, wait_for
 from fulmar.aeron import Aeron
 from fulmar.archive import protocol as archive_protocol
 from fulmar.archive.client import AeronArchive, ArchiveResponseError
@@ -50,7 +50,7 @@ from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID, Cl
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.counters import CountersReader
-from multi_node_support import member_view, wait_for_commit, wait_for_leader
+from support.multi_node import member_view, wait_for_commit, wait_for_leader
 
 SECRET = "cluster-s3cret"
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"

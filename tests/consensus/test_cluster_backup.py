@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from backup_support import Backup, backup_log
-from cluster_support import LocalCluster
-from driver_support import wait_for
+from support.backup import Backup, backup_log
+from support.cluster import LocalCluster
+from support.driver import wait_for
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
 from fulmar.cli import cluster_commands, cluster_node
 from fulmar.consensus.backup import (
@@ -33,7 +33,7 @@ from fulmar.consensus.backup import (
 )
 from fulmar.consensus import protocol
 from fulmar.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
-from multi_node_support import CounterWorkload, log_frames, member_view, read_counter, wait_for_commit, wait_for_leader
+from support.multi_node import CounterWorkload, log_frames, member_view, read_counter, wait_for_commit, wait_for_leader
 
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_support import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
+from support.driver import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron, DriverTimeoutError
 from fulmar.cnc import CncFile

@@ -37,8 +37,8 @@ from typing import Any
 
 import pytest
 
-from cluster_support import LocalCluster
-from driver_support import wait_for
+from support.cluster import LocalCluster
+from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.archive.catalog import Catalog
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
@@ -53,7 +53,7 @@ from fulmar.consensus.protocol import LOG_STREAM_ID
 from fulmar.counters import CountersReader
 from fulmar.driver.counters import RECEIVER_HWM_TYPE_ID, SystemCounter
 from fulmar.error_log import read_error_log
-from multi_node_support import (
+from support.multi_node import (
     assert_same_logs,
     log_frames,
     member_view,

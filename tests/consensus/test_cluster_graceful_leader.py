@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from cluster_support import FAST_ELECTION_ARGS, LocalCluster
-from multi_node_support import COUNTER_SERVICE, CounterWorkload, read_counter, wait_for_leader
+from support.cluster import FAST_ELECTION_ARGS, LocalCluster
+from support.multi_node import COUNTER_SERVICE, CounterWorkload, read_counter, wait_for_leader
 
 HEARTBEAT_TIMEOUT_ARGS = (*FAST_ELECTION_ARGS, "--leader-heartbeat-timeout", "10s", "--election-timeout", "1s")
 

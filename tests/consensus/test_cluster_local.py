@@ -26,9 +26,9 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from cluster_support import LocalCluster
-from driver_support import main_thread_wakes_per_second, wait_for
-from test_cluster_node_start import all_gone, run_start, write_config
+from support.cluster import LocalCluster
+from support.driver import main_thread_wakes_per_second, wait_for
+from support.node_start import all_gone, run_start, write_config
 
 from fulmar.aeron import Aeron
 from fulmar.cli import cluster_node, cluster_tool, supervisor

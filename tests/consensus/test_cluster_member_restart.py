@@ -23,9 +23,9 @@ from collections import Counter
 
 import pytest
 
-from cluster_support import LocalCluster
-from driver_support import wait_for
-from multi_node_support import COUNTER_SERVICE, CounterWorkload, member_view, read_counter, wait_for_leader
+from support.cluster import LocalCluster
+from support.driver import wait_for
+from support.multi_node import COUNTER_SERVICE, CounterWorkload, member_view, read_counter, wait_for_leader
 
 # From the restart of the follower's processes until it has committed what the
 # leader had committed after the restart, twice (it follows, not just catches up).

@@ -17,13 +17,13 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from cluster_support import LocalCluster
+from support.cluster import LocalCluster
 from fulmar.cli import cluster_tool
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.subscription import Image
-from driver_support import main_thread_wakes_per_second, wait_for
-from multi_node_support import (
+from support.driver import main_thread_wakes_per_second, wait_for
+from support.multi_node import (
     COUNTER_SERVICE,
     CounterWorkload,
     assert_same_logs,

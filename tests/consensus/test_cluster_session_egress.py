@@ -25,13 +25,13 @@ from typing import Any
 
 import pytest
 
-from cluster_support import FAST_ELECTION_ARGS, LocalCluster, SingleNodeCluster
-from driver_support import wait_for
+from support.cluster import FAST_ELECTION_ARGS, LocalCluster, SingleNodeCluster
+from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.errors import CodecError
-from multi_node_support import member_view, wait_for_leader
+from support.multi_node import member_view, wait_for_leader
 
 CLIENTS = 1000
 RESPONSE_CHANNEL = "aeron:ipc?term-length=64k"

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from cluster_support import SingleNodeCluster
-from driver_support import wait_for
+from support.cluster import SingleNodeCluster
+from support.driver import wait_for
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.client import AuthenticationRejectedError, ClusterClient
 from fulmar.clock import epoch_ms

@@ -25,9 +25,9 @@ from __future__ import annotations
 import json
 import re
 
-from cluster_support import KEY_VALUE_SERVICE, LocalCluster
+from support.cluster import KEY_VALUE_SERVICE, LocalCluster
 from fulmar.cli.verify_log_commands import verify_log
-from multi_node_support import (
+from support.multi_node import (
     assert_same_logs,
     member_view,
     wait_for_commit,

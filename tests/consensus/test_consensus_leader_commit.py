@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from cluster_support import bare_member_agent
-from driver_support import wait_for
+from support.cluster import bare_member_agent
+from support.driver import wait_for
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
 from fulmar.consensus.agent import ConsensusModuleAgent, ConsensusModuleState
 from fulmar.security import CredentialsAuthenticator

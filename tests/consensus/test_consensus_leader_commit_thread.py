@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from cluster_support import bare_member_agent
-from driver_support import wait_for
+from support.cluster import bare_member_agent
+from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_key
 from fulmar.channel_uri import ChannelUri

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from cluster_support import bare_member_agent
-from driver_support import wait_for
+from support.cluster import bare_member_agent
+from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.generated import cluster as codecs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from election_simulation import SimulationFailure, run_seed
+from support.election_simulation import SimulationFailure, run_seed
 
 
 def _run_range(first: int, count: int, members: int) -> None:

@@ -16,7 +16,7 @@ from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, C
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.election import Election, ElectionTimeouts, TermEntry, compare_log, next_term_for
 from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE
-from test_cluster_suspend import MEMBERS, new_agent
+from support.agents import MEMBERS, new_agent
 
 MS = 1_000_000
 S = 1_000 * MS

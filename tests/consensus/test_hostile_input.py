@@ -32,8 +32,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cluster_support import LocalCluster
-from driver_support import wait_for
+from support.cluster import LocalCluster
+from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.cli import archive_tool, cluster_commands
 from fulmar.cli.cnc_reader import read_errors
@@ -53,7 +53,7 @@ from fulmar.driver.counters import (
 from fulmar.errors import FulmarError
 from fulmar.logbuffer import LogBuffers
 from fulmar.ring_buffer import ManyToOneRingBuffer
-from multi_node_support import assert_same_logs, member_view, wait_for_elections_closed, wait_for_leader
+from support.multi_node import assert_same_logs, member_view, wait_for_elections_closed, wait_for_leader
 
 ECHO_SERVICE = "fulmar.service.samples:EchoService"
 LOG_STREAM_ID = 100

@@ -24,7 +24,7 @@ from fulmar.consensus.backup import SLOW_TICK_INTERVAL_NS, ClusterBackupAgent, C
 from fulmar.consensus.cluster_session import ClusterSessionState
 from fulmar.service.agent import NULL_POSITION, ClusteredServiceAgent
 from fulmar.service.context import ServiceContext
-from test_cluster_suspend import MEMBERS, FakeSubscription, complete_election, new_agent
+from support.agents import MEMBERS, FakeSubscription, complete_election, new_agent
 
 MS = 1_000_000
 MAX_WAIT = 100 * MS

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from driver_support import wait_for
+from support.driver import wait_for
 from fulmar.codecs.errors import CodecError
 from fulmar._native import ffi, lib
 from fulmar.aeron import Aeron

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from driver_support import wait_for
+from support.driver import wait_for
 
 from fulmar.aeron import Aeron, ClientClosedError, RegistrationError, UnknownRegistrationError
 from fulmar.codecs.generated import driver as protocol

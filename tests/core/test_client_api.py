@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from driver_support import wait_for
+from support.driver import wait_for
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.codecs.generated import driver as protocol

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from driver_support import new_driver_dir, remove_driver_dir, stop_process, wait_for
-from test_cluster_node_start import STOP_S, Node, start_node  # noqa: F401 - start_node: a fixture
+from support.driver import new_driver_dir, remove_driver_dir, stop_process, wait_for
+from support.node_start import STOP_S, Node, start_node  # noqa: F401 - start_node: a fixture
 
 from fulmar.cnc import CncError, CncFile
 from fulmar.cpu_policy import BATCH, CPU_POLICY_ENV, NORMAL, apply_cpu_policy, cpu_policy_of

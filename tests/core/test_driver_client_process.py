@@ -12,7 +12,7 @@ import signal
 import time
 from multiprocessing.connection import Connection
 
-from driver_support import wait_for
+from support.driver import wait_for
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.cli.supervisor import free_udp_port

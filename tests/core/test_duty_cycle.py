@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cluster_support import SingleNodeCluster
-from driver_support import wait_for
+from support.cluster import SingleNodeCluster
+from support.driver import wait_for
 from fulmar.buffers import AtomicBuffer
 from fulmar.consensus import protocol as cluster_protocol
 from fulmar.counters import AtomicCounter

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cluster_node_start import STOP_S, Node, start_node  # noqa: F401 - start_node: a fixture
+from support.node_start import STOP_S, Node, start_node  # noqa: F401 - start_node: a fixture
 
 from fulmar import log_lines
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_support import LocalCluster
-from multi_node_support import wait_for_leader
+from support.cluster import LocalCluster
+from support.multi_node import wait_for_leader
 
 from fulmar.permissions import (
     DIRECTORY_MODE,

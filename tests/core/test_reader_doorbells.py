@@ -8,11 +8,9 @@ a doorbell nobody prepared is left alone.  So "woken" is "sequence moved".
 
 from __future__ import annotations
 
-import socket
-import time
 from pathlib import Path
 
-from driver_support import wait_for
+from support.driver import wait_for
 
 from fulmar._native import ffi
 from fulmar.aeron import Aeron
@@ -33,6 +31,7 @@ from fulmar.reader_doorbells import (
     ring_doorbells,
     ring_log_readers,
 )
+from support.doorbells import free_udp_port, offer, wait_for_table
 
 COUNTERS = 64
 
@@ -174,26 +173,6 @@ def test_each_append_and_each_claim_ring_the_readers_and_the_relay(tmp_path: Pat
 
 
 # ------------------------------------------------------------------ through a media driver
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_for_table(log: LogBuffers, expected: list[int]) -> None:
-    wait_for(
-        lambda: sorted(log_readers_in_table(log)[0]) == sorted(expected),
-        10,
-        f"the driver to name {expected} in the log's reader table",
-    )
-
-
-def offer(publication: object, payload: bytes) -> None:
-    deadline = time.monotonic() + 10
-    while publication.offer(payload) < 0:  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline, "the offer was never taken"
 
 
 def test_a_publication_wakes_its_subscribers_clients_only(start_driver) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from test_cluster_suspend import new_agent
+from support.agents import new_agent
 
 from fulmar.buffers import AtomicBuffer
 from fulmar.codecs.generated import cluster as codecs

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from driver_support import wait_for
+from support.driver import wait_for
 
 from fulmar._native import lib
 from fulmar.buffers import AtomicBuffer

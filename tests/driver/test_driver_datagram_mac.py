@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
+from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import RegistrationError
 from fulmar.cnc import CncFile

@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
-from driver_support import DriverProcess, wait_for
+from support.driver import DriverProcess, wait_for
 
 from fulmar.aeron import Aeron, DriverTimeoutError, RegistrationError
 from fulmar.broadcast import BroadcastReceiver, CopyBroadcastReceiver

@@ -8,8 +8,8 @@ import time
 from multiprocessing.connection import Connection
 
 import pytest
-from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
-from test_driver_udp import free_udp_port
+from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+from support.driver import free_udp_port
 
 from fulmar.aeron import Aeron
 from fulmar.cli.supervisor import free_udp_ports

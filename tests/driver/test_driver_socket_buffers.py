@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from driver_support import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
-from test_cli import running_driver, stop
+from support.driver import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
+from support.cli_driver import running_driver, stop
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.cnc import CncFile

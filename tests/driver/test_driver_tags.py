@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
 import pytest
-from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
+from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.codecs.generated import driver as protocol

@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
-from driver_support import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
+from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron
 from fulmar.cnc import CncFile

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import psutil
-from driver_support import kill_process, wait_for
+from support.driver import kill_process, wait_for
 
 from fulmar.aeron import Aeron
 from fulmar.cnc import CncFile

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from fulmar._native import ffi, lib
 from fulmar.frames import DATA_HEADER, EOS_FLAG, FrameType
 from fulmar.logbuffer import END_OF_STREAM_POSITION_OFFSET, LogBuffers, compute_position, to_int32
-from test_receiver_rebuild import Collector, datagram_span, frames_of, payload_for, publish_terms, sender_datagrams
+from support.receiver import Collector, datagram_span, frames_of, payload_for, publish_terms, sender_datagrams
 
 TERM = 64 * 1024
 WINDOW = TERM // 2  # min(term length / 2, 128 KiB)

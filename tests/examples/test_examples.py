@@ -46,9 +46,9 @@ from typing import Any, Protocol
 
 import psutil
 import pytest
-from cluster_support import LocalCluster
-from driver_support import wait_for
-from multi_node_support import calls_across_a_leader_kill, member_view, wait_for_commit, wait_for_leader
+from support.cluster import LocalCluster
+from support.driver import wait_for
+from support.multi_node import calls_across_a_leader_kill, member_view, wait_for_commit, wait_for_leader
 
 import fulmar
 from fulmar import CommandError

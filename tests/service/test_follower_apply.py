@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from cluster_support import LocalCluster
-from driver_support import main_thread_wakes
-from multi_node_support import wait_for_leader
+from support.cluster import LocalCluster
+from support.driver import main_thread_wakes
+from support.multi_node import wait_for_leader
 
 ECHO_SERVICE = "fulmar.service.samples:EchoService"
 INTERVAL_MS = 20  # long, so that a follower's pace stands apart from the commits'

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import failing_service
-from chaos import snapshot_state
-from cluster_support import LocalCluster, SingleNodeCluster
-from driver_support import wait_for
+from support import failing_service
+from support.chaos import snapshot_state
+from support.cluster import LocalCluster, SingleNodeCluster
+from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.cli import cluster_node, cluster_tool
 from fulmar.cli.cluster_commands import ClusterOperationError, cluster_operate
@@ -35,11 +35,11 @@ from fulmar.service.agent import ClusteredServiceAgent
 from fulmar.service.clustered_service import ClientSession, CloseReason, ClusteredService, Role
 from fulmar.service.context import ServiceContext
 from fulmar.service.errors import ServiceErrorHandler, ServiceFailedError
-from multi_node_support import member_view, wait_for_leader
-from test_service_join_log import join_log
+from support.multi_node import member_view, wait_for_leader
+from support.service_log import join_log
 
 TESTS_DIR = Path(__file__).parents[1]
-FAILING_KV = "failing_service:FailingKeyValueService"
+FAILING_KV = "support.failing_service:FailingKeyValueService"
 
 
 def line_of(function: Callable[..., Any], text: str) -> int:
@@ -450,7 +450,9 @@ def test_stop_keeps_the_fail_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--on-service-error stop``: the container stops at the message,
     naming the log position and the error, with the traceback in its log."""
     monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR))
-    cluster = SingleNodeCluster("failing_service:FailingService", extra_service_args=("--on-service-error", "stop"))
+    cluster = SingleNodeCluster(
+        "support.failing_service:FailingService", extra_service_args=("--on-service-error", "stop")
+    )
     try:
         cluster.start()
         client = ClusterClient.connect(
@@ -482,7 +484,7 @@ def test_a_service_that_cannot_start_stops_whatever_the_setting(monkeypatch: pyt
     service even with ``continue``: its state is not the one the log goes on
     from.  The traceback is in its log and its error log."""
     monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR))
-    cluster = SingleNodeCluster("failing_service:FailsToStart")
+    cluster = SingleNodeCluster("support.failing_service:FailsToStart")
     try:
         with pytest.raises(AssertionError, match="service exited with 1"):
             cluster.start()
@@ -508,7 +510,7 @@ def test_a_service_that_cannot_write_its_snapshot_stops_whatever_the_setting(
     ``continue``: a snapshot without all of the state would be loaded later
     as if it were whole.  No snapshot is recorded, and the node stops."""
     monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR))
-    cluster = SingleNodeCluster("failing_service:FailsToSnapshot")
+    cluster = SingleNodeCluster("support.failing_service:FailsToSnapshot")
     try:
         cluster.start()
         client = ClusterClient.connect(

@@ -17,15 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from driver_support import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.service.agent import ClusteredServiceAgent
 from fulmar.service.context import ServiceContext
 from fulmar.service.samples import EchoService
-
-LOG_STREAM_ID = 100
+from support.service_log import LOG_STREAM_ID, join_log
 
 
 @pytest.fixture
@@ -41,23 +40,6 @@ def aeron() -> Iterator[Aeron]:
     finally:
         driver.stop()
         remove_driver_dir(directory)
-
-
-def join_log(publication: object, channel: str, session_id: int) -> None:
-    buffer = bytearray(1024)
-    length = codecs.JoinLogEncoder.encode(
-        buffer,
-        0,
-        log_position=0,
-        max_log_position=-1,
-        member_id=0,
-        log_session_id=session_id,
-        log_stream_id=LOG_STREAM_ID,
-        is_startup=codecs.BooleanType.FALSE,
-        role=0,
-        log_channel=channel,
-    )
-    wait_for(lambda: publication.offer(bytes(buffer[:length])) > 0, 10, "the JoinLog to be sent")  # type: ignore[attr-defined]
 
 
 def test_a_join_refused_by_the_driver_is_retried_and_the_next_join_log_is_followed(

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from archive_support import ArchiveNode
-from driver_support import wait_for
+from support.archive import ArchiveNode
+from support.driver import wait_for
 
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import snapshot

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from state_machine_services import Bank, Journal
+from support.state_machine_services import Bank, Journal
 
 from fulmar.analytics.replay import _StateMachineFold
 
@@ -182,7 +182,7 @@ def test_a_raising_command_answers_its_type_and_message_and_the_service_goes_on(
     caller.call("deposit", "alice", 10)
     reply = caller.call("transfer", "alice", "bob", 50)
     assert reply.status is ReplyStatus.RAISED
-    assert reply.value == ["state_machine_services.Overdraft", "alice has 10, cannot send 50"]
+    assert reply.value == ["support.state_machine_services.Overdraft", "alice has 10, cannot send 50"]
     assert caller.call("deposit", "alice", -1).value == ["ValueError", "a deposit must be positive, not -1"]
     # Checked before changing: the refused transfer changed nothing, and the next call runs.
     assert caller.machine.balances == {"alice": 10}  # type: ignore[attr-defined]

@@ -1,5 +1,5 @@
 """fulmar.connect / Client / AsyncClient against a real one-member cluster
-serving ``state_machine_services:ClosingJournal`` (with a 2 s session
+serving ``support.state_machine_services:ClosingJournal`` (with a 2 s session
 timeout), each client with its embedded media driver: results and errors,
 sessions kept through idle periods and replaced when the cluster closes
 them, the driver's life, and asyncio."""
@@ -22,8 +22,8 @@ from typing import Any
 
 import psutil
 import pytest
-from cluster_support import LocalCluster
-from driver_support import kill_process, wait_for
+from support.cluster import LocalCluster
+from support.driver import kill_process, wait_for
 
 import fulmar
 from fulmar.consensus import call_client
@@ -47,7 +47,7 @@ DRIVER_GONE_WITHIN_S = 10
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     os.environ["PYTHONPATH"] = str(TESTS_DIR)  # the service containers import state_machine_services
-    local = LocalCluster(1, service="state_machine_services:ClosingJournal")
+    local = LocalCluster(1, service="support.state_machine_services:ClosingJournal")
     try:
         local.extra_consensus_args += ["--session-timeout", f"{SESSION_TIMEOUT_S:g}s"]
         local.start()
@@ -159,7 +159,7 @@ def test_touches_keep_an_idle_client_remembered_and_a_forgotten_one_registers_ag
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR))
-    with LocalCluster(1, service="state_machine_services:ShortExpiryJournal") as short:  # 3 s expiry
+    with LocalCluster(1, service="support.state_machine_services:ShortExpiryJournal") as short:  # 3 s expiry
         short.start()
         with fulmar.connect(short.ingress_endpoints) as client:
             first_id = client.client_id

@@ -1,5 +1,5 @@
 """Exactly once across a failover: three members serving
-``state_machine_services:Journal``, several client threads keeping calls in
+``support.state_machine_services:Journal``, several client threads keeping calls in
 flight, and the leader killed meanwhile (SIGKILL of all its processes).
 
 Before the kill the leader's service is stopped (SIGSTOP) while its
@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cluster_support import LocalCluster
-from multi_node_support import calls_across_a_leader_kill, wait_for_leader
+from support.cluster import LocalCluster
+from support.multi_node import calls_across_a_leader_kill, wait_for_leader
 
 import fulmar
 
@@ -35,7 +35,7 @@ def test_calls_in_flight_from_several_threads_are_answered_once_across_a_leader_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR))
-    with LocalCluster(3, service="state_machine_services:Journal") as cluster:
+    with LocalCluster(3, service="support.state_machine_services:Journal") as cluster:
         cluster.start()
         leader = wait_for_leader(cluster, 30)
         client = fulmar.connect(cluster.ingress_endpoints, timeout=CALL_TIMEOUT_S)

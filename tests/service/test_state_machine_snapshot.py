@@ -1,5 +1,5 @@
 """A StateMachine's snapshot through the real container and archive: one
-member serving ``state_machine_services:Journal`` stops with a snapshot
+member serving ``support.state_machine_services:Journal`` stops with a snapshot
 (SIGTERM) and starts from it, with a state larger than a snapshot message
 (so split across many) and the record of a call that a resend after the
 restart must be answered from."""
@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from cluster_support import SingleNodeCluster
+from support.cluster import SingleNodeCluster
 
 import fulmar
 from fulmar.consensus.client import ClusterClient
@@ -34,7 +34,7 @@ def raw_client(cluster: SingleNodeCluster) -> ClusterClient:
 
 def test_a_restart_from_the_snapshot_keeps_the_state_and_the_call_records(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR))
-    cluster = SingleNodeCluster("state_machine_services:Journal")
+    cluster = SingleNodeCluster("support.state_machine_services:Journal")
     try:
         cluster.start()
         assert "started from the log's start" in cluster.service.output()

@@ -1,4 +1,4 @@
-"""The chaos suite (tests/chaos.py): a short run of every fault on 3 members
+"""The chaos suite (tests/support/chaos.py): a short run of every fault on 3 members
 and a 5-member run (marked slow: ``make test-slow``; ``make chaos`` runs
 campaigns of them), and, in ``make test``, the checks they rely on, shown to
 catch what they are meant to catch."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos import (
+from support.chaos import (
     NEMESES_3,
     NEMESES_5,
     ChaosConfig,

@@ -1,4 +1,4 @@
-"""The chaos campaign (tests/chaos_campaign.py, make chaos): how it runs each
+"""The chaos campaign (tests/support/chaos_campaign.py, make chaos): how it runs each
 seed and what it counts, with small stand-ins for chaos.py so that the runner
 itself is tested in seconds (the real chaos runs are in test_chaos.py)."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-import chaos_campaign
-from chaos_campaign import SeedResult, run_seed, summarize
+from support import chaos_campaign
+from support.chaos_campaign import SeedResult, run_seed, summarize
 
 # A stand-in for chaos.py: reads the arguments it is given and writes the
 # report chaos.py would write, its verdict chosen by the seed.

@@ -25,13 +25,13 @@ from typing import Any
 
 import pytest
 
-from archive_support import ArchiveProcess
-from cluster_support import LocalCluster, NodeProcess, SingleNodeCluster
-from driver_support import DriverProcess, wait_for
+from support.archive import ArchiveProcess
+from support.cluster import LocalCluster, NodeProcess, SingleNodeCluster
+from support.driver import DriverProcess, wait_for
 from fulmar.archive.catalog import Catalog
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
-from multi_node_support import assert_same_logs, member_view, wait_for_commit, wait_for_leader
+from support.multi_node import assert_same_logs, member_view, wait_for_commit, wait_for_leader
 
 KEY_VALUE = "fulmar.service.samples:KeyValueService"
 ENTRY_LENGTH = 64  # a TERM or SNAPSHOT record of recording.log

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from driver_support import wait_for
+from support.driver import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 IGNORED = shutil.ignore_patterns(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from linearizability import UNRECORDED, CheckResult, Operation, Value, check
+from support.linearizability import UNRECORDED, CheckResult, Operation, Value, check
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -4,7 +4,7 @@ Test-only helper (needs ``hypothesis``, part of the ``test`` extra). The
 strategies walk the generator's model of a schema, so every message, field,
 group and var-data member is covered without listing them by hand::
 
-    import codec_strategies as testing
+    from support import codec_strategies as testing
     for schema in testing.schemas():
         for message in schema.messages:
             fields = testing.message_fields(message).example()   # kwargs for <Message>Encoder.encode

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from driver_support import (
+from support.driver import (
     DriverProcess,
     free_udp_port,
     kill_process,

@@ -70,7 +70,7 @@ A failed run saves the history, the schedule, the report and every process's
 log under ``artifacts`` and names the seed.
 
 Run it: ``make chaos`` (3 and 5 members), ``make soak`` (longer), or
-``python tests/chaos.py --members 3 --seconds 60 --seed 7``.
+``python tests/support/chaos.py --members 3 --seconds 60 --seed 7``.
 """
 
 from __future__ import annotations
@@ -92,13 +92,16 @@ from typing import Any
 
 import click
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run by path (python tests/support/chaos.py, as make chaos does), the first entry of
+# the path is this folder: tests/ must be there instead, for the support package.
+if __package__ in (None, ""):
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import linearizability  # noqa: E402
-from backup_support import Backup, backup_log  # noqa: E402
-from cluster_support import FAST_ELECTION_ARGS, KEY_VALUE_SERVICE, KINDS, LocalCluster  # noqa: E402
-from driver_support import wait_for  # noqa: E402
-from multi_node_support import LEADER, assert_same_logs, leaders, log_frames, member_view  # noqa: E402
+from support import linearizability  # noqa: E402
+from support.backup import Backup, backup_log  # noqa: E402
+from support.cluster import FAST_ELECTION_ARGS, KEY_VALUE_SERVICE, KINDS, LocalCluster  # noqa: E402
+from support.driver import wait_for  # noqa: E402
+from support.multi_node import LEADER, assert_same_logs, leaders, log_frames, member_view  # noqa: E402
 from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID as BACKUP_LIVE_LOG_POSITION_TYPE_ID  # noqa: E402
 
 from fulmar.aeron import Aeron  # noqa: E402
@@ -847,7 +850,7 @@ class ChaosReport:
         if self.artifacts:
             lines.append(f"  artifacts       {self.artifacts}")
             lines.append(
-                f"  reproduce with  python tests/chaos.py --members {c['members']} --seconds {c['seconds']:g} "
+                f"  reproduce with  python tests/support/chaos.py --members {c['members']} --seconds {c['seconds']:g} "
                 f"--clients {c['clients']} --seed {c['seed']}"
             )
         lines.append(f"  took            {self.elapsed_s:.0f} s")

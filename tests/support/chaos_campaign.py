@@ -1,4 +1,4 @@
-"""A chaos campaign: many seeds of ``tests/chaos.py`` one after another, on 3
+"""A chaos campaign: many seeds of ``tests/support/chaos.py`` one after another, on 3
 and/or 5 members, with one line per seed and the totals at the end.
 
 One run can pass by luck; a bug that shows once in twenty runs shows in a
@@ -6,7 +6,7 @@ campaign.  Each seed runs in a process of its own (a run that hangs or leaks
 cannot spoil the next one), bounded by a hard deadline: a run that overstays
 it is killed, with its whole process group, and counted as not converged.
 
-    python tests/chaos_campaign.py --seeds 40 --members 3 --seconds 60
+    python tests/support/chaos_campaign.py --seeds 40 --members 3 --seconds 60
     make chaos CHAOS_SEEDS=40 CHAOS_SECONDS=60
 
 Seeds are drawn at random unless ``--seed`` gives the first (the campaign then

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from driver_support import (
+from support.driver import (
     DriverProcess,
     free_udp_port,
     kill_process,
@@ -31,7 +31,7 @@ from driver_support import (
     wait_for,
 )
 
-from archive_support import ArchiveProcess
+from support.archive import ArchiveProcess
 from fulmar.aeron import Aeron
 from fulmar.cli import supervisor
 from fulmar.consensus.client import ClusterClient

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from driver_support import wait_for
-from multi_node_support import COUNTER_SERVICE, member_view, wait_for_commit, wait_for_leader
+from support.driver import wait_for
+from support.multi_node import COUNTER_SERVICE, member_view, wait_for_commit, wait_for_leader
 
-from cluster_support import LocalCluster
+from support.cluster import LocalCluster
 from fulmar.analytics.log_decoder import read_log
 from fulmar.cli.cluster_commands import cluster_operate
 from fulmar.consensus.recording_log import RecordingLog

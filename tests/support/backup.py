@@ -9,8 +9,8 @@ import struct
 import tempfile
 from pathlib import Path
 
-from cluster_support import _DRIVER_ARGS, NodeProcess, LocalCluster
-from driver_support import new_driver_dir, remove_driver_dir
+from support.cluster import _DRIVER_ARGS, NodeProcess, LocalCluster
+from support.driver import new_driver_dir, remove_driver_dir
 from fulmar.archive.segment import segment_base_of_file
 from fulmar.cli.supervisor import free_udp_ports
 from fulmar.cnc import CncFile

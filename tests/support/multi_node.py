@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver_support import wait_for
+from support.driver import wait_for
 
-from cluster_support import LocalCluster
+from support.cluster import LocalCluster
 from fulmar.archive.segment import segment_base_of_file
 from fulmar.cli.cluster_commands import ClusterNode, cluster_member_node
 from fulmar.clock import epoch_ms
