@@ -28,6 +28,9 @@ from fulmar.analytics.session import spark_session, stop_spark
 from fulmar.cli import cluster_tool
 from fulmar.service import samples
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 CLI_TIMEOUT_S = 300
 
 

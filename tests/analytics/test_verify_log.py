@@ -399,6 +399,8 @@ def patch_entry(base: Path, member: int, entry: Entry, field_offset: int, value:
         file.write(I64.pack(value))
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_stopped_cluster_after_a_failover_passes(recorded: RecordedLog, base: Path) -> None:
     code, output, document = verify(base)
     assert code == 0, output
@@ -420,6 +422,7 @@ def test_a_stopped_cluster_after_a_failover_passes(recorded: RecordedLog, base: 
     assert f"{terms[-1]}@" in output and "ok: every check passed" in output
 
 
+@pytest.mark.system
 def test_a_term_event_carrying_the_previous_term(base: Path) -> None:
     """The whole-cluster restart bug, written into one member's log: the
     event that opens the second term carries the first term's id."""
@@ -438,6 +441,7 @@ def test_a_term_event_carrying_the_previous_term(base: Path) -> None:
     assert f"node1 at {position}" in output
 
 
+@pytest.mark.system
 def test_a_term_event_with_another_base(base: Path) -> None:
     position = messages_of(base, 2, "NewLeadershipTermEvent")[-1]["log_position"]
     patch_log(base, 2, position + MESSAGE_BODY + TERM_BASE_FIELD, I64.pack(position + 4096))
@@ -446,6 +450,7 @@ def test_a_term_event_with_another_base(base: Path) -> None:
     assert (CHECK_TERM_EVENT, "node2", None, position) in violations_of(document)
 
 
+@pytest.mark.system
 def test_a_client_message_changed_in_the_committed_prefix(recorded: RecordedLog, base: Path) -> None:
     """One byte of one client message on one member, below every member's
     snapshot (so committed): the byte comparison alone sees it."""
@@ -462,6 +467,7 @@ def test_a_client_message_changed_in_the_committed_prefix(recorded: RecordedLog,
     assert "committed on both" in output
 
 
+@pytest.mark.system
 def test_a_client_message_carrying_another_term(base: Path) -> None:
     events = messages_of(base, 0, "NewLeadershipTermEvent")
     later = [r for r in messages_of(base, 0, "SessionMessageHeader") if r["log_position"] > events[-1]["log_position"]]
@@ -472,6 +478,7 @@ def test_a_client_message_carrying_another_term(base: Path) -> None:
     assert (CHECK_TERM_ORDER, "node0", None, position) in violations_of(document)
 
 
+@pytest.mark.system
 def test_a_recording_log_term_with_a_wrong_base(base: Path) -> None:
     """node0's recording.log says its last term begins one message later
     than it does: the log's event then lies in the term before, the term
@@ -494,6 +501,7 @@ def test_a_recording_log_term_with_a_wrong_base(base: Path) -> None:
         assert (CHECK_RECORDING_LOG, "node0", None, event_position) in found
 
 
+@pytest.mark.system
 def test_a_snapshot_entry_beyond_the_log(base: Path) -> None:
     entries = recording_log_entries(base, 2)
     end = recording_of(base, 2).stop_position
@@ -504,6 +512,7 @@ def test_a_snapshot_entry_beyond_the_log(base: Path) -> None:
     assert (CHECK_RECORDING_LOG, "node2", None, end + 4096) in violations_of(document)
 
 
+@pytest.mark.system
 def test_a_recording_log_that_names_a_snapshot_recording(base: Path) -> None:
     entries = recording_log_entries(base, 1)
     snapshot_recording = next(e.recording_id for e in entries if e.is_valid_snapshot)
@@ -540,6 +549,7 @@ def corrupt_recording_log(node: Path) -> str:
 
 
 @pytest.mark.parametrize("damage", [remove_archive, corrupt_catalog, corrupt_recording_log])
+@pytest.mark.system
 def test_a_member_whose_files_cannot_be_read(base: Path, damage: Any) -> None:
     """Reported by name, not a traceback, with its own exit code; the others are checked as ever."""
     named = damage(base / "node2")
@@ -552,6 +562,7 @@ def test_a_member_whose_files_cannot_be_read(base: Path, damage: Any) -> None:
     assert document["comparisons"][0]["bytes_compared"] > 0
 
 
+@pytest.mark.system
 def test_a_segment_file_cut_short(base: Path) -> None:
     """A log that stops being there below the recording's stop position is damage, at that position."""
     d = recording_of(base, 1)
@@ -563,6 +574,7 @@ def test_a_segment_file_cut_short(base: Path) -> None:
     assert "Traceback" not in output
 
 
+@pytest.mark.system
 def test_an_open_recording_with_a_torn_last_frame(base: Path) -> None:
     """node1's log recording as an archive that died while recording leaves
     it: open (no stop position), a recorded position behind its end, and a

@@ -379,12 +379,15 @@ def secured() -> Iterator[SecuredArchive]:
         archive.close()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_client_with_the_secret_is_served_over_udp(secured: SecuredArchive) -> None:
     with secured.connect(credentials=SECRET) as archive:
         assert archive.list_recordings() == []
         assert archive.archive_id() != protocol.NULL_VALUE
 
 
+@pytest.mark.system
 def test_a_client_with_the_secret_answers_the_challenge_when_it_sent_none_first(secured: SecuredArchive) -> None:
     class OnlyWhenAsked:
         challenges: list[bytes] = []
@@ -403,6 +406,7 @@ def test_a_client_with_the_secret_answers_the_challenge_when_it_sent_none_first(
 
 
 @pytest.mark.parametrize("credentials", [None, b"wrong", b"alice:wrong"], ids=["none", "wrong", "user-wrong"])
+@pytest.mark.system
 def test_a_client_without_the_secret_is_rejected_with_aerons_code_and_counted(
     secured: SecuredArchive, credentials: bytes | None
 ) -> None:
@@ -415,6 +419,7 @@ def test_a_client_without_the_secret_is_rejected_with_aerons_code_and_counted(
     assert secured.errors().get("archive: control session refused: authentication rejected", 0) >= 1
 
 
+@pytest.mark.system
 def test_nothing_is_served_before_authentication_nor_from_another_clients_stream(secured: SecuredArchive) -> None:
     """A session's requests are not served while it is challenged, nor when
     another client names it (a stranger who learnt or guessed its id)."""
@@ -460,6 +465,7 @@ def test_nothing_is_served_before_authentication_nor_from_another_clients_stream
             owner.close()
 
 
+@pytest.mark.system
 def test_an_old_connect_request_without_credentials_is_never_served_and_is_counted(secured: SecuredArchive) -> None:
     """The ConnectRequest carries no credentials: it is challenged like a
     client without any; one that cannot answer is dropped at the connect
@@ -487,6 +493,7 @@ def test_an_old_connect_request_without_credentials_is_never_served_and_is_count
         stranger.close()
 
 
+@pytest.mark.system
 def test_the_local_ipc_channel_stays_open_to_the_nodes_own_processes(secured: SecuredArchive) -> None:
     assert secured.aeron is not None
     with AeronArchive.connect(secured.aeron) as archive:  # the local control channel: IPC, no credentials

@@ -110,6 +110,8 @@ def test_stale_timestamp_is_reclaimed(tmp_path: Path) -> None:
         second.close()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_dead_pid_is_reclaimed_even_with_a_fresh_timestamp(tmp_path: Path) -> None:
     first = create(tmp_path, pid=dead_pid())
     first._mapped.close()

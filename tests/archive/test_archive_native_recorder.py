@@ -26,6 +26,9 @@ from fulmar.publication import ExclusivePublication
 from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, client_doorbell
 from fulmar.subscription import Image, Subscription
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 TERM_LENGTH = 64 * 1024
 SEGMENT_LENGTH = 64 * 1024  # one term per segment: the agent's turn comes often
 CHANNEL = f"aeron:ipc?term-length={TERM_LENGTH}"

@@ -19,6 +19,9 @@ from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingS
 from fulmar.archive.protocol import ArchiveErrorCode
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 STREAM_ID = 100
 
 

@@ -530,6 +530,8 @@ def _record_forever(archive_dir: Path, recording_id: int) -> None:  # pragma: no
         writer.write(memoryview(block), position)
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_sigkill_mid_write_then_recover(tmp_path: Path, child_processes: list) -> None:
     from conftest import FORK
 

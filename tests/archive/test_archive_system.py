@@ -64,6 +64,9 @@ from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shi
 from fulmar.publication import ExclusivePublication
 from fulmar.subscription import Subscription
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 MB = 1024 * 1024
 STREAM_ID = 1001
 TERM_LENGTH = 4 * MB

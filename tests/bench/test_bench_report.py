@@ -109,6 +109,8 @@ def test_percentile_curve() -> None:
     assert ys[0] == pytest.approx(1, rel=1e-2) and ys == sorted(ys) and ys[-1] <= 1001
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_plots_are_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     histograms = {

@@ -36,6 +36,9 @@ from fulmar.driver.counters import CLIENT_HEARTBEAT_TYPE_ID, SYSTEM_COUNTER_TYPE
 from fulmar.ring_buffer import ManyToOneRingBuffer
 from support.cli_driver import DEADLINE_S, SMALL_CNC, reap, running_driver, stop, wait_for
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 

@@ -31,6 +31,9 @@ from fulmar.archive.mark_file import MARK_FILE_NAME, ArchiveMarkFile
 from fulmar.archive.segment import list_segment_files, segment_file_name
 from fulmar.cli import archive_tool, cluster_tool
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 KB = 1024
 TERM_LENGTH = 64 * KB
 SEGMENT_LENGTH = 128 * KB

@@ -134,6 +134,8 @@ class Replies:
 # ---------------------------------------------------------------------- a running node
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_read_commands_on_a_running_node(cluster_of: Any, tmp_path: Path) -> None:
     cluster = cluster_of()
     assert cluster.consensus is not None and cluster.service is not None
@@ -245,6 +247,8 @@ def test_read_commands_on_a_running_node(cluster_of: Any, tmp_path: Path) -> Non
     assert result.exit_code == 0 and result.stdout.startswith("node0 (")
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_snapshot_then_shutdown(cluster_of: Any, tmp_path: Path) -> None:
     cluster = cluster_of()
     assert cluster.consensus is not None
@@ -324,6 +328,8 @@ def test_snapshot_then_shutdown(cluster_of: Any, tmp_path: Path) -> None:
     assert digest(cluster.cluster_dir) == before  # read commands write nothing
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_suspend_holds_requests_until_resume(cluster_of: Any) -> None:
     cluster = cluster_of()
     replies = Replies(cluster)
@@ -369,6 +375,8 @@ def test_suspend_holds_requests_until_resume(cluster_of: Any) -> None:
         replies.close()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_abort_stops_without_a_snapshot(cluster_of: Any) -> None:
     cluster = cluster_of()
     assert cluster.consensus is not None

@@ -51,6 +51,8 @@ def talk(node: Node) -> None:
 # ---------------------------------------------------------------------- a node from a file
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_config_file_starts_four_processes_serves_clients_and_stops_in_order(
     start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path
 ) -> None:
@@ -83,6 +85,8 @@ def test_config_file_starts_four_processes_serves_clients_and_stops_in_order(
 
 
 @pytest.mark.parametrize("victim, name", [("service0", "service 0"), ("consensus", "consensus module")])
+@pytest.mark.system
+@pytest.mark.system
 def test_a_process_that_dies_is_named_and_the_rest_is_stopped(
     start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, victim: str, name: str
 ) -> None:
@@ -100,6 +104,8 @@ def test_a_process_that_dies_is_named_and_the_rest_is_stopped(
     assert all_gone(list(node.children.values()))
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_killed_drivers_directory_is_removed_once_the_rest_of_the_node_stopped(
     start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path
 ) -> None:
@@ -123,6 +129,8 @@ def test_a_killed_drivers_directory_is_removed_once_the_rest_of_the_node_stopped
 # ---------------------------------------------------------------------- --local
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_local_one_runs_a_cluster_under_the_given_dir(start_node: Callable[..., Node], tmp_path: Path) -> None:
     base = tmp_path / f"local-{uuid.uuid4().hex[:6]}"
     port = free_udp_port()
@@ -170,6 +178,8 @@ def user_module(directory: Path) -> str:
     return name
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_the_users_service_is_found_where_start_runs_and_its_node_toml_remembers_it(
     start_node: Callable[..., Node], tmp_path: Path
 ) -> None:
@@ -244,6 +254,8 @@ STARTED = re.compile(r"node 0 of cluster 0: directory \S+, driver directory (\S+
         "consensus module pid",  # the service launched, waiting for its module
     ],
 )
+@pytest.mark.system
+@pytest.mark.system
 def test_a_ctrl_c_while_the_node_starts_is_an_orderly_stop(
     start_node: Callable[..., Node], tmp_path: Path, moment: str
 ) -> None:
@@ -266,6 +278,8 @@ def test_a_ctrl_c_while_the_node_starts_is_an_orderly_stop(
     assert not node.driver_dir.exists()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_stop_that_needs_a_kill_still_exits_3(start_node: Callable[..., Node], tmp_path: Path) -> None:
     node = start_node("--local", "1", "--dir", str(tmp_path / "base"), "--stop-timeout", "2s").wait_ready()
     node.children["archive"].suspend()  # SIGSTOP: it cannot stop by itself
@@ -310,6 +324,8 @@ def signal_whole_node(node: Node, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "service manager", "ctrl-c and sigterm"])
+@pytest.mark.system
+@pytest.mark.system
 def test_a_signal_to_the_whole_node_still_takes_the_snapshot_and_stops_in_order(
     start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, how: str
 ) -> None:
@@ -343,6 +359,8 @@ def test_a_signal_to_the_whole_node_still_takes_the_snapshot_and_stops_in_order(
     assert restarted.wait() == 0, restarted.stderr
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_signal_to_every_process_of_a_three_member_cluster_stops_each_member_in_order(
     start_node: Callable[..., Node], tmp_path: Path
 ) -> None:
@@ -423,6 +441,8 @@ def latest_snapshot_position(cluster_dir: Path, service_id: int) -> int | None:
         ("sigterm to the module", "a stop signal to its consensus module"),
     ],
 )
+@pytest.mark.system
+@pytest.mark.system
 def test_a_stop_by_the_cluster_or_its_module_is_an_orderly_stop(
     start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, how: str, cause: str
 ) -> None:
@@ -464,6 +484,8 @@ def test_a_stop_by_the_cluster_or_its_module_is_an_orderly_stop(
     assert not driver_dir.exists()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_service_that_exits_with_code_0_unasked_has_died(
     start_node: Callable[..., Node], tmp_path: Path, driver_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -539,6 +561,8 @@ def shutdown_and_check(base: Path, supervisors: list[Node], stdout: Callable[[],
     return position
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_cluster_shutdown_stops_every_member_and_every_supervisor_exits_0(
     start_node: Callable[..., Node], tmp_path: Path
 ) -> None:

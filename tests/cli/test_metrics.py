@@ -40,6 +40,9 @@ from fulmar.cli.node_metrics import MetricsNode, NodeCollector, _Families, _reco
 from fulmar.consensus import protocol
 from fulmar.consensus.agent import ClusterRole
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 DEADLINE_S = 60
 _URL = "http://127.0.0.1:{port}"
 

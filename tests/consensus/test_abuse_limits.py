@@ -27,6 +27,9 @@ from fulmar.frames import BEGIN_FLAG, END_FLAG, FRAME_ALIGNMENT, HEADER_LENGTH
 from fulmar.log_writer import BufferClaim
 from fulmar.publication import Publication
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 ECHO = "fulmar.service.samples:EchoService"
 SECRET = b"s3cret"
 KEEPALIVE_NS = 200_000_000  # well inside the short session timeouts used here

@@ -26,6 +26,9 @@ from fulmar.publication import Publication
 from fulmar.reader_doorbells import CounterWatch
 from fulmar.subscription import Subscription
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 TO_LEADER = "aeron:ipc?term-length=64k"
 STREAM = 108
 STAND_IN_TYPE_ID = 4001  # any type: the thread reads the value and the registration id

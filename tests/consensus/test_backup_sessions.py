@@ -33,6 +33,9 @@ from fulmar.semantic_version import compose_version
 from fulmar.subscription import Subscription
 from support.multi_node import log_frames, member_view, wait_for_commit, wait_for_leader
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 ECHO_SERVICE = "fulmar.service.samples:EchoService"
 RESPONSE_STREAM_ID = 108
 

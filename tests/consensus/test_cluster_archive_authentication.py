@@ -52,6 +52,9 @@ from fulmar.consensus.recording_log import RecordingLog
 from fulmar.counters import CountersReader
 from support.multi_node import member_view, wait_for_commit, wait_for_leader
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 SECRET = "cluster-s3cret"
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 SNAPSHOT_STREAM_ID = 107

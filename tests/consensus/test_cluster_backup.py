@@ -35,6 +35,9 @@ from fulmar.consensus import protocol
 from fulmar.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
 from support.multi_node import CounterWorkload, log_frames, member_view, read_counter, wait_for_commit, wait_for_leader
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 
 

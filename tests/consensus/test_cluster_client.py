@@ -45,6 +45,9 @@ from fulmar.log_reader import Header
 from fulmar.publication import Publication
 from fulmar.ring_buffer import ManyToOneRingBuffer
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 IPC = "aeron:ipc?term-length=64k"
 INGRESS_STREAM = protocol.INGRESS_STREAM_ID
 EGRESS_STREAM = protocol.EGRESS_STREAM_ID

@@ -62,6 +62,9 @@ from support.multi_node import (
     wait_for_leader,
 )
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 SECRET = "cluster-s3cret"
 # The members' own secret: the clients hold SECRET, not this one.
 MEMBER_SECRET = "members-s3cret"

@@ -8,10 +8,14 @@ over 10 s; this one must take a fraction of that."""
 
 from __future__ import annotations
 
+import pytest
 import time
 
 from support.cluster import FAST_ELECTION_ARGS, LocalCluster
 from support.multi_node import COUNTER_SERVICE, CounterWorkload, read_counter, wait_for_leader
+
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
 
 HEARTBEAT_TIMEOUT_ARGS = (*FAST_ELECTION_ARGS, "--leader-heartbeat-timeout", "10s", "--election-timeout", "1s")
 

@@ -283,6 +283,8 @@ def test_local_driver_directories_are_unique_per_base_directory(tmp_path: Path, 
     assert all(len(path.name) <= 255 and len(str(path)) < 4096 for path in long)
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_taken_driver_directory_names_the_node_that_has_it(tmp_path: Path, driver_dir: Path) -> None:
     """The error names the node whose driver holds the directory: this one
     (already running) or another (whose cluster directory it gives)."""
@@ -582,6 +584,8 @@ def run_nodes(tmp_path: Path) -> Iterator[Any]:
         nodes.reap()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_dead_node_is_stopped_and_the_others_keep_running(run_nodes: Any) -> None:
     nodes = run_nodes(2)
     nodes.wait_ready()
@@ -602,6 +606,8 @@ def test_a_dead_node_is_stopped_and_the_others_keep_running(run_nodes: Any) -> N
     assert all_gone(list(nodes.pids[0].values()))
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_cluster_tool_says_3_for_a_base_with_one_node_down(run_nodes: Any) -> None:
     """One meaning per exit code: with every node running, describe,
     list-members, counters and errors exit 0; with one node down, each of
@@ -629,6 +635,8 @@ def test_cluster_tool_says_3_for_a_base_with_one_node_down(run_nodes: Any) -> No
         assert "error" not in document["nodes"][1], (command, document)
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_signal_stops_every_node_in_order(run_nodes: Any) -> None:
     nodes = run_nodes(3)
     nodes.wait_ready()
@@ -656,6 +664,8 @@ def test_a_signal_stops_every_node_in_order(run_nodes: Any) -> None:
 # ---------------------------------------------------------------------- the LocalCluster harness
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_harness_starts_kills_and_restarts_pieces_and_leaves_nothing() -> None:
     cluster = LocalCluster(3)
     try:

@@ -214,6 +214,8 @@ def test_stale_timestamp_is_reclaimed(tmp_path: Path) -> None:
         second.close()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_dead_pid_is_reclaimed_even_with_a_fresh_timestamp(tmp_path: Path) -> None:
     first = create(tmp_path, pid=dead_pid())
     crash(first)
@@ -325,6 +327,8 @@ def test_legacy_layout_without_message_header_is_understood(tmp_path: Path) -> N
     ],
     ids=["empty", "short", "short-error-buffer", "zeroed", "garbage-block", "bad-var-length"],
 )
+@pytest.mark.system
+@pytest.mark.system
 def test_corrupt_or_truncated_file_is_reported_and_reclaimed(tmp_path: Path, damage: Any, message: str) -> None:
     mark = create(tmp_path, pid=dead_pid())  # the owner crashed, then the file was damaged
     mark.candidate_term_id = 9
@@ -384,6 +388,8 @@ def test_missing_file_is_a_clear_error_for_tools(tmp_path: Path) -> None:
 # services) and tools read it meanwhile.
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_file_cut_short_after_its_header_was_read_is_a_clear_error(tmp_path: Path, monkeypatch: Any) -> None:
     """The header comes from the old file and the error log from the new,
     still empty one: CorruptClusterMarkFileError, which a waiting service
@@ -405,6 +411,8 @@ def test_a_file_cut_short_after_its_header_was_read_is_a_clear_error(tmp_path: P
         read_cluster_mark_file(path)
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_liveness_reads_the_head_only_and_a_file_being_recreated_has_no_owner(tmp_path: Path) -> None:
     path = tmp_path / FILENAME
     assert read_liveness(path) is None  # no file

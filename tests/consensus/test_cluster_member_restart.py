@@ -27,6 +27,9 @@ from support.cluster import LocalCluster
 from support.driver import wait_for
 from support.multi_node import COUNTER_SERVICE, CounterWorkload, member_view, read_counter, wait_for_leader
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 # From the restart of the follower's processes until it has committed what the
 # leader had committed after the restart, twice (it follows, not just catches up).
 COMMITTING_AGAIN_BOUND_S = 20.0

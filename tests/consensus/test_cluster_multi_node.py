@@ -34,6 +34,9 @@ from support.multi_node import (
     wait_for_leader,
 )
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 HEARTBEAT_TIMEOUT_S = 3.0
 # A new leader within the heartbeat timeout plus an election (canvass, ballot,
 # replay: a few election timeouts on a loaded two-core machine).

@@ -33,6 +33,9 @@ from fulmar.consensus import protocol
 from fulmar.errors import CodecError
 from support.multi_node import member_view, wait_for_leader
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 CLIENTS = 1000
 RESPONSE_CHANNEL = "aeron:ipc?term-length=64k"
 FIRST_RESPONSE_STREAM = 30_000

@@ -20,6 +20,9 @@ from fulmar.clock import epoch_ms
 from fulmar.consensus.mark_file import read_activity_timestamp
 from fulmar.consensus.recording_log import RecordingLog, decode_entries
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 
 @pytest.fixture
 def cluster_of() -> Iterator[Any]:

@@ -306,6 +306,8 @@ def three() -> Iterator[LocalCluster]:
         yield local
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_suspended_cluster_stays_suspended_after_its_leader_dies(three: LocalCluster) -> None:
     cluster = three
     cluster.start()
@@ -462,6 +464,8 @@ def resume_and_check(cluster: SingleNodeCluster) -> None:
     replies.client.close()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_suspended_node_killed_and_restarted_replays_its_log_into_suspension(single: SingleNodeCluster) -> None:
     suspend_with_a_held_increment(single)
     single.kill_all()  # SIGKILL: no snapshot; the restart replays the whole log
@@ -469,6 +473,8 @@ def test_a_suspended_node_killed_and_restarted_replays_its_log_into_suspension(s
     resume_and_check(single)
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_suspended_node_stopped_with_a_snapshot_restarts_suspended(single: SingleNodeCluster) -> None:
     suspend_with_a_held_increment(single)
     consensus, service = single.consensus, single.service
@@ -490,6 +496,8 @@ def test_a_suspended_node_stopped_with_a_snapshot_restarts_suspended(single: Sin
     resume_and_check(single)
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_message_held_longer_than_the_session_timeout_is_applied_after_resume(single_of: Any) -> None:
     """The held message stops the ingress, the client's keepalives behind it:
     its session must not time out while the cluster is suspended."""

@@ -22,6 +22,7 @@ What is checked, and what each check catches:
 
 from __future__ import annotations
 
+import pytest
 import json
 import re
 
@@ -34,6 +35,9 @@ from support.multi_node import (
     wait_for_elections_closed,
     wait_for_leader,
 )
+
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
 
 ELECTION_COMPLETE = re.compile(r"election complete: (LEADER|FOLLOWER) of term (\d+)")
 

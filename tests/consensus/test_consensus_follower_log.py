@@ -31,6 +31,9 @@ from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, CounterWatch
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 LOG = "aeron:ipc?term-length=64k"
 LOG_STREAM = 100
 MESSAGES = 100  # more than the 64 fragments the module reads per poll

@@ -26,6 +26,9 @@ from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
 from fulmar.consensus.agent import ConsensusModuleAgent, ConsensusModuleState
 from fulmar.security import CredentialsAuthenticator
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 
 class RecordingPublisher:
     """The consensus publisher's CommitPosition, as the followers would get it."""

@@ -35,6 +35,9 @@ from fulmar.log_reader import Header
 from fulmar.reader_doorbells import CounterWatch
 from fulmar.security import CredentialsAuthenticator
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 TERM = 3
 SECRET = b"cluster-s3cret"
 

@@ -33,6 +33,9 @@ from fulmar.consensus.leader_ingress import NEEDS_AGENT, RUNNING
 from fulmar.driver.counters import RECEIVER_POSITION_TYPE_ID
 from fulmar.subscription import Subscription
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 TERM = 5
 SESSION = 7
 LOG = "aeron:ipc?term-length=64k"

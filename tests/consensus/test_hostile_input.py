@@ -55,6 +55,9 @@ from fulmar.logbuffer import LogBuffers
 from fulmar.ring_buffer import ManyToOneRingBuffer
 from support.multi_node import assert_same_logs, member_view, wait_for_elections_closed, wait_for_leader
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 ECHO_SERVICE = "fulmar.service.samples:EchoService"
 LOG_STREAM_ID = 100
 INGRESS_STREAM_ID = 101

@@ -33,6 +33,9 @@ from fulmar.consensus.protocol import field_offset, session_message_frame
 from fulmar.reader_doorbells import CounterWatch
 from fulmar.subscription import Subscription
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 IPC = "aeron:ipc?term-length=64k"
 CONSENSUS_STREAM = 108
 TERM = 7

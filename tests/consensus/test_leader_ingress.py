@@ -27,6 +27,9 @@ from fulmar.consensus.leader_ingress import (
 )
 from fulmar.subscription import Subscription
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 IPC = "aeron:ipc?term-length=64k"
 INGRESS_STREAM, LOG_STREAM = 101, 100
 TERM = 4

@@ -36,6 +36,9 @@ from support.multi_node import (
     wait_for_leader,
 )
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 SEGMENT = 64 * 1024
 SMALL_LOG_ARGS = ("--log-channel", f"aeron:udp?term-length={SEGMENT // 1024}k")

@@ -17,6 +17,9 @@ from fulmar.driver.counters import SystemCounter
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.publication import Publication
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 CHANNEL = "aeron:ipc?term-length=64k"
 STREAM = 1001
 MS = 1_000_000

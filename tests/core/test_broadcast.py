@@ -221,6 +221,8 @@ def _transmitter_main(path: str, deadline_s: float) -> None:
                 raise ValueError("fulmar_broadcast_transmit_pattern refused its arguments")
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_cross_process_lagging_receiver_never_sees_a_torn_record(tmp_path: Path) -> None:
     path = tmp_path / "broadcast.dat"
     mapped = MappedFile.create(path, FILE_LENGTH)

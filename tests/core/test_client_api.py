@@ -14,6 +14,9 @@ from fulmar.log_reader import Header
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED, BufferClaim
 from fulmar.subscription import ControlledAction
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 CHANNEL = "aeron:ipc?term-length=64k"
 
 

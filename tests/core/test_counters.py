@@ -308,6 +308,8 @@ def _manager_main(path: str, reader_started: multiprocessing.synchronize.Event) 
             counter.close()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_cross_process_reader_sees_whole_records(tmp_path: Path) -> None:
     path = tmp_path / "counters.dat"
     mapped = MappedFile.create(path, CROSS_METADATA_LENGTH + CROSS_VALUES_LENGTH)

@@ -21,6 +21,9 @@ from support.node_start import STOP_S, Node, start_node  # noqa: F401 - start_no
 from fulmar.cnc import CncError, CncFile
 from fulmar.cpu_policy import BATCH, CPU_POLICY_ENV, NORMAL, apply_cpu_policy, cpu_policy_of
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 KV = "fulmar.service.samples:KeyValueService"
 
 

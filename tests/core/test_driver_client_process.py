@@ -6,6 +6,7 @@ and clients whose process lives keep the liveness timeout."""
 
 from __future__ import annotations
 
+import pytest
 import multiprocessing
 import os
 import signal
@@ -21,6 +22,9 @@ from fulmar.cnc import CncFile
 from fulmar.counters import CountersReader
 from fulmar.driver.counters import CLIENT_HEARTBEAT_TYPE_ID, SystemCounter
 from fulmar.error_log import read_error_log
+
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")

@@ -143,6 +143,8 @@ def stop_for(process: Any, seconds: float) -> None:
         process.send_signal(signal.SIGCONT)
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_stopped_media_driver_shows_the_stall_in_its_max_cycle_time(start_driver: Any) -> None:
     driver = start_driver()
     with driver.connect() as aeron:
@@ -173,6 +175,8 @@ def _cluster_counter(aeron: Any, type_id: int) -> int:
     raise AssertionError(f"no counter of type {type_id}")
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_stopped_consensus_module_shows_the_stall_in_its_max_cycle_time(single_node: SingleNodeCluster) -> None:
     aeron = single_node.connect()
     reader = aeron.counters_reader

@@ -301,6 +301,8 @@ def _start_waiter(
     return waiter
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_cross_process_ring_wakes_an_idle_waiter_that_burns_no_cpu(
     shared: MappedFile, child_processes: list[multiprocessing.process.BaseProcess]
 ) -> None:
@@ -331,6 +333,8 @@ def test_cross_process_ring_wakes_an_idle_waiter_that_burns_no_cpu(
     assert bell.waiters == 0
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_cross_process_unrung_wait_returns_at_its_timeout(
     shared: MappedFile, child_processes: list[multiprocessing.process.BaseProcess]
 ) -> None:

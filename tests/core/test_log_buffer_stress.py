@@ -4,6 +4,7 @@ its bytes intact, across many term rotations."""
 
 from __future__ import annotations
 
+import pytest
 import os
 import random
 import time
@@ -18,6 +19,9 @@ from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header, LogReader
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, ConcurrentLogWriter
 from fulmar.logbuffer import DEFAULT_MTU, LogBuffers
+
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
 
 WRITERS = 4
 MESSAGES_PER_WRITER = 250_000

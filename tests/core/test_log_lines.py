@@ -19,6 +19,9 @@ from support.node_start import STOP_S, Node, start_node  # noqa: F401 - start_no
 
 from fulmar import log_lines
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 KEYS = {"time", "process", "member", "level", "event", "fields"}
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 KV = "fulmar.service.samples:KeyValueService"

@@ -28,6 +28,9 @@ from fulmar.permissions import (
     open_new_file,
 )
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 ECHO = "fulmar.service.samples:EchoService"
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from support.driver import wait_for
 
 from fulmar._native import ffi
@@ -32,6 +34,9 @@ from fulmar.reader_doorbells import (
     ring_log_readers,
 )
 from support.doorbells import free_udp_port, offer, wait_for_table
+
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
 
 COUNTERS = 64
 

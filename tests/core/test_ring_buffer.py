@@ -432,6 +432,8 @@ def _reap(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
             process.join(5)
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_cross_process_many_writers_one_reader(tmp_path: Path) -> None:
     path = tmp_path / "stress-ring.dat"
     mapped = MappedFile.create(path, STRESS_CAPACITY + TRAILER_LENGTH)

@@ -480,11 +480,15 @@ def _signal_after_the_run(outcome: str) -> int:
             child.stdout.close()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_sigterm_after_a_run_that_ended_by_itself_does_not_kill_the_exiting_process() -> None:
     # A service stops by itself at its module's termination position; the
     # supervisor's SIGTERM, a moment later, asks for what is already happening.
     assert _signal_after_the_run("returns") == 0
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_after_a_run_that_failed_the_previous_handlers_are_back() -> None:
     assert _signal_after_the_run("fails") == -signal.SIGTERM

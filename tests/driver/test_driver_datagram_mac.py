@@ -25,6 +25,9 @@ from fulmar.log_reader import Header
 from fulmar.publication import Publication
 from fulmar.subscription import Subscription
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 SECRET = "the members' secret"
 STREAM = 3001
 MAC_LENGTH = 16

@@ -28,6 +28,9 @@ from fulmar.ring_buffer import ManyToOneRingBuffer
 from fulmar.driver.counters import CLIENT_HEARTBEAT_TYPE_ID, PUBLISHER_LIMIT_TYPE_ID, SUBSCRIBER_POSITION_TYPE_ID
 from fulmar.error_log import read_error_log
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 SPAWN = multiprocessing.get_context("spawn")
 MTU = 1408
 POOL = random.Random(5).randbytes(1 << 20)

@@ -15,6 +15,9 @@ from fulmar.aeron import Aeron
 from fulmar.cli.supervisor import free_udp_ports
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 SPAWN = multiprocessing.get_context("spawn")
 STREAM = 3001
 

@@ -34,6 +34,9 @@ from fulmar.logbuffer import (
     SOCKET_SNDBUF_LENGTH_OFFSET,
 )
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 STREAM = 4101
 SESSION = 77
 TERM_LENGTH = 1024 * 1024

@@ -19,6 +19,9 @@ from fulmar.aeron import Aeron, RegistrationError
 from fulmar.codecs.generated import driver as protocol
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 SPAWN = multiprocessing.get_context("spawn")
 STREAM = 4001
 

@@ -23,6 +23,9 @@ from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 SPAWN = multiprocessing.get_context("spawn")
 MTU = 1408
 POOL = random.Random(11).randbytes(1 << 20)

@@ -3,6 +3,7 @@ stops it and removes its directory, and it never outlives its parent."""
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import shutil
@@ -18,6 +19,9 @@ from support.driver import kill_process, wait_for
 from fulmar.aeron import Aeron
 from fulmar.cnc import CncFile
 from fulmar.driver.embedded import EmbeddedDriver
+
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
 
 # The parent-death signal arrives at once; the orderly stop takes the driver's
 # close (its data plane thread, its files): well within this.

@@ -343,6 +343,8 @@ def _insert_in_order(path: str, term: bytes) -> None:
     log.close()
 
 
+@pytest.mark.system
+@pytest.mark.system
 def test_a_concurrent_reader_only_ever_sees_whole_frames(
     image_log: LogBuffers, source_terms: list[bytes], child_processes: list
 ) -> None:

@@ -56,6 +56,9 @@ from fulmar.analytics.replay import ReplayError, latest_service_snapshot, snapsh
 from fulmar.cli.cluster_commands import cluster_operate
 from fulmar.service.state_machine import SNAPSHOT_CHUNK_MAGIC, StateMachine
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 # The console scripts a user runs: `cluster-node` (not `python -m`, which would

@@ -9,11 +9,15 @@ of the suite, chaos included, runs with the default interval.)"""
 
 from __future__ import annotations
 
+import pytest
 import time
 
 from support.cluster import LocalCluster
 from support.driver import main_thread_wakes
 from support.multi_node import wait_for_leader
+
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
 
 ECHO_SERVICE = "fulmar.service.samples:EchoService"
 INTERVAL_MS = 20  # long, so that a follower's pace stands apart from the commits'

@@ -38,6 +38,9 @@ from fulmar.service.errors import ServiceErrorHandler, ServiceFailedError
 from support.multi_node import member_view, wait_for_leader
 from support.service_log import join_log
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 TESTS_DIR = Path(__file__).parents[1]
 FAILING_KV = "support.failing_service:FailingKeyValueService"
 

@@ -26,6 +26,9 @@ from fulmar.service.context import ServiceContext
 from fulmar.service.samples import EchoService
 from support.service_log import LOG_STREAM_ID, join_log
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 
 @pytest.fixture
 def aeron() -> Iterator[Aeron]:

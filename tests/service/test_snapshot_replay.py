@@ -16,6 +16,9 @@ from fulmar.consensus import snapshot
 from fulmar.consensus.snapshot import SnapshotWriter, decode_snapshot, read_snapshot
 from fulmar.subscription import Subscription
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 TYPE_ID = 2  # a service's snapshot
 
 

@@ -38,6 +38,9 @@ from fulmar import (
     UnknownCommandError,
 )
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 TESTS_DIR = Path(__file__).parents[1]
 SESSION_TIMEOUT_S = 2.0
 KEEPALIVE_S = 0.5  # a quarter of the session timeout

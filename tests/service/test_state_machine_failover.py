@@ -23,6 +23,9 @@ from support.multi_node import calls_across_a_leader_kill, wait_for_leader
 
 import fulmar
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 TESTS_DIR = Path(__file__).parents[1]
 THREADS = 4
 CALLS_PER_THREAD = 300

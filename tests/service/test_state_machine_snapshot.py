@@ -18,6 +18,9 @@ from fulmar.consensus.recording_log import RecordingLog
 from fulmar.service.call_protocol import RequestKind, encode_request, pack
 from fulmar.service.state_machine import SNAPSHOT_CHUNK_LENGTH
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 TESTS_DIR = Path(__file__).parents[1]
 BIG_ENTRY_LENGTH = 100_000
 

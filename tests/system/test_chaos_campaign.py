@@ -12,6 +12,9 @@ import pytest
 from support import chaos_campaign
 from support.chaos_campaign import SeedResult, run_seed, summarize
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 # A stand-in for chaos.py: reads the arguments it is given and writes the
 # report chaos.py would write, its verdict chosen by the seed.
 _FAKE_CHAOS = """

@@ -33,6 +33,9 @@ from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
 from support.multi_node import assert_same_logs, member_view, wait_for_commit, wait_for_leader
 
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
+
 KEY_VALUE = "fulmar.service.samples:KeyValueService"
 ENTRY_LENGTH = 64  # a TERM or SNAPSHOT record of recording.log
 

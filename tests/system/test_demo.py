@@ -5,10 +5,14 @@ the killed node restarted and caught up, and nothing left behind."""
 
 from __future__ import annotations
 
+import pytest
 import os
 import re
 import subprocess
 import sys
+
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
 
 
 def test_demo_fails_over_and_rejoins_a_killed_leader() -> None:

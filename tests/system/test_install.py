@@ -32,6 +32,9 @@ import pytest
 
 from support.driver import wait_for
 
+# Every test here starts processes (pip, a venv's commands, a node).
+pytestmark = pytest.mark.system
+
 REPO = Path(__file__).resolve().parents[2]
 IGNORED = shutil.ignore_patterns(
     ".git", ".venv", ".docs-venv", "build", "*.egg-info", "__pycache__", "*.so", "*.o", ".mypy_cache",
