@@ -69,11 +69,11 @@ def session_with(
     session = ControlSession(
         42,
         7,
-        publication,
+        publication,  # type: ignore[arg-type]  # a fake
         0,
         TIMEOUT_NS,
         authenticator=authenticator,
-        origin=(1, 99),  # type: ignore[arg-type]
+        origin=(1, 99),
     )
     if authenticator is not None:
         authenticator.on_connect_request(42, credentials, 0)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.driver import wait_for
-from support.doorbells import free_udp_port, offer, wait_for_table
+from support.doorbells import doorbell_of, free_udp_port, offer, wait_for_table
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.archive.recorder import NativeRecorder, RecordingSession
@@ -75,7 +75,7 @@ def test_when_the_thread_doorbell_goes_the_clients_own_is_rung_again(start_drive
         log = subscription.images[0].log
         wait_for_table(log, [thread_bell.id])
         thread_bell.close()
-        wait_for_table(log, [reader.conductor.doorbell_id])
+        wait_for_table(log, [doorbell_of(reader)])
 
 
 def test_a_doorbell_id_that_is_no_thread_doorbell_of_the_client_is_refused(start_driver) -> None:

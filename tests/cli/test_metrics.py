@@ -93,7 +93,7 @@ class MetricsServe:
 
     def wait_ready(self, count: int) -> dict[str, str]:
         """Read its output (select with a deadline, never a blocking read) until ``count`` nodes are served."""
-        assert self.process.stdout is not None
+        assert self.process.stdout is not None and self.process.stderr is not None
         fd = self.process.stdout.fileno()
         pending = b""
         deadline = time.monotonic() + DEADLINE_S

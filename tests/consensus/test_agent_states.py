@@ -44,7 +44,7 @@ def test_a_suspended_leader_leaves_its_ingress_unread_and_does_not_wake_for_it()
     complete_election(agent, ClusterRole.LEADER, leader=0, term=0)
     ingress = CountingIngress()
     agent.ingress = ingress  # type: ignore[assignment]
-    agent.aeron.conductor.has_driver_news = lambda: False  # type: ignore[attr-defined]
+    agent.aeron.conductor.has_driver_news = lambda: False  # type: ignore[method-assign]
     agent._leader_work(1)
     assert ingress.polls == 1  # ACTIVE: read
     agent._set_state(ConsensusModuleState.SUSPENDED)
@@ -111,7 +111,7 @@ def test_a_cluster_of_one_hears_the_tools_but_no_member_on_its_consensus_stream(
     listener = agent.consensus_adapter.listener
     assert isinstance(listener, LoneMemberConsensusListener)
     errors: list[str] = []
-    agent.report_error = errors.append  # type: ignore[method-assign]
+    agent.report_error = errors.append  # type: ignore[assignment]
     listener.on_canvass_position(0, 0, 5, 1, 0)
     listener.on_request_vote(0, 0, 6, 1, 0)
     listener.on_commit_position(7, 1 << 40, 2)
@@ -134,7 +134,7 @@ def test_a_leader_that_stood_still_reads_its_backlog_before_judging_its_follower
     elected meanwhile)."""
     agent = new_agent(MEMBERS, member_id=0)
     complete_election(agent, ClusterRole.LEADER, leader=0, term=0)
-    agent.aeron.conductor.has_driver_news = lambda: False  # type: ignore[attr-defined]
+    agent.aeron.conductor.has_driver_news = lambda: False  # type: ignore[method-assign]
     agent._slow_tick_deadline_ns = 1 << 62  # (its periodic work is not what this is about)
     timeout_ns = agent.context.leader_heartbeat_timeout_ns
     start = 1_000_000_000

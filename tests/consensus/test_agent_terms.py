@@ -51,18 +51,19 @@ def replay_new_leadership_term_event(agent: Any, leadership_term_id: int, positi
 
 def test_a_leader_appends_its_own_term_after_replaying_an_older_ones_event() -> None:
     agent = new_agent(MEMBERS, member_id=0)
-    agent.archive = FakeRecordingArchive()
+    agent.archive = FakeRecordingArchive()  # type: ignore[assignment]  # a fake
     agent.log_recording_id = 0
     publication = FakePublication()
-    agent._log_publication = publication
-    agent.log_publisher.publication = publication
+    agent._log_publication = publication  # type: ignore[assignment]  # a fake
+    agent.log_publisher.publication = publication  # type: ignore[assignment]  # a fake
     agent.set_leadership_term_id(2)  # LEADER_LOG_REPLICATION of term 2
     replay_new_leadership_term_event(agent, 1, 4096)  # LEADER_REPLAY of term 1's start
     assert agent.leadership_term_id == 1  # what a follower applying the log must do
 
     agent.join_log_as_leader(2, 8192)  # LEADER_INIT
     assert agent.leadership_term_id == 2
-    assert agent.aeron.counters[CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID].get() == 2  # what cluster-tool shows
+    # What cluster-tool shows (the fake Aeron keeps its counters by type).
+    assert agent.aeron.counters[CLUSTER_LEADERSHIP_TERM_ID_TYPE_ID].get() == 2  # type: ignore[attr-defined]
     agent._leader_recording_started = True  # (the archive's START signal)
     agent._leader_services_joined = True  # (the services' acknowledgement)
     before = publication.position

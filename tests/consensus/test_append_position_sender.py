@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from support.doorbells import doorbell_of
 from support.driver import wait_for
 from fulmar._native import ffi, lib
 from fulmar.aeron import Aeron
@@ -38,7 +39,7 @@ RETRY_WAIT_NS = 1_000_000
 
 @pytest.fixture
 def sender(aeron: Aeron) -> Iterator[AppendPositionSender]:
-    thread = AppendPositionSender(aeron, aeron.conductor.doorbell_id, RETRY_WAIT_NS)
+    thread = AppendPositionSender(aeron, doorbell_of(aeron), RETRY_WAIT_NS)
     try:
         yield thread
     finally:

@@ -264,10 +264,12 @@ def test_the_standby_snapshot_action_is_in_every_log_with_its_flag_and_no_member
     assert position is not None
     wait_for_commit(cluster, list(range(cluster.size)), position, 15)
     for member in range(cluster.size):
-        actions = []
+        actions: list[codecs.ClusterActionRequestDecoder] = []
         for _, _, payload in log_frames(cluster, member, position):
             if struct.unpack_from("<H", payload, 2)[0] == codecs.ClusterActionRequestDecoder.TEMPLATE_ID:
-                actions.append(codecs.decode(payload))
+                request = codecs.decode(payload)
+                assert isinstance(request, codecs.ClusterActionRequestDecoder)
+                actions.append(request)
         standby = [a for a in actions if a.flags == protocol.CLUSTER_ACTION_FLAGS_STANDBY_SNAPSHOT]
         assert len(standby) == 1, f"member {member}: {actions}"
         assert standby[0].action_raw == codecs.ClusterAction.SNAPSHOT

@@ -823,10 +823,12 @@ def test_a_connect_nobody_answers_is_asked_again_of_the_next_member(aeron: Aeron
     # Member 1 listens only once member 0 has the request, so the client asks member 0 first.
     leader = cluster.member(1, udp(ports[1]), listen_after=asked)
     stopped.listening.wait(10)
-    watcher = threading.Thread(
-        target=lambda: (wait_for(lambda: stopped.connect_requests, 10, "the request to member 0"), asked.set()),
-        daemon=True,
-    )
+
+    def ask_member_1_once_member_0_has_the_request() -> None:
+        wait_for(lambda: stopped.connect_requests, 10, "the request to member 0")
+        asked.set()
+
+    watcher = threading.Thread(target=ask_member_1_once_member_0_has_the_request, daemon=True)
     watcher.start()
     started = time.monotonic()
     client = ClusterClient.connect(

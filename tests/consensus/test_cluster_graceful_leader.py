@@ -12,7 +12,7 @@ import pytest
 import time
 
 from support.cluster import FAST_ELECTION_ARGS, LocalCluster
-from support.multi_node import COUNTER_SERVICE, CounterWorkload, read_counter, wait_for_leader
+from support.multi_node import COUNTER_SERVICE, CounterWorkload, read_counter, wait_for_leader, next_term
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system
@@ -29,7 +29,7 @@ def test_the_followers_of_a_leader_stopped_in_order_elect_at_once() -> None:
             workload.wait_for_acks(50, 30)
             stopped_at = time.monotonic()
             assert cluster.stop_process(old.member, "consensus") == 0
-            new = wait_for_leader(cluster, 30, not_member=old.member, min_term=old.leadership_term_id + 1)
+            new = wait_for_leader(cluster, 30, not_member=old.member, min_term=next_term(old))
             elected_s = time.monotonic() - stopped_at
             workload.wait_for_acks(50, 30)
         finally:

@@ -398,7 +398,12 @@ def test_local_ingress_port_is_member_zeros_and_counts_up(tmp_path: Path, captur
 
 def test_local_one_stays_a_single_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs: list[supervisor.NodeConfig] = []
-    monkeypatch.setattr(supervisor, "run_node", lambda config: runs.append(config) or 0)
+
+    def run_node(config: supervisor.NodeConfig) -> int:
+        runs.append(config)
+        return 0
+
+    monkeypatch.setattr(supervisor, "run_node", run_node)
     result = run_start("--local", "1", "--dir", str(tmp_path / "one"))
     assert result.exit_code == 0, result.output
     [config] = runs
@@ -683,7 +688,7 @@ def test_harness_starts_kills_and_restarts_pieces_and_leaves_nothing() -> None:
         for member in range(3):
             cluster.start_process(member, "archive")
         first = cluster.process(2, "archive")
-        assert first is not None and cluster.archive_control_channel(2) in " ".join(first.process.args)
+        assert first is not None and cluster.archive_control_channel(2) in str(first.process.args)
         cluster.kill_process(2, "archive")
         assert not cluster.is_running(2, "archive") and first.process.returncode == -signal.SIGKILL
         with pytest.raises(AssertionError, match="still running"):

@@ -92,6 +92,7 @@ def test_snapshot_stop_and_restart_keeps_the_state(cluster_of: Any) -> None:
 
 
 def assert_shutdown_with_snapshots(cluster: SingleNodeCluster) -> None:
+    assert cluster.consensus is not None and cluster.service is not None, "the node was not started"
     assert "consensus module stopped: SHUTDOWN at log position" in cluster.consensus.output(), (
         f"consensus: {cluster.consensus.output()[-1500:]}\nservice: {cluster.service.output()[-1500:]}"
     )

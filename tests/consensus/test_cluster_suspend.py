@@ -39,7 +39,7 @@ from fulmar.consensus.agent import (
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionState
 from fulmar.consensus.recording_log import RecordingLog
-from support.multi_node import COUNTER_SERVICE, log_frames, member_view, wait_for_leader
+from support.multi_node import COUNTER_SERVICE, log_frames, member_view, wait_for_leader, next_term
 from support.agents import FakePublication, MEMBERS, apply_log, complete_election, log_of, new_agent, state_counter
 
 # ------------------------------------------------------------------ unit: fakes
@@ -290,7 +290,9 @@ def templates_between_suspend_and_resume(frames: list[tuple[int, int, bytes]]) -
         header = codecs.read_header(payload, 0, len(payload))
         action = None
         if header.template_id == codecs.ClusterActionRequestEncoder.TEMPLATE_ID:
-            action = codecs.decode(payload).action_raw
+            request = codecs.decode(payload)
+            assert isinstance(request, codecs.ClusterActionRequestDecoder)
+            action = request.action_raw
         templates.append((header.template_id, action))
     suspend = max(i for i, (_, action) in enumerate(templates) if action == codecs.ClusterAction.SUSPEND)
     resume = next(i for i, (_, action) in enumerate(templates) if i > suspend and action == codecs.ClusterAction.RESUME)
@@ -330,7 +332,7 @@ def test_a_suspended_cluster_stays_suspended_after_its_leader_dies(three: LocalC
     replies.assert_held()
 
     cluster.kill_member(old.member)  # SIGKILL: the leader's machine is gone
-    new = wait_for_leader(cluster, FAILOVER_BOUND_S, not_member=old.member, min_term=old.leadership_term_id + 1)
+    new = wait_for_leader(cluster, FAILOVER_BOUND_S, not_member=old.member, min_term=next_term(old))
     new_dir = cluster.cluster_dir(new.member)
     survivors = [m for m in range(3) if m != old.member]
     wait_for(lambda: counters_of(new_dir).get("election_state_name") == "CLOSED", 10, "the election's end", poll_s=0.05)
@@ -386,7 +388,7 @@ def single_of() -> Iterator[Any]:
 
 @pytest.fixture
 def single(single_of: Any) -> SingleNodeCluster:
-    return single_of()  # type: ignore[no-any-return]
+    return single_of()
 
 
 def wait_for_election(cluster: SingleNodeCluster) -> dict[str, Any]:

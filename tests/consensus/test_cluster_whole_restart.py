@@ -29,6 +29,7 @@ import re
 from support.cluster import KEY_VALUE_SERVICE, LocalCluster
 from fulmar.cli.verify_log_commands import verify_log
 from support.multi_node import (
+    next_term,
     assert_same_logs,
     member_view,
     wait_for_commit,
@@ -64,7 +65,7 @@ def test_a_whole_cluster_restarted_stays_in_its_new_term_with_one_election() -> 
         first = wait_for_leader(cluster, 60)
         put_all(cluster, range(0, 100))
         cluster.kill_process(first.member, "consensus")
-        second = wait_for_leader(cluster, 30, not_member=first.member, min_term=first.leadership_term_id + 1)
+        second = wait_for_leader(cluster, 30, not_member=first.member, min_term=next_term(first))
         # Its node restarts the rest of it with it (its service followed the dead module).
         cluster.kill_process(first.member, "service")
         cluster.start_member(first.member)
@@ -80,7 +81,7 @@ def test_a_whole_cluster_restarted_stays_in_its_new_term_with_one_election() -> 
                 cluster.stop_process(member, kind)
         log_sizes = [cluster.log_path(m, "consensus").stat().st_size for m in range(3)]
         cluster.start()
-        third = wait_for_leader(cluster, 60, min_term=second.leadership_term_id + 1)
+        third = wait_for_leader(cluster, 60, min_term=next_term(second))
         wait_for_elections_closed(cluster, 60)
         put_all(cluster, range(200, 210))  # the new term serves (and its event is committed)
         final = member_view(cluster, third.member).commit_position

@@ -148,7 +148,7 @@ def test_a_follower_whose_log_image_closes_starts_an_election(follower: Any) -> 
     agent.on_log_image(image)
     elections: list[str] = []
     # The decision, not a real election (a graceful leader's id aside).
-    agent.start_election = lambda reason, *graceful: elections.append(reason)  # type: ignore[method-assign]
+    agent.start_election = lambda reason, *graceful: elections.append(reason)
 
     agent.state = ConsensusModuleState.ACTIVE  # a follower serving, its election over
     now_ns = agent._now_ns
@@ -182,7 +182,7 @@ def test_the_follower_reports_every_position_it_takes_from_its_archive(follower:
             sent.append(log_position)
             return True
 
-    agent.consensus_publisher = Publisher()  # type: ignore[assignment]
+    agent.consensus_publisher = Publisher()
     # The archive: the first message recorded when the cycle starts, the second
     # a moment later, while the cycle runs.
     recorded = iter(positions)
@@ -193,7 +193,7 @@ def test_the_follower_reports_every_position_it_takes_from_its_archive(follower:
         agent.append_position = max(agent.append_position, last[0])
         return agent.append_position
 
-    agent.read_append_position = archive_position  # type: ignore[method-assign]
+    agent.read_append_position = archive_position
     agent._follower_work(time.monotonic_ns())
     assert sent == [positions[0]]
     assert agent.append_position == positions[0], "the cycle took in a position it did not report"
@@ -354,7 +354,7 @@ def test_a_steady_follower_commits_from_the_native_thread(follower: Any) -> None
     # election answers it (the decision is what is checked here); an election
     # halts the thread.
     newer_terms: list[int] = []
-    agent.on_commit_position = lambda term, position, leader: newer_terms.append(term)  # type: ignore[method-assign]
+    agent.on_commit_position = lambda term, position, leader: newer_terms.append(term)
     commit_position(end, term=4)
     wait_for(lambda: thread.state().status == NEEDS_AGENT, 10, "the thread to hand the newer term back")
     agent.do_work(now_ns)

@@ -49,7 +49,7 @@ def leader(start_driver: Any, tmp_path: Path) -> Iterator[tuple[ConsensusModuleA
     aeron = driver.connect()
     agent = bare_member_agent(aeron, tmp_path)  # the leader of term 0, its log from position 0
     publisher = RecordingPublisher()
-    agent.consensus_publisher = publisher  # type: ignore[assignment]
+    agent.consensus_publisher = publisher
     try:
         yield agent, publisher
     finally:

@@ -75,8 +75,8 @@ class Followers:
         self._decoder = codecs.CommitPositionDecoder()
         for publication in self.to_leader.values():
             wait_for(lambda: publication.is_connected, 10, "a follower's publication to the leader")
-        for member, publication in agent._consensus_publications.items():
-            wait_for(lambda: publication.is_connected, 10, f"the leader's publication to member {member}")
+        for member, to_follower in agent._consensus_publications.items():
+            wait_for(lambda: to_follower.is_connected, 10, f"the leader's publication to member {member}")
 
     def send(self, member: int, encoder: Any, **fields: int) -> None:
         buffer = bytearray(128)
@@ -168,7 +168,7 @@ def test_a_steady_leader_commits_from_the_native_thread(leader: Any) -> None:
         polls.append(not thread.is_armed)
         return real_poll()
 
-    adapter.poll = counted_poll  # type: ignore[method-assign]
+    adapter.poll = counted_poll
     followers.send(0, codecs.CommitPositionEncoder, leadership_term_id=TERM - 1, log_position=1, leader_member_id=0)
     followers.report(2, 4096 + 64)
     wait_for(lambda: thread.state().status != RUNNING, 10, "the thread to hand back")
@@ -271,7 +271,7 @@ def test_with_a_secret_the_native_thread_commits_signed_reports_and_hands_forger
         at_member0: list[bytes] = []
         subscription = aeron.add_subscription(followers.at_follower[0].channel, agent.context.consensus_stream_id)
         wait_for(lambda: subscription.images, 10, "a second subscription at member 0")
-        agent._leader_commit.send_now()  # type: ignore[union-attr]
+        agent._leader_commit.send_now()
         wait_for(
             lambda: (
                 subscription.poll(lambda b, o, n, h: at_member0.append(bytes(b[o : o + n])), 10) >= 0

@@ -148,7 +148,7 @@ def test_a_sleeping_leaders_ingress_goes_to_the_log_from_the_native_thread(leade
     agent.do_work(leader.now_ns)
     assert not agent._leader_ingress_armed and thread.status() != RUNNING
     assert leader.session.time_of_last_activity_ns > activity_before
-    image = agent.ingress.images[0]  # type: ignore[union-attr]
+    image = agent.ingress.images[0]
     assert image.position == agent.aeron.counters_reader.counter_value(image.subscriber_position_id) > 0
 
 
@@ -205,7 +205,7 @@ def test_without_the_thread_the_module_appends_the_ingress_itself(start_driver: 
             try:
                 agent.connect_ingress(time.monotonic_ns())
                 assert agent._leader_ingress is None
-                assert "doorbell-id" not in ChannelUri.parse(agent.ingress.channel).params  # type: ignore[union-attr]
+                assert "doorbell-id" not in ChannelUri.parse(agent.ingress.channel).params
             finally:
                 agent.close()
     finally:

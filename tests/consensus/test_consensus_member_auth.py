@@ -143,7 +143,7 @@ def test_the_publisher_signs_every_message_for_its_destination() -> None:
 
     refused: list[str] = []
     adapter = ConsensusAdapter(
-        Listener(),  # type: ignore[arg-type]
+        Listener(),
         guard=ConsensusGuard(lambda reason, source: refused.append(reason), verifier=verifier(clock, 0)),
     )
     vote_request = links[0].sent[0]

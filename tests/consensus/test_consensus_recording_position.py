@@ -98,7 +98,8 @@ def test_a_dead_archives_lingering_counter_is_not_read() -> None:
     agent = follower(manager)
     assert agent.read_append_position() == 1_200_960
     assert agent._recording_position_counter_id == live
-    assert agent.aeron.watch.watched == {live}  # woken when the live archive records more
+    # Woken when the live archive records more (the fake Aeron records what is watched).
+    assert agent.aeron.watch.watched == {live}  # type: ignore[attr-defined]
     manager.set_counter_value(live, 1_300_000)
     assert agent.read_append_position() == 1_300_000
 

@@ -873,7 +873,7 @@ def leading_agent() -> tuple[ConsensusModuleAgent, FakeArchive, list[tuple[int, 
     agent.log_recording_id = 0
     agent.context = ConsensusModuleContext(log_stream_id=100)
     agent._now_ns = 0
-    agent._send_new_leadership_term = lambda to, log_term: answers.append((to, log_term))  # type: ignore[method-assign]
+    agent._send_new_leadership_term = lambda to, log_term: answers.append((to, log_term))  # type: ignore[assignment]
     return agent, archive, answers
 
 

@@ -19,6 +19,7 @@ machine); every test leaves it healthy, which is what each test asserts.
 
 from __future__ import annotations
 
+import functools
 import random
 import socket
 import struct
@@ -288,6 +289,10 @@ def invalid_datagrams(rnd: random.Random) -> list[tuple[str, bytes]]:
     ]
 
 
+def port_is_bound(cluster: LocalCluster, member: int, port: int) -> bool:
+    return port in driver_udp_ports(cluster, member)
+
+
 def send_each_counted(
     directory: Path,
     port: int,
@@ -347,7 +352,7 @@ def test_garbage_datagrams_on_every_bound_port_are_counted(cluster: LocalCluster
                     directory,
                     port,
                     datagrams,
-                    is_bound=lambda port=port, member=member: port in driver_udp_ports(cluster, member),
+                    is_bound=functools.partial(port_is_bound, cluster, member, port),
                 )
             ]
             assert not set(closed) & always_bound_ports(cluster, member), closed

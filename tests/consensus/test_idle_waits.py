@@ -94,7 +94,7 @@ def test_work_that_no_ring_announces_keeps_the_slow_tick() -> None:
     agent.ingress = None
     assert agent.idle_wait_ns(MAX_WAIT) == slow
     agent.ingress = FakeSubscription()  # type: ignore[assignment]
-    agent.election = SimpleNamespace(wake_deadline_ns=lambda: None)  # type: ignore[assignment]
+    agent.election = SimpleNamespace(wake_deadline_ns=lambda: None)
     assert agent.idle_wait_ns(MAX_WAIT) == slow
 
 

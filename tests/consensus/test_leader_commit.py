@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from support.doorbells import doorbell_of
 from support.driver import wait_for
 from fulmar.codecs.errors import CodecError
 from fulmar._native import ffi, lib
@@ -46,7 +47,7 @@ NULL_POSITION = -1
 
 @pytest.fixture
 def thread(aeron: Aeron) -> Iterator[CommitThread]:
-    commit_thread = CommitThread(aeron, aeron.conductor.doorbell_id)
+    commit_thread = CommitThread(aeron, doorbell_of(aeron))
     try:
         yield commit_thread
     finally:
@@ -279,7 +280,8 @@ def test_a_report_whose_block_length_is_not_the_schemas_is_handed_back_to_the_ag
     message = with_block_length(append_position(TERM, 4096, 1), block_length)
     if decodable:
         message += bytes(codecs.HEADER_LENGTH + block_length - len(message))
-        assert codecs.decode(message, 0, len(message)).log_position == 4096
+        report = codecs.decode(message, 0, len(message))
+        assert isinstance(report, codecs.AppendPositionDecoder) and report.log_position == 4096
     else:
         with pytest.raises(CodecError):
             codecs.decode(message, 0, len(message))
@@ -586,7 +588,8 @@ def test_a_follower_hands_back_a_commit_position_whose_block_length_is_not_the_s
     forged = with_block_length(bytes(message[:length]), block_length)
     if decodable:
         forged += bytes(codecs.HEADER_LENGTH + block_length - len(forged))
-        assert codecs.decode(forged, 0, len(forged)).log_position == end
+        report = codecs.decode(forged, 0, len(forged))
+        assert isinstance(report, codecs.AppendPositionDecoder) and report.log_position == end
     else:
         with pytest.raises(CodecError):
             codecs.decode(forged, 0, len(forged))

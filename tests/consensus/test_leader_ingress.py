@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from support.doorbells import doorbell_of
 from support.driver import wait_for
 from fulmar._native import ffi, lib
 from fulmar.aeron import Aeron
@@ -39,7 +40,7 @@ HEADER = struct.Struct("<HHHHqqq")  # SBE header, then term, session, timestamp
 
 @pytest.fixture
 def thread(aeron: Aeron) -> Iterator[LeaderIngressThread]:
-    ingress_thread = LeaderIngressThread(aeron, aeron.conductor.doorbell_id)
+    ingress_thread = LeaderIngressThread(aeron, doorbell_of(aeron))
     try:
         yield ingress_thread
     finally:

@@ -6,6 +6,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -161,7 +162,7 @@ def test_round_trip_across_reopen(tmp_path: Path) -> None:
         snapshot_set(log, 0, 0, 1024, 2, first_id=20)
         log.append_term(LOG_RECORDING_ID, 1, 2048, 30)
         log.append_standby_snapshot(40, 1, 2048, 3072, 40, CM, "node2:8010")
-        before = log.entries
+        before: tuple[Entry, ...] = log.entries
     with RecordingLog.open(tmp_path, create=False) as log:
         assert log.entries == before
         assert [e.file_offset for e in log.entries] == [e.file_offset for e in before]
@@ -638,7 +639,7 @@ OPS = st.lists(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_random_operations_match_the_model_across_reopen(
-    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[object, ...]]
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[Any, ...]]
 ) -> None:
     directory = tmp_path_factory.mktemp("rlog")
     model = Model()

@@ -26,9 +26,14 @@ def test_poll_fires_due_timers_in_deadline_order_and_keeps_a_refused_one() -> No
     for correlation_id, deadline in ((7, 30), (8, 10), (9, 20)):
         timers.schedule(correlation_id, deadline)
     fired: list[int] = []
-    assert timers.poll(25, lambda cid: fired.append(cid) is None) == 2
+
+    def fire(correlation_id: int) -> bool:
+        fired.append(correlation_id)
+        return True
+
+    assert timers.poll(25, fire) == 2
     assert fired == [8, 9]
     assert timers.poll(40, lambda cid: False) == 0  # back pressure: it stays
     assert 7 in timers and timers.next_deadline() == 30
-    assert timers.poll(40, lambda cid: fired.append(cid) is None) == 1
+    assert timers.poll(40, fire) == 1
     assert fired == [8, 9, 7] and len(timers) == 0 and timers.next_deadline() is None

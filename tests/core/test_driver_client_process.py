@@ -91,6 +91,7 @@ def test_a_sigkilled_clients_endpoint_is_free_long_before_the_liveness_timeout(s
     aeron = driver.connect()
     try:
         holder.start()
+        assert holder.pid is not None
         assert end.poll(30), "the endpoint holder did not start"
         holder_client_id = end.recv()
         subscription = aeron.add_subscription(manual_subscription_channel(), STREAM)
@@ -130,6 +131,7 @@ def test_a_stopped_clients_endpoint_stays_held(start_driver) -> None:
     aeron = driver.connect()
     try:
         holder.start()
+        assert holder.pid is not None
         assert end.poll(30), "the endpoint holder did not start"
         holder_client_id = end.recv()
         subscription = aeron.add_subscription(manual_subscription_channel(), STREAM)
@@ -172,12 +174,13 @@ def test_is_process_gone_for_dead_zombie_reused_and_stopped_processes() -> None:
     assert is_process_gone(os.getpid(), now_ms - 3_600_000)
     child = FORK.Process(target=sleeper_main)
     child.start()
+    pid = child.pid
+    assert pid is not None
     try:
-        os.kill(child.pid, signal.SIGSTOP)
-        assert not is_process_gone(child.pid, now_ms)  # stopped is alive
-        os.kill(child.pid, signal.SIGKILL)
-        wait_for(lambda: is_process_gone(child.pid, now_ms), 10, "the killed child to count as gone (a zombie)")
-        pid = child.pid
+        os.kill(pid, signal.SIGSTOP)
+        assert not is_process_gone(pid, now_ms)  # stopped is alive
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: is_process_gone(pid, now_ms), 10, "the killed child to count as gone (a zombie)")
         child.join(10)
         assert is_process_gone(pid, now_ms)  # reaped
     finally:

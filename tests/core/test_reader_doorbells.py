@@ -33,7 +33,10 @@ from fulmar.reader_doorbells import (
     ring_doorbells,
     ring_log_readers,
 )
-from support.doorbells import free_udp_port, offer, wait_for_table
+from support.doorbells import doorbell_of, free_udp_port, offer, wait_for_table
+
+# Every test here starts processes (a media driver, a cluster, a subprocess).
+pytestmark = pytest.mark.system
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system
@@ -195,7 +198,7 @@ def test_a_publication_wakes_its_subscribers_clients_only(start_driver) -> None:
         bystander.add_subscription("aeron:ipc", 12)
         publication = writer.add_publication("aeron:ipc", 11)
         wait_for(lambda: subscription.images and publication.is_connected, 10, "the IPC image")
-        wait_for_table(subscription.images[0].log, [reader.conductor.doorbell_id])
+        wait_for_table(subscription.images[0].log, [doorbell_of(reader)])
         reader_doorbell, bystander_doorbell = reader.conductor.data_doorbell, bystander.conductor.data_doorbell
         reader_token, bystander_token = reader_doorbell.prepare(), bystander_doorbell.prepare()
         try:
@@ -239,9 +242,9 @@ def test_a_closed_client_leaves_the_reader_tables(start_driver) -> None:
         leaving = leaving_client.add_subscription("aeron:ipc", 31)
         wait_for(lambda: staying.images and leaving.images, 10, "the IPC images")
         log = staying.images[0].log
-        wait_for_table(log, [stays.conductor.doorbell_id, leaving_client.conductor.doorbell_id])
+        wait_for_table(log, [doorbell_of(stays), doorbell_of(leaving_client)])
         leaving_client.close()
-        wait_for_table(log, [stays.conductor.doorbell_id])
+        wait_for_table(log, [doorbell_of(stays)])
 
 
 def test_a_subscription_with_wake_on_data_false_is_read_but_not_rung(start_driver) -> None:
@@ -265,7 +268,7 @@ def test_a_subscription_with_wake_on_data_false_is_read_but_not_rung(start_drive
                 lambda: woken.images and not_woken.images and publication.is_connected, 10, f"the images of {channel}"
             )
             # One log for both over IPC; over UDP the image's log is shared in the driver.
-            wait_for_table(woken.images[0].log, [rung.conductor.doorbell_id])
+            wait_for_table(woken.images[0].log, [doorbell_of(rung)])
             rung_doorbell, quiet_doorbell = rung.conductor.data_doorbell, quiet.conductor.data_doorbell
             rung_token, quiet_token = rung_doorbell.prepare(), quiet_doorbell.prepare()
             try:
@@ -294,7 +297,7 @@ def test_a_deferring_publication_rings_its_readers_once_when_told(start_driver) 
         subscription = reader.add_subscription("aeron:ipc", 41)
         publication = writer.add_publication("aeron:ipc", 41)
         wait_for(lambda: subscription.images and publication.is_connected, 10, "the IPC image")
-        wait_for_table(subscription.images[0].log, [reader.conductor.doorbell_id])
+        wait_for_table(subscription.images[0].log, [doorbell_of(reader)])
         publication.defer_rings()
         doorbell = reader.conductor.data_doorbell
         token = doorbell.prepare()

@@ -113,9 +113,13 @@ def test_status_message_layout_with_and_without_group_tag() -> None:
         receiver_id=0x0102030405060708,
     )
     assert encoded(encode_status_message, **fields, flags=SM_SEND_SETUP_FLAG) == SM_BYTES
-    assert decode_status_message(SM_BYTES) == StatusMessage(36, SM_SEND_SETUP_FLAG, *fields.values(), None)
+    assert decode_status_message(SM_BYTES) == StatusMessage(
+        frame_length=36, flags=SM_SEND_SETUP_FLAG, **fields, group_tag=None
+    )
     assert encoded(encode_status_message, **fields, group_tag=-1, flags=SM_EOS_FLAG) == SM_TAGGED_BYTES
-    assert decode_status_message(SM_TAGGED_BYTES) == StatusMessage(44, SM_EOS_FLAG, *fields.values(), -1)
+    assert decode_status_message(SM_TAGGED_BYTES) == StatusMessage(
+        frame_length=44, flags=SM_EOS_FLAG, **fields, group_tag=-1
+    )
     # Only a frame_length of exactly 44 carries a tag (Aeron's C test): a
     # longer SM (application-specific feedback, older peers) has none.
     longer = bytearray(SM_TAGGED_BYTES + bytes(4))
@@ -392,7 +396,7 @@ flags = st.integers(0, 255)
 
 
 @given(i32, i32, i32, i32, u31, u31, u31, i32, flags, st.integers(0, 64))
-def test_setup_round_trip(session, stream, initial, active, term_offset, term_length, mtu, ttl, flag, at) -> None:  # type: ignore[no-untyped-def]
+def test_setup_round_trip(session, stream, initial, active, term_offset, term_length, mtu, ttl, flag, at) -> None:
     buffer = bytearray(at + 40)
     encode_setup(
         buffer, at, term_offset=term_offset, session_id=session, stream_id=stream, initial_term_id=initial,
@@ -403,7 +407,7 @@ def test_setup_round_trip(session, stream, initial, active, term_offset, term_le
 
 
 @given(i32, i32, i32, u31, u31, i64, st.none() | i64, flags)
-def test_status_message_round_trip(session, stream, term_id, term_offset, window, receiver, tag, flag) -> None:  # type: ignore[no-untyped-def]
+def test_status_message_round_trip(session, stream, term_id, term_offset, window, receiver, tag, flag) -> None:
     buffer = bytearray(44)
     length = encode_status_message(
         buffer, 0, session_id=session, stream_id=stream, consumption_term_id=term_id,
@@ -416,14 +420,14 @@ def test_status_message_round_trip(session, stream, term_id, term_offset, window
 
 
 @given(i32, i32, i32, u31, u31)
-def test_nak_round_trip(session, stream, term_id, term_offset, length) -> None:  # type: ignore[no-untyped-def]
+def test_nak_round_trip(session, stream, term_id, term_offset, length) -> None:
     buffer = bytearray(28)
     encode_nak(buffer, 0, session_id=session, stream_id=stream, term_id=term_id, term_offset=term_offset, length=length)
     assert decode_nak(buffer) == NakFrame(28, 0, session, stream, term_id, term_offset, length)
 
 
 @given(i32, i32, i64, i64, i64, flags)
-def test_rttm_round_trip(session, stream, echo, delta, receiver, flag) -> None:  # type: ignore[no-untyped-def]
+def test_rttm_round_trip(session, stream, echo, delta, receiver, flag) -> None:
     buffer = bytearray(40)
     encode_rttm(buffer, 0, session_id=session, stream_id=stream, echo_timestamp_ns=echo, reception_delta_ns=delta,
                 receiver_id=receiver, flags=flag)  # fmt: skip
@@ -431,7 +435,7 @@ def test_rttm_round_trip(session, stream, echo, delta, receiver, flag) -> None: 
 
 
 @given(i32, i32, i64, i32, st.text(max_size=300), st.none() | i64, flags)
-def test_error_round_trip(session, stream, receiver, code, message, tag, flag) -> None:  # type: ignore[no-untyped-def]
+def test_error_round_trip(session, stream, receiver, code, message, tag, flag) -> None:
     buffer = bytearray(40 + ERROR_MAX_MESSAGE_LENGTH)
     length = encode_error(buffer, 0, session_id=session, stream_id=stream, receiver_id=receiver, error_code=code,
                           error_message=message, group_tag=tag, flags=flag)  # fmt: skip
@@ -441,14 +445,14 @@ def test_error_round_trip(session, stream, receiver, code, message, tag, flag) -
 
 
 @given(i32, i32, i32)
-def test_response_setup_round_trip(session, stream, response_session) -> None:  # type: ignore[no-untyped-def]
+def test_response_setup_round_trip(session, stream, response_session) -> None:
     buffer = bytearray(20)
     encode_response_setup(buffer, 0, session_id=session, stream_id=stream, response_session_id=response_session)
     assert decode_response_setup(buffer) == ResponseSetupFrame(20, 0, session, stream, response_session)
 
 
 @given(i32, i32, i32, u31.map(lambda v: v & ~31), st.booleans())
-def test_heartbeat_round_trip(session, stream, term_id, term_offset, eos) -> None:  # type: ignore[no-untyped-def]
+def test_heartbeat_round_trip(session, stream, term_id, term_offset, eos) -> None:
     buffer = bytearray(32)
     encode_heartbeat(buffer, 0, session_id=session, stream_id=stream, term_id=term_id, term_offset=term_offset,
                      end_of_stream=eos)  # fmt: skip
@@ -470,7 +474,7 @@ def test_packed_frames_round_trip(payloads: list[bytes], start: int) -> None:
 
 # Fuzz: garbage raises CorruptFrameError or decodes; nothing else ----------
 
-ALL_DECODERS = [
+ALL_DECODERS: list[Callable[[bytes], object]] = [
     decode_setup, decode_status_message, decode_nak, decode_rttm, decode_error, decode_response_setup,
     decode_heartbeat, data_frames,
 ]  # fmt: skip

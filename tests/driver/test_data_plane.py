@@ -202,7 +202,12 @@ def test_a_setup_for_a_subscribed_stream_is_an_event_and_others_are_counted(
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
         sender.sendto(setup_frame(77, 10), ("127.0.0.1", receiving.local_address[1]))
         events: list[object] = []
-        wait_for(lambda: events.extend(plane.poll_events()) or events, 5, "the SETUP event")
+
+        def polled() -> bool:
+            events.extend(plane.poll_events())
+            return bool(events)
+
+        wait_for(polled, 5, "the SETUP event")
         assert harness.conductor_doorbell.sequence != token  # the conductor was rung
         harness.conductor_doorbell.cancel()
         (event,) = events

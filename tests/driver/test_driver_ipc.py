@@ -11,6 +11,7 @@ import time
 import zlib
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.driver import DriverProcess, wait_for
@@ -79,7 +80,7 @@ def slow_subscriber_main(directory: str, count: int, result: Connection) -> None
     with Aeron.connect(directory) as aeron:
         subscription = aeron.add_subscription(CHANNEL, STREAM)
         rnd = random.Random(1)
-        state = {"seq": 0, "crc": 0, "error": None}
+        state: dict[str, Any] = {"seq": 0, "crc": 0, "error": None}
 
         def on_message(buffer: memoryview, offset: int, length: int, header: Header) -> None:
             seq = state["seq"]
@@ -316,6 +317,7 @@ def test_bad_requests_get_documented_errors_and_the_driver_keeps_serving(start_d
             def on_answer(msg_type_id: int, body: memoryview) -> None:
                 if msg_type_id == protocol.TemplateId.ON_ERROR:
                     error = protocol.decode(msg_type_id, body, 0, len(body))
+                    assert isinstance(error, protocol.OnErrorDecoder)
                     answers.append((error.offending_command_correlation_id, int(error.error_code), error.error_message))
 
             assert ring.write(0x99, struct.pack("<qq", aeron.client_id, 424242))

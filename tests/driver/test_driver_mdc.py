@@ -58,7 +58,7 @@ class Receivers:
         # chosen one call at a time may be offered twice.
         self.ports = free_udp_ports(count, exclude=exclude)
 
-    def start(self, channel_of) -> None:  # type: ignore[no-untyped-def]
+    def start(self, channel_of) -> None:
         for directory, port in zip(self.dirs, self.ports):
             self.drivers.append(DriverProcess(directory))
             end, control = SPAWN.Pipe()
@@ -91,7 +91,7 @@ class Receivers:
             remove_driver_dir(directory)
 
 
-def publish(publication, start: int, count: int) -> None:  # type: ignore[no-untyped-def]
+def publish(publication, start: int, count: int) -> None:
     deadline = time.monotonic() + 60
     for seq in range(start, start + count):
         while True:

@@ -72,7 +72,7 @@ def other_process() -> Iterator[list[tuple[multiprocessing.process.BaseProcess, 
             process.join(5)
 
 
-def offer(publication, seq: int, read=lambda: None) -> None:  # type: ignore[no-untyped-def]
+def offer(publication, seq: int, read=lambda: None) -> None:
     """Offer one message, calling ``read`` while back pressured (a subscriber must consume to make room)."""
 
     def once() -> bool:

@@ -11,6 +11,7 @@ import time
 import zlib
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
@@ -107,7 +108,7 @@ def lossy_stream(two_drivers: tuple[DriverProcess, DriverProcess], count: int) -
         subscription = aeron.add_subscription(channel, STREAM)
         publisher.start()
         rnd = random.Random(2)
-        state = {"seq": 0, "crc": 0, "error": None}
+        state: dict[str, Any] = {"seq": 0, "crc": 0, "error": None}
 
         def on_message(buffer: memoryview, offset: int, length: int, header: Header) -> None:
             seq = state["seq"]

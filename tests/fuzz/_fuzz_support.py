@@ -17,7 +17,7 @@ def instrumented(fuzzing: bool) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()
     import atheris
 
-    return atheris.instrument_imports()  # type: ignore[no-any-return]
+    return atheris.instrument_imports()
 
 
 def fuzz(test_one_input: Callable[[bytes], None]) -> NoReturn:

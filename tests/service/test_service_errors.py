@@ -164,7 +164,7 @@ class RaisingService(ClusteredService):
     def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
         raise ValueError("boom in on_timer_event")
 
-    def on_new_leadership_term_event(self, *event: int) -> None:  # type: ignore[override]
+    def on_new_leadership_term_event(self, *event: int) -> None:
         raise ValueError("boom in on_new_leadership_term_event")
 
     def on_role_change(self, new_role: Role) -> None:
@@ -278,7 +278,7 @@ def test_the_fallback_path_of_a_session_message_skips_it_too(aeron: Aeron, tmp_p
     try:
         for position, payload in ((64, b"boom"), (128, b"two")):
             message = session_message(payload)
-            agent._on_log_message(memoryview(message), 0, len(message), SimpleNamespace(position=position))  # type: ignore[arg-type]
+            agent._on_log_message(memoryview(message), 0, len(message), SimpleNamespace(position=position))
     finally:
         agent.close()
     assert service.applied == [b"two"]

@@ -84,7 +84,7 @@ def test_a_join_refused_by_the_driver_is_retried_and_the_next_join_log_is_follow
         10,
         "the service to join the next log",
     )
-    assert agent._log_image.session_id == log.session_id
+    assert agent._log_image is not None and agent._log_image.session_id == log.session_id
     acks: list[object] = []
     wait_for(
         lambda: (
@@ -106,8 +106,12 @@ def test_a_service_sees_the_drivers_news_before_it_sleeps(tmp_path: Path) -> Non
         with Aeron.connect(directory, use_conductor_thread=False) as aeron, Aeron.connect(directory) as other:
             errors: list[str] = []
             agent = ClusteredServiceAgent(
-                ServiceContext(cluster_dir=tmp_path), aeron, None, EchoService(), errors.append
-            )  # type: ignore[arg-type]
+                ServiceContext(cluster_dir=tmp_path),
+                aeron,
+                None,  # type: ignore[arg-type]  # no archive: this service takes no snapshot
+                EchoService(),
+                errors.append,
+            )
             while aeron.do_work() > 0:
                 pass
             assert not agent.has_work()

@@ -33,7 +33,7 @@ def node() -> Iterator[ArchiveNode]:
 
 def write_snapshot(node: ArchiveNode, count: int) -> tuple[int, list[bytes]]:
     """A recorded snapshot of ``count`` application messages between its markers; its recording id."""
-    assert node.client is not None
+    assert node.aeron is not None and node.client is not None
     writer = SnapshotWriter(node.aeron, node.client)
     messages = [f"entry {i:05d}".encode() * 20 for i in range(count)]
     writer.marker(TYPE_ID, 4096, 3, codecs.SnapshotMark.BEGIN)
@@ -54,7 +54,7 @@ def application_messages(read: list[bytes]) -> list[bytes]:
 
 def test_a_snapshot_reads_back_whole(node: ArchiveNode) -> None:
     recording_id, messages = write_snapshot(node, 300)
-    assert node.client is not None
+    assert node.aeron is not None and node.client is not None
     assert application_messages(read_snapshot(node.aeron, node.client, recording_id)) == messages
 
 
@@ -65,7 +65,7 @@ def test_a_replay_whose_image_is_gone_once_read_is_complete(node: ArchiveNode, m
     whole; before, the reader waited for an image position it could no longer
     see and failed after the timeout (a blank member's service, under load)."""
     recording_id, messages = write_snapshot(node, 300)
-    assert node.client is not None
+    assert node.aeron is not None and node.client is not None
     aeron = node.aeron
     replay = node.client.replay
     removed: list[bool] = []
@@ -104,7 +104,7 @@ def test_a_replay_the_archive_ends_short_fails_at_once_naming_where(
     replay stopped, the archive going down) closes the image short: the reader
     says where it stopped at once instead of waiting out its timeout."""
     recording_id, _ = write_snapshot(node, 300)
-    assert node.client is not None
+    assert node.aeron is not None and node.client is not None
     replay = node.client.replay
     stop = node.client.get_stop_position(recording_id)
     short = stop // 2 // 32 * 32  # a frame boundary or not: the archive ends the replay there or before

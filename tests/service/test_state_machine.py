@@ -86,7 +86,7 @@ class Caller:
     def send(self, payload: bytes, session: FakeSession | None = None) -> Reply | None:
         session = session or self.session
         before = len(session.sent)
-        self.machine.on_message(session, self.cluster.time, payload)
+        self.machine.on_message(session, self.cluster.time, payload)  # type: ignore[arg-type]  # a fake session
         assert len(session.sent) <= before + 1, "more than one reply to one request"
         if len(session.sent) == before:
             return None
@@ -423,7 +423,7 @@ def test_the_sweep_frees_dead_records_by_cluster_time_only() -> None:
 
 def take_snapshot(machine: StateMachine, max_message_length: int = 1024) -> list[bytes]:
     publication = FakeSnapshotPublication(max_message_length)
-    machine.on_take_snapshot(publication)  # type: ignore[arg-type]
+    machine.on_take_snapshot(publication)
     return publication.messages
 
 

@@ -40,6 +40,7 @@ def test_a_restart_from_the_snapshot_keeps_the_state_and_the_call_records(monkey
     cluster = SingleNodeCluster("support.state_machine_services:Journal")
     try:
         cluster.start()
+        assert cluster.service is not None
         assert "started from the log's start" in cluster.service.output()
         endpoint = cluster.ingress_channel.partition("endpoint=")[2]
         expected: list[object] = []
@@ -65,12 +66,12 @@ def test_a_restart_from_the_snapshot_keeps_the_state_and_the_call_records(monkey
             snapshot = recording_log.get_latest_snapshot(0)
             assert snapshot is not None, "the service took no snapshot"
         cluster.start_consensus()
-        cluster.start_service()
+        service = cluster.start_service()
         # The service says what it started from: the snapshot the recording log names, at its position.
         assert (
             f"started from snapshot recording {snapshot.recording_id} at log position {snapshot.log_position} "
             f"(term {snapshot.leadership_term_id})"
-        ) in cluster.service.output(), cluster.service.output()
+        ) in service.output(), service.output()
 
         # The record came back with the snapshot: the resend gets the same
         # answer, byte for byte, and is not applied again (forgotten, it

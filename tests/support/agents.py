@@ -105,8 +105,8 @@ def new_agent(cluster_members: str = "", member_id: int = 0) -> ConsensusModuleA
     )
     agent = ConsensusModuleAgent(
         context,
-        FakeAeron(),
-        None,
+        FakeAeron(),  # type: ignore[arg-type]  # a fake: counters and publications in memory
+        None,  # type: ignore[arg-type]  # no archive: these agents never record
         None,  # type: ignore[arg-type]
         epoch_ms=lambda: 1_000_000,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from support.driver import wait_for
+from fulmar.aeron import Aeron
 from fulmar.logbuffer import LogBuffers
 from fulmar.reader_doorbells import (
     log_readers_in_table,
@@ -15,6 +16,13 @@ def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def doorbell_of(client: Aeron) -> int:
+    """The id of a connected client's doorbell counter (every client has one once connected)."""
+    doorbell_id = client.conductor.doorbell_id
+    assert doorbell_id is not None, "the client has no doorbell"
+    return doorbell_id
 
 
 def wait_for_table(log: LogBuffers, expected: list[int]) -> None:

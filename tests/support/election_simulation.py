@@ -162,7 +162,7 @@ class SimNode:
         self.member_id = member_id
         self.others = [m for m in range(sim.member_count) if m != member_id]
         self.publisher = ConsensusPublisher({m: Link(sim.network, member_id, m) for m in self.others})
-        self.adapter = ConsensusAdapter(self, error_handler=self._codec_error)
+        self.adapter = ConsensusAdapter(self, error_handler=self._codec_error)  # type: ignore[arg-type]  # the simulated node takes the callbacks of the adapter it uses
         # durable
         self.log: list[tuple[int, str]] = []
         self.terms: list[tuple[int, int]] = []  # (leadership term id, term base log position)

@@ -64,7 +64,8 @@ def decode_message(message: bytes) -> dict[str, Any]:
     decoder_class = _DECODERS.get(template_id)
     if decoder_class is None:
         return row
-    d = decoder_class().wrap_and_apply_header(message, 0, len(message))
+    # Each template's decoder has its own fields: the branches below read those of theirs.
+    d: Any = decoder_class().wrap_and_apply_header(message, 0, len(message))
     row["leadership_term_id"] = d.leadership_term_id
     row["timestamp"] = d.timestamp
     if template_id == codecs.SessionMessageHeaderDecoder.TEMPLATE_ID:

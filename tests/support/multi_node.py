@@ -63,6 +63,12 @@ def leaders(cluster: LocalCluster) -> list[MemberView]:
     return [v for v in views if v.running and v.role == LEADER]
 
 
+def next_term(view: MemberView) -> int:
+    """The term after the one a member (a leader, say) is in."""
+    assert view.leadership_term_id is not None, f"member {view.member} is in no term"
+    return view.leadership_term_id + 1
+
+
 def wait_for_leader(
     cluster: LocalCluster, timeout_s: float, *, not_member: int | None = None, min_term: int = 0
 ) -> MemberView:

@@ -7,11 +7,13 @@ import random
 import time
 from dataclasses import dataclass, replace
 
+from typing import Literal
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from support.linearizability import UNRECORDED, CheckResult, Operation, Value, check
+from support.linearizability import UNRECORDED, CheckResult, Operation, Value, _Unrecorded, check
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -40,12 +42,12 @@ def cas(
     invoke: float,
     complete: float | None,
     swapped: bool | None,
-    current: Value | object = UNRECORDED,
+    current: Value | Literal[_Unrecorded.UNRECORDED] = UNRECORDED,
     outcome: str = "ok",
 ) -> Operation:
     return Operation(
         client, "cas", key, invoke, complete, outcome, value=value, expected=expected, output=current, swapped=swapped
-    )  # type: ignore[arg-type]
+    )
 
 
 def assert_witness(result: CheckResult, history: list[Operation]) -> None:
@@ -581,7 +583,8 @@ def test_mutated_histories_are_not_linearizable(history: list[Operation], rnd: r
             if w.key == op.key
             and w.op != "get"
             and w.value is not None
-            and all(other.invoke > op.complete for other in writers_of(history, op.key, w.value))  # type: ignore
+            and op.complete is not None
+            and all(other.invoke > op.complete for other in writers_of(history, op.key, w.value))
             and not (op.op == "cas" and w.value == op.expected)
         ]
         assume(pairs)
