@@ -589,7 +589,7 @@ def test_a_follower_hands_back_a_commit_position_whose_block_length_is_not_the_s
     if decodable:
         forged += bytes(codecs.HEADER_LENGTH + block_length - len(forged))
         report = codecs.decode(forged, 0, len(forged))
-        assert isinstance(report, codecs.AppendPositionDecoder) and report.log_position == end
+        assert isinstance(report, codecs.CommitPositionDecoder) and report.log_position == end
     else:
         with pytest.raises(CodecError):
             codecs.decode(forged, 0, len(forged))
