@@ -60,13 +60,13 @@ test: $(STAMP) bytecode
 ASAN_VENV := .venv-asan
 ASAN_PY := $(ASAN_VENV)/bin/python
 ASAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -O1 -g
-NATIVE_TESTS := tests/test_log_frame_blocks.py tests/test_frame_scanner_fuzz.py tests/test_ring_buffer.py \
-	tests/test_broadcast.py tests/test_counters.py tests/test_reader_doorbells.py \
-	tests/test_member_auth_native.py tests/test_native_flow_control.py tests/test_native_image_state.py \
-	tests/test_native_loss.py tests/test_native_loss_detector.py tests/test_native_pack_datagrams.py \
-	tests/test_native_retransmit.py tests/test_native_sender_timing.py tests/test_leader_commit.py \
-	tests/test_leader_ingress.py tests/test_append_position_sender.py tests/test_archive_native_recorder.py \
-	tests/test_data_plane.py tests/test_driver_datagram_mac.py tests/test_analytics_decoder.py
+NATIVE_TESTS := tests/core/test_log_frame_blocks.py tests/core/test_frame_scanner_fuzz.py tests/core/test_ring_buffer.py \
+	tests/core/test_broadcast.py tests/core/test_counters.py tests/core/test_reader_doorbells.py \
+	tests/consensus/test_member_auth_native.py tests/driver/test_native_flow_control.py tests/driver/test_native_image_state.py \
+	tests/driver/test_native_loss.py tests/driver/test_native_loss_detector.py tests/driver/test_native_pack_datagrams.py \
+	tests/driver/test_native_retransmit.py tests/driver/test_native_sender_timing.py tests/consensus/test_leader_commit.py \
+	tests/consensus/test_leader_ingress.py tests/consensus/test_append_position_sender.py tests/archive/test_archive_native_recorder.py \
+	tests/driver/test_data_plane.py tests/driver/test_driver_datagram_mac.py tests/analytics/test_analytics_decoder.py
 
 $(ASAN_PY):
 	$(PYTHON) -m venv $(ASAN_VENV)
@@ -88,9 +88,9 @@ test-native-asan: $(ASAN_PY)
 test-slow: $(STAMP) bytecode
 	$(PYTEST) -m slow $(PYTEST_ARGS) $(PYTEST_END)
 
-# Chaos (tests/chaos.py): a 3-member and a 5-member cluster under a seeded
+# Chaos (tests/support/chaos.py): a 3-member and a 5-member cluster under a seeded
 # schedule of faults while clients record a history, then every check.
-# make chaos is a campaign (tests/chaos_campaign.py): CHAOS_SEEDS runs per
+# make chaos is a campaign (tests/support/chaos_campaign.py): CHAOS_SEEDS runs per
 # member count in CHAOS_MEMBERS, one after another, each in its own process,
 # one line per run and the totals; it fails if any run had an anomaly or did
 # not converge.  CHAOS_SEED is the first seed (then +1 each run), so a
@@ -101,10 +101,10 @@ CHAOS_SECONDS ?= 120
 CHAOS_SEED ?=
 CHAOS_SEEDS ?= 1
 CHAOS_MEMBERS ?= 3 5
-CHAOS = $(PY) tests/chaos.py $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+CHAOS = $(PY) tests/support/chaos.py $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 chaos: $(STAMP) bytecode
-	$(PY) tests/chaos_campaign.py --seeds $(CHAOS_SEEDS) --seconds $(CHAOS_SECONDS) \
+	$(PY) tests/support/chaos_campaign.py --seeds $(CHAOS_SEEDS) --seconds $(CHAOS_SECONDS) \
 		$(foreach m,$(CHAOS_MEMBERS),--members $(m)) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) \
 		$(if $(CHAOS_SECRET),--secret $(CHAOS_SECRET))
 
@@ -158,7 +158,7 @@ codecs: $(STAMP)
 # the frame scanner, the channel-URI parser, the recording log and the catalog:
 # FUZZ_SECONDS per target.  New inputs go to a temporary directory; those that
 # reach new code are merged into tests/fuzz/corpus/<target>, which make test
-# replays (tests/test_fuzz_corpus.py).  A crash leaves its input in
+# replays (tests/fuzz/test_fuzz_corpus.py).  A crash leaves its input in
 # tests/fuzz/crashes/<target>/ and fails the run after the other targets.
 # libFuzzer re-executes a harness by its path (for -merge), hence the PATH.
 FUZZ_RUN = PATH=$(abspath $(VENV))/bin:$$PATH $(PY) tests/fuzz/fuzz_$$target.py

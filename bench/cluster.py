@@ -11,7 +11,7 @@ egress over UDP on 127.0.0.1, so every message goes client -> driver
 (receiver) -> consensus module (ingress) -> log (IPC, recorded by the
 archive; committed once recorded) -> service -> egress (UDP) -> driver ->
 client.  (The process-starting code is a copy of the small part of
-``tests/cluster_support.py`` it needs, so the bench does not import the
+``tests/support/cluster.py`` it needs, so the bench does not import the
 tests package.)
 
 What is run, and its counts (quick and full), is ``bench.openloop``'s

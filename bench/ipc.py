@@ -23,7 +23,7 @@ from fulmar.driver.context import DriverContext
 from fulmar.driver.media_driver import MediaDriver
 from fulmar.idle import BusySpinIdleStrategy, DoorbellIdleStrategy
 from fulmar.log_reader import Header
-from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
+from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED, ExclusivePublication
 
 SPAWN = multiprocessing.get_context("spawn")
 MESSAGE = b"m" * 32
@@ -69,6 +69,7 @@ def _publisher_main(directory: str, channel: str, count: int, batch: bool, done:
         if batch:
             data = MESSAGE * BATCH
             lengths = array("i", [len(MESSAGE)] * BATCH)
+            assert isinstance(publication, ExclusivePublication)  # batches are an exclusive publication's
             while sent < count:
                 appended, _ = publication.offer_block(data, lengths)
                 if appended:

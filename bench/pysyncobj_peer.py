@@ -110,6 +110,7 @@ PySyncObj's 0.1 s default (its leader's heartbeat interval, fulmar's is
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -419,6 +420,10 @@ class Client:
         answers: list[tuple[int, int, Any]] = []  # (arrival ns, sequence, error)
         lost = 0  # no answer in PING_TIMEOUT_S, or an error
         end = time.monotonic() + max_s
+
+        def on_answer(sequence: int, result: Any, error: Any) -> None:
+            answers.append((clock(), sequence, error))
+
         for sequence in range(PING_WARMUP + count):
             if sequence == PING_WARMUP:
                 end = time.monotonic() + max_s
@@ -427,7 +432,7 @@ class Client:
             sent_ns = clock()
             self.call(
                 sequence.to_bytes(8, "little") + b"\0" * 24,
-                lambda result, error, sequence=sequence: answers.append((clock(), sequence, error)),
+                functools.partial(on_answer, sequence),
             )
             give_up = time.monotonic() + PING_TIMEOUT_S
             while not any(answered == sequence for _, answered, _ in answers) and time.monotonic() < give_up:

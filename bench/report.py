@@ -7,7 +7,7 @@ Everything here works on the aggregated rows of ``__main__`` and on
 histograms keyed by (system, histogram id), the system being the module's
 name unless a row says otherwise (``"histogram_system"``: each setting of
 the PySyncObj peer), so it can be exercised with synthetic figures
-(``tests/test_bench_report.py``).
+(``tests/bench/test_bench_report.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from hdrh.histogram import HdrHistogram
 
@@ -107,7 +107,7 @@ def markdown_table(rows: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(path: Path, rows: list[Mapping[str, Any]], heading: str) -> Path:
+def write_markdown(path: Path, rows: Sequence[Mapping[str, Any]], heading: str) -> Path:
     kinds = [row["reference_kind"] for row in rows if row.get("reference_kind")]
     text = f"# {heading}\n\n" + markdown_table(rows)
     if kinds:
@@ -250,13 +250,13 @@ def plot_throughput(directory: Path, stamp: str, rows: Iterable[Mapping[str, Any
     for index, module in enumerate(modules):
         xs, heights, low, high = [], [], [], []
         for position, size in enumerate(sizes):
-            row = bars[module].get(size)
-            if row is None:
+            bar = bars[module].get(size)
+            if bar is None:
                 continue
             xs.append(position + (index - (len(modules) - 1) / 2) * width)
-            heights.append(row["median"])
-            low.append(row["median"] - row["min"])
-            high.append(row["max"] - row["median"])
+            heights.append(bar["median"])
+            low.append(bar["median"] - bar["min"])
+            high.append(bar["max"] - bar["median"])
         ax.bar(xs, heights, width, yerr=[low, high], capsize=3, label=SYSTEMS.get(module, module))
     ax.set_xticks(range(len(sizes)))
     ax.set_xticklabels([f"{size} B" for size in sizes])
@@ -271,7 +271,7 @@ def plot_throughput(directory: Path, stamp: str, rows: Iterable[Mapping[str, Any
 
 
 def write_plots(
-    directory: Path, stamp: str, rows: list[Mapping[str, Any]], histograms: Mapping[tuple[str, str], HdrHistogram]
+    directory: Path, stamp: str, rows: Sequence[Mapping[str, Any]], histograms: Mapping[tuple[str, str], HdrHistogram]
 ) -> list[Path]:
     """Every plot; a failure is printed, never raised (the figures are in the other files)."""
     try:

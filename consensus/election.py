@@ -12,7 +12,7 @@ The election talks to its node through two small injected objects: an
 publisher (``ConsensusPublisher``: encodes messages to another member).  It
 reads no clock (``now_ns`` is passed in) and draws randomness from the given
 ``random.Random``, so the same code runs in the consensus module process and
-in the deterministic simulation of ``tests/election_simulation.py``.
+in the deterministic simulation of ``tests/support/election_simulation.py``.
 
 Rules beyond the seed, chosen for safety and written down here:
 

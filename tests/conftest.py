@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from driver_support import DriverProcess
+    from support.driver import DriverProcess
     from fulmar.aeron import Aeron
 
 # Child processes are forked: they inherit the mapped files' paths and the
@@ -36,7 +36,7 @@ def child_processes() -> Iterator[list[multiprocessing.process.BaseProcess]]:
 @pytest.fixture
 def driver_dir() -> Iterator[Path]:
     """A fresh directory for a media driver under /dev/shm, removed afterwards."""
-    from driver_support import new_driver_dir, remove_driver_dir
+    from support.driver import new_driver_dir, remove_driver_dir
 
     directory = new_driver_dir()
     yield directory
@@ -46,7 +46,7 @@ def driver_dir() -> Iterator[Path]:
 @pytest.fixture
 def start_driver(driver_dir: Path) -> Iterator[Callable[..., DriverProcess]]:
     """Start media driver processes (in driver_dir by default); all are stopped afterwards."""
-    from driver_support import DriverProcess
+    from support.driver import DriverProcess
 
     drivers: list[DriverProcess] = []
 

@@ -1,6 +1,6 @@
 """What every harness does around its ``test_one_input``: run as a script, it
 imports the code under test with atheris's coverage instrumentation and hands
-``test_one_input`` to libFuzzer; imported (tests/test_fuzz_corpus.py replays
+``test_one_input`` to libFuzzer; imported (tests/fuzz/test_fuzz_corpus.py replays
 the corpus), it needs no atheris at all."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def instrumented(fuzzing: bool) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()
     import atheris
 
-    return atheris.instrument_imports()  # type: ignore[no-any-return]
+    return atheris.instrument_imports()
 
 
 def fuzz(test_one_input: Callable[[bytes], None]) -> NoReturn:
