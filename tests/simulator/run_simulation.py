@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import traceback
+from functools import partial
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -142,7 +143,7 @@ class Scenario:
         sim = self.sim
         events = sim.events
         for node in sim.nodes:
-            events.at(self.rng.randint(0, 200 * MS), lambda n=node: self._restart(n))
+            events.at(self.rng.randint(0, 200 * MS), partial(self._restart, node))
         for client in sim.clients:
             client.wake(self.rng.randint(300 * MS, 1500 * MS))
         sim.start_network_ticks()
@@ -225,7 +226,7 @@ class Scenario:
                 node.crash(with_archive=kind == "crash-node")
                 delay = rng.randint(200 * MS, 5 * SECOND)
                 self.note(f"{kind} {node.member_id}, restart in {delay / 1e9:.1f} s")
-                sim.events.at(now + delay, lambda n=node: self._restart(n))
+                sim.events.at(now + delay, partial(self._restart, node))
         elif kind == "snapshot":
             # What cluster-tool snapshot does: the leader's control toggle.
             leader_node = next(
@@ -250,7 +251,7 @@ class Scenario:
             delay = rng.randint(500 * MS, 3 * SECOND)
             self.note(f"whole cluster down, restart in {delay / 1e9:.1f} s")
             for node in sim.nodes:
-                sim.events.at(now + delay + rng.randint(0, 300 * MS), lambda n=node: self._restart(n))
+                sim.events.at(now + delay + rng.randint(0, 300 * MS), partial(self._restart, node))
         sim.events.at(now + rng.randint(300 * MS, 3 * SECOND), self._fault)
 
     def _heal(self) -> None:

@@ -806,7 +806,7 @@ class SimAeron:
         self._async: dict[int, SimPublication] = {}
         # Called by do_work: what runs meanwhile in other processes while this
         # one waits on the wall clock (the node's archive recording).
-        self.on_do_work: Callable[[], None] | None = None
+        self.on_do_work: Callable[[], object] | None = None
 
     def next_correlation_id(self) -> int:
         return self.driver.next_id()

@@ -135,10 +135,10 @@ class ModuleProcess(Process):
         member = node.member_id
         agent = ConsensusModuleAgent(
             context,
-            self.aeron,
-            self.archive,
+            self.aeron,  # type: ignore[arg-type]  # the simulated client stands in for the real one
+            self.archive,  # type: ignore[arg-type]  # the simulated client stands in for the real one
             recording_log,
-            sim.epoch_ms,  # type: ignore[arg-type]
+            sim.epoch_ms,
             lambda text: sim.trace(f"m{member} error: {text}"),
         )
         agent.log_event = lambda text: sim.trace(f"m{member} {text}")  # type: ignore[method-assign]
@@ -303,10 +303,10 @@ class SimService(Process):
         """As the container: its sessions and the service's state from its snapshot."""
         context = self.node.context
         messages = read_snapshot(
-            self.aeron,
-            self.archive,
+            self.aeron,  # type: ignore[arg-type]  # the simulated client stands in for the real one
+            self.archive,  # type: ignore[arg-type]  # the simulated client stands in for the real one
             recording_id,
-            context.replay_channel,  # type: ignore[arg-type]
+            context.replay_channel,
             context.replay_stream_id,
         )
         for record in decode_snapshot(messages, SERVICE_SNAPSHOT_TYPE_ID):
@@ -321,9 +321,9 @@ class SimService(Process):
         the production ``SnapshotWriter`` recorded by the node's archive."""
         context = self.node.context
         writer = SnapshotWriter(
-            self.aeron,
-            self.archive,
-            context.snapshot_channel,  # type: ignore[arg-type]
+            self.aeron,  # type: ignore[arg-type]  # the simulated client stands in for the real one
+            self.archive,  # type: ignore[arg-type]  # the simulated client stands in for the real one
+            context.snapshot_channel,
             context.snapshot_stream_id,
         )
         writer.marker(SERVICE_SNAPSHOT_TYPE_ID, log_position, leadership_term_id, codecs.SnapshotMark.BEGIN)
@@ -622,7 +622,7 @@ class SimNode:
         self.cluster_dir = root / f"member{member_id}"
         self.cluster_dir.mkdir(parents=True, exist_ok=True)
         self.driver = SimDriver(sim, member_id)
-        self.driver.host = member_host(member_id)  # type: ignore[attr-defined]
+        self.driver.host = member_host(member_id)
         self.store = SimArchiveStore(archive_id=1000 + member_id)
         self.mark_file = SimMarkFile()
         self.context = sim.make_context(member_id, self.cluster_dir)
@@ -713,7 +713,7 @@ class Simulation:
         self.clients: list[SimClient] = []
         for k in range(client_count):
             driver = SimDriver(self, member_count + k)
-            driver.host = client_host(k)  # type: ignore[attr-defined]
+            driver.host = client_host(k)
             self.client_drivers.append(driver)
             self.clients.append(SimClient(self, k, driver, random.Random(self.rng.getrandbits(64))))
         self._archives = {f"{member_host(m)}:8010": m for m in range(member_count)}

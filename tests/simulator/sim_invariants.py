@@ -216,6 +216,7 @@ class Invariants:
             if template != _TERM_TEMPLATE:
                 continue
             message = codecs.decode(data, offset, length)
+            assert isinstance(message, codecs.NewLeadershipTermEventDecoder)
             term = message.leadership_term_id
             if term <= last_term:
                 self.fail(f"member {node.member_id} log: term {term} after term {last_term} at {end_position}")

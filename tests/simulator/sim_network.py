@@ -29,6 +29,7 @@ import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 MS = 1_000_000
@@ -168,7 +169,7 @@ class SimNetwork:
                 delay = rng.randint(faults.delay_min_ns, faults.delay_max_ns)
                 self.events.at(
                     self.events.now_ns + delay,
-                    lambda e=endpoint, s=publication.session_id, m=message: self._deliver_datagram(src, e, s, m, host),
+                    partial(self._deliver_datagram, src, endpoint, publication.session_id, message, host),
                 )
 
     def _deliver_datagram(self, src: int, endpoint: str, session_id: int, message: bytes, host: str) -> None:
