@@ -51,6 +51,7 @@ from fulmar.consensus.election_host import NodeElectionHost, leader_log_channel
 from fulmar.consensus.election_runner import LoneMemberConsensusListener, MemberElection, SingleNodeElection
 from fulmar.consensus.errors import ClusterTerminationError
 from fulmar.consensus.ingress_adapter import IngressAdapter
+from fulmar.consensus.log_adapter import LogAdapter
 from fulmar.consensus.member_auth import (
     ConsensusGuard,
     MemberAuth,
@@ -76,7 +77,6 @@ from fulmar.consensus.protocol import (
     CloseReason,
     ClusterAction,
     EventCode,
-    cluster_action_flags,
 )
 from fulmar.consensus.pending_service_messages import PendingServiceMessageTracker
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
@@ -286,9 +286,8 @@ class ConsensusModuleAgent:
         )
         self.from_services = aeron.add_subscription(context.control_channel, context.consensus_module_stream_id)
         self._service_assembler = FragmentAssembler(self._on_service_message)
-        self._log_assembler = FragmentAssembler(self._on_log_message)
-        # One flyweight for every session message of the log: no decoder per message.
-        self._session_header = codecs.SessionMessageHeaderDecoder()
+        # Decodes the log this member applies (a follower's, a replay), and calls this agent's on_replay_* for it.
+        self.log_adapter = LogAdapter(self, error=self._error)
         # Counters (keyed by cluster id, so tools find them).
         key = _CLUSTER_KEY.pack(context.cluster_id)
         self.module_state_counter = self._counter(
@@ -1359,9 +1358,7 @@ class ConsensusModuleAgent:
         image = self._log_image
         if image is None:
             return 0
-        work = image.bounded_poll_session_runs(
-            self._log_assembler.on_fragment, self._on_log_session_messages, limit_position, 64
-        )
+        work = self.log_adapter.poll(image, limit_position)
         position = image.position
         if position > self.log_position:
             self.log_position = position
@@ -1372,62 +1369,53 @@ class ConsensusModuleAgent:
             work += 1
         return work
 
-    def _on_log_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
-        if length >= SESSION_HEADER_LENGTH:
-            block_length, template, schema, _version, _term_id, session_id, timestamp = (
-                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset)
-            )
-            if (
-                template == SESSION_MESSAGE_TEMPLATE_ID
-                and schema == CLUSTER_SCHEMA_ID
-                and block_length == SESSION_MESSAGE_BLOCK_LENGTH
-            ):
-                self._on_replay_session_message(session_id)
-                return
-        try:
-            message_header = codecs.read_header(buffer, offset, length)
-            if message_header.template_id == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
-                session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
-                self._on_replay_session_message(session_header.cluster_session_id)
-                return
-            message = codecs.decode(buffer, offset, length)
-        except CodecError as error:
-            self._error(f"malformed log message at position {header.position}: {error}")
+    # What the log says (the log adapter's calls): applied as it was appended.
+
+    def on_replay_session_message(self, cluster_session_id: int) -> None:
+        if cluster_session_id < 0:
+            # A service message: the log holds it, so the service's re-offer is not appended again.
+            self.service_messages.on_log_service_message(cluster_session_id)
             return
-        if isinstance(message, codecs.SessionOpenEventDecoder):
-            session = ClusterSession(
-                message.cluster_session_id,
-                message.response_stream_id,
-                message.response_channel,
-                message.correlation_id,
-                self._now_ns,
-            )
-            session.state = ClusterSessionState.OPEN
-            session.encoded_principal = bytes(message.encoded_principal)
-            session.opened_log_position = header.position
-            self.sessions[session.id] = session
-            self.next_session_id = max(self.next_session_id, session.id + 1)
-        elif isinstance(message, codecs.SessionCloseEventDecoder):
-            closed = self.sessions.pop(message.cluster_session_id, None)
-            if closed is not None:
-                closed.close(CloseReason(message.close_reason_raw))
-        elif isinstance(message, codecs.TimerEventDecoder):
-            self.timers.cancel(message.correlation_id)
-        elif isinstance(message, codecs.NewLeadershipTermEventDecoder):
-            self.leadership_term_id = message.leadership_term_id
-        elif isinstance(message, codecs.ClusterActionRequestDecoder):
-            action = message.action_raw
-            if action in (codecs.ClusterAction.SUSPEND, codecs.ClusterAction.RESUME):
-                self.on_replay_suspend_or_resume(action == codecs.ClusterAction.SUSPEND)
-            elif (
-                self.is_multi_member
-                and action == codecs.ClusterAction.SNAPSHOT
-                and cluster_action_flags(message) == CLUSTER_ACTION_FLAGS_DEFAULT
-            ):
-                # (A standby snapshot is not this member's to take.)
-                self._on_follower_snapshot_action(message.log_position)
-            # (one member alone: a replayed snapshot already happened)
+        session = self.sessions.get(cluster_session_id)
+        if session is not None:
+            session.time_of_last_activity(self._now_ns)
+
+    def on_replay_session_open(
+        self,
+        log_position: int,
+        correlation_id: int,
+        cluster_session_id: int,
+        response_stream_id: int,
+        response_channel: str,
+        encoded_principal: bytes,
+    ) -> None:
+        session = ClusterSession(cluster_session_id, response_stream_id, response_channel, correlation_id, self._now_ns)
+        session.state = ClusterSessionState.OPEN
+        session.encoded_principal = encoded_principal
+        session.opened_log_position = log_position
+        self.sessions[session.id] = session
+        self.next_session_id = max(self.next_session_id, session.id + 1)
         self.sessions_counter.set(len(self.sessions))
+
+    def on_replay_session_close(self, cluster_session_id: int, close_reason_raw: int) -> None:
+        closed = self.sessions.pop(cluster_session_id, None)
+        if closed is not None:
+            closed.close(CloseReason(close_reason_raw))
+        self.sessions_counter.set(len(self.sessions))
+
+    def on_replay_timer_event(self, correlation_id: int) -> None:
+        self.timers.cancel(correlation_id)
+
+    def on_replay_new_leadership_term_event(self, leadership_term_id: int) -> None:
+        self.leadership_term_id = leadership_term_id
+
+    def on_replay_cluster_action(self, log_position: int, action: int, flags: int) -> None:
+        if action in (codecs.ClusterAction.SUSPEND, codecs.ClusterAction.RESUME):
+            self.on_replay_suspend_or_resume(action == codecs.ClusterAction.SUSPEND)
+        elif self.is_multi_member and action == codecs.ClusterAction.SNAPSHOT and flags == CLUSTER_ACTION_FLAGS_DEFAULT:
+            # (A standby snapshot is not this member's to take.)
+            self._on_follower_snapshot_action(log_position)
+        # (one member alone: a replayed snapshot already happened)
 
     def on_replay_suspend_or_resume(self, suspend: bool) -> None:
         """Seed 004 (Aeron's onReplayClusterAction): a follower applying the
@@ -1438,21 +1426,6 @@ class ConsensusModuleAgent:
         self.running_state = ConsensusModuleState.SUSPENDED if suspend else ConsensusModuleState.ACTIVE
         if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
             self._set_state(self.running_state)
-
-    def _on_log_session_messages(self, messages: SessionMessages) -> None:
-        """A run of client (and service) messages in the log, found without a
-        call per message: of each the module needs only its session id."""
-        for session_id in set(messages.session_ids):
-            self._on_replay_session_message(session_id)
-
-    def _on_replay_session_message(self, cluster_session_id: int) -> None:
-        if cluster_session_id < 0:
-            # A service message: the log holds it, so the service's re-offer is not appended again.
-            self.service_messages.on_log_service_message(cluster_session_id)
-            return
-        session = self.sessions.get(cluster_session_id)
-        if session is not None:
-            session.time_of_last_activity(self._now_ns)
 
     # ------------------------------------------------------------ leadership
 
@@ -2446,7 +2419,7 @@ class ConsensusModuleAgent:
         services follow it; nothing is appended before they do.
 
         The term is the election's again: LEADER_REPLAY ran the old terms'
-        NewLeadershipTermEvents through ``_on_log_message``, which left the
+        NewLeadershipTermEvents through the log adapter, which left the
         last replayed term here, and the event this leader appends next (and
         every message of the term) carries this field (Aeron's joinLogAsLeader)."""
         self.set_leadership_term_id(leadership_term_id)

@@ -100,9 +100,9 @@ def test_the_follower_module_reads_the_log_before_commit_pos_moves(follower: Any
 
     def spy(message: memoryview, offset: int, length: int, header: Header) -> None:
         commit_when_applied.append((agent.commit_position_counter.get(), header.position))
-        agent._on_log_message(message, offset, length, header)
+        agent.log_adapter.on_message(message, offset, length, header)
 
-    agent._log_assembler = FragmentAssembler(spy)
+    agent.log_adapter.assembler = FragmentAssembler(spy)
     agent.host.is_log_joined = True
     agent.on_log_image(image)
     agent.notify_commit_position(end)  # the leader's CommitPosition
