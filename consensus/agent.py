@@ -81,6 +81,7 @@ from fulmar.consensus.protocol import (
 from fulmar.consensus.pending_service_messages import PendingServiceMessageTracker
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
 from fulmar.consensus.recording_log import RecordingLog
+from fulmar.consensus.service_acks import ServiceAcks
 from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
 from fulmar.consensus.timer_service import TimerService
 from fulmar.counters import RECORD_ALLOCATED
@@ -165,11 +166,8 @@ class ConsensusModuleAgent:
         self._follower_snapshot_position = NULL_POSITION
         self._now_ns = 0
         self._slow_tick_deadline_ns = 0
-        self._service_acks: dict[int, dict[int, Any]] = {}
-        self._ack_arrivals = 0  # service acks received so far (several members: acks matched by arrival)
-        self._ack_issued_at: dict[int, int] = {}
-        self._recent_acks: deque[tuple[int, Any]] = deque(maxlen=256)
-        self._expected_ack_id = 0
+        # What the services acknowledged of the module's requests (a snapshot, a stop, a join).
+        self.service_acks = ServiceAcks(context.service_count)
         self._pending_ingress: deque[bytes] = deque()
         self._authenticator = context.authenticator
         # The services sleep until commit-pos moves: they watch it (fulmar.reader_doorbells).
@@ -1247,9 +1245,7 @@ class ConsensusModuleAgent:
         elif isinstance(message, codecs.CancelTimerDecoder):
             self.timers.cancel(message.correlation_id)
         elif isinstance(message, codecs.ServiceAckDecoder):
-            self._service_acks.setdefault(message.ack_id, {})[message.service_id] = message
-            self._ack_arrivals += 1
-            self._recent_acks.append((self._ack_arrivals, message))
+            self.service_acks.on_service_ack(message)
         elif isinstance(message, codecs.CloseSessionDecoder):
             session = self.sessions.get(message.cluster_session_id)
             if session is not None and self.role is ClusterRole.LEADER:
@@ -1290,60 +1286,18 @@ class ConsensusModuleAgent:
     def log_service_session_id(self, value: int) -> None:
         self.service_messages.log_service_session_id = value
 
+    # The services' acks are the tracker's (the elections, the replay and the stops ask here).
+
     def next_ack_id(self) -> int:
-        ack_id = self._expected_ack_id
-        self._expected_ack_id += 1
-        self._ack_issued_at[ack_id] = self._ack_arrivals
-        return ack_id
+        return self.service_acks.next_ack_id()
 
     def services_acked_partially(self, ack_id: int, missing: list[int]) -> bool:
         """Whether a service other than ``missing`` has yet to acknowledge ``ack_id``."""
-        acks = self._service_acks.get(ack_id, {})
-        return any(
-            service_id not in acks and service_id not in missing for service_id in range(self.context.service_count)
-        )
+        return self.service_acks.acked_partially(ack_id, missing)
 
     def services_acked(self, ack_id: int, log_position: int | None = None) -> list[Any] | None:
         """The acks of every service for ``ack_id``, once all came."""
-        if self.is_multi_member:
-            return self._services_acked_since(ack_id, log_position)
-        acks = self._service_acks.get(ack_id, {})
-        if len(acks) < self.context.service_count:
-            return None
-        if log_position is not None:
-            for ack in acks.values():
-                if ack.log_position != log_position:
-                    raise ClusterTerminationError(
-                        f"service {ack.service_id} acknowledged position {ack.log_position}, expected {log_position}"
-                    )
-        del self._service_acks[ack_id]
-        return list(acks.values())
-
-    def _services_acked_since(self, ack_id: int, log_position: int | None) -> list[Any] | None:
-        """Several members: elections start and abandon replays and joins, so a
-        service may never acknowledge a JoinLog the module sent (its next ack then
-        carries that id) or acknowledge one the module gave up on.  What answers is
-        an ack of each service that arrived after the request and names its
-        position; the ids are not trusted."""
-        issued = self._ack_issued_at.get(ack_id)
-        if issued is None:
-            return None
-        found: dict[int, tuple[int, Any]] = {}
-        for arrival, ack in self._recent_acks:
-            if (
-                arrival > issued
-                and (log_position is None or ack.log_position == log_position)
-                and ack.service_id not in found
-            ):
-                found[ack.service_id] = (arrival, ack)
-        if len(found) < self.context.service_count:
-            return None
-        newest = max(arrival for arrival, _ in found.values())
-        while self._recent_acks and self._recent_acks[0][0] <= newest:
-            self._recent_acks.popleft()
-        del self._ack_issued_at[ack_id]
-        self._service_acks.clear()
-        return [ack for _, ack in found.values()]
+        return self.service_acks.acked(ack_id, log_position, self.is_multi_member)
 
     # ---------------------------------------------------------- log replay
 
@@ -1646,7 +1600,7 @@ class ConsensusModuleAgent:
                         if self.state is ConsensusModuleState.SNAPSHOT
                         else self._termination_ack_id
                     )
-                    acked = self._service_acks.get(ack_id, {})
+                    acked = self.service_acks.received(ack_id)
                     dead = [service_id for service_id in dead if service_id not in acked]
                 if dead and self.state is ConsensusModuleState.SNAPSHOT:
                     raise ClusterTerminationError(f"service(s) {dead} died during the snapshot: stopping")
@@ -2173,10 +2127,9 @@ class ConsensusModuleAgent:
         acknowledged its own (their acks are counted on every member alike)."""
         from fulmar.consensus.snapshot import take_consensus_module_snapshot
 
-        ack_id = self.next_ack_id()
         # The services apply the log on their own: one may have acknowledged its
         # snapshot already.  The position tells this snapshot's acks apart.
-        self._ack_issued_at[ack_id] = 0
+        ack_id = self.service_acks.next_ack_id(any_arrival=True)
         try:
             recording_id = take_consensus_module_snapshot(self, log_position)
         except FulmarError as error:
