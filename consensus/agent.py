@@ -31,7 +31,7 @@ from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_positi
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
-from fulmar.consensus import protocol
+from fulmar.consensus import protocol, snapshot
 from fulmar.consensus.backup_sessions import BackupSessions
 from fulmar.consensus.cluster_member import (
     ClusterMember,
@@ -61,7 +61,8 @@ from fulmar.consensus.member_auth import (
     is_loopback,
     source_host,
 )
-from fulmar.consensus.mark_file import read_activity_timestamp, service_mark_file_name
+from fulmar.consensus.log_retention import apply_retention, plan_retention
+from fulmar.consensus.mark_file import read_activity_timestamp, read_liveness, service_mark_file_name
 from fulmar.consensus.native_handovers import NativeHandovers
 from fulmar.consensus.protocol import (
     CLUSTER_ACTION_FLAGS_DEFAULT,
@@ -1570,8 +1571,6 @@ class ConsensusModuleAgent:
 
     def _dead_services(self) -> list[int]:
         """Services whose container process is gone (its mark file stale or its pid dead)."""
-        from fulmar.consensus.mark_file import read_liveness, service_mark_file_name
-
         dead = []
         now_ms = self.epoch_ms()
         for service_id in range(self.context.service_count):
@@ -1645,11 +1644,9 @@ class ConsensusModuleAgent:
         return StopCause.CLUSTER_SHUTDOWN
 
     def _complete_snapshot(self, service_acks: list[Any]) -> None:
-        from fulmar.consensus.snapshot import take_consensus_module_snapshot
-
         position = self._snapshot_log_position
         try:
-            recording_id = take_consensus_module_snapshot(self, position)
+            recording_id = snapshot.take_consensus_module_snapshot(self, position)
         except FulmarError as error:
             # No snapshot this time (the services' are left unreferenced):
             # say so and carry on as before rather than stay in SNAPSHOT.
@@ -1689,8 +1686,6 @@ class ConsensusModuleAgent:
     def _apply_log_retention(self) -> None:
         """Keep the newest snapshot sets, purge the rest and the log before them
         (a few requests to the node's own archive, after a snapshot only)."""
-        from fulmar.consensus.log_retention import apply_retention, plan_retention
-
         log = self.recording_log
         try:
             plan = plan_retention(
@@ -2125,13 +2120,11 @@ class ConsensusModuleAgent:
         its position.  The module's state is taken now (it has applied exactly up
         to the action); the recording log gets the entries once every service has
         acknowledged its own (their acks are counted on every member alike)."""
-        from fulmar.consensus.snapshot import take_consensus_module_snapshot
-
         # The services apply the log on their own: one may have acknowledged its
         # snapshot already.  The position tells this snapshot's acks apart.
         ack_id = self.service_acks.next_ack_id(any_arrival=True)
         try:
-            recording_id = take_consensus_module_snapshot(self, log_position)
+            recording_id = snapshot.take_consensus_module_snapshot(self, log_position)
         except FulmarError as error:
             self._error(f"snapshot at log position {log_position} failed: {type(error).__name__}: {error}")
             recording_id = NULL_VALUE
