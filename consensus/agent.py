@@ -27,28 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_ids
-from fulmar.consensus.append_position_sender import RUNNING as APPEND_POSITION_RUNNING, AppendPositionSender
-from fulmar.consensus.leader_commit import (
-    LOG_MESSAGE as COMMIT_LOG_MESSAGE,
-    OTHER_MESSAGE as LEADER_COMMIT_OTHER_MESSAGE,
-    REASONS as LEADER_COMMIT_REASONS,
-    RUNNING as LEADER_COMMIT_RUNNING,
-    ArmedFollower,
-    CommitState,
-    CommitThread,
-    FollowerCommitState,
-)
-from fulmar.consensus.leader_ingress import (
-    BACK_PRESSURE as INGRESS_BACK_PRESSURE,
-    OTHER_MESSAGE as INGRESS_OTHER_MESSAGE,
-    REASONS as INGRESS_REASONS,
-    RUNNING as INGRESS_RUNNING,
-    LeaderIngressThread,
-)
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
-from fulmar.consensus import protocol
+from fulmar.consensus import protocol, snapshot
 from fulmar.consensus.backup_sessions import BackupSessions
 from fulmar.consensus.cluster_member import (
     ClusterMember,
@@ -68,6 +50,7 @@ from fulmar.consensus.election_host import NodeElectionHost, leader_log_channel
 from fulmar.consensus.election_runner import LoneMemberConsensusListener, MemberElection, SingleNodeElection
 from fulmar.consensus.errors import ClusterTerminationError
 from fulmar.consensus.ingress_adapter import IngressAdapter
+from fulmar.consensus.log_adapter import LogAdapter
 from fulmar.consensus.member_auth import (
     ConsensusGuard,
     MemberAuth,
@@ -77,7 +60,9 @@ from fulmar.consensus.member_auth import (
     is_loopback,
     source_host,
 )
-from fulmar.consensus.mark_file import read_activity_timestamp, service_mark_file_name
+from fulmar.consensus.log_retention import apply_retention, plan_retention
+from fulmar.consensus.mark_file import read_activity_timestamp, read_liveness, service_mark_file_name
+from fulmar.consensus.native_handovers import NativeHandovers
 from fulmar.consensus.protocol import (
     CLUSTER_ACTION_FLAGS_DEFAULT,
     CLUSTER_ACTION_FLAGS_STANDBY_SNAPSHOT,
@@ -92,11 +77,11 @@ from fulmar.consensus.protocol import (
     CloseReason,
     ClusterAction,
     EventCode,
-    cluster_action_flags,
 )
 from fulmar.consensus.pending_service_messages import PendingServiceMessageTracker
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
 from fulmar.consensus.recording_log import RecordingLog
+from fulmar.consensus.service_acks import ServiceAcks
 from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
 from fulmar.consensus.timer_service import TimerService
 from fulmar.counters import RECORD_ALLOCATED
@@ -118,9 +103,6 @@ if TYPE_CHECKING:
 
 # Beyond every log position: the leader's place in a quorum that it is sure to reach.
 ABOVE_ANY_POSITION = 2**63 - 1
-# How soon the AppendPosition thread offers again after the publication
-# refused (back pressure, or the leader's image not connected yet).
-APPEND_POSITION_RETRY_WAIT_NS = 1_000_000
 
 
 def log_line(member_id: int, text: str) -> None:
@@ -184,11 +166,8 @@ class ConsensusModuleAgent:
         self._follower_snapshot_position = NULL_POSITION
         self._now_ns = 0
         self._slow_tick_deadline_ns = 0
-        self._service_acks: dict[int, dict[int, Any]] = {}
-        self._ack_arrivals = 0  # service acks received so far (several members: acks matched by arrival)
-        self._ack_issued_at: dict[int, int] = {}
-        self._recent_acks: deque[tuple[int, Any]] = deque(maxlen=256)
-        self._expected_ack_id = 0
+        # What the services acknowledged of the module's requests (a snapshot, a stop, a join).
+        self.service_acks = ServiceAcks(context.service_count)
         self._pending_ingress: deque[bytes] = deque()
         self._authenticator = context.authenticator
         # The services sleep until commit-pos moves: they watch it (fulmar.reader_doorbells).
@@ -256,10 +235,6 @@ class ConsensusModuleAgent:
             else None
         )
         self._refusal_line_due_ms = 0
-        # The last arming of each native consensus thread said in the log
-        # (once per term, not for each re-arming after a hand-back): an
-        # operator, and the tests, see which threads run and whether they sign.
-        self._armings_said: dict[str, tuple[int, ...]] = {}
         self._refusals_unsaid = 0
         self.leader_member_id = NULL_VALUE
         self.notified_commit_position = 0
@@ -270,35 +245,13 @@ class ConsensusModuleAgent:
         self.time_of_last_leader_update_ns = 0
         self._time_of_last_append_position_sent_ns = 0
         self._last_append_position_sent = NULL_POSITION
-        # A steady follower's AppendPositions come from a native thread
-        # (consensus/append_position_sender.py), started at its first arming;
-        # what it was armed with, and what it gave back to the agent (not
-        # armed again for the same counter, term and leader).
-        self._append_position_sender: AppendPositionSender | None = None
-        self._append_position_armed_for: tuple[int, int, int, int] | None = None
-        self._append_position_refused_for: tuple[int, int, int, int] | None = None
         self._quiet_log_doorbell: Counter | None = None  # quiet_log_doorbell_id
-        # A steady leader's commit comes from a native thread
-        # (consensus/leader_commit.py), started with the consensus streams, whose
-        # subscription rings its doorbell; what it was armed with, and what it
-        # gave back for good (not armed again for the same counter and term).
-        self._leader_commit: CommitThread | None = None
-        self._leader_commit_armed_for: tuple[int, int, int] | None = None
-        self._leader_commit_refused_for: tuple[int, int, int] | None = None
         self._time_of_last_commit_position_sent_ns = 0
         self._last_commit_position_sent = NULL_POSITION
-        # A steady follower's commit comes from the same thread, armed as a
-        # follower's: the leader's CommitPositions and the log's client messages.
-        self._follower_commit_armed_for: tuple[int, int, int] | None = None
-        self._follower_commit_refused_for: tuple[int, int, int] | None = None
-        # A steady leader's clients' session messages are appended by a native
-        # thread while this agent sleeps (consensus/leader_ingress.py), started
-        # with the ingress, whose subscription rings its doorbell: armed or not,
-        # and the term it gave back for good (a malformed frame, a closed log).
-        # Only on the wall clock the thread reads too (tests give their own).
-        self._leader_ingress: LeaderIngressThread | None = None
-        self._leader_ingress_armed = False
-        self._leader_ingress_refused_for = NULL_VALUE
+        # What a steady member hands to its native threads (the leader's
+        # ingress and commit, the follower's commit and AppendPositions):
+        # consensus/native_handovers.py.
+        self.handovers = NativeHandovers(self)
         # The others, with what this member (as leader) learns of them.
         self._followers: dict[int, ClusterMember] = {m.id: m for m in self.members if m.id != self.member_id}
         # What the leader appended and may lose if it steps down before a quorum has it.
@@ -331,9 +284,8 @@ class ConsensusModuleAgent:
         )
         self.from_services = aeron.add_subscription(context.control_channel, context.consensus_module_stream_id)
         self._service_assembler = FragmentAssembler(self._on_service_message)
-        self._log_assembler = FragmentAssembler(self._on_log_message)
-        # One flyweight for every session message of the log: no decoder per message.
-        self._session_header = codecs.SessionMessageHeaderDecoder()
+        # Decodes the log this member applies (a follower's, a replay), and calls this agent's on_replay_* for it.
+        self.log_adapter = LogAdapter(self, error=self._error)
         # Counters (keyed by cluster id, so tools find them).
         key = _CLUSTER_KEY.pack(context.cluster_id)
         self.module_state_counter = self._counter(
@@ -445,7 +397,7 @@ class ConsensusModuleAgent:
             if context.native_commit:
                 # A single member commits its own recording: the thread, woken
                 # by rec-pos, moves commit-pos without a wake-up of this agent.
-                self._start_commit_thread()
+                self.handovers.leader_commit.start()
             if self.members:
                 # A cluster of one named in a members string still has a
                 # consensus endpoint: a ClusterBackup, a heartbeat or a standby
@@ -475,12 +427,16 @@ class ConsensusModuleAgent:
         # (The time since the last cycle began, less the sleep it meant to take.)
         if self.duty_cycle_tracker.measure_and_update(now_ns) > self.context.leader_heartbeat_timeout_ns // 2:
             self._after_standing_still(now_ns)
-        work = 0
-        if self._leader_ingress_armed:
-            work += self.take_leader_ingress()
-        if self._follower_commit_armed_for is not None:
-            # (First: the rest of the cycle reads the log and commit positions.)
-            work += self._take_follower_commit()
+        handovers = self.handovers
+        # The native threads' steps are taken back where they are in the cycle:
+        # the ingress first (nothing else may append to the log meanwhile),
+        # the follower's commit before the slow tick (the rest of the cycle
+        # reads the log and commit positions), the leader's commit after the
+        # services' messages (before the consensus stream is read: the agent
+        # reads it only where the thread gave it back); the AppendPositions
+        # are decided last, on the cycle's outcome (an election, a new role).
+        work = handovers.leader_ingress.take_back(now_ns)
+        work += handovers.follower_commit.take_back(now_ns)
         if now_ns >= self._slow_tick_deadline_ns:
             self._slow_tick_deadline_ns = now_ns + self.context.slow_tick_interval_ns
             work += self._slow_tick_work(now_ns)
@@ -489,12 +445,8 @@ class ConsensusModuleAgent:
             # at the next slow tick: has_work woke this cycle for it.
             work += self.aeron.do_work(now_ns)
         work += self._poll_services()
-        if self._leader_commit_armed_for is not None:
-            work += self._take_leader_commit()
-        if self.consensus_adapter is not None and (
-            not self.is_multi_member  # (a lone member's commit thread reads no consensus stream)
-            or (self._leader_commit_armed_for is None and self._follower_commit_armed_for is None)
-        ):
+        work += handovers.leader_commit.take_back(now_ns)
+        if self.consensus_adapter is not None and self._reads_consensus_stream():
             work += self.consensus_adapter.poll()
         if self.election is not None and self.is_multi_member:
             work += self._multi_member_election_work(now_ns)
@@ -513,17 +465,14 @@ class ConsensusModuleAgent:
             work += self._leader_work(now_ns)
         elif self.is_multi_member:
             work += self._follower_work(now_ns)
-        if self._append_position_armed_for is not None:
-            if self.election is not None or self.role is not ClusterRole.FOLLOWER:
-                self._halt_append_position_sender()
-            else:
-                # The thread reports the recording: the agent need only wake
-                # for it while it holds back the log a commit let it apply,
-                # and not even then while the commit thread applies the log.
-                self._watch_own_recording(
-                    self._follower_commit_armed_for is None and self.notified_commit_position > self.append_position
-                )
-                return work
+        if handovers.append_position.keeps_reports():
+            # The thread reports the recording: the agent need only wake
+            # for it while it holds back the log a commit let it apply,
+            # and not even then while the commit thread applies the log.
+            self._watch_own_recording(
+                not handovers.follower_commit.is_armed and self.notified_commit_position > self.append_position
+            )
+            return work
         if self.role is not ClusterRole.LEADER or self.election is not None:
             self._watch_own_recording(True)  # only a steady leader (or an armed follower) leaves it off
         return work
@@ -542,56 +491,35 @@ class ConsensusModuleAgent:
         self._time_of_last_leader_message_ns = max(self._time_of_last_leader_message_ns, now_ns)
 
     def has_work(self) -> bool:
-        """A cheap check before sleeping: is a message already waiting?"""
-        image = self._log_image
-        ingress = self.ingress
+        """A cheap check before sleeping: is a message already waiting?  It
+        asks what do_work reads: a native thread that gave its step back
+        (its ring may have come while this agent was awake), and each stream
+        this agent reads itself, by the predicates its duty cycle reads them
+        by (not those a thread holds)."""
+        if self.handovers.has_news():
+            return True
         if self.from_services.is_data_available():
             return True
-        if ingress is not None:
-            if not self._leader_ingress_armed:
-                # (A leader that is not ACTIVE leaves its ingress unread: what
-                # waits there is no work until it is again.)
-                reads_ingress = self.role is not ClusterRole.LEADER or self.state is ConsensusModuleState.ACTIVE
-                if reads_ingress and ingress.is_data_available():
-                    return True
-            else:
-                # The armed thread reads the ingress, and rings when it gives back.
-                assert self._leader_ingress is not None
-                if self._leader_ingress.status() != INGRESS_RUNNING:
-                    return True
+        ingress = self.ingress
+        if ingress is not None and self._reads_ingress() and ingress.is_data_available():
+            return True
         # A follower's log image holds what is not yet committed: that is no work
         # until the commit position it was notified of moves past what it has
         # read, and the archive has recorded that far (a replay is bounded by its
         # end instead).
-        # (While the commit thread is armed it reads the log and the consensus
-        # stream, and rings when it gives them back.)
-        follower_commit_armed = self._follower_commit_armed_for is not None
+        image = self._log_image
         if (
             image is not None
-            and not follower_commit_armed
+            and self._reads_log()
             and image.is_data_available()
-            and (self.election is not None or image.position < min(self.notified_commit_position, self.append_position))
+            and (self.election is not None or image.position < self._follower_log_limit(self.append_position))
         ):
             return True
         consensus = self._consensus_subscription
-        if (
-            consensus is not None
-            and (not self.is_multi_member or (self._leader_commit_armed_for is None and not follower_commit_armed))
-            and consensus.is_data_available()
-        ):
+        if consensus is not None and self._reads_consensus_stream() and consensus.is_data_available():
             return True
         if self.aeron.conductor.has_driver_news():
             return True  # an image to add (do_work takes it at once)
-        # A native thread that gave its work back rang this module's doorbell,
-        # maybe while it was awake: that ring is not waited for.
-        if self._leader_commit_armed_for is not None or follower_commit_armed:
-            assert self._leader_commit is not None
-            if self._leader_commit.status() != LEADER_COMMIT_RUNNING:
-                return True
-        if self._append_position_armed_for is not None:
-            assert self._append_position_sender is not None
-            if self._append_position_sender.status() != APPEND_POSITION_RUNNING:
-                return True
         # The archive recorded more of the log: a follower reports it, a leader
         # (a single member too) may commit.
         # (Only while the counter is still the one found: a freed id may be reused.)
@@ -603,6 +531,34 @@ class ConsensusModuleAgent:
             and reader.counter_registration_id(counter_id) == self._recording_position_registration_id
             and reader.counter_value(counter_id) > self.append_position
         )
+
+    # What this agent reads itself (do_work and has_work alike): not what a native thread holds.
+
+    def _reads_ingress(self) -> bool:
+        """The ingress, while the ingress thread does not hold it: a
+        follower's (for its redirects), a leader's while ACTIVE (a leader that
+        is not leaves what waits there unread until it is again)."""
+        return (
+            self.ingress is not None
+            and not self.handovers.leader_ingress.is_armed
+            and (self.role is not ClusterRole.LEADER or self.state is ConsensusModuleState.ACTIVE)
+        )
+
+    def _reads_log(self) -> bool:
+        """The log image (a replay, or a follower's live log), while the
+        follower's commit thread does not hold it."""
+        return self._log_image is not None and not self.handovers.follower_commit.is_armed
+
+    def _follower_log_limit(self, append_position: int) -> int:
+        """How far a follower applies its log: what its leader says is
+        committed, as far as its own archive has recorded."""
+        return min(self.notified_commit_position, append_position)
+
+    def _reads_consensus_stream(self) -> bool:
+        """The consensus stream, while neither commit thread holds it (a
+        single member's commit thread reads none)."""
+        handovers = self.handovers
+        return not self.is_multi_member or not (handovers.leader_commit.is_armed or handovers.follower_commit.is_armed)
 
     def is_steady(self) -> bool:
         """Nothing of its own waits for a next duty cycle: no election or
@@ -828,7 +784,7 @@ class ConsensusModuleAgent:
     def _update_single_member_commit(self) -> int:
         """The armed commit thread commits what the archive records (its state
         was taken at the cycle's start); else this agent does, woken by rec-pos."""
-        if self._leader_commit_armed_for is not None or self._arm_leader_commit():
+        if self.handovers.leader_commit.arm():
             self.read_append_position()
             return 0
         self._watch_own_recording(True)
@@ -859,7 +815,7 @@ class ConsensusModuleAgent:
                 return work
             self._pending_ingress.popleft()
             work += 1
-        if self.ingress is None:
+        if self.ingress is None or not self._reads_ingress():
             return work
         return work + self.ingress.poll_session_runs(
             self._ingress_assembler.on_fragment, self._on_ingress_session_messages, 64
@@ -1289,9 +1245,7 @@ class ConsensusModuleAgent:
         elif isinstance(message, codecs.CancelTimerDecoder):
             self.timers.cancel(message.correlation_id)
         elif isinstance(message, codecs.ServiceAckDecoder):
-            self._service_acks.setdefault(message.ack_id, {})[message.service_id] = message
-            self._ack_arrivals += 1
-            self._recent_acks.append((self._ack_arrivals, message))
+            self.service_acks.on_service_ack(message)
         elif isinstance(message, codecs.CloseSessionDecoder):
             session = self.sessions.get(message.cluster_session_id)
             if session is not None and self.role is ClusterRole.LEADER:
@@ -1332,60 +1286,18 @@ class ConsensusModuleAgent:
     def log_service_session_id(self, value: int) -> None:
         self.service_messages.log_service_session_id = value
 
+    # The services' acks are the tracker's (the elections, the replay and the stops ask here).
+
     def next_ack_id(self) -> int:
-        ack_id = self._expected_ack_id
-        self._expected_ack_id += 1
-        self._ack_issued_at[ack_id] = self._ack_arrivals
-        return ack_id
+        return self.service_acks.next_ack_id()
 
     def services_acked_partially(self, ack_id: int, missing: list[int]) -> bool:
         """Whether a service other than ``missing`` has yet to acknowledge ``ack_id``."""
-        acks = self._service_acks.get(ack_id, {})
-        return any(
-            service_id not in acks and service_id not in missing for service_id in range(self.context.service_count)
-        )
+        return self.service_acks.acked_partially(ack_id, missing)
 
     def services_acked(self, ack_id: int, log_position: int | None = None) -> list[Any] | None:
         """The acks of every service for ``ack_id``, once all came."""
-        if self.is_multi_member:
-            return self._services_acked_since(ack_id, log_position)
-        acks = self._service_acks.get(ack_id, {})
-        if len(acks) < self.context.service_count:
-            return None
-        if log_position is not None:
-            for ack in acks.values():
-                if ack.log_position != log_position:
-                    raise ClusterTerminationError(
-                        f"service {ack.service_id} acknowledged position {ack.log_position}, expected {log_position}"
-                    )
-        del self._service_acks[ack_id]
-        return list(acks.values())
-
-    def _services_acked_since(self, ack_id: int, log_position: int | None) -> list[Any] | None:
-        """Several members: elections start and abandon replays and joins, so a
-        service may never acknowledge a JoinLog the module sent (its next ack then
-        carries that id) or acknowledge one the module gave up on.  What answers is
-        an ack of each service that arrived after the request and names its
-        position; the ids are not trusted."""
-        issued = self._ack_issued_at.get(ack_id)
-        if issued is None:
-            return None
-        found: dict[int, tuple[int, Any]] = {}
-        for arrival, ack in self._recent_acks:
-            if (
-                arrival > issued
-                and (log_position is None or ack.log_position == log_position)
-                and ack.service_id not in found
-            ):
-                found[ack.service_id] = (arrival, ack)
-        if len(found) < self.context.service_count:
-            return None
-        newest = max(arrival for arrival, _ in found.values())
-        while self._recent_acks and self._recent_acks[0][0] <= newest:
-            self._recent_acks.popleft()
-        del self._ack_issued_at[ack_id]
-        self._service_acks.clear()
-        return [ack for _, ack in found.values()]
+        return self.service_acks.acked(ack_id, log_position, self.is_multi_member)
 
     # ---------------------------------------------------------- log replay
 
@@ -1400,9 +1312,7 @@ class ConsensusModuleAgent:
         image = self._log_image
         if image is None:
             return 0
-        work = image.bounded_poll_session_runs(
-            self._log_assembler.on_fragment, self._on_log_session_messages, limit_position, 64
-        )
+        work = self.log_adapter.poll(image, limit_position)
         position = image.position
         if position > self.log_position:
             self.log_position = position
@@ -1413,62 +1323,53 @@ class ConsensusModuleAgent:
             work += 1
         return work
 
-    def _on_log_message(self, buffer: memoryview, offset: int, length: int, header: Header) -> None:
-        if length >= SESSION_HEADER_LENGTH:
-            block_length, template, schema, _version, _term_id, session_id, timestamp = (
-                SESSION_MESSAGE_FRAME.unpack_from(buffer, offset)
-            )
-            if (
-                template == SESSION_MESSAGE_TEMPLATE_ID
-                and schema == CLUSTER_SCHEMA_ID
-                and block_length == SESSION_MESSAGE_BLOCK_LENGTH
-            ):
-                self._on_replay_session_message(session_id)
-                return
-        try:
-            message_header = codecs.read_header(buffer, offset, length)
-            if message_header.template_id == codecs.SessionMessageHeaderEncoder.TEMPLATE_ID:
-                session_header = self._session_header.wrap_and_apply_header(buffer, offset, length)
-                self._on_replay_session_message(session_header.cluster_session_id)
-                return
-            message = codecs.decode(buffer, offset, length)
-        except CodecError as error:
-            self._error(f"malformed log message at position {header.position}: {error}")
+    # What the log says (the log adapter's calls): applied as it was appended.
+
+    def on_replay_session_message(self, cluster_session_id: int) -> None:
+        if cluster_session_id < 0:
+            # A service message: the log holds it, so the service's re-offer is not appended again.
+            self.service_messages.on_log_service_message(cluster_session_id)
             return
-        if isinstance(message, codecs.SessionOpenEventDecoder):
-            session = ClusterSession(
-                message.cluster_session_id,
-                message.response_stream_id,
-                message.response_channel,
-                message.correlation_id,
-                self._now_ns,
-            )
-            session.state = ClusterSessionState.OPEN
-            session.encoded_principal = bytes(message.encoded_principal)
-            session.opened_log_position = header.position
-            self.sessions[session.id] = session
-            self.next_session_id = max(self.next_session_id, session.id + 1)
-        elif isinstance(message, codecs.SessionCloseEventDecoder):
-            closed = self.sessions.pop(message.cluster_session_id, None)
-            if closed is not None:
-                closed.close(CloseReason(message.close_reason_raw))
-        elif isinstance(message, codecs.TimerEventDecoder):
-            self.timers.cancel(message.correlation_id)
-        elif isinstance(message, codecs.NewLeadershipTermEventDecoder):
-            self.leadership_term_id = message.leadership_term_id
-        elif isinstance(message, codecs.ClusterActionRequestDecoder):
-            action = message.action_raw
-            if action in (codecs.ClusterAction.SUSPEND, codecs.ClusterAction.RESUME):
-                self.on_replay_suspend_or_resume(action == codecs.ClusterAction.SUSPEND)
-            elif (
-                self.is_multi_member
-                and action == codecs.ClusterAction.SNAPSHOT
-                and cluster_action_flags(message) == CLUSTER_ACTION_FLAGS_DEFAULT
-            ):
-                # (A standby snapshot is not this member's to take.)
-                self._on_follower_snapshot_action(message.log_position)
-            # (one member alone: a replayed snapshot already happened)
+        session = self.sessions.get(cluster_session_id)
+        if session is not None:
+            session.time_of_last_activity(self._now_ns)
+
+    def on_replay_session_open(
+        self,
+        log_position: int,
+        correlation_id: int,
+        cluster_session_id: int,
+        response_stream_id: int,
+        response_channel: str,
+        encoded_principal: bytes,
+    ) -> None:
+        session = ClusterSession(cluster_session_id, response_stream_id, response_channel, correlation_id, self._now_ns)
+        session.state = ClusterSessionState.OPEN
+        session.encoded_principal = encoded_principal
+        session.opened_log_position = log_position
+        self.sessions[session.id] = session
+        self.next_session_id = max(self.next_session_id, session.id + 1)
         self.sessions_counter.set(len(self.sessions))
+
+    def on_replay_session_close(self, cluster_session_id: int, close_reason_raw: int) -> None:
+        closed = self.sessions.pop(cluster_session_id, None)
+        if closed is not None:
+            closed.close(CloseReason(close_reason_raw))
+        self.sessions_counter.set(len(self.sessions))
+
+    def on_replay_timer_event(self, correlation_id: int) -> None:
+        self.timers.cancel(correlation_id)
+
+    def on_replay_new_leadership_term_event(self, leadership_term_id: int) -> None:
+        self.leadership_term_id = leadership_term_id
+
+    def on_replay_cluster_action(self, log_position: int, action: int, flags: int) -> None:
+        if action in (codecs.ClusterAction.SUSPEND, codecs.ClusterAction.RESUME):
+            self.on_replay_suspend_or_resume(action == codecs.ClusterAction.SUSPEND)
+        elif self.is_multi_member and action == codecs.ClusterAction.SNAPSHOT and flags == CLUSTER_ACTION_FLAGS_DEFAULT:
+            # (A standby snapshot is not this member's to take.)
+            self._on_follower_snapshot_action(log_position)
+        # (one member alone: a replayed snapshot already happened)
 
     def on_replay_suspend_or_resume(self, suspend: bool) -> None:
         """Seed 004 (Aeron's onReplayClusterAction): a follower applying the
@@ -1479,21 +1380,6 @@ class ConsensusModuleAgent:
         self.running_state = ConsensusModuleState.SUSPENDED if suspend else ConsensusModuleState.ACTIVE
         if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
             self._set_state(self.running_state)
-
-    def _on_log_session_messages(self, messages: SessionMessages) -> None:
-        """A run of client (and service) messages in the log, found without a
-        call per message: of each the module needs only its session id."""
-        for session_id in set(messages.session_ids):
-            self._on_replay_session_message(session_id)
-
-    def _on_replay_session_message(self, cluster_session_id: int) -> None:
-        if cluster_session_id < 0:
-            # A service message: the log holds it, so the service's re-offer is not appended again.
-            self.service_messages.on_log_service_message(cluster_session_id)
-            return
-        session = self.sessions.get(cluster_session_id)
-        if session is not None:
-            session.time_of_last_activity(self._now_ns)
 
     # ------------------------------------------------------------ leadership
 
@@ -1684,8 +1570,6 @@ class ConsensusModuleAgent:
 
     def _dead_services(self) -> list[int]:
         """Services whose container process is gone (its mark file stale or its pid dead)."""
-        from fulmar.consensus.mark_file import read_liveness, service_mark_file_name
-
         dead = []
         now_ms = self.epoch_ms()
         for service_id in range(self.context.service_count):
@@ -1714,7 +1598,7 @@ class ConsensusModuleAgent:
                         if self.state is ConsensusModuleState.SNAPSHOT
                         else self._termination_ack_id
                     )
-                    acked = self._service_acks.get(ack_id, {})
+                    acked = self.service_acks.received(ack_id)
                     dead = [service_id for service_id in dead if service_id not in acked]
                 if dead and self.state is ConsensusModuleState.SNAPSHOT:
                     raise ClusterTerminationError(f"service(s) {dead} died during the snapshot: stopping")
@@ -1759,11 +1643,9 @@ class ConsensusModuleAgent:
         return StopCause.CLUSTER_SHUTDOWN
 
     def _complete_snapshot(self, service_acks: list[Any]) -> None:
-        from fulmar.consensus.snapshot import take_consensus_module_snapshot
-
         position = self._snapshot_log_position
         try:
-            recording_id = take_consensus_module_snapshot(self, position)
+            recording_id = snapshot.take_consensus_module_snapshot(self, position)
         except FulmarError as error:
             # No snapshot this time (the services' are left unreferenced):
             # say so and carry on as before rather than stay in SNAPSHOT.
@@ -1803,8 +1685,6 @@ class ConsensusModuleAgent:
     def _apply_log_retention(self) -> None:
         """Keep the newest snapshot sets, purge the rest and the log before them
         (a few requests to the node's own archive, after a snapshot only)."""
-        from fulmar.consensus.log_retention import apply_retention, plan_retention
-
         log = self.recording_log
         try:
             plan = plan_retention(
@@ -1917,10 +1797,11 @@ class ConsensusModuleAgent:
         base = ChannelUri.parse(context.consensus_channel)
         me = find_member(self.members, self.member_id)
         channel = base.with_param("endpoint", me.consensus_endpoint)
-        if (context.native_commit or context.native_follower_commit) and self._start_commit_thread():
-            assert self._leader_commit is not None
+        commit = self.handovers.leader_commit
+        if (context.native_commit or context.native_follower_commit) and commit.start():
+            assert commit.thread is not None
             # What lands rings the thread; it passes the ring on while not armed.
-            channel = channel.with_param("doorbell-id", str(self._leader_commit.doorbell_id))
+            channel = channel.with_param("doorbell-id", str(commit.thread.doorbell_id))
         self._consensus_subscription = self.aeron.add_subscription(
             str(channel),
             context.consensus_stream_id,
@@ -1985,13 +1866,6 @@ class ConsensusModuleAgent:
         image = subscription.image_by_session_id(header.session_id)
         return image.source_identity if image is not None else None
 
-    def _say_armed(self, thread: str, key: tuple[int, ...]) -> None:
-        if self._armings_said.get(thread) == key:
-            return
-        self._armings_said[thread] = key
-        trailers = "member trailers signed and checked" if self._member_auth is not None else "no member trailers"
-        self.log_event(f"{thread} armed for term {self.leadership_term_id} ({trailers})")
-
     def _on_consensus_refused(self, reason: str, source: str | None) -> None:
         """A consensus message no member sent: counted, one distinct entry per
         kind in the error log (a stranger cannot fill it), and a line in the
@@ -2053,22 +1927,11 @@ class ConsensusModuleAgent:
             graceful_closed_leader_id=graceful_closed_leader_id,
         )
 
-    def _start_commit_thread(self) -> bool:
-        try:
-            self._leader_commit = CommitThread(self.aeron, self._watches().doorbell_id)
-        except (OSError, FulmarError) as error:
-            self._error(f"the commit thread: {error}; this module commits itself")
-            return False
-        return True
-
     def start_election(self, reason: str, graceful_closed_leader_id: int = NULL_MEMBER_ID) -> None:
         """A new election.  ``graceful_closed_leader_id``: the leader whose log
         ended in order (its end of stream): the election does not wait for it
         (Aeron's gracefulClosedLeaderId)."""
-        self._halt_append_position_sender()
-        self._halt_leader_commit()
-        self.halt_follower_commit()
-        self.take_leader_ingress()
+        self.handovers.halt()
         self.log_event(
             f"election: {reason} (term {self.leadership_term_id}, "
             f"{'leader' if self.role is ClusterRole.LEADER else 'follower'})"
@@ -2167,7 +2030,7 @@ class ConsensusModuleAgent:
         notified one."""
         if not self.host.is_log_joined:
             return 0
-        return self.poll_log(min(self.notified_commit_position, append_position))
+        return self.poll_log(self._follower_log_limit(append_position))
 
     def _update_quorum_commit_position(self, now_ns: int) -> int:
         """Seed 000: the commit position is the highest position a quorum of members
@@ -2177,8 +2040,13 @@ class ConsensusModuleAgent:
         apply the log up to commit-pos, and a member must hold on disk what it
         applied: two followers whose archives run ahead of a slow leader archive
         make a quorum without it, which the seed's words alone would commit."""
-        if self._leader_commit_armed_for is not None or self._arm_leader_commit():
-            work = self._commit_by_thread(now_ns)
+        if self.handovers.leader_commit.arm():
+            # The armed thread commits (its state was taken at the cycle's
+            # start); the agent shows the followers' positions and asks for
+            # the CommitPosition heartbeat when it is due.
+            self._show_follower_positions()
+            self.handovers.leader_commit.heartbeat(now_ns)
+            work = 0
         else:
             work = self._commit_by_agent(now_ns)
         work += self._check_catchups()
@@ -2230,130 +2098,11 @@ class ConsensusModuleAgent:
             work += 1
         return work
 
-    # ----------------------------------------------------- the commit thread
-
-    def _arm_leader_commit(self) -> bool:
-        """Hand the followers' reports and the commit to the native thread,
-        once this member is a steady, active leader and its log recording's
-        rec-pos counter is known; True when armed."""
-        thread = self._leader_commit
-        if (
-            thread is None
-            or not self.context.native_commit
-            or self.state is not ConsensusModuleState.ACTIVE
-            or self.election is not None
-        ):
-            return False
-        counter_id = self._recording_position_counter()
-        if counter_id == NULL_VALUE:
-            return False
-        key = (counter_id, self._recording_position_registration_id, self.leadership_term_id)
-        if key == self._leader_commit_refused_for:
-            return False
-        followers = []
-        for member_id, follower in self._followers.items():
-            publication = self._consensus_publications.get(member_id)
-            if publication is None:
-                return False
-            followers.append(
-                ArmedFollower(member_id, publication, follower.log_position, follower.time_of_last_append_position_ns)
-            )
-        try:
-            thread.arm(
-                # (A single member has no followers on its consensus stream,
-                # and no term rule: all it records is committed.)
-                self._consensus_subscription.images
-                if self.is_multi_member and self._consensus_subscription is not None
-                else (),
-                followers,
-                leadership_term_id=self.leadership_term_id,
-                leader_member_id=self.member_id,
-                term_base_log_position=self.term_base_log_position if self.is_multi_member else NULL_POSITION,
-                commit_position=self.commit_position,
-                sent_position=self._last_commit_position_sent,
-                sent_time_ns=self._time_of_last_commit_position_sent_ns,
-                recording_position_id=counter_id,
-                recording_position_registration_id=self._recording_position_registration_id,
-                commit_position_id=self.commit_position_counter.id,
-                auth=self._member_auth,
-            )
-        except ValueError as error:
-            self._error(f"{error}; this module commits itself this term")
-            self._leader_commit_refused_for = key
-            return False
-        self._leader_commit_armed_for = key
-        self._say_armed("the leader's commit thread", key)
-        # The thread's doorbell watches rec-pos when the leader's recording
-        # holds the commit; the agent has nothing to do for it.
-        self._watch_own_recording(False)
-        return True
-
-    def _commit_by_thread(self, now_ns: int) -> int:
-        """The armed thread commits (its state was taken at the cycle's
-        start); the agent shows the followers' positions and asks for the
-        CommitPosition heartbeat when it is due."""
-        self._show_follower_positions()
-        if now_ns >= self._time_of_last_commit_position_sent_ns + self.context.leader_heartbeat_interval_ns:
-            assert self._leader_commit is not None
-            self._leader_commit.send_now(now_ns)
-        return 0
-
-    def _take_leader_commit(self) -> int:
-        """At a cycle's start: take in what the armed thread did, and halt it
-        when it gave the stream back or this member is no longer a steady,
-        active leader (the agent then reads the stream itself)."""
-        thread = self._leader_commit
-        assert thread is not None
-        state = thread.state()
-        if (
-            state.status == LEADER_COMMIT_RUNNING
-            and self.election is None
-            and self.role is ClusterRole.LEADER
-            and self.state is ConsensusModuleState.ACTIVE
-        ):
-            self._take_commit_state(state, thread.follower_ids)
-            return 0  # (the thread's work: the agent has no more of it to do now)
-        if state.status != LEADER_COMMIT_RUNNING:
-            reason = LEADER_COMMIT_REASONS.get(state.reason, f"reason {state.reason}")
-            if state.reason != LEADER_COMMIT_OTHER_MESSAGE:
-                counts = thread.counts()
-                self._error(
-                    f"the commit thread gave back: {reason} (last refusal {counts['last_failure']}, "
-                    f"{counts['commits']} commits); this module commits itself this term"
-                )
-                self._leader_commit_refused_for = self._leader_commit_armed_for
-        self._halt_leader_commit()
-        return 1
-
-    def _take_commit_state(self, state: CommitState, follower_ids: tuple[int, ...]) -> None:
-        for member_id, position, time_ns in zip(follower_ids, state.follower_positions, state.follower_times_ns):
-            follower = self._followers.get(member_id)
-            if follower is not None:
-                follower.log_position = max(follower.log_position, position)
-                follower.time_of_last_append_position_ns = max(follower.time_of_last_append_position_ns, time_ns)
-        self._last_commit_position_sent = state.sent_position
-        self._time_of_last_commit_position_sent_ns = state.sent_time_ns
-        if state.commit_position > self.commit_position:
-            self.commit_position = state.commit_position
-            self._sweep_uncommitted(state.commit_position)
-
-    def _halt_leader_commit(self) -> None:
-        """The agent reads the consensus stream and commits again from here,
-        from where the thread left both."""
-        thread = self._leader_commit
-        if thread is None or self._leader_commit_armed_for is None:
-            return
-        follower_ids = thread.follower_ids
-        state = thread.halt()
-        self._leader_commit_armed_for = None
-        if state is not None:
-            self._take_commit_state(state, follower_ids)
-
     def _on_consensus_image_change(self, image: Image) -> None:
         """A member's publication came or went: the thread reads only the
         images it was armed with (and one that goes is unmapped later)."""
-        self._halt_leader_commit()
-        self.halt_follower_commit()
+        self.handovers.leader_commit.halt()
+        self.handovers.follower_commit.halt()
 
     def _sweep_uncommitted(self, commit: int) -> None:
         for queue in (
@@ -2370,14 +2119,11 @@ class ConsensusModuleAgent:
         its position.  The module's state is taken now (it has applied exactly up
         to the action); the recording log gets the entries once every service has
         acknowledged its own (their acks are counted on every member alike)."""
-        from fulmar.consensus.snapshot import take_consensus_module_snapshot
-
-        ack_id = self.next_ack_id()
         # The services apply the log on their own: one may have acknowledged its
         # snapshot already.  The position tells this snapshot's acks apart.
-        self._ack_issued_at[ack_id] = 0
+        ack_id = self.service_acks.next_ack_id(any_arrival=True)
         try:
-            recording_id = take_consensus_module_snapshot(self, log_position)
+            recording_id = snapshot.take_consensus_module_snapshot(self, log_position)
         except FulmarError as error:
             self._error(f"snapshot at log position {log_position} failed: {type(error).__name__}: {error}")
             recording_id = NULL_VALUE
@@ -2421,7 +2167,7 @@ class ConsensusModuleAgent:
         append_position = self.read_append_position()
         work = self._send_append_position(now_ns, append_position)
         # (The armed commit thread applies the log; its state was taken at the cycle's start.)
-        applied = self._apply_follower_log(append_position) if self._follower_commit_armed_for is None else 0
+        applied = self._apply_follower_log(append_position) if self._reads_log() else 0
         image = self._log_image
         if (
             image is not None
@@ -2453,8 +2199,7 @@ class ConsensusModuleAgent:
         if now_ns - self._time_of_last_leader_message_ns >= self.context.leader_heartbeat_timeout_ns:
             self.start_election("leader heartbeat timeout")
             return work + 1
-        if self._follower_commit_armed_for is None:
-            self._arm_follower_commit()
+        self.handovers.follower_commit.arm()
         return work
 
     @staticmethod
@@ -2464,112 +2209,14 @@ class ConsensusModuleAgent:
         (Aeron's isLogEndOfStreamAt the recording's stop)."""
         return append_position >= image.log.end_of_stream_position
 
-    # ------------------------------------------------- a follower's commit thread
-
-    def _arm_follower_commit(self) -> bool:
-        """Hand the leader's CommitPositions and the log's client messages to
-        the commit thread, once this member is a steady, active follower of a
-        joined log whose rec-pos counter is known; True when armed."""
-        thread = self._leader_commit
-        image = self._log_image
-        if (
-            thread is None
-            or not self.context.native_follower_commit
-            or self.state is not ConsensusModuleState.ACTIVE
-            or self.election is not None
-            or self.role is not ClusterRole.FOLLOWER
-            or image is None
-            or image.is_closed
-            or not self.host.is_log_joined
-        ):
-            return False
-        counter_id = self._recording_position_counter()
-        if counter_id == NULL_VALUE:
-            return False
-        key = (counter_id, self._recording_position_registration_id, self.leadership_term_id)
-        if key == self._follower_commit_refused_for:
-            return False
-        try:
-            assert self._consensus_subscription is not None  # (a follower is one of several)
-            thread.arm_follower(
-                self._consensus_subscription.images,
-                image,
-                leadership_term_id=self.leadership_term_id,
-                leader_member_id=self.leader_member_id,
-                notified_commit_position=self.notified_commit_position,
-                commit_position=self.commit_position,
-                leader_time_ns=self._time_of_last_leader_message_ns,
-                recording_position_id=counter_id,
-                recording_position_registration_id=self._recording_position_registration_id,
-                commit_position_id=self.commit_position_counter.id,
-                auth=self._member_auth,
-            )
-        except ValueError as error:
-            self._error(f"{error}; this module applies the log itself this term")
-            self._follower_commit_refused_for = key
-            return False
-        self._follower_commit_armed_for = key
-        self._say_armed("the follower's commit thread", key)
-        # The thread's doorbell watches rec-pos while a commit waits on it.
-        self._watch_own_recording(False)
-        return True
-
-    def _take_follower_commit(self) -> int:
-        """At a cycle's start: take in what the armed thread did, and halt it
-        when it gave the log or the consensus stream back, or this member is
-        no longer a steady, active follower of that log (the agent then reads
-        both itself)."""
-        thread = self._leader_commit
-        assert thread is not None
-        state = thread.follower_state()
-        if (
-            state.status == LEADER_COMMIT_RUNNING
-            and self.election is None
-            and self.role is ClusterRole.FOLLOWER
-            and self.state is ConsensusModuleState.ACTIVE
-            and self._log_image is thread.log_image
-        ):
-            self._take_follower_commit_state(state)
-            return 0
-        if state.status != LEADER_COMMIT_RUNNING and state.reason not in (
-            LEADER_COMMIT_OTHER_MESSAGE,
-            COMMIT_LOG_MESSAGE,
-        ):
-            reason = LEADER_COMMIT_REASONS.get(state.reason, f"reason {state.reason}")
-            self._error(f"the commit thread gave back: {reason}; this module applies the log itself this term")
-            self._follower_commit_refused_for = self._follower_commit_armed_for
-        self.halt_follower_commit()
-        return 1
-
-    def _take_follower_commit_state(self, state: FollowerCommitState) -> None:
-        if state.notified_commit_position > self.notified_commit_position:
-            self.notified_commit_position = state.notified_commit_position
-        if state.leader_time_ns > self._time_of_last_leader_message_ns:
-            self._time_of_last_leader_message_ns = state.leader_time_ns
-            self.time_of_last_leader_update_ns = max(self.time_of_last_leader_update_ns, state.leader_time_ns)
-        if state.log_position > self.log_position:
-            self.log_position = state.log_position
-        if state.commit_position > self.commit_position:
-            self.commit_position = state.commit_position  # (commit-pos holds it: the thread stored it)
-
-    def halt_follower_commit(self) -> None:
-        """The agent reads the log and the consensus stream again from here,
-        from where the thread left them: before an election, before the log
-        closes, on a new or lost consensus image."""
-        thread = self._leader_commit
-        if thread is None or self._follower_commit_armed_for is None:
-            return
-        state = thread.halt_follower()
-        self._follower_commit_armed_for = None
-        if state is not None:
-            self._take_follower_commit_state(state)
-
     def _send_append_position(self, now_ns: int, position: int) -> int:
         """AppendPosition to the leader when the recorded position moved, or a
         heartbeat interval after the last; 1 if sent.  Once armed, the native
         thread sends them and the agent only asks it for the heartbeat."""
-        if self._append_position_armed_for is not None or self._arm_append_position_sender():
-            if self._append_position_by_thread(now_ns):
+        handover = self.handovers.append_position
+        if handover.arm():
+            handover.take_back(now_ns)
+            if handover.is_armed:
                 return 0
         if (
             position == self._last_append_position_sent
@@ -2587,78 +2234,6 @@ class ConsensusModuleAgent:
         self._last_append_position_sent = position
         self._time_of_last_append_position_sent_ns = now_ns
         return 1
-
-    def _arm_append_position_sender(self) -> bool:
-        """Hand the follower's reports to the native thread, once the rec-pos
-        counter of the log recording is known; True when armed."""
-        if not self.context.native_append_position or self.state not in (
-            ConsensusModuleState.ACTIVE,
-            ConsensusModuleState.SUSPENDED,
-        ):
-            return False
-        counter_id = self._recording_position_counter()
-        publication = self._consensus_publications.get(self.leader_member_id)
-        if counter_id == NULL_VALUE or publication is None:
-            return False
-        key = (counter_id, self._recording_position_registration_id, self.leadership_term_id, self.leader_member_id)
-        if key == self._append_position_refused_for:
-            return False
-        sender = self._append_position_sender
-        if sender is None:
-            try:
-                sender = self._append_position_sender = AppendPositionSender(
-                    self.aeron, self._watches().doorbell_id, APPEND_POSITION_RETRY_WAIT_NS
-                )
-            except (OSError, FulmarError) as error:
-                self._error(f"the AppendPosition thread: {error}; this module sends them itself")
-                self._append_position_refused_for = key
-                return False
-        if not sender.arm(
-            publication,
-            counter_id,
-            self._recording_position_registration_id,
-            leadership_term_id=self.leadership_term_id,
-            follower_member_id=self.member_id,
-            sent_position=self._last_append_position_sent,
-            sent_time_ns=self._time_of_last_append_position_sent_ns,
-            auth=self._member_auth,
-            leader_member_id=self.leader_member_id,
-        ):
-            self._print_error(
-                f"rec-pos counter {counter_id} has no free watcher slot: this module sends the AppendPositions itself"
-            )
-            self._append_position_refused_for = key
-            return False
-        self._append_position_armed_for = key
-        self._say_armed("the AppendPosition thread", key)
-        return True
-
-    def _append_position_by_thread(self, now_ns: int) -> bool:
-        """What the armed thread sent, and the heartbeat asked of it when due;
-        False (and halted) when the thread gave the reports back to the agent."""
-        sender = self._append_position_sender
-        assert sender is not None
-        status, sent_position, sent_time_ns = sender.state()
-        if status != APPEND_POSITION_RUNNING:
-            sent, refused, failure = sender.counts()
-            self._error(
-                f"the AppendPosition thread stopped (rec-pos counter {self._recording_position_counter_id} "
-                f"gone, or the publication to leader {self.leader_member_id} closed: last refusal {failure}, "
-                f"{sent} sent, {refused} refused); this module sends them itself"
-            )
-            self._append_position_refused_for = self._append_position_armed_for
-            self._halt_append_position_sender()
-            return False
-        # A forced report (time 0: the leader's election waits on one) or a heartbeat.
-        due = self._time_of_last_append_position_sent_ns == 0 or (
-            now_ns >= sent_time_ns + self.context.leader_heartbeat_interval_ns
-        )
-        if sent_position != NULL_POSITION:
-            self._last_append_position_sent = sent_position
-            self._time_of_last_append_position_sent_ns = sent_time_ns
-        if due:
-            sender.send_now(now_ns)
-        return True
 
     def quiet_log_doorbell_id(self) -> int | None:
         """The doorbell a follower's log subscription rings instead of this
@@ -2678,16 +2253,10 @@ class ConsensusModuleAgent:
             )
         return self._quiet_log_doorbell.id
 
-    def _halt_append_position_sender(self) -> None:
-        """The agent reports again from here (an election, a new term or leader)."""
-        if self._append_position_sender is not None:
-            self._append_position_sender.halt()
-        self._append_position_armed_for = None
-
     def _poll_ingress_as_follower(self) -> int:
         """Followers answer connect requests with a REDIRECT to the leader; session
         messages sent here are not for them (the client learns of the leader)."""
-        if self.ingress is None:
+        if self.ingress is None or not self._reads_ingress():
             return 0
         return int(self.ingress.poll(self._ingress_assembler.on_fragment, 16))
 
@@ -2702,7 +2271,7 @@ class ConsensusModuleAgent:
         in progress are dropped: a redirect would name a leader that may be gone,
         and a session not yet open has nothing in the log.  Rejections are final
         whoever leads, so they are still sent."""
-        self.take_leader_ingress()
+        self.handovers.leader_ingress.halt()
         if self.ingress is not None:
             self.ingress.close()
             self.ingress = None
@@ -2734,88 +2303,27 @@ class ConsensusModuleAgent:
         """The ingress channel, naming the ingress thread's doorbell when there
         is one (started here the first time)."""
         channel = self.context.ingress_channel
-        if self.context.native_ingress and self.epoch_ms is clock.epoch_ms:
-            if self._leader_ingress is None:
-                try:
-                    self._leader_ingress = LeaderIngressThread(self.aeron, self._watches().doorbell_id)
-                except (OSError, FulmarError) as error:
-                    self._error(f"the ingress thread: {error}; this module appends the ingress itself")
-            if self._leader_ingress is not None:
-                # What lands rings the thread; it passes the ring on while not armed.
-                channel = str(
-                    ChannelUri.parse(channel).with_param("doorbell-id", str(self._leader_ingress.doorbell_id))
-                )
+        doorbell_id = self.handovers.leader_ingress.doorbell_id()
+        if doorbell_id is not None:
+            # What lands rings the thread; it passes the ring on while not armed.
+            channel = str(ChannelUri.parse(channel).with_param("doorbell-id", str(doorbell_id)))
         return channel
 
     def arm_leader_ingress(self) -> None:
-        """Before this agent sleeps: hand the ingress to the native thread if
-        this member is a steady, active leader with nothing of the ingress
-        left over (back-pressured messages wait in this agent, in order).
-        The thread appends the open sessions' messages until the next cycle
-        takes the ingress back (``take_leader_ingress``)."""
-        thread = self._leader_ingress
-        ingress = self.ingress
-        publication = self.log_publisher.publication
-        if (
-            thread is None
-            or self._leader_ingress_armed
-            or ingress is None
-            or publication is None
-            or self._pending_ingress
-            or self.role is not ClusterRole.LEADER
-            or self.election is not None
-            or self.state is not ConsensusModuleState.ACTIVE
-            or self.leadership_term_id == self._leader_ingress_refused_for
-        ):
-            return
-        # (Every open session each time: a cycle may have opened or closed any.)
-        open_ids = [session.id for session in self.sessions.values() if session.state is ClusterSessionState.OPEN]
-        try:
-            thread.arm(
-                ingress.images,
-                open_ids,
-                publication,
-                leadership_term_id=self.leadership_term_id,
-                invalid_requests_id=self.invalid_requests_counter.id,
-            )
-        except ValueError as error:
-            self._error(f"{error}; this module appends the ingress itself this term")
-            self._leader_ingress_refused_for = self.leadership_term_id
-            return
-        self._leader_ingress_armed = True
+        """Before this agent sleeps: the ingress to the native thread, if this
+        member is a steady, active leader with nothing of the ingress left
+        over, until the next cycle takes it back (``take_leader_ingress``)."""
+        self.handovers.leader_ingress.arm()
 
     def take_leader_ingress(self) -> int:
-        """Halt the armed thread and take back what it did: the images'
-        positions, the sessions' activity.  A thread that gave back for a
-        message it does not take leaves it unread for this cycle's poll.
-        Before anything of this agent reads the ingress or appends to the log
+        """What the armed ingress thread did, the ingress the agent's again:
+        before anything of this agent reads the ingress or appends to the log
         (the duty cycle, a stop request); nothing to do when not armed."""
-        thread = self._leader_ingress
-        if thread is None or not self._leader_ingress_armed:
-            return 0
-        session_ids = thread.session_ids
-        state = thread.halt()
-        self._leader_ingress_armed = False
-        if state is None:
-            return 0
-        sessions = self.sessions
-        for session_id, activity_ns in zip(session_ids, state.activity_ns):
-            session = sessions.get(session_id)
-            if activity_ns and session is not None and activity_ns > session.time_of_last_activity_ns:
-                session.time_of_last_activity(activity_ns)
-        if state.status == INGRESS_RUNNING:
-            return 0
-        if state.reason not in (INGRESS_OTHER_MESSAGE, INGRESS_BACK_PRESSURE):
-            # A frame the agent's own poll may not get past either: the agent
-            # reads the ingress itself for the rest of the term (no hand-back loop).
-            reason = INGRESS_REASONS.get(state.reason, f"reason {state.reason}")
-            counts = thread.counts()
-            self._error(
-                f"the ingress thread gave back: {reason} (last refusal {counts['last_failure']}, "
-                f"{counts['messages']} messages); this module appends the ingress itself this term"
-            )
-            self._leader_ingress_refused_for = self.leadership_term_id
-        return 1
+        return self.handovers.leader_ingress.take_back(self._now_ns)
+
+    def halt_follower_commit(self) -> None:
+        """The log and the consensus stream the agent's again (before the log closes)."""
+        self.handovers.follower_commit.halt()
 
     # -- the leader's log ---------------------------------------------------------------------
 
@@ -2856,7 +2364,7 @@ class ConsensusModuleAgent:
         services follow it; nothing is appended before they do.
 
         The term is the election's again: LEADER_REPLAY ran the old terms'
-        NewLeadershipTermEvents through ``_on_log_message``, which left the
+        NewLeadershipTermEvents through the log adapter, which left the
         last replayed term here, and the event this leader appends next (and
         every message of the term) carries this field (Aeron's joinLogAsLeader)."""
         self.set_leadership_term_id(leadership_term_id)
@@ -3346,19 +2854,7 @@ class ConsensusModuleAgent:
     report_error = _error
 
     def close(self) -> None:
-        if self._append_position_sender is not None:
-            self._append_position_sender.close()
-            self._append_position_sender = None
-            self._append_position_armed_for = None
-        if self._leader_commit is not None:
-            self._halt_leader_commit()
-            self.halt_follower_commit()
-            self._leader_commit.close()
-            self._leader_commit = None
-        if self._leader_ingress is not None:
-            self.take_leader_ingress()
-            self._leader_ingress.close()
-            self._leader_ingress = None
+        self.handovers.close()
         for session in (
             list(self.sessions.values())
             + self.pending_sessions

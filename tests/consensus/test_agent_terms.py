@@ -46,7 +46,7 @@ def replay_new_leadership_term_event(agent: Any, leadership_term_id: int, positi
         log_session_id=5,
         app_version=0,
     )
-    agent._on_log_message(memoryview(buffer), 0, length, SimpleNamespace(position=position))
+    agent.log_adapter.on_message(memoryview(buffer), 0, length, SimpleNamespace(position=position))
 
 
 def test_a_leader_appends_its_own_term_after_replaying_an_older_ones_event() -> None:

@@ -103,9 +103,9 @@ def test_the_follower_module_reads_the_log_before_commit_pos_moves(follower: Any
 
     def spy(message: memoryview, offset: int, length: int, header: Header) -> None:
         commit_when_applied.append((agent.commit_position_counter.get(), header.position))
-        agent._on_log_message(message, offset, length, header)
+        agent.log_adapter.on_message(message, offset, length, header)
 
-    agent._log_assembler = FragmentAssembler(spy)
+    agent.log_adapter.assembler = FragmentAssembler(spy)
     agent.host.is_log_joined = True
     agent.on_log_image(image)
     agent.notify_commit_position(end)  # the leader's CommitPosition
@@ -235,7 +235,7 @@ def test_a_steady_follower_hands_its_reports_to_the_native_thread(follower: Any)
     agent._time_of_last_leader_message_ns = now_ns
     wait_for(lambda: agent._consensus_publications[0].is_connected, 10, "the publication to the leader")
     agent.do_work(now_ns)
-    sender = agent._append_position_sender
+    sender = agent.handovers.append_position.thread
     assert sender is not None and sender.is_armed
     assert reported(1) == [(3, 0, 1)]
     # The archive records; the agent does nothing, the thread reports.
@@ -316,7 +316,7 @@ def test_a_steady_follower_commits_from_the_native_thread(follower: Any) -> None
     agent._slow_tick_deadline_ns = now_ns + 3_600_000_000_000  # (no archive here to tick)
     agent._time_of_last_leader_message_ns = now_ns
     agent.do_work(now_ns)
-    thread = agent._leader_commit
+    thread = agent.handovers.leader_commit.thread
     assert thread is not None and thread.is_armed_as_follower and thread.log_image is image
     reader = aeron.counters_reader
     commit_pos = agent.commit_position_counter.id
@@ -376,7 +376,7 @@ def test_without_the_follower_commit_thread_the_module_applies_the_log(start_dri
         agent._slow_tick_deadline_ns = now_ns + 3_600_000_000_000
         agent._time_of_last_leader_message_ns = now_ns
         agent.do_work(now_ns)
-        assert agent._leader_commit is not None and not agent._leader_commit.is_armed
+        assert agent.handovers.leader_commit.thread is not None and not agent.handovers.leader_commit.thread.is_armed
         assert agent.commit_position == positions[1]  # applied by the agent
     finally:
         agent.close()

@@ -240,7 +240,7 @@ def test_with_a_secret_the_module_keeps_its_native_threads_and_one_auth_context(
         assert agent.consensus_publisher is not None and agent.consensus_publisher.signer.auth is auth
         guard = agent.consensus_adapter.guard
         assert guard is not None and guard.verifier is not None and guard.verifier.auth is auth
-        assert agent._leader_commit is not None  # started with the consensus streams
+        assert agent.handovers.leader_commit.thread is not None  # started with the consensus streams
     finally:
         agent.close()
         aeron.close()

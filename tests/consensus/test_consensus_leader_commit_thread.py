@@ -134,7 +134,7 @@ def test_a_steady_leader_commits_from_the_native_thread(leader: Any) -> None:
     commit_pos = agent.commit_position_counter.id
     reader = aeron.counters_reader
     agent.do_work(now_ns)
-    thread = agent._leader_commit
+    thread = agent.handovers.leader_commit.thread
     assert thread is not None and thread.is_armed
     assert thread.follower_ids == (0, 2)
     assert followers.commit_positions(0, 1) == [0]  # the first commit position, from the thread
@@ -214,13 +214,15 @@ def test_without_the_thread_the_module_commits_itself(start_driver: Any, tmp_pat
             now_ns = time.monotonic_ns()
             make_leader(agent, aeron, now_ns)
             agent.do_work(now_ns)
-            assert agent._leader_commit is not None and not agent._leader_commit.is_armed
-            assert agent._leader_commit_armed_for is None
+            assert (
+                agent.handovers.leader_commit.thread is not None and not agent.handovers.leader_commit.thread.is_armed
+            )
+            assert not agent.handovers.leader_commit.is_armed
         finally:
             agent.close()
         agent = bare_member_agent(aeron, tmp_path / "neither", native_commit=False, native_follower_commit=False)
         try:
-            assert agent._leader_commit is None
+            assert agent.handovers.leader_commit.thread is None
             assert "doorbell-id" not in ChannelUri.parse(agent._consensus_subscription.channel).params
         finally:
             agent.close()
@@ -248,7 +250,7 @@ def test_with_a_secret_the_native_thread_commits_signed_reports_and_hands_forger
         key = derive_key(SECRET)
         member0 = MemberAuth(0, key, [0, 1, 2], 10_000)
         agent.do_work(now_ns)
-        thread = agent._leader_commit
+        thread = agent.handovers.leader_commit.thread
         assert thread is not None and thread.is_armed, "the commit thread is off with a secret"
 
         def report(auth: MemberAuth, position: int) -> None:
@@ -271,7 +273,7 @@ def test_with_a_secret_the_native_thread_commits_signed_reports_and_hands_forger
         at_member0: list[bytes] = []
         subscription = aeron.add_subscription(followers.at_follower[0].channel, agent.context.consensus_stream_id)
         wait_for(lambda: subscription.images, 10, "a second subscription at member 0")
-        agent._leader_commit.send_now()
+        agent.handovers.leader_commit.thread.send_now()  # type: ignore[union-attr]
         wait_for(
             lambda: (
                 subscription.poll(lambda b, o, n, h: at_member0.append(bytes(b[o : o + n])), 10) >= 0

@@ -129,11 +129,11 @@ def leader(start_driver: Any, tmp_path: Path) -> Iterator[Leader]:
 
 def test_a_sleeping_leaders_ingress_goes_to_the_log_from_the_native_thread(leader: Leader) -> None:
     agent = leader.agent
-    thread = agent._leader_ingress
+    thread = agent.handovers.leader_ingress.thread
     assert thread is not None
     assert ChannelUri.parse(agent.ingress.channel).get("doorbell-id") == str(thread.doorbell_id)  # type: ignore[union-attr]
     agent.arm_leader_ingress()  # as the module goes to sleep
-    assert agent._leader_ingress_armed and thread.session_ids == (SESSION,)
+    assert agent.handovers.leader_ingress.is_armed and thread.session_ids == (SESSION,)
     assert not agent.has_work()  # the ingress is the thread's: nothing wakes the agent for it
 
     before_ms = time.time_ns() // 1_000_000
@@ -146,7 +146,7 @@ def test_a_sleeping_leaders_ingress_goes_to_the_log_from_the_native_thread(leade
 
     # The agent's next cycle takes the ingress back, with what the thread did.
     agent.do_work(leader.now_ns)
-    assert not agent._leader_ingress_armed and thread.status() != RUNNING
+    assert not agent.handovers.leader_ingress.is_armed and thread.status() != RUNNING
     assert leader.session.time_of_last_activity_ns > activity_before
     image = agent.ingress.images[0]
     assert image.position == agent.aeron.counters_reader.counter_value(image.subscriber_position_id) > 0
@@ -154,7 +154,7 @@ def test_a_sleeping_leaders_ingress_goes_to_the_log_from_the_native_thread(leade
 
 def test_a_message_the_thread_does_not_take_is_the_agents_in_its_next_cycle(leader: Leader) -> None:
     agent = leader.agent
-    thread = agent._leader_ingress
+    thread = agent.handovers.leader_ingress.thread
     assert thread is not None
     agent.arm_leader_ingress()
     invalid_before = agent.invalid_requests_counter.get()
@@ -171,27 +171,27 @@ def test_a_message_the_thread_does_not_take_is_the_agents_in_its_next_cycle(lead
     assert agent.invalid_requests_counter.get() == invalid_before + 1  # a message of a closed session
     assert [template for template, _, _ in leader.read_log(1)] == [codecs.SessionCloseEventEncoder.TEMPLATE_ID]
     agent.arm_leader_ingress()
-    assert agent._leader_ingress_armed and thread.session_ids == ()
+    assert agent.handovers.leader_ingress.is_armed and thread.session_ids == ()
 
 
 def test_the_thread_is_armed_only_for_a_steady_leader_with_nothing_left_over(leader: Leader) -> None:
     agent = leader.agent
     agent._pending_ingress.append(session_message(b"back-pressured before"))
     agent.arm_leader_ingress()
-    assert not agent._leader_ingress_armed  # what waits goes first, from the agent
+    assert not agent.handovers.leader_ingress.is_armed  # what waits goes first, from the agent
     agent._pending_ingress.clear()
     agent.state = ConsensusModuleState.SUSPENDED
     agent.arm_leader_ingress()
-    assert not agent._leader_ingress_armed
+    assert not agent.handovers.leader_ingress.is_armed
     agent.state = ConsensusModuleState.ACTIVE
     agent.role = ClusterRole.FOLLOWER
     agent.arm_leader_ingress()
-    assert not agent._leader_ingress_armed
+    assert not agent.handovers.leader_ingress.is_armed
     agent.role = ClusterRole.LEADER
     agent.arm_leader_ingress()
-    assert agent._leader_ingress_armed
+    assert agent.handovers.leader_ingress.is_armed
     agent.start_election("a test's")  # an election: the agent's first act takes the ingress back
-    assert not agent._leader_ingress_armed
+    assert not agent.handovers.leader_ingress.is_armed
 
 
 def test_without_the_thread_the_module_appends_the_ingress_itself(start_driver: Any, tmp_path: Path) -> None:
@@ -204,8 +204,8 @@ def test_without_the_thread_the_module_appends_the_ingress_itself(start_driver: 
                 agent.epoch_ms = lambda: 1_000_000
             try:
                 agent.connect_ingress(time.monotonic_ns())
-                assert agent._leader_ingress is None
-                assert "doorbell-id" not in ChannelUri.parse(agent.ingress.channel).params
+                assert agent.handovers.leader_ingress.thread is None
+                assert "doorbell-id" not in ChannelUri.parse(agent.ingress.channel).params  # type: ignore[union-attr]
             finally:
                 agent.close()
     finally:
@@ -231,10 +231,15 @@ def test_a_single_member_opens_its_ingress_through_the_thread(start_driver: Any,
                 assert not agent.is_multi_member and agent.ingress is not None
                 doorbell = ChannelUri.parse(agent.ingress.channel).params.get("doorbell-id")
                 if native:
-                    assert agent._leader_ingress is not None and agent._leader_commit is not None
-                    assert doorbell == str(agent._leader_ingress.doorbell_id)
+                    assert (
+                        agent.handovers.leader_ingress.thread is not None
+                        and agent.handovers.leader_commit.thread is not None
+                    )
+                    assert doorbell == str(agent.handovers.leader_ingress.thread.doorbell_id)
                 else:
-                    assert agent._leader_ingress is None and agent._leader_commit is None
+                    assert (
+                        agent.handovers.leader_ingress.thread is None and agent.handovers.leader_commit.thread is None
+                    )
                     assert doorbell is None
             finally:
                 agent.close()

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_ids, recording_position_key
 from fulmar.buffers import AtomicBuffer
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent
+from fulmar.consensus.native_handovers import NativeHandovers
 from fulmar.consensus.protocol import NULL_VALUE
 from fulmar.counters import CountersManager
 
@@ -71,9 +72,7 @@ def follower(manager: CountersManager, archive_id: int = LIVE_ARCHIVE_ID) -> Con
     )
     agent._watched_recording_counter_id = NULL_VALUE
     agent._own_recording_watched = True
-    agent._leader_commit_armed_for = agent._append_position_armed_for = None  # no native threads armed
-    agent._follower_commit_armed_for = None
-    agent._leader_ingress_armed = False
+    agent.handovers = NativeHandovers(agent)  # no native threads armed
     agent.role = ClusterRole.FOLLOWER
     agent._counter_watch = None
     agent.log_recording_id = RECORDING_ID

@@ -131,7 +131,7 @@ def apply_log(agent: ConsensusModuleAgent, *actions: codecs.ClusterAction, posit
             action=int(action),
             flags=0,
         )
-        agent._on_log_message(memoryview(buffer), 0, length, SimpleNamespace(position=position))  # type: ignore[arg-type]
+        agent.log_adapter.on_message(memoryview(buffer), 0, length, SimpleNamespace(position=position))  # type: ignore[arg-type]
 
 
 def complete_election(agent: ConsensusModuleAgent, role: ClusterRole, leader: int, term: int) -> None:
