@@ -273,7 +273,7 @@ def test_with_a_secret_the_native_thread_commits_signed_reports_and_hands_forger
         at_member0: list[bytes] = []
         subscription = aeron.add_subscription(followers.at_follower[0].channel, agent.context.consensus_stream_id)
         wait_for(lambda: subscription.images, 10, "a second subscription at member 0")
-        agent.handovers.leader_commit.thread.send_now()  # type: ignore[union-attr]
+        agent.handovers.leader_commit.thread.send_now()
         wait_for(
             lambda: (
                 subscription.poll(lambda b, o, n, h: at_member0.append(bytes(b[o : o + n])), 10) >= 0

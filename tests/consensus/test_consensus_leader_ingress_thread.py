@@ -205,7 +205,7 @@ def test_without_the_thread_the_module_appends_the_ingress_itself(start_driver: 
             try:
                 agent.connect_ingress(time.monotonic_ns())
                 assert agent.handovers.leader_ingress.thread is None
-                assert "doorbell-id" not in ChannelUri.parse(agent.ingress.channel).params  # type: ignore[union-attr]
+                assert "doorbell-id" not in ChannelUri.parse(agent.ingress.channel).params
             finally:
                 agent.close()
     finally:

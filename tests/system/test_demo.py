@@ -17,7 +17,7 @@ pytestmark = pytest.mark.system
 
 def test_demo_fails_over_and_rejoins_a_killed_leader() -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "fulmar.demo", "--requests", "6000", "--after-failover", "50"],
+        [sys.executable, "-m", "fulmar.cli.demo", "--requests", "6000", "--after-failover", "50"],
         capture_output=True,
         text=True,
         timeout=180,
