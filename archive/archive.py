@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from fulmar import log_lines
 from fulmar.aeron import Aeron
 from fulmar.archive.catalog import Catalog, recover
 from fulmar.archive.conductor import ArchiveConductor
@@ -28,7 +29,6 @@ from fulmar.archive.mark_file import ArchiveMarkFile
 from fulmar.clock import epoch_ms
 from fulmar.driver.context import default_driver_dir
 from fulmar.idle import DoorbellIdleStrategy
-from fulmar import log_lines
 from fulmar.permissions import make_directory
 from fulmar.stop_signals import StopGate, StopKind, StopSignalHandlers, StopSignals
 

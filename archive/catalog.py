@@ -35,9 +35,9 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterator
 
 from fulmar.buffers import AtomicBuffer
 from fulmar.codecs.generated.archive import (
@@ -49,8 +49,8 @@ from fulmar.codecs.generated.archive import (
 )
 from fulmar.errors import CodecError
 from fulmar.frames import FRAME_ALIGNMENT, align
-from fulmar.semantic_version import major_version, version_text
 from fulmar.permissions import open_new_file
+from fulmar.semantic_version import major_version, version_text
 
 from . import segment as _segment
 from .errors import CatalogError, RecordingUnknownError, describe_os_error

@@ -59,14 +59,14 @@ from fulmar.archive.segment import (
 )
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.errors import CodecError
+from fulmar.codecs.generated import archive as codecs
 from fulmar.counters import RECORD_ALLOCATED
 from fulmar.errors import FulmarError
-from fulmar.semantic_version import major_version, version_text
-from fulmar.codecs.generated import archive as codecs
-from fulmar.frames import FRAME_ALIGNMENT
 from fulmar.fragment_assembler import FragmentAssembler
+from fulmar.frames import FRAME_ALIGNMENT
 from fulmar.log_reader import Header
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
+from fulmar.semantic_version import major_version, version_text
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron

@@ -32,8 +32,8 @@ from fulmar.codecs.generated.archive_mark import (
     MarkFileHeaderDecoder,
     MarkFileHeaderEncoder,
 )
-from fulmar.errors import CodecError
 from fulmar.error_log import CorruptErrorLogError, DistinctErrorLog, EpochClock, ErrorObservation, read_error_log
+from fulmar.errors import CodecError
 
 from .catalog import CATALOG_VERSION
 from .errors import ArchiveAlreadyActiveError, ArchiveError

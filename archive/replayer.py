@@ -22,9 +22,9 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from fulmar.archive.errors import ArchiveError, SegmentError
-from fulmar.errors import InvalidFrameBlockError
 from fulmar.archive.protocol import NULL_LENGTH, NULL_POSITION
 from fulmar.archive.segment import SegmentReader, checksum_mismatch
+from fulmar.errors import InvalidFrameBlockError
 from fulmar.frames import FRAME_ALIGNMENT, FrameType, align
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 from fulmar.publication import ExclusivePublication

@@ -25,6 +25,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from fulmar._native import ffi, lib
 from fulmar.frames import (
     FRAME_ALIGNMENT,
     HEADER_LENGTH,
@@ -32,8 +33,6 @@ from fulmar.frames import (
     align,
 )
 from fulmar.logbuffer import TERM_MAX_LENGTH, TERM_MIN_LENGTH, check_term_length, to_int32
-
-from fulmar._native import ffi, lib
 from fulmar.permissions import open_new_file
 
 from .errors import SegmentError, describe_os_error

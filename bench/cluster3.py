@@ -80,7 +80,6 @@ from typing import Any
 import psutil
 
 from bench import resources
-from bench.openloop import EchoSettings
 from bench.cluster import (
     DISK_PARENT,
     EGRESS_CHANNEL,
@@ -92,14 +91,15 @@ from bench.cluster import (
     echo_results,
     latency,
 )
+from bench.openloop import EchoSettings
 from fulmar.aeron import Aeron
 from fulmar.cli.cluster_commands import ClusterNode, ClusterReadError, ModuleCounters, cluster_member_node
 from fulmar.clock import epoch_ms
 from fulmar.cnc import CncError, CncFile
 from fulmar.consensus import protocol as cluster_protocol
-from fulmar.consensus.states import ClusterRole
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.context import ConsensusModuleContext
+from fulmar.consensus.states import ClusterRole
 from fulmar.log_writer import CLOSED, MAX_POSITION_EXCEEDED
 
 REFERENCE_MODULES = ("pysyncobj_peer", "cluster")  # in order of preference: see reference_name

@@ -123,9 +123,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from bench import resources
 from bench.openloop import (
@@ -141,7 +141,6 @@ from bench.openloop import (
     ping_rows,
     throughput_rows,
 )
-
 from fulmar.cpu_policy import BATCH, CPU_POLICIES, NORMAL, apply_cpu_policy
 
 PREFIX = "pysyncobj"

@@ -13,9 +13,9 @@ the PySyncObj peer), so it can be exercised with synthetic figures
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable, Mapping, Sequence
 
 from hdrh.histogram import HdrHistogram
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable, Mapping
 
 import psutil
 

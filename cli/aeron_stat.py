@@ -20,7 +20,6 @@ from typing import Any
 import click
 
 from fulmar.cli.cluster_commands import cluster_counters, cluster_errors, is_cluster_dir
-from fulmar.clock import epoch_ms
 from fulmar.cli.cnc_reader import open_cnc, read_counters, read_driver_status, read_errors
 from fulmar.cli.options import driver_dir_option, resolve_driver_dir
 from fulmar.cli.tool_common import (
@@ -31,6 +30,7 @@ from fulmar.cli.tool_common import (
     format_error_list,
     json_option,
 )
+from fulmar.clock import epoch_ms
 from fulmar.cnc import CncError
 from fulmar.counters import counter_offset
 from fulmar.driver.counters import SystemCounter

@@ -36,9 +36,9 @@ from fulmar.archive.errors import ArchiveError, CatalogError, describe_os_error
 from fulmar.archive.mark_file import LIVENESS_TIMEOUT_MS_DEFAULT, MARK_FILE_NAME, read_mark_file
 from fulmar.archive.segment import SEGMENT_SUFFIX, first_bad_frame
 from fulmar.buffers import AtomicBuffer
-from fulmar.clock import epoch_ms
 from fulmar.cli.cnc_reader import error_documents, iso_utc, process_exists
 from fulmar.cli.tool_common import EXIT_NOT_RUNNING, EXIT_PROBLEM, EXIT_UNREADABLE, fail, format_error_list, json_option
+from fulmar.clock import epoch_ms
 from fulmar.codecs.generated.archive import RecordingState
 from fulmar.codecs.generated.archive_mark import MarkFileHeaderDecoder
 from fulmar.error_log import CorruptErrorLogError, read_error_log

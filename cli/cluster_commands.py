@@ -37,7 +37,6 @@ import click
 
 from fulmar.archive.errors import describe_os_error
 from fulmar.cli.archive_tool import archive_dir_option
-from fulmar.clock import epoch_ms
 from fulmar.cli.cnc_reader import error_documents, iso_utc, open_cnc, process_exists, read_counters
 from fulmar.cli.tool_common import (
     EXIT_NOT_RUNNING,
@@ -49,10 +48,10 @@ from fulmar.cli.tool_common import (
     json_option,
     worst,
 )
+from fulmar.clock import epoch_ms
 from fulmar.cnc import CncError, CncFile
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.consensus import protocol as cluster_protocol
-from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
 from fulmar.consensus.backup import CLUSTER_BACKUP_ERROR_COUNT_TYPE_ID as BACKUP_ERROR_COUNT_TYPE_ID
 from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID as BACKUP_LIVE_LOG_POSITION_TYPE_ID
 from fulmar.consensus.backup import CLUSTER_BACKUP_QUERY_DEADLINE_TYPE_ID as BACKUP_QUERY_DEADLINE_TYPE_ID
@@ -80,6 +79,7 @@ from fulmar.consensus.recording_log import (
     decode_entries,
 )
 from fulmar.consensus.recording_log import NULL_POSITION as LOG_NULL_POSITION
+from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
 from fulmar.counters import CountersReader, counter_offset
 from fulmar.errors import CodecError
 from fulmar.semantic_version import version_text

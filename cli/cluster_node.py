@@ -16,55 +16,12 @@ from typing import Any
 
 import click
 
+from fulmar import cpu_policy, log_lines
 from fulmar.archive.archive import Archive, run_archive
 from fulmar.archive.context import ArchiveContext
 from fulmar.archive.errors import ArchiveAlreadyActiveError
 from fulmar.archive.mark_file import live_owner_pid as live_archive_pid
-from fulmar.security import CredentialsAuthenticator
-from fulmar.consensus.backup import LOG_SOURCES, ClusterBackup, ClusterBackupContext, run_cluster_backup
-from fulmar.consensus.consensus_module import ConsensusModule, run_consensus_module
-from fulmar.consensus.context import (
-    NATIVE_APPEND_POSITION_ENV,
-    NATIVE_COMMIT_ENV,
-    NATIVE_FOLLOWER_COMMIT_ENV,
-    NATIVE_INGRESS_ENV,
-    ConsensusModuleContext,
-)
-from fulmar.consensus.mark_file import FILENAME as CLUSTER_MARK_FILE
-from fulmar.consensus.mark_file import SERVICE_FILENAME_PREFIX as SERVICE_MARK_FILE_PREFIX
-from fulmar.consensus.mark_file import ClusterMarkFileActiveError
-from fulmar.consensus.mark_file import live_owner_pid as live_cluster_component_pid
-from fulmar.service.container import ServiceContainer, run_service_container
-from fulmar.service.context import ServiceContext
-from fulmar.service.errors import ON_SERVICE_ERROR_CHOICES
-from fulmar.cnc import (
-    BROADCAST_TRAILER_LENGTH,
-    DEFAULT_TO_CLIENTS_CAPACITY,
-    DEFAULT_TO_DRIVER_CAPACITY,
-    RING_BUFFER_TRAILER_LENGTH,
-    CncLayout,
-)
 from fulmar.channel_uri import INT32_MAX
-from fulmar.counters import COUNTER_LENGTH
-from fulmar.driver.context import DriverContext
-from fulmar.driver.counters import SystemCounter
-from fulmar.driver.media_driver import (
-    DriverAlreadyActiveError,
-    DriverDirectoryError,
-    MediaDriver,
-    check_reclaimable,
-    run_driver,
-)
-from fulmar import cpu_policy, log_lines
-from fulmar.errors import FulmarError
-from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH
-from fulmar.logbuffer import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, TERM_MIN_LENGTH
-from fulmar.permissions import FILE_GROUP_ENV, FileGroupError, check_file_group
-from fulmar.ring_buffer import MAX_CAPACITY
-from fulmar.clock import epoch_ms
-from fulmar.orderly_stop import StopOutcome, report_orderly_stop
-from fulmar.stop_signals import StopGate
-
 from fulmar.cli.options import (
     ARCHIVE_SECRET_ENV,
     CLUSTER_SECRET_ENV,
@@ -78,6 +35,48 @@ from fulmar.cli.options import (
     format_size,
     resolve_driver_dir,
 )
+from fulmar.clock import epoch_ms
+from fulmar.cnc import (
+    BROADCAST_TRAILER_LENGTH,
+    DEFAULT_TO_CLIENTS_CAPACITY,
+    DEFAULT_TO_DRIVER_CAPACITY,
+    RING_BUFFER_TRAILER_LENGTH,
+    CncLayout,
+)
+from fulmar.consensus.backup import LOG_SOURCES, ClusterBackup, ClusterBackupContext, run_cluster_backup
+from fulmar.consensus.consensus_module import ConsensusModule, run_consensus_module
+from fulmar.consensus.context import (
+    NATIVE_APPEND_POSITION_ENV,
+    NATIVE_COMMIT_ENV,
+    NATIVE_FOLLOWER_COMMIT_ENV,
+    NATIVE_INGRESS_ENV,
+    ConsensusModuleContext,
+)
+from fulmar.consensus.mark_file import FILENAME as CLUSTER_MARK_FILE
+from fulmar.consensus.mark_file import SERVICE_FILENAME_PREFIX as SERVICE_MARK_FILE_PREFIX
+from fulmar.consensus.mark_file import ClusterMarkFileActiveError
+from fulmar.consensus.mark_file import live_owner_pid as live_cluster_component_pid
+from fulmar.counters import COUNTER_LENGTH
+from fulmar.driver.context import DriverContext
+from fulmar.driver.counters import SystemCounter
+from fulmar.driver.media_driver import (
+    DriverAlreadyActiveError,
+    DriverDirectoryError,
+    MediaDriver,
+    check_reclaimable,
+    run_driver,
+)
+from fulmar.errors import FulmarError
+from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH
+from fulmar.logbuffer import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, TERM_MIN_LENGTH
+from fulmar.orderly_stop import StopOutcome, report_orderly_stop
+from fulmar.permissions import FILE_GROUP_ENV, FileGroupError, check_file_group
+from fulmar.ring_buffer import MAX_CAPACITY
+from fulmar.security import CredentialsAuthenticator
+from fulmar.service.container import ServiceContainer, run_service_container
+from fulmar.service.context import ServiceContext
+from fulmar.service.errors import ON_SERVICE_ERROR_CHOICES
+from fulmar.stop_signals import StopGate
 
 EXIT_FAILURE = 1
 EXIT_DRIVER_ACTIVE = 2  # also: an archive is already active in the directory

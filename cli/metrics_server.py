@@ -30,10 +30,10 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import click
 from prometheus_client import CollectorRegistry

@@ -31,13 +31,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 from enum import IntEnum
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.samples import Sample
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_ids
 from fulmar.cli import archive_tool
@@ -48,10 +48,10 @@ from fulmar.cli.cluster_commands import (
     service_mark_paths,
 )
 from fulmar.cli.cnc_reader import read_driver_status
+from fulmar.client_liveness import declared_process
 from fulmar.clock import epoch_ms
 from fulmar.cnc import CncError, CncFile
 from fulmar.consensus import protocol as cluster_protocol
-from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
 from fulmar.consensus.backup import (
     CLUSTER_BACKUP_ERROR_COUNT_TYPE_ID,
     CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID,
@@ -62,6 +62,7 @@ from fulmar.consensus.backup import (
 from fulmar.consensus.consensus_module import parse_recovery_state_key
 from fulmar.consensus.mark_file import FILENAME as CLUSTER_MARK_FILE_NAME
 from fulmar.consensus.recording_log import RECORDING_LOG_FILE_NAME, RecordingLogError, decode_entries
+from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlToggle, ElectionState
 from fulmar.counters import (
     RECORD_ALLOCATED,
     CountersReader,
@@ -82,7 +83,6 @@ from fulmar.driver.counters import (
     SYSTEM_COUNTER_TYPE_ID,
     SystemCounter,
 )
-from fulmar.client_liveness import declared_process
 from fulmar.error_log import CorruptErrorLogError, read_error_log
 
 NULL_POSITION = -1

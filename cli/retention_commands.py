@@ -21,6 +21,8 @@ import click
 
 from fulmar.aeron import Aeron
 from fulmar.archive.client import AeronArchive
+from fulmar.cli.tool_common import EXIT_NOT_RUNNING, EXIT_PROBLEM, EXIT_UNREADABLE, worst
+from fulmar.clock import epoch_ms
 from fulmar.consensus.log_retention import (
     LogRetentionError,
     RetentionPlan,
@@ -36,9 +38,7 @@ from fulmar.consensus.recording_log import (
     decode_entries,
     invalidate_entry_in_place,
 )
-from fulmar.clock import epoch_ms
 from fulmar.errors import FulmarError
-from fulmar.cli.tool_common import EXIT_NOT_RUNNING, EXIT_PROBLEM, EXIT_UNREADABLE, worst
 
 
 @dataclass

@@ -118,10 +118,10 @@ import psutil
 
 from fulmar import log_lines
 from fulmar.channel_uri import ChannelUri
-from fulmar.cli.options import ARCHIVE_SECRET_ENV, MEMBER_SECRET_ENV, Duration, format_duration, format_size, Size
-from fulmar.cpu_policy import CPU_POLICIES, CPU_POLICY_ENV, DEFAULT_CPU_POLICY
+from fulmar.cli.options import ARCHIVE_SECRET_ENV, MEMBER_SECRET_ENV, Duration, Size, format_duration, format_size
 from fulmar.consensus.cluster_member import ClusterMember, ClusterMembersError, parse_cluster_members
 from fulmar.consensus.protocol import NULL_VALUE as NULL_MEMBER_ID
+from fulmar.cpu_policy import CPU_POLICIES, CPU_POLICY_ENV, DEFAULT_CPU_POLICY
 from fulmar.orderly_stop import STOP_REPORT_FD_ENV, OrderlyStop, read_report
 from fulmar.permissions import make_directory
 from fulmar.stop_signals import StopSignals, block_stop_signals

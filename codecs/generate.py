@@ -40,10 +40,10 @@ import io
 import keyword
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 import sbe
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import mmap
 import struct
-from enum import IntEnum
 from collections.abc import Mapping, Sequence
+from enum import IntEnum
 from typing import Any, ClassVar, NamedTuple, Self, TypeVar
 
 from .errors import CodecError

@@ -20,11 +20,12 @@ from __future__ import annotations
 import struct
 import time
 from array import array
-from pathlib import Path
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fulmar import clock, log_lines
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_ids
 from fulmar.channel_uri import ChannelUri
@@ -51,6 +52,8 @@ from fulmar.consensus.election_runner import LoneMemberConsensusListener, Member
 from fulmar.consensus.errors import ClusterTerminationError
 from fulmar.consensus.ingress_adapter import IngressAdapter
 from fulmar.consensus.log_adapter import LogAdapter
+from fulmar.consensus.log_retention import apply_retention, plan_retention
+from fulmar.consensus.mark_file import read_activity_timestamp, read_liveness, service_mark_file_name
 from fulmar.consensus.member_auth import (
     ConsensusGuard,
     MemberAuth,
@@ -60,9 +63,8 @@ from fulmar.consensus.member_auth import (
     is_loopback,
     source_host,
 )
-from fulmar.consensus.log_retention import apply_retention, plan_retention
-from fulmar.consensus.mark_file import read_activity_timestamp, read_liveness, service_mark_file_name
 from fulmar.consensus.native_handovers import NativeHandovers
+from fulmar.consensus.pending_service_messages import PendingServiceMessageTracker
 from fulmar.consensus.protocol import (
     CLUSTER_ACTION_FLAGS_DEFAULT,
     CLUSTER_ACTION_FLAGS_STANDBY_SNAPSHOT,
@@ -78,7 +80,6 @@ from fulmar.consensus.protocol import (
     ClusterAction,
     EventCode,
 )
-from fulmar.consensus.pending_service_messages import PendingServiceMessageTracker
 from fulmar.consensus.publishers import SESSION_HEADER_LENGTH, EgressPublisher, LogPublisher, ServiceProxy
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.consensus.service_acks import ServiceAcks
@@ -86,15 +87,14 @@ from fulmar.consensus.states import ClusterRole, ConsensusModuleState, ControlTo
 from fulmar.consensus.timer_service import TimerService
 from fulmar.counters import RECORD_ALLOCATED
 from fulmar.duty_cycle import DutyCycleStallTracker
-from fulmar import clock, log_lines
 from fulmar.errors import FulmarError
-from fulmar.retry import DistinctErrorPrinter, RetryBackoff
-from fulmar.semantic_version import major_version, version_text
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header, SessionMessages
-from fulmar.orderly_stop import OrderlyStop, StopCause
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
+from fulmar.orderly_stop import OrderlyStop, StopCause
 from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, CounterWatch
+from fulmar.retry import DistinctErrorPrinter, RetryBackoff
+from fulmar.semantic_version import major_version, version_text
 
 if TYPE_CHECKING:
     from fulmar.aeron import Aeron, Counter

@@ -45,25 +45,25 @@ from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fulmar import log_lines
 from fulmar.aeron import Aeron
 from fulmar.agent import DUTY_CYCLE_ERROR_MAX_BACKOFF_NS
 from fulmar.archive import protocol as archive_protocol
 from fulmar.archive.client import AeronArchive, RecordingSignal, RecordingSignalEvent, SourceLocation
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_ids
 from fulmar.channel_uri import ChannelUri
+from fulmar.clock import epoch_ms
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
+from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.consensus import protocol
 from fulmar.consensus.cluster_member import ClusterMember, find_member, parse_cluster_members
+from fulmar.consensus.mark_file import ClusterMarkFile
 from fulmar.consensus.recording_log import (
     CONSENSUS_MODULE_SERVICE_ID,
     RecordingLog,
     Snapshot,
 )
-from fulmar.clock import epoch_ms
-from fulmar.codecs.generated.cluster_mark import ClusterComponentType
-from fulmar.consensus.mark_file import ClusterMarkFile
-from fulmar import log_lines
 from fulmar.errors import FulmarError
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.permissions import make_directory

@@ -25,18 +25,18 @@ from fulmar.agent import DUTY_CYCLE_ERROR_MAX_BACKOFF_NS
 from fulmar.archive.client import AeronArchive
 from fulmar.clock import epoch_ms
 from fulmar.codecs.generated import cluster as codecs
+from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.consensus import protocol
 from fulmar.consensus.agent import ConsensusModuleAgent, log_line
-from fulmar.consensus.errors import ClusterTerminationError
-from fulmar.consensus.states import ControlToggle
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionState
 from fulmar.consensus.context import ConsensusModuleContext
-from fulmar.consensus.mark_file import ClusterMarkFile
+from fulmar.consensus.errors import ClusterTerminationError
 from fulmar.consensus.log_rebuild import log_recordings, unknown_log_recording_message
+from fulmar.consensus.mark_file import ClusterMarkFile
 from fulmar.consensus.recording_log import RecordingExtent, RecordingLog, RecoveryPlan
 from fulmar.consensus.snapshot import CONSENSUS_MODULE_SNAPSHOT_TYPE_ID, decode_snapshot, read_snapshot
 from fulmar.consensus.snapshot_join import join_from_snapshot_if_purged
-from fulmar.codecs.generated.cluster_mark import ClusterComponentType
+from fulmar.consensus.states import ControlToggle
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.orderly_stop import StopOutcome
 from fulmar.permissions import make_directory

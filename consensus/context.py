@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fulmar.archive import protocol as archive_protocol
+from fulmar.channel_uri import DATAGRAM_MAC_PARAM, ChannelUri
 from fulmar.consensus import protocol
 from fulmar.consensus.authenticator import AllowAllAuthenticator, Authenticator
-from fulmar.channel_uri import DATAGRAM_MAC_PARAM, ChannelUri
 from fulmar.consensus.member_auth import derive_key
 from fulmar.security import secret_of
 

@@ -50,9 +50,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from fulmar.consensus.states import ClusterRole, ElectionState
 from fulmar.consensus.consensus_publisher import APPEND_POSITION_FLAG_CATCHUP, APPEND_POSITION_FLAG_NONE
 from fulmar.consensus.protocol import NULL_MEMBER_ID, NULL_POSITION, NULL_VALUE
+from fulmar.consensus.states import ClusterRole, ElectionState
 from fulmar.errors import FulmarError
 
 _LEADER_STATES = frozenset(

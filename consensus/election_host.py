@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING
 from fulmar.archive.client import RecordingSignal, RecordingSignalEvent, SourceLocation
 from fulmar.archive.protocol import CONTROL_STREAM_ID
 from fulmar.channel_uri import ChannelUri
-from fulmar.consensus.log_replay import LogReplay
-from fulmar.consensus.states import ClusterRole, ControlToggle
 from fulmar.consensus.cluster_member import find_member
 from fulmar.consensus.election import ElectionError, TermEntry
+from fulmar.consensus.log_replay import LogReplay
 from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE
+from fulmar.consensus.states import ClusterRole, ControlToggle
 from fulmar.errors import FulmarError
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift
 from fulmar.retry import Retry

@@ -29,9 +29,9 @@ from fulmar.archive.errors import ArchiveError
 from fulmar.archive.protocol import NULL_POSITION
 from fulmar.archive.segment import SegmentReader
 from fulmar.codecs.generated import cluster as codecs
+from fulmar.consensus.recording_log import RECORDING_LOG_FILE_NAME, RecordingLog
 from fulmar.errors import CodecError, FulmarError
 from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH, FrameType, align
-from fulmar.consensus.recording_log import RECORDING_LOG_FILE_NAME, RecordingLog
 
 _LENGTH_FLAGS_TYPE = struct.Struct("<ixBH")
 _UNFRAGMENTED = 0xC0  # BEGIN | END

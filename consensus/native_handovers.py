@@ -40,13 +40,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from fulmar import clock
-from fulmar.consensus.append_position_sender import RUNNING as APPEND_POSITION_RUNNING, AppendPositionSender
+from fulmar.consensus.append_position_sender import RUNNING as APPEND_POSITION_RUNNING
+from fulmar.consensus.append_position_sender import AppendPositionSender
 from fulmar.consensus.cluster_session import ClusterSessionState
 from fulmar.consensus.leader_commit import (
     LOG_MESSAGE as COMMIT_LOG_MESSAGE,
+)
+from fulmar.consensus.leader_commit import (
     OTHER_MESSAGE as COMMIT_OTHER_MESSAGE,
+)
+from fulmar.consensus.leader_commit import (
     REASONS as COMMIT_REASONS,
+)
+from fulmar.consensus.leader_commit import (
     RUNNING as COMMIT_RUNNING,
+)
+from fulmar.consensus.leader_commit import (
     ArmedFollower,
     CommitState,
     CommitThread,
@@ -54,9 +63,17 @@ from fulmar.consensus.leader_commit import (
 )
 from fulmar.consensus.leader_ingress import (
     BACK_PRESSURE as INGRESS_BACK_PRESSURE,
+)
+from fulmar.consensus.leader_ingress import (
     OTHER_MESSAGE as INGRESS_OTHER_MESSAGE,
+)
+from fulmar.consensus.leader_ingress import (
     REASONS as INGRESS_REASONS,
+)
+from fulmar.consensus.leader_ingress import (
     RUNNING as INGRESS_RUNNING,
+)
+from fulmar.consensus.leader_ingress import (
     LeaderIngressThread,
 )
 from fulmar.consensus.protocol import NULL_POSITION, NULL_VALUE

@@ -57,9 +57,9 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from collections.abc import Callable
 
 from fulmar.errors import FulmarError
 from fulmar.permissions import open_new_file

@@ -31,25 +31,19 @@ from fulmar.codecs import CodecError
 from fulmar.codecs.generated import driver as protocol
 from fulmar.codecs.runtime import MessageEncoder
 from fulmar.counters import AtomicCounter, CountersError, CountersManager
-from fulmar.duty_cycle import DutyCycleStallTracker
-from fulmar.error_log import DistinctErrorLog
-from fulmar.errors import InvalidLogBufferError
-from fulmar.logbuffer import LogBuffers
-from fulmar.ring_buffer import ManyToOneRingBuffer
-
 from fulmar.driver.context import MEMBER_SECRET_ENV, DriverContext
 from fulmar.driver.counters import (
-    CLIENT_HEARTBEAT_TYPE_ID,
     CHANNEL_ENDPOINT_ACTIVE,
+    CLIENT_HEARTBEAT_TYPE_ID,
     LOCAL_SOCKADDR_TYPE_ID,
     PUBLISHER_LIMIT_TYPE_ID,
     PUBLISHER_MESSAGES_TYPE_ID,
+    PUBLISHER_POSITION_TYPE_ID,
     RECEIVE_CHANNEL_STATUS_TYPE_ID,
     RECEIVER_HWM_TYPE_ID,
     RECEIVER_POSITION_TYPE_ID,
-    SENDER_POSITION_TYPE_ID,
-    PUBLISHER_POSITION_TYPE_ID,
     SENDER_BPE_TYPE_ID,
+    SENDER_POSITION_TYPE_ID,
     SUBSCRIBER_POSITION_TYPE_ID,
     SystemCounter,
     SystemCounters,
@@ -62,8 +56,13 @@ from fulmar.driver.publication_image import PublicationImage
 from fulmar.driver.receive_channel_endpoint import ReceiveChannelEndpoint
 from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
 from fulmar.driver.udp_transport import ChannelEndpointError, OsBufferLengths, UdpAddress, UdpTransport
+from fulmar.duty_cycle import DutyCycleStallTracker
+from fulmar.error_log import DistinctErrorLog
+from fulmar.errors import InvalidLogBufferError
+from fulmar.logbuffer import LogBuffers
 from fulmar.permissions import make_directory
 from fulmar.reader_doorbells import CLIENT_DOORBELL_TYPE_ID, THREAD_DOORBELL_TYPE_ID, LogReaders, client_doorbell
+from fulmar.ring_buffer import ManyToOneRingBuffer
 
 ErrorCode = protocol.ErrorCode
 NULL_VALUE = -1

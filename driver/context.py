@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fulmar.cnc import DEFAULT_CLIENT_LIVENESS_TIMEOUT_NS, CncLayout
-
 from fulmar.driver.data_plane import INITIAL_WINDOW_LENGTH_DEFAULT
 
 

@@ -29,10 +29,9 @@ from fulmar.channel_uri import (
     ChannelUri,
     InvalidChannelError,
 )
+from fulmar.driver.udp_transport import UdpAddress, native_address
 from fulmar.errors import FulmarError
 from fulmar.idle import Doorbell
-
-from fulmar.driver.udp_transport import UdpAddress, native_address
 
 CONTROL_UNICAST = int(lib.FULMAR_DP_CONTROL_UNICAST)
 CONTROL_MANUAL = int(lib.FULMAR_DP_CONTROL_MANUAL)

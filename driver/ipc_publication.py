@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 from fulmar.counters import AtomicCounter
 from fulmar.frames import FRAME_ALIGNMENT, HEADER_LENGTH, UNFRAGMENTED, FrameType
-from fulmar.reader_doorbells import LogReaders
 from fulmar.logbuffer import (
     LogBuffers,
     compute_term_id_from_position,
     index_by_position,
 )
+from fulmar.reader_doorbells import LogReaders
 
 if TYPE_CHECKING:
     from fulmar.driver.data_plane import DataPlane

@@ -24,17 +24,16 @@ import psutil
 from fulmar.clock import epoch_ms
 from fulmar.cnc import DRIVER_DATA_FIFO, CncError, CncFile
 from fulmar.counters import CountersManager
+from fulmar.driver.conductor import DriverConductor
+from fulmar.driver.context import DriverContext
+from fulmar.driver.data_plane import DataPlane
+from fulmar.driver.udp_transport import OsBufferLengths
 from fulmar.error_log import DistinctErrorLog
 from fulmar.errors import FulmarError
 from fulmar.idle import Doorbell, DoorbellIdleStrategy, idle_strategy_from_name
 from fulmar.permissions import apply_file_group, file_mode, make_directory
 from fulmar.ring_buffer import ManyToOneRingBuffer
 from fulmar.stop_signals import StopGate, StopKind, StopSignalHandlers, StopSignals
-
-from fulmar.driver.conductor import DriverConductor
-from fulmar.driver.context import DriverContext
-from fulmar.driver.data_plane import DataPlane
-from fulmar.driver.udp_transport import OsBufferLengths
 
 
 class DriverAlreadyActiveError(FulmarError):

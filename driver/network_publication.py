@@ -10,12 +10,11 @@ from pathlib import Path
 
 from fulmar.channel_uri import ChannelUri
 from fulmar.counters import AtomicCounter
-from fulmar.logbuffer import LogBuffers
-from fulmar.reader_doorbells import LogReaders
-
 from fulmar.driver.data_plane import DataPlane, FlowControlSettings, PublicationStatus, has_group_semantics
 from fulmar.driver.ipc_publication import PublicationState, SubscriberLink
 from fulmar.driver.send_channel_endpoint import SendChannelEndpoint
+from fulmar.logbuffer import LogBuffers
+from fulmar.reader_doorbells import LogReaders
 
 
 class NetworkPublication:

@@ -9,9 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from fulmar.counters import AtomicCounter
-from fulmar.logbuffer import LogBuffers
-from fulmar.reader_doorbells import LogReaders
-
 from fulmar.driver.data_plane import (
     STATUS_MESSAGE_TIMEOUT_DEFAULT_NS,
     DataPlane,
@@ -20,6 +17,8 @@ from fulmar.driver.data_plane import (
 from fulmar.driver.ipc_publication import PublicationState, SubscriberLink
 from fulmar.driver.receive_channel_endpoint import ReceiveChannelEndpoint
 from fulmar.driver.udp_transport import UdpAddress
+from fulmar.logbuffer import LogBuffers
+from fulmar.reader_doorbells import LogReaders
 
 
 class PublicationImage:

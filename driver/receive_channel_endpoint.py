@@ -13,7 +13,6 @@ import random
 from typing import TYPE_CHECKING
 
 from fulmar.channel_uri import ChannelUri
-
 from fulmar.driver.data_plane import MAX_STREAMS, MAX_TRANSPORTS, DataPlane, DataPlaneError
 from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress, UdpTransport
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fulmar.channel_uri import ChannelUri
-
 from fulmar.driver.data_plane import CONTROL_DYNAMIC, CONTROL_MANUAL, CONTROL_UNICAST, DataPlane, DataPlaneError
 from fulmar.driver.udp_transport import ChannelEndpointError, UdpAddress, UdpTransport
 

@@ -23,10 +23,10 @@ from typing import Any
 import psutil
 
 from fulmar.broadcast import BroadcastReceiver, CopyBroadcastReceiver, UnableToKeepUpError
+from fulmar.client_liveness import process_declaration
 from fulmar.cnc import CncError, CncFile
 from fulmar.codecs.generated import driver as protocol
 from fulmar.codecs.runtime import MessageEncoder
-from fulmar.client_liveness import process_declaration
 from fulmar.counters import NULL_COUNTER_ID, AtomicCounter, CountersReader, append_to_label
 from fulmar.errors import FulmarError
 from fulmar.log_writer import ring_log_writer

@@ -26,8 +26,8 @@ copies them all (``_native/src/counters.h``).
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
 from collections.abc import Callable, Iterator
+from typing import Final, NamedTuple
 
 from fulmar._native import ffi, lib
 from fulmar.buffers import AtomicBuffer

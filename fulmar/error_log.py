@@ -21,8 +21,8 @@ a count of 0.
 from __future__ import annotations
 
 import threading
-from typing import Final, NamedTuple
 from collections.abc import Callable, Iterator
+from typing import Final, NamedTuple
 
 from fulmar._native import ffi
 from fulmar.buffers import AtomicBuffer

@@ -29,7 +29,7 @@ import json
 import os
 import sys
 import time
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 PLAIN = "plain"

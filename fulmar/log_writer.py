@@ -10,8 +10,8 @@ publication codes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from array import array
+from collections.abc import Sequence
 
 from fulmar._native import ffi, lib
 from fulmar.buffers import AtomicBuffer

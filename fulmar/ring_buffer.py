@@ -25,8 +25,8 @@ native scan and calls the handler for each, then releases the whole batch.
 
 from __future__ import annotations
 
-from typing import Final
 from collections.abc import Callable
+from typing import Final
 
 from fulmar._native import ffi, lib
 from fulmar.buffers import AtomicBuffer

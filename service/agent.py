@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import struct
 import time
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fulmar.aeron import RegistrationError
@@ -24,6 +24,7 @@ from fulmar.channel_uri import WAKE_ON_DATA_PARAM, ChannelUri
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
+from fulmar.consensus.mark_file import read_liveness
 from fulmar.consensus.protocol import (
     CLUSTER_ACTION_FLAGS_DEFAULT,
     CLUSTER_SCHEMA_ID,
@@ -33,7 +34,6 @@ from fulmar.consensus.protocol import (
     cluster_action_flags,
     session_message_frame,
 )
-from fulmar.consensus.mark_file import read_liveness
 from fulmar.consensus.snapshot import (
     SERVICE_SNAPSHOT_TYPE_ID,
     SnapshotError,

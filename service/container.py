@@ -23,15 +23,15 @@ from fulmar.aeron import Aeron, Counter
 from fulmar.archive.client import AeronArchive
 from fulmar.clock import epoch_ms
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
-from fulmar.consensus.protocol import CLUSTERED_SERVICE_ERROR_COUNT_TYPE_ID
 from fulmar.consensus.mark_file import ClusterMarkFile
+from fulmar.consensus.protocol import CLUSTERED_SERVICE_ERROR_COUNT_TYPE_ID
 from fulmar.errors import FulmarError
 from fulmar.idle import DoorbellIdleStrategy
 from fulmar.orderly_stop import OrderlyStop, StopCause, StopOutcome
+from fulmar.permissions import make_directory
 from fulmar.service.agent import ClusteredServiceAgent, StoppedBeforeStart
 from fulmar.service.clustered_service import ClusteredService
 from fulmar.service.context import ServiceContext
-from fulmar.permissions import make_directory
 from fulmar.stop_signals import StopKind, StopSignalHandlers, StopSignals
 
 

@@ -70,6 +70,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, overload
 
+from fulmar.errors import FulmarError
 from fulmar.service.call_protocol import (
     PROTOCOL_VERSION,
     REQUEST_HEADER,
@@ -88,7 +89,6 @@ from fulmar.service.clustered_service import (
     SnapshotImage,
     SnapshotPublication,
 )
-from fulmar.errors import FulmarError
 
 __all__ = ["ClientRecord", "ClientTable", "SnapshotFormatError", "StateMachine", "command"]
 

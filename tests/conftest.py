@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from support.driver import DriverProcess
     from fulmar.aeron import Aeron
+    from support.driver import DriverProcess
 
 # Child processes are forked: they inherit the mapped files' paths and the
 # imported native extension, and start in milliseconds.

@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support.log_reference import BEGIN, END, FRAME, PAD, reference_rows, write_messages
 from fulmar.analytics import log_decoder
 from fulmar.analytics.log_decoder import (
     CORRUPT_TYPE,
@@ -26,6 +25,7 @@ from fulmar.analytics.log_decoder import (
     to_record_batch,
 )
 from fulmar.codecs.generated import cluster as codecs
+from support.log_reference import BEGIN, END, FRAME, PAD, reference_rows, write_messages
 
 TERM = 64 * 1024
 COMPARED = (

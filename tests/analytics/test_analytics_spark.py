@@ -16,17 +16,16 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-
 from click.testing import CliRunner, Result
 
-from support.analytics import FRAGMENTED_LENGTH, RecordedLog, record_counter_cluster
-from support.log_reference import reference_rows
 from fulmar.analytics.analyze import analyze
 from fulmar.analytics.log_decoder import find_log_segments, read_log
 from fulmar.analytics.replay import ReplayError, audit_snapshot, replay_state
 from fulmar.analytics.session import spark_session, stop_spark
 from fulmar.cli import cluster_tool
 from fulmar.service import samples
+from support.analytics import FRAGMENTED_LENGTH, RecordedLog, record_counter_cluster
+from support.log_reference import reference_rows
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

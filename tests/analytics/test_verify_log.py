@@ -18,9 +18,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from support.analytics import RecordedLog, record_counter_cluster
-from support.cluster import copy_sparse
-from support.log_reference import BEGIN, DATA, END, FRAME, HEADER_LENGTH, PAD, write_messages
 from fulmar.analytics.log_decoder import read_log
 from fulmar.analytics.log_verify import (
     CHECK_AGREEMENT,
@@ -50,6 +47,9 @@ from fulmar.cli.verify_log_commands import EXIT_UNREADABLE, EXIT_VIOLATIONS
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, Entry, decode_entries
 from fulmar.logbuffer import to_int32
+from support.analytics import RecordedLog, record_counter_cluster
+from support.cluster import copy_sparse
+from support.log_reference import BEGIN, DATA, END, FRAME, HEADER_LENGTH, PAD, write_messages
 
 NLTE = codecs.NewLeadershipTermEventDecoder.TEMPLATE_ID
 SESSION_MESSAGE = codecs.SessionMessageHeaderDecoder.TEMPLATE_ID

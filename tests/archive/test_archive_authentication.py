@@ -21,8 +21,6 @@ from typing import Any
 
 import pytest
 
-from support.archive import ArchiveProcess, RawControlClient
-from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 from fulmar.aeron import Aeron
 from fulmar.archive import protocol
 from fulmar.archive.client import AeronArchive, ArchiveResponseError
@@ -38,6 +36,8 @@ from fulmar.cnc import CncFile
 from fulmar.codecs.generated import archive as codecs
 from fulmar.counters import CountersReader
 from fulmar.security import CredentialsAuthenticator, NullAuthenticator, SessionProxy
+from support.archive import ArchiveProcess, RawControlClient
+from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 SECRET = b"archive-s3cret"
 TIMEOUT_NS = 5_000_000_000

@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.driver import wait_for
-from support.doorbells import doorbell_of, free_udp_port, offer, wait_for_table
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.archive.recorder import NativeRecorder, RecordingSession
@@ -25,6 +23,8 @@ from fulmar.counters import counter_offset
 from fulmar.publication import ExclusivePublication
 from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, client_doorbell
 from fulmar.subscription import Image, Subscription
+from support.doorbells import doorbell_of, free_udp_port, offer, wait_for_table
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

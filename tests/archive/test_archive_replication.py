@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 
-from support.archive import ArchiveNode as Node
-from support.driver import free_udp_port, wait_for
-
 from fulmar.archive.client import AeronArchive, ArchiveResponseError, RecordingSignal, SourceLocation
 from fulmar.archive.protocol import ArchiveErrorCode
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
+from support.archive import ArchiveNode as Node
+from support.driver import free_udp_port, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

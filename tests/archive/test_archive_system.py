@@ -25,18 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.archive import ArchiveProcess
-from support.driver import (
-    DriverProcess,
-    free_udp_port,
-    main_thread_wakes_per_second,
-    new_driver_dir,
-    remove_driver_dir,
-    wait_for,
-)
 
 from fulmar.aeron import Aeron
-from fulmar.cli import archive_tool
 from fulmar.archive import protocol as archive_protocol
 from fulmar.archive.client import (
     NULL_LENGTH,
@@ -53,16 +43,26 @@ from fulmar.archive.mark_file import SEMANTIC_VERSION, read_mark_file
 from fulmar.archive.protocol import ArchiveErrorCode
 from fulmar.archive.segment import list_segment_files
 from fulmar.channel_uri import ChannelUri
+from fulmar.cli import archive_tool
 from fulmar.cnc import CncFile
 from fulmar.counters import CountersReader
+from fulmar.driver.counters import PUBLISHER_POSITION_TYPE_ID, SystemCounter
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.frames import FRAME_ALIGNMENT
 from fulmar.log_reader import Header
 from fulmar.log_writer import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
-from fulmar.driver.counters import PUBLISHER_POSITION_TYPE_ID, SystemCounter
 from fulmar.logbuffer import compute_term_id_from_position, position_bits_to_shift, to_int32
 from fulmar.publication import ExclusivePublication
 from fulmar.subscription import Subscription
+from support.archive import ArchiveProcess
+from support.driver import (
+    DriverProcess,
+    free_udp_port,
+    main_thread_wakes_per_second,
+    new_driver_dir,
+    remove_driver_dir,
+    wait_for,
+)
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.archive import ArchiveProcess
 from click.testing import CliRunner, Result
-from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.archive.catalog import CATALOG_FILE_NAME, Catalog
 from fulmar.archive.client import NULL_VALUE, AeronArchive, SourceLocation
 from fulmar.archive.mark_file import MARK_FILE_NAME, ArchiveMarkFile
 from fulmar.archive.segment import list_segment_files, segment_file_name
 from fulmar.cli import archive_tool, cluster_tool
+from support.archive import ArchiveProcess
+from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

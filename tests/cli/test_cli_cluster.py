@@ -23,8 +23,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from support.cluster import SingleNodeCluster
-from support.driver import wait_for
 from fulmar.cli import cluster_commands, cluster_tool
 from fulmar.cnc import CncFile
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType
@@ -33,6 +31,8 @@ from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.mark_file import ClusterMarkFile
 from fulmar.consensus.protocol import CLUSTER_CONTROL_TOGGLE_TYPE_ID as CONTROL_TOGGLE
 from fulmar.consensus.recording_log import RecordingLog
+from support.cluster import SingleNodeCluster
+from support.driver import wait_for
 
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 TIMEOUT_S = 30.0

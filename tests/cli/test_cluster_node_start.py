@@ -23,14 +23,24 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from support.driver import free_udp_port, wait_for
-
 from fulmar.aeron import Aeron
 from fulmar.cli import cluster_node, cluster_tool, supervisor
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
-from support.node_start import KV, Node, READY, SHM, START_S, STOP_S, all_gone, run_start, write_config
-from support.node_start import driver_dir, start_node  # noqa: F401 - fixtures
+from support.driver import free_udp_port, wait_for
+from support.node_start import (  # noqa: F401 - fixtures
+    KV,
+    READY,
+    SHM,
+    START_S,
+    STOP_S,
+    Node,
+    all_gone,
+    driver_dir,
+    run_start,
+    start_node,
+    write_config,
+)
 
 
 def talk(node: Node) -> None:

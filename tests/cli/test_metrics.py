@@ -29,16 +29,15 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from support.cluster import LocalCluster
-from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
-from support.multi_node import wait_for_leader
-from support.node_start import READY, START_S, Node, start_node  # noqa: F401 - start_node: a fixture
-
 from fulmar.cli import cluster_node, cluster_tool, node_metrics, supervisor
 from fulmar.cli.metrics_server import MetricsServer
 from fulmar.cli.node_metrics import MetricsNode, NodeCollector, _Families, _recording_labels, _stream_labels
 from fulmar.consensus import protocol
 from fulmar.consensus.agent import ClusterRole
+from support.cluster import LocalCluster
+from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
+from support.multi_node import wait_for_leader
+from support.node_start import READY, START_S, Node, start_node  # noqa: F401 - start_node: a fixture
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

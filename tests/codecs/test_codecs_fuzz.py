@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import importlib
 import struct
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support import codec_strategies as testing
 from fulmar.codecs import CodecError
 from fulmar.codecs.generate import GroupDef, MessageDef, SchemaDef
+from support import codec_strategies as testing
 
 SCHEMAS = testing.schemas()
 CASES = [(schema, message) for schema in SCHEMAS for message in schema.messages]

@@ -6,9 +6,9 @@ import struct
 
 import pytest
 
-from support import codec_strategies as testing
 from fulmar.codecs import CodecError
 from fulmar.codecs.generated import archive, cluster, driver
+from support import codec_strategies as testing
 
 
 def h(*parts: str) -> bytes:

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support import codec_strategies as testing
 from fulmar.codecs import CodecError, generate
 from fulmar.codecs.generate import MessageDef, SchemaDef
+from support import codec_strategies as testing
 
 SCHEMAS = testing.schemas()
 CASES = [(schema, message) for schema in SCHEMAS for message in schema.messages]

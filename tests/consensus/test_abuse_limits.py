@@ -14,10 +14,8 @@ from typing import Any
 
 import psutil
 import pytest
-
-from support.cluster import SingleNodeCluster
 from conftest import FORK
-from support.driver import free_udp_port, wait_for
+
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
@@ -26,6 +24,8 @@ from fulmar.errors import MessageTooLongError
 from fulmar.frames import BEGIN_FLAG, END_FLAG, FRAME_ALIGNMENT, HEADER_LENGTH
 from fulmar.log_writer import BufferClaim
 from fulmar.publication import Publication
+from support.cluster import SingleNodeCluster
+from support.driver import free_udp_port, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

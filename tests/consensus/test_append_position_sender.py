@@ -13,12 +13,10 @@ from typing import Any
 
 import pytest
 
-from support.doorbells import doorbell_of
-from support.driver import wait_for
 from fulmar._native import ffi, lib
 from fulmar.aeron import Aeron
-from fulmar.codecs.generated import cluster as codecs
 from fulmar.clock import epoch_ms
+from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.append_position_sender import IDLE, NEEDS_AGENT, RUNNING, AppendPositionSender
 from fulmar.consensus.member_auth import TRAILER_LENGTH, MemberAuth, MemberSigner, derive_key
 from fulmar.consensus.protocol import field_offset
@@ -26,6 +24,8 @@ from fulmar.log_writer import NOT_CONNECTED
 from fulmar.publication import Publication
 from fulmar.reader_doorbells import CounterWatch
 from fulmar.subscription import Subscription
+from support.doorbells import doorbell_of
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

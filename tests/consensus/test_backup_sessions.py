@@ -19,8 +19,6 @@ from typing import Any
 
 import pytest
 
-from support.cluster import FAST_ELECTION_ARGS, LocalCluster
-from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.cli import cluster_commands, supervisor
 from fulmar.cnc import CncFile
@@ -31,6 +29,8 @@ from fulmar.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_STAND
 from fulmar.counters import CountersReader
 from fulmar.semantic_version import compose_version
 from fulmar.subscription import Subscription
+from support.cluster import FAST_ELECTION_ARGS, LocalCluster
+from support.driver import wait_for
 from support.multi_node import log_frames, member_view, wait_for_commit, wait_for_leader
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).

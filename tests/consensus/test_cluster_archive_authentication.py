@@ -34,10 +34,6 @@ from typing import Any
 
 import pytest
 
-from support.archive import RawControlClient
-from support.backup import Backup
-from support.cluster import FAST_ELECTION_ARGS, LocalCluster
-from support.driver import free_udp_port, wait_for
 from fulmar.aeron import Aeron
 from fulmar.archive import protocol as archive_protocol
 from fulmar.archive.client import AeronArchive, ArchiveResponseError
@@ -50,6 +46,10 @@ from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID, Cl
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.counters import CountersReader
+from support.archive import RawControlClient
+from support.backup import Backup
+from support.cluster import FAST_ELECTION_ARGS, LocalCluster
+from support.driver import free_udp_port, wait_for
 from support.multi_node import member_view, wait_for_commit, wait_for_leader
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).

@@ -21,18 +21,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from support.backup import Backup, backup_log
-from support.cluster import LocalCluster
-from support.driver import wait_for
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
 from fulmar.cli import cluster_commands, cluster_node
+from fulmar.consensus import protocol
 from fulmar.consensus.backup import (
     CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID,
     CLUSTER_BACKUP_SNAPSHOT_RETRIEVE_COUNT_TYPE_ID,
     ClusterBackupState,
 )
-from fulmar.consensus import protocol
 from fulmar.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
+from support.backup import Backup, backup_log
+from support.cluster import LocalCluster
+from support.driver import wait_for
 from support.multi_node import CounterWorkload, log_frames, member_view, read_counter, wait_for_commit, wait_for_leader
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.driver import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron, DriverTimeoutError
 from fulmar.cnc import CncFile
@@ -44,6 +43,7 @@ from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.publication import Publication
 from fulmar.ring_buffer import ManyToOneRingBuffer
+from support.driver import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -37,8 +37,6 @@ from typing import Any
 
 import pytest
 
-from support.cluster import LocalCluster
-from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.archive.catalog import Catalog
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
@@ -53,6 +51,8 @@ from fulmar.consensus.protocol import LOG_STREAM_ID
 from fulmar.counters import CountersReader
 from fulmar.driver.counters import RECEIVER_HWM_TYPE_ID, SystemCounter
 from fulmar.error_log import read_error_log
+from support.cluster import LocalCluster
+from support.driver import wait_for
 from support.multi_node import (
     assert_same_logs,
     log_frames,

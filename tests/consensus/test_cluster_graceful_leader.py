@@ -8,11 +8,12 @@ over 10 s; this one must take a fraction of that."""
 
 from __future__ import annotations
 
-import pytest
 import time
 
+import pytest
+
 from support.cluster import FAST_ELECTION_ARGS, LocalCluster
-from support.multi_node import COUNTER_SERVICE, CounterWorkload, read_counter, wait_for_leader, next_term
+from support.multi_node import COUNTER_SERVICE, CounterWorkload, next_term, read_counter, wait_for_leader
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

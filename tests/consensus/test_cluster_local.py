@@ -26,13 +26,12 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from support.cluster import LocalCluster
-from support.driver import main_thread_wakes_per_second, wait_for
-from support.node_start import all_gone, run_start, write_config
-
 from fulmar.aeron import Aeron
 from fulmar.cli import cluster_node, cluster_tool, supervisor
 from fulmar.consensus.cluster_member import parse_cluster_members
+from support.cluster import LocalCluster
+from support.driver import main_thread_wakes_per_second, wait_for
+from support.node_start import all_gone, run_start, write_config
 
 READY = re.compile(r"node (\d+) ready: ingress (\S+); driver directory (\S+); pids (.*?);")
 MEMBERS = (

@@ -13,8 +13,8 @@ import pytest
 
 from fulmar.clock import epoch_ms
 from fulmar.codecs.generated import cluster_mark
-from fulmar.consensus import mark_file
 from fulmar.codecs.generated.cluster_mark import ClusterComponentType, MarkFileHeaderDecoder, MarkFileHeaderEncoder
+from fulmar.consensus import mark_file
 from fulmar.consensus.mark_file import (
     ERROR_BUFFER_MIN_LENGTH,
     FILENAME,

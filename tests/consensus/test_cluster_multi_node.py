@@ -17,19 +17,19 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from support.cluster import LocalCluster
 from fulmar.cli import cluster_tool
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.subscription import Image
+from support.cluster import LocalCluster
 from support.driver import main_thread_wakes_per_second, wait_for
 from support.multi_node import (
-    next_term,
     COUNTER_SERVICE,
     CounterWorkload,
     assert_same_logs,
     member_log_path,
     member_view,
+    next_term,
     read_counter,
     wait_for_commit,
     wait_for_leader,

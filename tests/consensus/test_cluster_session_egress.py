@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 
-from support.cluster import FAST_ELECTION_ARGS, LocalCluster, SingleNodeCluster
-from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.errors import CodecError
+from support.cluster import FAST_ELECTION_ARGS, LocalCluster, SingleNodeCluster
+from support.driver import wait_for
 from support.multi_node import member_view, wait_for_leader
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from support.cluster import SingleNodeCluster
-from support.driver import wait_for
+from fulmar.clock import epoch_ms
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.client import AuthenticationRejectedError, ClusterClient
-from fulmar.clock import epoch_ms
 from fulmar.consensus.mark_file import read_activity_timestamp
 from fulmar.consensus.recording_log import RecordingLog, decode_entries
+from support.cluster import SingleNodeCluster
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

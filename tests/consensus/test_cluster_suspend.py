@@ -26,8 +26,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from support.cluster import LocalCluster, SingleNodeCluster
-from support.driver import wait_for
 from fulmar.cli import cluster_tool
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import consensus_module, snapshot
@@ -39,8 +37,10 @@ from fulmar.consensus.agent import (
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.cluster_session import ClusterSession, ClusterSessionState
 from fulmar.consensus.recording_log import RecordingLog
-from support.multi_node import COUNTER_SERVICE, log_frames, member_view, wait_for_leader, next_term
-from support.agents import FakePublication, MEMBERS, apply_log, complete_election, log_of, new_agent, state_counter
+from support.agents import MEMBERS, FakePublication, apply_log, complete_election, log_of, new_agent, state_counter
+from support.cluster import LocalCluster, SingleNodeCluster
+from support.driver import wait_for
+from support.multi_node import COUNTER_SERVICE, log_frames, member_view, next_term, wait_for_leader
 
 # ------------------------------------------------------------------ unit: fakes
 

@@ -22,16 +22,17 @@ What is checked, and what each check catches:
 
 from __future__ import annotations
 
-import pytest
 import json
 import re
 
-from support.cluster import KEY_VALUE_SERVICE, LocalCluster
+import pytest
+
 from fulmar.cli.verify_log_commands import verify_log
+from support.cluster import KEY_VALUE_SERVICE, LocalCluster
 from support.multi_node import (
-    next_term,
     assert_same_logs,
     member_view,
+    next_term,
     wait_for_commit,
     wait_for_elections_closed,
     wait_for_leader,

@@ -16,20 +16,21 @@ from typing import Any
 
 import pytest
 
-from support.cluster import bare_member_agent
-from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_key
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ConsensusModuleState
 from fulmar.consensus.append_position_sender import IDLE
-from fulmar.consensus.leader_commit import IDLE as COMMIT_IDLE, NEEDS_AGENT, RUNNING
-from fulmar.consensus.protocol import session_message_frame
 from fulmar.consensus.cluster_member import find_member
+from fulmar.consensus.leader_commit import IDLE as COMMIT_IDLE
+from fulmar.consensus.leader_commit import NEEDS_AGENT, RUNNING
+from fulmar.consensus.protocol import session_message_frame
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.reader_doorbells import THREAD_DOORBELL_TYPE_ID, CounterWatch
+from support.cluster import bare_member_agent
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from support.cluster import bare_member_agent
-from support.driver import wait_for
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID
 from fulmar.consensus.agent import ConsensusModuleAgent, ConsensusModuleState
 from fulmar.security import CredentialsAuthenticator
+from support.cluster import bare_member_agent
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

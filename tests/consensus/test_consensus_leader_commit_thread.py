@@ -19,14 +19,12 @@ from typing import Any
 
 import pytest
 
-from support.cluster import bare_member_agent
-from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.archive.protocol import RECORDING_POSITION_TYPE_ID, recording_position_key
 from fulmar.channel_uri import ChannelUri
+from fulmar.clock import epoch_ms
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import ClusterRole, ConsensusModuleAgent, ConsensusModuleState
-from fulmar.clock import epoch_ms
 from fulmar.consensus.cluster_member import find_member
 from fulmar.consensus.leader_commit import IDLE, RUNNING
 from fulmar.consensus.member_auth import MemberAuth, derive_key
@@ -34,6 +32,8 @@ from fulmar.consensus.protocol import field_offset
 from fulmar.log_reader import Header
 from fulmar.reader_doorbells import CounterWatch
 from fulmar.security import CredentialsAuthenticator
+from support.cluster import bare_member_agent
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

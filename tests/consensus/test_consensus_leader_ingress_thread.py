@@ -21,8 +21,6 @@ from typing import Any
 
 import pytest
 
-from support.cluster import bare_member_agent
-from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.channel_uri import ChannelUri
 from fulmar.codecs.generated import cluster as codecs
@@ -32,6 +30,8 @@ from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.leader_ingress import NEEDS_AGENT, RUNNING
 from fulmar.driver.counters import RECEIVER_POSITION_TYPE_ID
 from fulmar.subscription import Subscription
+from support.cluster import bare_member_agent
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

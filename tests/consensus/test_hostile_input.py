@@ -33,8 +33,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support.cluster import LocalCluster
-from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.cli import archive_tool, cluster_commands
 from fulmar.cli.cnc_reader import read_errors
@@ -54,6 +52,8 @@ from fulmar.driver.counters import (
 from fulmar.errors import FulmarError
 from fulmar.logbuffer import LogBuffers
 from fulmar.ring_buffer import ManyToOneRingBuffer
+from support.cluster import LocalCluster
+from support.driver import wait_for
 from support.multi_node import assert_same_logs, member_view, wait_for_elections_closed, wait_for_leader
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).

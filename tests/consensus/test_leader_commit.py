@@ -14,11 +14,9 @@ from typing import Any
 
 import pytest
 
-from support.doorbells import doorbell_of
-from support.driver import wait_for
-from fulmar.codecs.errors import CodecError
 from fulmar._native import ffi, lib
 from fulmar.aeron import Aeron
+from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.leader_commit import (
     IDLE,
@@ -33,6 +31,8 @@ from fulmar.consensus.member_auth import MemberAuth, derive_key
 from fulmar.consensus.protocol import field_offset, session_message_frame
 from fulmar.reader_doorbells import CounterWatch
 from fulmar.subscription import Subscription
+from support.doorbells import doorbell_of
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

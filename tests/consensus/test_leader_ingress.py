@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from support.doorbells import doorbell_of
-from support.driver import wait_for
 from fulmar._native import ffi, lib
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
@@ -27,6 +25,8 @@ from fulmar.consensus.leader_ingress import (
     LeaderIngressThread,
 )
 from fulmar.subscription import Subscription
+from support.doorbells import doorbell_of
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -16,8 +16,6 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 
-from support.cluster import FAST_ELECTION_ARGS, LocalCluster
-from support.driver import wait_for
 from fulmar.analytics.replay import ReplayError, audit_snapshot, replay_state, snapshot_records
 from fulmar.analytics.session import spark_session, stop_spark
 from fulmar.archive.catalog import Catalog
@@ -26,6 +24,8 @@ from fulmar.cli import cluster_commands, cluster_tool
 from fulmar.consensus.log_retention import snapshot_sets
 from fulmar.consensus.recording_log import Entry, RecordingLog
 from fulmar.service import samples
+from support.cluster import FAST_ELECTION_ARGS, LocalCluster
+from support.driver import wait_for
 from support.multi_node import (
     CounterWorkload,
     log_frames,

@@ -9,13 +9,13 @@ import time
 from typing import Any
 
 import pytest
-from support.driver import wait_for
 
 from fulmar.aeron import Aeron, ClientClosedError, RegistrationError, UnknownRegistrationError
 from fulmar.codecs.generated import driver as protocol
 from fulmar.driver.counters import SystemCounter
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.publication import Publication
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from support.driver import wait_for
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.codecs.generated import driver as protocol
@@ -13,6 +12,7 @@ from fulmar.driver.counters import SUBSCRIBER_POSITION_TYPE_ID
 from fulmar.log_reader import Header
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED, BufferClaim
 from fulmar.subscription import ControlledAction
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

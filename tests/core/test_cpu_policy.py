@@ -15,11 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support.driver import new_driver_dir, remove_driver_dir, stop_process, wait_for
-from support.node_start import STOP_S, Node, start_node  # noqa: F401 - start_node: a fixture
-
 from fulmar.cnc import CncError, CncFile
 from fulmar.cpu_policy import BATCH, CPU_POLICY_ENV, NORMAL, apply_cpu_policy, cpu_policy_of
+from support.driver import new_driver_dir, remove_driver_dir, stop_process, wait_for
+from support.node_start import STOP_S, Node, start_node  # noqa: F401 - start_node: a fixture
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

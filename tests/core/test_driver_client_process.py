@@ -6,14 +6,13 @@ and clients whose process lives keep the liveness timeout."""
 
 from __future__ import annotations
 
-import pytest
 import multiprocessing
 import os
 import signal
 import time
 from multiprocessing.connection import Connection
 
-from support.driver import wait_for
+import pytest
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.cli.supervisor import free_udp_port
@@ -22,6 +21,7 @@ from fulmar.cnc import CncFile
 from fulmar.counters import CountersReader
 from fulmar.driver.counters import CLIENT_HEARTBEAT_TYPE_ID, SystemCounter
 from fulmar.error_log import read_error_log
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from support.cluster import SingleNodeCluster
-from support.driver import wait_for
 from fulmar.buffers import AtomicBuffer
 from fulmar.consensus import protocol as cluster_protocol
 from fulmar.counters import AtomicCounter
 from fulmar.driver.counters import SystemCounter
 from fulmar.duty_cycle import DutyCycleStallTracker
 from fulmar.idle import BackoffIdleStrategy, Doorbell, DoorbellIdleStrategy, SleepingIdleStrategy
+from support.cluster import SingleNodeCluster
+from support.driver import wait_for
 
 MS = 1_000_000
 

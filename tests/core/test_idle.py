@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import FORK
 
 from fulmar.buffers import AtomicBuffer, MappedFile
 from fulmar.idle import (
@@ -24,7 +25,6 @@ from fulmar.idle import (
     YieldingIdleStrategy,
     idle_strategy_from_name,
 )
-from conftest import FORK
 
 MS = 1_000_000
 

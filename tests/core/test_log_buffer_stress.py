@@ -4,7 +4,6 @@ its bytes intact, across many term rotations."""
 
 from __future__ import annotations
 
-import pytest
 import os
 import random
 import time
@@ -12,6 +11,7 @@ import zlib
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import pytest
 from conftest import FORK
 
 from fulmar.buffers import MappedFile

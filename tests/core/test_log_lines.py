@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from support.node_start import STOP_S, Node, start_node  # noqa: F401 - start_node: a fixture
-
 from fulmar import log_lines
+from support.node_start import STOP_S, Node, start_node  # noqa: F401 - start_node: a fixture
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

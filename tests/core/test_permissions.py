@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.cluster import LocalCluster
-from support.multi_node import wait_for_leader
 
 from fulmar.permissions import (
     DIRECTORY_MODE,
@@ -27,6 +25,8 @@ from fulmar.permissions import (
     make_directory,
     open_new_file,
 )
+from support.cluster import LocalCluster
+from support.multi_node import wait_for_leader
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from support.driver import wait_for
-
 from fulmar._native import ffi
 from fulmar.aeron import Aeron
 from fulmar.buffers import AtomicBuffer
@@ -34,6 +32,7 @@ from fulmar.reader_doorbells import (
     ring_log_readers,
 )
 from support.doorbells import doorbell_of, free_udp_port, offer, wait_for_table
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from fulmar._native import lib
 from fulmar.buffers import AtomicBuffer, MappedFile
 from fulmar.ring_buffer import (
-    CORRELATION_COUNTER_OFFSET,
     CONSUMER_HEARTBEAT_OFFSET,
+    CORRELATION_COUNTER_OFFSET,
     HEAD_CACHE_POSITION_OFFSET,
     HEAD_POSITION_OFFSET,
     PADDING_MSG_TYPE_ID,

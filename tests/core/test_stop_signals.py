@@ -17,11 +17,9 @@ from typing import Any
 
 import pytest
 
-from support.agents import new_agent
-
 from fulmar.buffers import AtomicBuffer
-from fulmar.codecs.generated import cluster as codecs
 from fulmar.cli import supervisor
+from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import (
     ClusterRole,
     ConsensusModuleAgent,
@@ -33,6 +31,7 @@ from fulmar.consensus.consensus_module import ConsensusModule
 from fulmar.counters import COUNTER_LENGTH, AtomicCounter
 from fulmar.idle import Doorbell
 from fulmar.stop_signals import StopGate, StopKind, StopSignals
+from support.agents import new_agent
 
 MS = 1_000_000
 SIGINT, SIGTERM = signal.SIGINT, signal.SIGTERM

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.driver import wait_for
 
 from fulmar._native import lib
 from fulmar.buffers import AtomicBuffer
@@ -31,6 +30,7 @@ from fulmar.driver.udp_transport import UdpAddress, UdpTransport
 from fulmar.frames import encode_setup
 from fulmar.idle import Doorbell
 from fulmar.logbuffer import LogBuffers
+from support.driver import wait_for
 
 COUNTERS = 64
 CONDUCTOR_DOORBELL = 0

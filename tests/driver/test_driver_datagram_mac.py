@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import RegistrationError
 from fulmar.cnc import CncFile
@@ -24,6 +23,7 @@ from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.publication import Publication
 from fulmar.subscription import Subscription
+from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

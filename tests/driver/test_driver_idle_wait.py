@@ -21,13 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.driver import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron
 from fulmar.cnc import CncLayout
 from fulmar.driver.context import DriverContext
-from fulmar.driver.media_driver import MediaDriver
 from fulmar.driver.ipc_publication import PublicationState
+from fulmar.driver.media_driver import MediaDriver
+from support.driver import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 TIMER_INTERVAL_NS = 1_000_000
 IDLE_MAX_WAIT_NS = 25_000_000

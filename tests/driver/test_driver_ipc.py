@@ -14,20 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.driver import DriverProcess, wait_for
 
 from fulmar.aeron import Aeron, DriverTimeoutError, RegistrationError
 from fulmar.broadcast import BroadcastReceiver, CopyBroadcastReceiver
 from fulmar.cnc import CncFile
 from fulmar.codecs.generated import driver as protocol
 from fulmar.counters import CountersReader
+from fulmar.driver.counters import CLIENT_HEARTBEAT_TYPE_ID, PUBLISHER_LIMIT_TYPE_ID, SUBSCRIBER_POSITION_TYPE_ID
+from fulmar.error_log import read_error_log
 from fulmar.errors import MessageTooLongError
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 from fulmar.ring_buffer import ManyToOneRingBuffer
-from fulmar.driver.counters import CLIENT_HEARTBEAT_TYPE_ID, PUBLISHER_LIMIT_TYPE_ID, SUBSCRIBER_POSITION_TYPE_ID
-from fulmar.error_log import read_error_log
+from support.driver import DriverProcess, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

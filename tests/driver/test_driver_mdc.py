@@ -8,12 +8,11 @@ import time
 from multiprocessing.connection import Connection
 
 import pytest
-from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
-from support.driver import free_udp_port
 
 from fulmar.aeron import Aeron
 from fulmar.cli.supervisor import free_udp_ports
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
+from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.driver import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
-from support.cli_driver import running_driver, stop
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.cnc import CncFile
@@ -33,6 +31,8 @@ from fulmar.logbuffer import (
     SOCKET_RCVBUF_LENGTH_OFFSET,
     SOCKET_SNDBUF_LENGTH_OFFSET,
 )
+from support.cli_driver import running_driver, stop
+from support.driver import free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
 import pytest
-from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron, RegistrationError
 from fulmar.codecs.generated import driver as protocol
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
+from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

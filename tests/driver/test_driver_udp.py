@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 from fulmar.aeron import Aeron
 from fulmar.cnc import CncFile
@@ -23,6 +22,7 @@ from fulmar.driver.counters import SystemCounter
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.log_reader import Header
 from fulmar.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
+from support.driver import DriverProcess, free_udp_port, new_driver_dir, remove_driver_dir, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

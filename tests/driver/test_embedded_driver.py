@@ -3,7 +3,6 @@ stops it and removes its directory, and it never outlives its parent."""
 
 from __future__ import annotations
 
-import pytest
 import json
 import os
 import shutil
@@ -14,11 +13,12 @@ import textwrap
 from pathlib import Path
 
 import psutil
-from support.driver import kill_process, wait_for
+import pytest
 
 from fulmar.aeron import Aeron
 from fulmar.cnc import CncFile
 from fulmar.driver.embedded import EmbeddedDriver
+from support.driver import kill_process, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -10,21 +10,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import FORK
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import FORK
 from fulmar.driver.term_rebuilder import InsertRejected, contiguous_end, insert_packet, scan_for_gap, scan_term
 from fulmar.frames import DATA_HEADER, HEADER_LENGTH, FrameType, align
 from fulmar.log_reader import Header, LogReader
 from fulmar.logbuffer import LogBuffers
 from support.receiver import (
-    Collector,
     FIRST_WORD,
     INITIAL_TERM_ID,
     SESSION_ID,
     STREAM_ID,
     TERM,
+    Collector,
     datagram_frame_offsets,
     frames_of,
     payload_for,

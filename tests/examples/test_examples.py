@@ -46,15 +46,15 @@ from typing import Any, Protocol
 
 import psutil
 import pytest
-from support.cluster import LocalCluster
-from support.driver import wait_for
-from support.multi_node import calls_across_a_leader_kill, member_view, wait_for_commit, wait_for_leader
 
 import fulmar
 from fulmar import CommandError
 from fulmar.analytics.replay import ReplayError, latest_service_snapshot, snapshot_records
 from fulmar.cli.cluster_commands import cluster_operate
 from fulmar.service.state_machine import SNAPSHOT_CHUNK_MAGIC, StateMachine
+from support.cluster import LocalCluster
+from support.driver import wait_for
+from support.multi_node import calls_across_a_leader_kill, member_view, wait_for_commit, wait_for_leader
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -9,8 +9,8 @@ member is actually read.
 from __future__ import annotations
 
 import importlib
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from _fuzz_support import fuzz, instrumented
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import NoReturn
 from collections.abc import Callable
+from typing import NoReturn
 
 
 def instrumented(fuzzing: bool) -> contextlib.AbstractContextManager[object]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

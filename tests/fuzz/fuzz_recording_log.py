@@ -10,8 +10,8 @@ Run: .venv/bin/python tests/fuzz/fuzz_recording_log.py tests/fuzz/corpus/recordi
 
 from __future__ import annotations
 
-import os
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path

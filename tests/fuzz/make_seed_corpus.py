@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import importlib
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from fulmar import frames
 from fulmar.archive.catalog import CATALOG_FILE_NAME, Catalog

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from collections.abc import Callable
 
 import pytest
 

@@ -9,8 +9,9 @@ of the suite, chaos included, runs with the default interval.)"""
 
 from __future__ import annotations
 
-import pytest
 import time
+
+import pytest
 
 from support.cluster import LocalCluster
 from support.driver import main_thread_wakes

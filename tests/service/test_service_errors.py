@@ -20,10 +20,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from support import failing_service
-from support.chaos import snapshot_state
-from support.cluster import LocalCluster, SingleNodeCluster
-from support.driver import wait_for
 from fulmar.aeron import Aeron
 from fulmar.cli import cluster_node, cluster_tool
 from fulmar.cli.cluster_commands import ClusterOperationError, cluster_operate
@@ -35,6 +31,10 @@ from fulmar.service.agent import ClusteredServiceAgent
 from fulmar.service.clustered_service import ClientSession, CloseReason, ClusteredService, Role
 from fulmar.service.context import ServiceContext
 from fulmar.service.errors import ServiceErrorHandler, ServiceFailedError
+from support import failing_service
+from support.chaos import snapshot_state
+from support.cluster import LocalCluster, SingleNodeCluster
+from support.driver import wait_for
 from support.multi_node import member_view, wait_for_leader
 from support.service_log import join_log
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
 from fulmar.aeron import Aeron
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import protocol
 from fulmar.service.agent import ClusteredServiceAgent
 from fulmar.service.context import ServiceContext
 from fulmar.service.samples import EchoService
+from support.driver import DriverProcess, new_driver_dir, remove_driver_dir, wait_for
 from support.service_log import LOG_STREAM_ID, join_log
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.archive import ArchiveNode
-from support.driver import wait_for
 
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus import snapshot
 from fulmar.consensus.snapshot import SnapshotWriter, decode_snapshot, read_snapshot
 from fulmar.subscription import Subscription
+from support.archive import ArchiveNode
+from support.driver import wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

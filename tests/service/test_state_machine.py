@@ -10,10 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from support.state_machine_services import Bank, Journal
 
 from fulmar.analytics.replay import _StateMachineFold
-
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.snapshot import SERVICE_SNAPSHOT_TYPE_ID, SnapshotWriter, decode_snapshot
 from fulmar.service.call_protocol import (
@@ -31,6 +29,7 @@ from fulmar.service.state_machine import (
     StateMachine,
     command,
 )
+from support.state_machine_services import Bank, Journal
 
 
 @dataclass

@@ -22,11 +22,8 @@ from typing import Any
 
 import psutil
 import pytest
-from support.cluster import LocalCluster
-from support.driver import kill_process, wait_for
 
 import fulmar
-from fulmar.consensus import call_client
 from fulmar import (
     AsyncClient,
     CallTimeoutError,
@@ -37,6 +34,9 @@ from fulmar import (
     CommandError,
     UnknownCommandError,
 )
+from fulmar.consensus import call_client
+from support.cluster import LocalCluster
+from support.driver import kill_process, wait_for
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -18,10 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.cluster import LocalCluster
-from support.multi_node import calls_across_a_leader_kill, wait_for_leader
 
 import fulmar
+from support.cluster import LocalCluster
+from support.multi_node import calls_across_a_leader_kill, wait_for_leader
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

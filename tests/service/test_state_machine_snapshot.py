@@ -10,13 +10,13 @@ import os
 from pathlib import Path
 
 import pytest
-from support.cluster import SingleNodeCluster
 
 import fulmar
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.service.call_protocol import RequestKind, encode_request, pack
 from fulmar.service.state_machine import SNAPSHOT_CHUNK_LENGTH
+from support.cluster import SingleNodeCluster
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

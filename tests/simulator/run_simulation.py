@@ -14,14 +14,14 @@ import os
 import sys
 import time
 import traceback
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from fulmar.consensus.agent import ClusterRole, ControlToggle  # noqa: E402
 from sim_cluster import MS, SECOND, Simulation, SimulationFailure  # noqa: E402
 from sim_invariants import Invariants  # noqa: E402
-from fulmar.consensus.agent import ClusterRole, ControlToggle  # noqa: E402
 
 LEADER_BOUND_NS = 20 * SECOND  # a leader within this after the faults heal
 

@@ -45,8 +45,8 @@ failures and timeouts except the image liveness timeout, client liveness
 from __future__ import annotations
 
 import struct
-from types import SimpleNamespace
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from fulmar.channel_uri import ChannelUri

@@ -57,7 +57,6 @@ from fulmar.archive.protocol import (
     recording_position_key,
 )
 from fulmar.channel_uri import ChannelUri
-
 from sim_aeron import SimAeron, SimCounter, SimImage, SimPublication, SimSubscription
 
 CONNECT_TIMEOUT_NS = 5_000_000_000

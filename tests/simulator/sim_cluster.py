@@ -34,22 +34,21 @@ from typing import Any
 
 from fulmar.codecs.errors import CodecError
 from fulmar.codecs.generated import cluster as codecs
+from fulmar.codecs.generated.cluster_mark import ClusterComponentType
 from fulmar.consensus import protocol
 from fulmar.consensus.agent import ClusterRole, ClusterTerminationError, ConsensusModuleAgent
 from fulmar.consensus.consensus_module import (
+    parse_recovery_state_key,
     recover,
     recovery_state_key,
-    parse_recovery_state_key,
     refuse_unknown_log_recording,
     stop_active_log_recording,
 )
 from fulmar.consensus.context import ConsensusModuleContext
 from fulmar.consensus.mark_file import ClusterMarkFile
-from fulmar.codecs.generated.cluster_mark import ClusterComponentType
-from fulmar.consensus.recording_log import RecordingExtent, RecordingLog
 from fulmar.consensus.protocol import CLUSTER_ACTION_FLAGS_DEFAULT, PROTOCOL_SEMANTIC_VERSION, cluster_action_flags
+from fulmar.consensus.recording_log import RecordingExtent, RecordingLog
 from fulmar.consensus.snapshot import SERVICE_SNAPSHOT_TYPE_ID, SnapshotWriter, decode_snapshot, read_snapshot
-
 from sim_aeron import SimAeron, SimDriver
 from sim_archive import SimArchive, SimArchiveProcess, SimArchiveStore
 from sim_network import MS, EventQueue, SimNetwork

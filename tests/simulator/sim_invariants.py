@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import ClusterRole
-
 from sim_cluster import REQUEST, SESSION_HEADER_LENGTH, SimulationFailure
 
 if TYPE_CHECKING:

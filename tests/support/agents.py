@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
+
 from fulmar.codecs.generated import cluster as codecs
 from fulmar.consensus.agent import (
     ClusterRole,

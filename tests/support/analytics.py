@@ -14,13 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support.driver import wait_for
-from support.multi_node import COUNTER_SERVICE, member_view, wait_for_commit, wait_for_leader
-
-from support.cluster import LocalCluster
 from fulmar.analytics.log_decoder import read_log
 from fulmar.cli.cluster_commands import cluster_operate
 from fulmar.consensus.recording_log import RecordingLog
+from support.cluster import LocalCluster
+from support.driver import wait_for
+from support.multi_node import COUNTER_SERVICE, member_view, wait_for_commit, wait_for_leader
 
 FRAGMENTED_LENGTH = 5000  # over the default MTU (1408): fragmented in the log
 

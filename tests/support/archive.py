@@ -10,6 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fulmar.aeron import Aeron
+from fulmar.archive.client import AeronArchive
 from support.driver import (
     DriverProcess,
     free_udp_port,
@@ -19,9 +21,6 @@ from support.driver import (
     stop_process,
     wait_for,
 )
-
-from fulmar.aeron import Aeron
-from fulmar.archive.client import AeronArchive
 
 
 class ArchiveProcess:

@@ -9,13 +9,13 @@ import struct
 import tempfile
 from pathlib import Path
 
-from support.cluster import _DRIVER_ARGS, NodeProcess, LocalCluster
-from support.driver import new_driver_dir, remove_driver_dir
 from fulmar.archive.segment import segment_base_of_file
 from fulmar.cli.supervisor import free_udp_ports
 from fulmar.cnc import CncFile
 from fulmar.consensus.recording_log import RecordingLog
 from fulmar.counters import CountersReader
+from support.cluster import _DRIVER_ARGS, LocalCluster, NodeProcess
+from support.driver import new_driver_dir, remove_driver_dir
 
 _FRAME = struct.Struct("<iBBHii")
 

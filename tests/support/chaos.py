@@ -97,13 +97,6 @@ import click
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from support import linearizability  # noqa: E402
-from support.backup import Backup, backup_log  # noqa: E402
-from support.cluster import FAST_ELECTION_ARGS, KEY_VALUE_SERVICE, KINDS, LocalCluster  # noqa: E402
-from support.driver import wait_for  # noqa: E402
-from support.multi_node import LEADER, assert_same_logs, leaders, log_frames, member_view  # noqa: E402
-from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID as BACKUP_LIVE_LOG_POSITION_TYPE_ID  # noqa: E402
-
 from fulmar.aeron import Aeron  # noqa: E402
 from fulmar.archive.catalog import Catalog  # noqa: E402
 from fulmar.archive.segment import list_segment_files, segment_base_of_file  # noqa: E402
@@ -111,6 +104,7 @@ from fulmar.cli.aeron_stat import set_loss  # noqa: E402
 from fulmar.cli.cluster_commands import cluster_operate  # noqa: E402
 from fulmar.cli.verify_log_commands import verify_log  # noqa: E402
 from fulmar.codecs.generated import cluster as cluster_codecs  # noqa: E402
+from fulmar.consensus.backup import CLUSTER_BACKUP_LIVE_LOG_POSITION_TYPE_ID as BACKUP_LIVE_LOG_POSITION_TYPE_ID  # noqa: E402
 from fulmar.consensus.client import ClusterClient, _wait_for_data  # noqa: E402
 from fulmar.consensus.member_auth import BEFORE_START_REASON  # noqa: E402
 from fulmar.consensus.recording_log import RecordingLog  # noqa: E402
@@ -118,6 +112,11 @@ from fulmar.errors import FulmarError  # noqa: E402
 from fulmar.fragment_assembler import FragmentAssembler  # noqa: E402
 from fulmar.frames import FrameType  # noqa: E402
 from fulmar.service.samples import KeyValueService  # noqa: E402
+from support import linearizability  # noqa: E402
+from support.backup import Backup, backup_log  # noqa: E402
+from support.cluster import FAST_ELECTION_ARGS, KEY_VALUE_SERVICE, KINDS, LocalCluster  # noqa: E402
+from support.driver import wait_for  # noqa: E402
+from support.multi_node import LEADER, assert_same_logs, leaders, log_frames, member_view  # noqa: E402
 
 # The leader heartbeat timeout the chaos cluster runs with: pauses last longer.
 HEARTBEAT_TIMEOUT_S = 2.0

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from fulmar.cnc import CncError, CncFile
 
+from fulmar.cnc import CncError, CncFile
 
 DEADLINE_S = 15.0
 

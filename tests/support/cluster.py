@@ -21,6 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fulmar.aeron import Aeron
+from fulmar.cli import supervisor
+from fulmar.consensus.client import ClusterClient
+from support.archive import ArchiveProcess
 from support.driver import (
     DriverProcess,
     free_udp_port,
@@ -30,11 +34,6 @@ from support.driver import (
     stop_process,
     wait_for,
 )
-
-from support.archive import ArchiveProcess
-from fulmar.aeron import Aeron
-from fulmar.cli import supervisor
-from fulmar.consensus.client import ClusterClient
 
 
 class NodeProcess:

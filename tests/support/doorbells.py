@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import socket
 import time
-from support.driver import wait_for
+
 from fulmar.aeron import Aeron
 from fulmar.logbuffer import LogBuffers
 from fulmar.reader_doorbells import (
     log_readers_in_table,
 )
+from support.driver import wait_for
 
 
 def free_udp_port() -> int:

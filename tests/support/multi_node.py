@@ -16,19 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from support.driver import wait_for
-
-from support.cluster import LocalCluster
 from fulmar.archive.segment import segment_base_of_file
 from fulmar.cli.cluster_commands import ClusterNode, cluster_member_node
 from fulmar.clock import epoch_ms
 from fulmar.cnc import CncFile
 from fulmar.consensus.agent import ElectionState
-from fulmar.consensus.protocol import ELECTION_STATE_TYPE_ID
-from fulmar.counters import CountersReader
 from fulmar.consensus.client import ClusterClient
+from fulmar.consensus.protocol import ELECTION_STATE_TYPE_ID
 from fulmar.consensus.recording_log import RecordingLog
+from fulmar.counters import CountersReader
 from fulmar.errors import FulmarError
+from support.cluster import LocalCluster
+from support.driver import wait_for
 
 COUNTER_SERVICE = "fulmar.service.samples:CounterService"
 LEADER = 2

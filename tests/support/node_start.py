@@ -13,12 +13,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
 import psutil
 import pytest
 from click.testing import CliRunner
-from support.driver import wait_for
-from fulmar.cli import cluster_node
 
+from fulmar.cli import cluster_node
+from support.driver import wait_for
 
 KV = "fulmar.service.samples:KeyValueService"
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+
 from fulmar.fragment_assembler import FragmentAssembler
 from fulmar.frames import HEADER_LENGTH, FrameType, align
 from fulmar.log_reader import Header, LogReader
 from fulmar.log_writer import ADMIN_ACTION, ExclusiveLogWriter
 from fulmar.logbuffer import LogBuffers
-
 
 TERM = 64 * 1024
 

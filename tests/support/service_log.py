@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from support.driver import wait_for
 from fulmar.codecs.generated import cluster as codecs
-
+from support.driver import wait_for
 
 LOG_STREAM_ID = 100
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from fulmar.codecs.generated import cluster as codecs
+from fulmar.frames import FrameType
 from support.chaos import (
     NEMESES_3,
     NEMESES_5,
@@ -24,8 +26,6 @@ from support.chaos import (
     log_requests,
     run_chaos,
 )
-from fulmar.codecs.generated import cluster as codecs
-from fulmar.frames import FrameType
 
 ARTIFACTS = Path(os.environ.get("CHAOS_ARTIFACTS", Path(__file__).resolve().parents[2] / "chaos-artifacts"))
 

@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 
-from support.archive import ArchiveProcess
-from support.cluster import LocalCluster, NodeProcess, SingleNodeCluster
-from support.driver import DriverProcess, wait_for
 from fulmar.archive.catalog import Catalog
 from fulmar.consensus.client import ClusterClient
 from fulmar.consensus.recording_log import RecordingLog
+from support.archive import ArchiveProcess
+from support.cluster import LocalCluster, NodeProcess, SingleNodeCluster
+from support.driver import DriverProcess, wait_for
 from support.multi_node import assert_same_logs, member_view, wait_for_commit, wait_for_leader
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).

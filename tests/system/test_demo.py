@@ -5,11 +5,12 @@ the killed node restarted and caught up, and nothing left behind."""
 
 from __future__ import annotations
 
-import pytest
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 # Every test here starts processes (a media driver, a cluster, a subprocess).
 pytestmark = pytest.mark.system

@@ -6,7 +6,6 @@ import itertools
 import random
 import time
 from dataclasses import dataclass, replace
-
 from typing import Literal
 
 import pytest
