@@ -10,10 +10,18 @@ import pytest
 from run_simulation import run_seed, stable_leader
 from sim_cluster import SECOND, Simulation
 
-# Seeds run by make test (each a 3- or 5-member cluster under faults for
-# simulated seconds); make simulate runs as many as asked for.
-SEEDS_3 = range(1, 5)
-SEEDS_5 = range(1, 3)
+# Seeds run by make test: 240 of 3 members and 80 of 5, each under faults
+# for 30 simulated seconds (20 of faults, then 10 of the liveness phase), in
+# batches of 40 so that a failure names its batch; about 110 s.  make
+# test-slow runs 10,000 (test_ten_thousand_seeds), make simulate as many as
+# asked for.  (At 20 simulated seconds seeds 356 and 400 of 3 members fail
+# the liveness check: a client had nothing acknowledged from the failover
+# until its session timed out after the phase ended; why it did not follow
+# the new leader sooner is still open.)
+BATCH = 40
+SECONDS_PER_SEED = 30
+BATCHES_3 = range(1, 241, BATCH)
+BATCHES_5 = range(1, 81, BATCH)
 
 
 def _show(result: object) -> str:
@@ -44,16 +52,35 @@ def test_a_clients_messages_are_committed_on_every_member_and_acknowledged() -> 
     assert result.acknowledged > 50
 
 
-@pytest.mark.parametrize("seed", SEEDS_3)
-def test_three_members_under_faults(seed: int) -> None:
-    result = run_seed(seed, members=3, duration_s=30)
-    assert result.ok, _show(result)
+def _failed_seeds(first: int, count: int, members: int) -> list[str]:
+    """Each failing seed's replay line and reason (the trace is one make simulate away)."""
+    failed = []
+    for seed in range(first, first + count):
+        result = run_seed(seed, members=members, duration_s=SECONDS_PER_SEED)
+        if not result.ok:
+            failed.append(f"{result.replay_line()}: {result.reason}")
+    return failed
 
 
-@pytest.mark.parametrize("seed", SEEDS_5)
-def test_five_members_under_faults(seed: int) -> None:
-    result = run_seed(seed, members=5, duration_s=30)
-    assert result.ok, _show(result)
+@pytest.mark.parametrize("first", BATCHES_3)
+def test_three_members_under_faults(first: int) -> None:
+    failed = _failed_seeds(first, BATCH, 3)
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("first", BATCHES_5)
+def test_five_members_under_faults(first: int) -> None:
+    failed = _failed_seeds(first, BATCH, 5)
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("members", [3, 5])
+@pytest.mark.parametrize("first", range(100_000, 105_000, 500))
+def test_ten_thousand_seeds(first: int, members: int) -> None:
+    """make test-slow: 5,000 seeds of each size, from seed 100,000 (the seeds of make test are 1-400)."""
+    failed = _failed_seeds(first, 500, members)
+    assert not failed, "\n".join(failed)
 
 
 def test_a_seed_replays_the_same_run() -> None:
