@@ -167,7 +167,7 @@ class ConsensusModuleAgent:
         self._now_ns = 0
         self._slow_tick_deadline_ns = 0
         # What the services acknowledged of the module's requests (a snapshot, a stop, a join).
-        self.service_acks = ServiceAcks(context.service_count)
+        self.service_acks = ServiceAcks(context.service_count, self._error)
         self._pending_ingress: deque[bytes] = deque()
         self._authenticator = context.authenticator
         # The services sleep until commit-pos moves: they watch it (fulmar.reader_doorbells).
@@ -266,7 +266,7 @@ class ConsensusModuleAgent:
         self._leader_term_to_record = (NULL_VALUE, NULL_POSITION)
         # A snapshot the leader asked for in the log, taken here too: (position,
         # services' ack id, the module's own snapshot recording id).
-        self._follower_snapshot: tuple[int, int, int] | None = None
+        self._follower_snapshot: tuple[int, int, int, int, int] | None = None
         # A cluster-wide stop led by this member: what it waits for.
         self._services_terminated = False
         self._termination_acks: set[int] = set()
@@ -1288,8 +1288,11 @@ class ConsensusModuleAgent:
 
     # The services' acks are the tracker's (the elections, the replay and the stops ask here).
 
-    def next_ack_id(self) -> int:
-        return self.service_acks.next_ack_id()
+    def next_ack_id(self, join_log: bool = False) -> int:
+        """The id of a request the services will acknowledge.  ``join_log``: the
+        request is a JoinLog, which supersedes one still unanswered (a service
+        joins only the newest log it was sent: it never answers the older)."""
+        return self.service_acks.next_ack_id(join_log=join_log)
 
     def services_acked_partially(self, ack_id: int, missing: list[int]) -> bool:
         """Whether a service other than ``missing`` has yet to acknowledge ``ack_id``."""
@@ -1663,21 +1666,21 @@ class ConsensusModuleAgent:
             self._set_state(self._state_after_snapshot)
             self.control_toggle.set(ControlToggle.NEUTRAL)
 
-    def _record_snapshot(self, position: int, recording_id: int, service_acks: list[Any]) -> None:
+    def _record_snapshot(
+        self,
+        position: int,
+        recording_id: int,
+        service_acks: list[Any],
+        leadership_term_id: int | None = None,
+        term_base_log_position: int | None = None,
+    ) -> None:
         """The recording log entries of a snapshot: each service's, then the module's."""
         timestamp = self.cluster_time()
+        term = self.leadership_term_id if leadership_term_id is None else leadership_term_id
+        base = self.term_base_log_position if term_base_log_position is None else term_base_log_position
         for ack in sorted(service_acks, key=lambda a: a.service_id):
-            self.recording_log.append_snapshot(
-                ack.relevant_id,
-                self.leadership_term_id,
-                self.term_base_log_position,
-                position,
-                timestamp,
-                ack.service_id,
-            )
-        self.recording_log.append_snapshot(
-            recording_id, self.leadership_term_id, self.term_base_log_position, position, timestamp, -1
-        )
+            self.recording_log.append_snapshot(ack.relevant_id, term, base, position, timestamp, ack.service_id)
+        self.recording_log.append_snapshot(recording_id, term, base, position, timestamp, -1)
         self.snapshot_counter.increment()
         if self.context.log_retention_snapshots:
             self._apply_log_retention()
@@ -2121,7 +2124,7 @@ class ConsensusModuleAgent:
         acknowledged its own (their acks are counted on every member alike)."""
         # The services apply the log on their own: one may have acknowledged its
         # snapshot already.  The position tells this snapshot's acks apart.
-        ack_id = self.service_acks.next_ack_id(any_arrival=True)
+        ack_id = self.service_acks.next_ack_id(any_arrival=True, log_position=log_position)
         try:
             recording_id = snapshot.take_consensus_module_snapshot(self, log_position)
         except FulmarError as error:
@@ -2129,7 +2132,18 @@ class ConsensusModuleAgent:
             recording_id = NULL_VALUE
         else:
             self._follower_snapshot_position = log_position
-        self._follower_snapshot = (log_position, ack_id, recording_id)
+        if self._follower_snapshot is not None:
+            # (Its acks never to be asked for: the request is given up.)
+            self.service_acks.give_up(self._follower_snapshot[1])
+        # The term it is in is the one at the action (a replay's may end in a
+        # later term before the services' acks come): its entries name it.
+        self._follower_snapshot = (
+            log_position,
+            ack_id,
+            recording_id,
+            self.leadership_term_id,
+            self.term_base_log_position,
+        )
         if self.state in (ConsensusModuleState.ACTIVE, ConsensusModuleState.SUSPENDED):
             # Seen as the leader's is (cluster-tool, metrics) until its
             # services have taken theirs too (Aeron's onReplayClusterAction).
@@ -2139,7 +2153,7 @@ class ConsensusModuleAgent:
         pending = self._follower_snapshot
         if pending is None:
             return 0
-        position, ack_id, recording_id = pending
+        position, ack_id, recording_id, leadership_term_id, term_base_log_position = pending
         acks = self.services_acked(ack_id, position)
         if acks is None:
             return 0
@@ -2148,7 +2162,7 @@ class ConsensusModuleAgent:
             self._set_state(self.running_state)  # (not a stop that came meanwhile)
         if recording_id == NULL_VALUE:
             return 1
-        self._record_snapshot(position, recording_id, acks)
+        self._record_snapshot(position, recording_id, acks, leadership_term_id, term_base_log_position)
         self.log_event(f"snapshot at log position {position}")
         return 1
 
@@ -2384,7 +2398,7 @@ class ConsensusModuleAgent:
         self._leader_term_to_record = (leadership_term_id, term_base_log_position)
         self._recording_position_counter_id = NULL_VALUE
         self.term_base_log_position = term_base_log_position
-        self._leader_services_ack_id = self.next_ack_id()
+        self._leader_services_ack_id = self.next_ack_id(join_log=True)
         self.service_proxy.join_log(
             term_base_log_position,
             NULL_POSITION,

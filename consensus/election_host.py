@@ -419,7 +419,7 @@ class NodeElectionHost:
             self.append_term(*self._term_to_append)
             self._term_to_append = None
         if self._join_ack_id == NULL_VALUE:
-            self._join_ack_id = agent.next_ack_id()
+            self._join_ack_id = agent.next_ack_id(join_log=True)
             agent.service_proxy.join_log(
                 self._join_position,
                 NULL_POSITION,

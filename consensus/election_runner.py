@@ -177,7 +177,7 @@ class SingleNodeElection:
         agent = self.agent
         if not self._joined:
             agent.start_leadership_term()
-            self._ack_id = agent.next_ack_id()
+            self._ack_id = agent.next_ack_id(join_log=True)
             agent.service_proxy.join_log(
                 agent.append_position,
                 NULL_POSITION,

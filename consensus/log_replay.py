@@ -34,7 +34,7 @@ class LogReplay:
         agent = self.agent
         if self._ack_id == NULL_VALUE:
             session_id = agent.start_log_replay(self.from_position, self.to_position)
-            self._ack_id = agent.next_ack_id()
+            self._ack_id = agent.next_ack_id(join_log=True)
             agent.service_proxy.join_log(
                 self.from_position,
                 self.to_position,

@@ -73,7 +73,9 @@ def test_a_follower_taking_a_snapshot_shows_snapshot_until_its_services_have(mon
     complete_election(agent, ClusterRole.FOLLOWER, leader=0, term=0)
     monkeypatch.setattr(snapshot, "take_consensus_module_snapshot", lambda agent, position: 42)
     recorded: list[int] = []
-    monkeypatch.setattr(agent, "_record_snapshot", lambda position, recording_id, acks: recorded.append(position))
+    monkeypatch.setattr(
+        agent, "_record_snapshot", lambda position, recording_id, acks, *term: recorded.append(position)
+    )
     acks: list[Any] = []
     monkeypatch.setattr(agent, "services_acked", lambda ack_id, position=None: acks or None)
     apply_log(agent, codecs.ClusterAction.SNAPSHOT, position=4096)
@@ -91,7 +93,7 @@ def test_a_suspended_follower_returns_to_suspended_after_its_snapshot(monkeypatc
     agent = new_agent(MEMBERS, member_id=1)
     complete_election(agent, ClusterRole.FOLLOWER, leader=0, term=0)
     monkeypatch.setattr(snapshot, "take_consensus_module_snapshot", lambda agent, position: 42)
-    monkeypatch.setattr(agent, "_record_snapshot", lambda position, recording_id, acks: None)
+    monkeypatch.setattr(agent, "_record_snapshot", lambda position, recording_id, acks, *term: None)
     monkeypatch.setattr(agent, "services_acked", lambda ack_id, position=None: [object()])
     apply_log(agent, codecs.ClusterAction.SUSPEND, codecs.ClusterAction.SNAPSHOT)
     assert agent.state is ConsensusModuleState.SNAPSHOT

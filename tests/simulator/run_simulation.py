@@ -28,17 +28,7 @@ LEADER_BOUND_NS = 20 * SECOND  # a leader within this after the faults heal
 # Bugs the simulator found in the production code, not fixed here (reported):
 # a finding whose text contains the pattern does not fail its seed, and is
 # counted.  Each names a seed that shows it.
-KNOWN_FINDINGS = {
-    # BUG-1 (seed 109, 3 members: make simulate SEED=109): a SNAPSHOT action, the last entry of
-    # the log replayed by a new leader.  The services acknowledge the snapshot
-    # (relevant id: its recording) and then the leader's JoinLog, both at the
-    # same log position; ConsensusModuleAgent._services_acked_since matches
-    # acks by position only, so the JoinLog wait takes the snapshot's ack and
-    # _check_follower_snapshot takes the JoinLog's (relevant id -1):
-    # RecordingLog.append_snapshot raises out of the duty cycle and the
-    # snapshot is never entered in the recording log.
-    "BUG-1": "recording_id=-1 is out of range",
-}
+KNOWN_FINDINGS: dict[str, str] = {}
 
 
 def stuck_on_a_vote(sim: Simulation) -> bool:

@@ -116,11 +116,12 @@ def test_a_follower_that_keeps_entries_the_leader_does_not_have_is_caught(monkey
     assert "committed log differs" in result.reason
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-1 (run_simulation.KNOWN_FINDINGS): a snapshot ack taken as a JoinLog ack")
-def test_bug_1_seed_runs_clean() -> None:
-    # Once BUG-1 is fixed this passes (strict: XPASS fails): remove the
-    # xfail and its KNOWN_FINDINGS entry.
-    result = run_seed(seed=109, members=3, duration_s=60, tolerate_known=False)
+@pytest.mark.parametrize("seed", [109, 214])
+def test_bug_1_seed_runs_clean(seed: int) -> None:
+    # BUG-1 (fixed): a new leader's last replayed entry was a SNAPSHOT; its
+    # services acknowledged the snapshot and then the JoinLog at one position,
+    # and the JoinLog wait took the snapshot's ack.
+    result = run_seed(seed=seed, members=3, duration_s=60, tolerate_known=False)
     assert result.ok, _show(result)
 
 
