@@ -84,7 +84,8 @@ test-native-asan: $(ASAN_PY)
 	status=$$?; rm -rf $$tmp; exit $$status
 
 # The runs marked slow: a million messages over lossy UDP, 10,000 election
-# simulation seeds, a round of every chaos fault on 3 members and on 5.
+# simulation seeds and 10,000 of the simulator (tests/simulator), a round of
+# every chaos fault on 3 members and on 5.
 test-slow: $(STAMP) bytecode
 	$(PYTEST) -m slow $(PYTEST_ARGS) $(PYTEST_END)
 
