@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,9 +49,17 @@ def test_data_rings_the_thread_doorbell_a_subscription_names_not_its_clients(sta
     with Aeron.connect(driver.directory) as reader, Aeron.connect(driver.directory) as writer:
         thread_bell = reader.add_counter(THREAD_DOORBELL_TYPE_ID, "a reader thread's doorbell")
         for channel, stream_id in (("aeron:ipc", 51), (udp, 52)):
-            subscription = reader.add_subscription(with_doorbell(channel, thread_bell.id), stream_id)
+            # The client rings its own doorbell once more when it has added an
+            # image (fulmar.aeron: _on_available_image), on its conductor
+            # thread, after the image is visible and before the image handler
+            # is called: the test takes its tokens after the handler, or that
+            # ring (not the data's) lands between them.
+            available = threading.Event()
+            subscription = reader.add_subscription(
+                with_doorbell(channel, thread_bell.id), stream_id, on_available_image=lambda image: available.set()
+            )
             publication = writer.add_publication(channel, stream_id)
-            wait_for(lambda: subscription.images and publication.is_connected, 10, f"the image of {channel}")
+            wait_for(lambda: available.is_set() and publication.is_connected, 10, f"the image of {channel} announced")
             wait_for_table(subscription.images[0].log, [thread_bell.id])
             ours = client_doorbell(reader.conductor.cnc.counters_values, thread_bell.id)
             clients = reader.conductor.data_doorbell

@@ -445,6 +445,11 @@ def test_every_counter_appears_newest_registration_wins_and_health_names_what_is
             struct.pack("<ii", 7, 2),
         )
         service_errors.set(3)
+        # The client names its process in its heartbeat counter's label on its
+        # conductor's next keep-alive tick after the driver allocated the
+        # counter (fulmar.aeron: _declare_process): scraped before that, the
+        # age has no pid label yet.
+        wait_for(lambda: aeron.conductor._process_declared, 10, "the client to declare its process")
         families = scrape(server.url)
         assert sample_value(families, "fulmar_cluster_service_errors", cluster_id="7", service_id="2") == 3
         assert sample_value(families, "fulmar_counter", type_id="4242", label="a counter of its own") == 17

@@ -175,7 +175,23 @@ def test_touches_keep_an_idle_client_remembered_and_a_forgotten_one_registers_ag
             # the service has forgotten it by the time that call arrives.
             consensus = short.process(0, "consensus")
             assert consensus is not None
-            consensus.process.send_signal(signal.SIGSTOP)
+            # Nothing of the client's may wait unread when the module stops: a
+            # touch read only after SIGCONT would be stamped then, just before
+            # the call, and keep the record.  The client touches only after a
+            # quarter of the expiry without a request; so stop the module within
+            # that of sending a read whose answer says all before it was read.
+            touch_interval_s = 3.0 / 4
+            for _ in range(20):
+                asked = time.monotonic()
+                client.call("read")
+                consensus.process.send_signal(signal.SIGSTOP)
+                if time.monotonic() - asked < touch_interval_s:
+                    break
+                consensus.process.send_signal(signal.SIGCONT)
+            else:
+                raise AssertionError(
+                    f"no read answered within {touch_interval_s} s of its send to stop the module after"
+                )
             try:
                 waiting = client.call_async("increment")
                 time.sleep(4)
